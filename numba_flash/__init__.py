@@ -1,0 +1,31 @@
+"""numba-flash: FlashAttention and FlashAttention-2 as readable Numba CUDA kernels.
+
+Importing this package first chooses the backend (a real GPU if one is present, else Numba's CUDA
+simulator on the CPU); see :mod:`numba_flash._backend`. That must happen before ``numba.cuda`` is
+imported anywhere, which is why this import comes first.
+
+The public API is loaded lazily, so ``import numba_flash`` stays cheap.
+"""
+
+from . import _backend  # noqa: F401  (must run before numba.cuda is imported)
+from ._backend import BACKEND, describe, is_simulator  # noqa: F401
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "flash_attn_func": ("numba_flash.api", "flash_attn_func"),
+    "attention_numpy": ("numba_flash.api", "attention_numpy"),
+    "attention_backward_numpy": ("numba_flash.api", "attention_backward_numpy"),
+}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        mod, attr = _LAZY[name]
+        return getattr(importlib.import_module(mod), attr)
+    raise AttributeError(f"module 'numba_flash' has no attribute {name!r}")
+
+
+__all__ = ["BACKEND", "describe", "is_simulator", *_LAZY]

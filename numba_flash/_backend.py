@@ -1,0 +1,87 @@
+"""Backend selection: Numba's CUDA simulator (CPU) or a real GPU, decided in one place.
+
+Numba reads ``NUMBA_ENABLE_CUDASIM`` once, when ``numba.cuda`` is first imported, and the choice
+then holds for the whole process. So this module must run before anything imports ``numba.cuda``:
+``numba_flash/__init__.py`` imports it first, and ``tests/conftest.py`` imports ``numba_flash``
+before any test module.
+
+The rule:
+
+* ``NUMBA_FLASH_BACKEND=simulator`` or ``=gpu`` forces a backend; ``auto`` (the default) detects one.
+* An explicit ``NUMBA_ENABLE_CUDASIM`` in the environment is respected as it is.
+* Otherwise a GPU is assumed present when the CUDA driver library exists *and* an NVIDIA device node
+  or ``nvidia-smi`` exists. The probe creates no CUDA context (it only looks at files), so it is
+  cheap and cannot fail half-way.
+
+``describe()`` says what ran, for the demo's banner and pytest's header.
+"""
+
+from __future__ import annotations
+
+import ctypes.util
+import os
+import shutil
+import sys
+
+SIMULATOR = "simulator"
+GPU = "gpu"
+
+
+def gpu_present() -> bool:
+    """True when a CUDA driver and an NVIDIA device seem to exist (no CUDA context is created)."""
+    has_driver = ctypes.util.find_library("cuda") is not None or os.path.exists("/usr/lib/x86_64-linux-gnu/libcuda.so.1")
+    has_device = os.path.exists("/dev/nvidiactl") or shutil.which("nvidia-smi") is not None
+    return has_driver and has_device
+
+
+def _choose() -> str:
+    forced = os.environ.get("NUMBA_FLASH_BACKEND", "auto").strip().lower()
+    if forced not in ("auto", SIMULATOR, GPU):
+        raise ValueError(
+            f"NUMBA_FLASH_BACKEND must be 'auto', 'simulator' or 'gpu', got {forced!r}"
+        )
+    if "numba.cuda" in sys.modules:
+        # Too late to switch: report what numba already chose.
+        from numba import config
+
+        return SIMULATOR if config.ENABLE_CUDASIM else GPU
+    if forced == SIMULATOR:
+        os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+    elif forced == GPU:
+        os.environ["NUMBA_ENABLE_CUDASIM"] = "0"
+    elif "NUMBA_ENABLE_CUDASIM" not in os.environ:
+        os.environ["NUMBA_ENABLE_CUDASIM"] = "0" if gpu_present() else "1"
+    return SIMULATOR if os.environ["NUMBA_ENABLE_CUDASIM"] not in ("", "0") else GPU
+
+
+BACKEND: str = _choose()
+if BACKEND == SIMULATOR:
+    # The simulator runs each CUDA thread as a Python thread; a short switch interval makes
+    # barrier-heavy kernels about 2x faster (measured, see the numba notes in docs/).
+    sys.setswitchinterval(1e-3)
+
+
+def is_simulator() -> bool:
+    return BACKEND == SIMULATOR
+
+
+def describe() -> str:
+    """One line saying which backend runs the kernels, with device and versions."""
+    import numba
+    import numpy
+
+    try:
+        from importlib.metadata import version
+
+        ncuda = version("numba-cuda")
+    except Exception:  # pragma: no cover - metadata missing in odd installs
+        ncuda = "?"
+    versions = f"numba {numba.__version__}, numba-cuda {ncuda}, numpy {numpy.__version__}"
+    if BACKEND == SIMULATOR:
+        return f"Numba CUDA simulator on the CPU (functional only; timings mean nothing) [{versions}]"
+    from numba import cuda
+
+    dev = cuda.get_current_device()
+    name = dev.name.decode() if isinstance(dev.name, bytes) else dev.name
+    cc = ".".join(map(str, dev.compute_capability))
+    return f"GPU: {name} (compute capability {cc}) [{versions}]"
