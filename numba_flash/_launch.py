@@ -1,0 +1,299 @@
+"""Launch plumbing shared by every kernel module, written once.
+
+* :func:`check_attention_args` / :func:`check_backward_args`: every argument checked, with an error
+  that names it, *before* anything is allocated or launched.
+* :class:`Problem`: the checked sizes and options a kernel module needs (b, s_q, s_k, h, h_k, d, tau,
+  causal, dropout threshold and seed).
+* :class:`Allocator`: turns the caller's arrays (NumPy arrays, torch CPU or CUDA tensors) into arrays a
+  kernel can take, allocates outputs in the same world, and hands results back in the caller's type
+  and dtype. CUDA tensors are used zero-copy through ``__cuda_array_interface__``; NumPy arrays run
+  as they are in the simulator and are copied to and from the device on a GPU.
+* Output poisoning: with :func:`poison_outputs` (or ``NUMBA_FLASH_POISON=1``) every output a kernel
+  must write is allocated full of NaN, so an element a kernel forgets to write fails the tests.
+* :class:`ForwardOutput`: what a forward kernel module returns.
+
+Kernel modules see only "kernel arrays" (NumPy in the simulator, Numba device arrays on a GPU) in
+float32, in the caller's (batch, seqlen, nheads, headdim) layout with whatever strides it had: kernels
+index ``gQ[b, row, h, c]`` and never assume contiguity.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numba import cuda
+from numba_flash_reference.common import dropout_threshold
+
+from . import _backend
+
+#: Largest supported head dimension (the kernels keep a d-long row per thread block tile).
+MAX_HEADDIM = 128
+#: numba-cuda's static shared-memory limit per block, in bytes.
+STATIC_SMEM_BYTES = 48 * 1024
+
+_POISON = os.environ.get("NUMBA_FLASH_POISON", "0") not in ("", "0")
+
+
+@contextlib.contextmanager
+def poison_outputs(enabled: bool = True):
+    """Within this block, outputs are allocated full of NaN (tests use it to catch unwritten elements)."""
+    global _POISON
+    old, _POISON = _POISON, enabled
+    try:
+        yield
+    finally:
+        _POISON = old
+
+
+# ----------------------------------------------------------------------------------------------
+# Argument checks
+# ----------------------------------------------------------------------------------------------
+_FLOAT_NAMES = {"float16", "bfloat16", "float32", "float64"}
+
+
+def _dtype_name(x) -> str:
+    return str(x.dtype).replace("torch.", "")
+
+
+def _is_torch(x) -> bool:
+    return type(x).__module__.startswith("torch")
+
+
+def _device_of(x) -> str:
+    if _is_torch(x):
+        return str(x.device)
+    if hasattr(x, "__cuda_array_interface__"):
+        return "cuda"
+    return "cpu"
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Checked sizes and options of one attention call."""
+
+    batch: int
+    seqlen_q: int
+    seqlen_k: int
+    nheads: int
+    nheads_k: int
+    headdim: int
+    softmax_scale: float
+    causal: bool
+    dropout_p: float
+    seed: int
+
+    @property
+    def group(self) -> int:
+        """Query heads per key/value head (GQA/MQA)."""
+        return self.nheads // self.nheads_k
+
+    @property
+    def threshold(self) -> int:
+        """Dropout threshold floor(p * 2**32) (see numba_flash_reference.common)."""
+        return dropout_threshold(self.dropout_p)
+
+    @property
+    def causal_offset(self) -> int:
+        """Key j is visible from query row i iff j <= i + causal_offset (bottom-right aligned)."""
+        return self.seqlen_k - self.seqlen_q
+
+
+def check_attention_args(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, seed=0) -> Problem:
+    """Validate a forward call; raise ValueError/TypeError naming the bad argument."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+            raise TypeError(f"{name} must be an array or tensor, got {type(x).__name__}")
+        if len(x.shape) != 4:
+            raise ValueError(f"{name} must have 4 dimensions (batch, seqlen, nheads, headdim), got shape {tuple(x.shape)}")
+        if _dtype_name(x) not in _FLOAT_NAMES:
+            raise TypeError(f"{name} must be float16, bfloat16, float32 or float64, got {_dtype_name(x)}")
+    if not (_dtype_name(q) == _dtype_name(k) == _dtype_name(v)):
+        raise TypeError(f"q, k and v must have the same dtype, got {_dtype_name(q)}, {_dtype_name(k)}, {_dtype_name(v)}")
+    if not (_device_of(q) == _device_of(k) == _device_of(v)):
+        raise ValueError(f"q, k and v must be on the same device, got {_device_of(q)}, {_device_of(k)}, {_device_of(v)}")
+    if _is_torch(q) != _is_torch(k) or _is_torch(q) != _is_torch(v):
+        raise TypeError("q, k and v must all be torch tensors or all be arrays")
+    b, s_q, h, d = (int(n) for n in q.shape)
+    bk, s_k, h_k, dk = (int(n) for n in k.shape)
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if 0 in tuple(x.shape):
+            raise ValueError(f"{name} has a zero-size dimension: shape {tuple(x.shape)}")
+    if tuple(v.shape) != tuple(k.shape):
+        raise ValueError(f"v must have the same shape as k {tuple(k.shape)}, got {tuple(v.shape)}")
+    if bk != b:
+        raise ValueError(f"k has batch size {bk} but q has {b}")
+    if dk != d:
+        raise ValueError(f"k has headdim {dk} but q has {d}")
+    if h % h_k != 0:
+        raise ValueError(f"nheads of q ({h}) must be a multiple of nheads of k and v ({h_k})")
+    if d > MAX_HEADDIM:
+        raise ValueError(f"headdim {d} is larger than the supported maximum {MAX_HEADDIM}")
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or not (0.0 <= float(dropout_p) < 1.0):
+        raise ValueError(f"dropout_p must be a number in [0, 1), got {dropout_p!r}")
+    if softmax_scale is None:
+        tau = 1.0 / math.sqrt(d)
+    else:
+        if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
+            raise TypeError(f"softmax_scale must be a float or None, got {type(softmax_scale).__name__}")
+        tau = float(softmax_scale)
+        if not math.isfinite(tau) or tau <= 0:
+            raise ValueError(f"softmax_scale must be finite and positive, got {softmax_scale!r}")
+    if not isinstance(causal, (bool, np.bool_)):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not (0 <= int(seed) < 2**32):
+        raise ValueError(f"seed must be an integer in [0, 2**32), got {seed!r}")
+    return Problem(b, s_q, s_k, h, h_k, d, tau, bool(causal), float(dropout_p), int(seed))
+
+
+def check_backward_args(dout, out, prob: Problem, q) -> None:
+    """Validate the extra arrays of a backward call against the forward's problem."""
+    want = (prob.batch, prob.seqlen_q, prob.nheads, prob.headdim)
+    for name, x in (("dout", dout), ("out", out)):
+        if not hasattr(x, "shape"):
+            raise TypeError(f"{name} must be an array or tensor, got {type(x).__name__}")
+        if tuple(int(n) for n in x.shape) != want:
+            raise ValueError(f"{name} must have the shape of q {want}, got {tuple(x.shape)}")
+        if _device_of(x) != _device_of(q):
+            raise ValueError(f"{name} must be on the same device as q ({_device_of(q)}), got {_device_of(x)}")
+        if _dtype_name(x) not in _FLOAT_NAMES:
+            raise TypeError(f"{name} must be a floating-point array, got {_dtype_name(x)}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Arrays: the caller's world <-> kernel arrays
+# ----------------------------------------------------------------------------------------------
+@cuda.jit
+def _fill_kernel(flat, value):
+    i = cuda.grid(1)
+    if i < flat.size:
+        flat[i] = value
+
+
+class Allocator:
+    """Kernel arrays for one call, in the world of its inputs (see the module docstring).
+
+    Parameters
+    ----------
+    like : the caller's ``q`` (NumPy array, torch tensor, or Numba device array).
+    """
+
+    def __init__(self, like):
+        self.torch_device = None
+        self._owners: dict[int, Any] = {}
+        if _is_torch(like):
+            self.kind = "torch-cuda" if like.is_cuda else "torch-cpu"
+            if like.is_cuda:
+                self.torch_device = like.device
+        elif hasattr(like, "__cuda_array_interface__") and not isinstance(like, np.ndarray):
+            self.kind = "device"
+        else:
+            self.kind = "numpy"
+        self.on_device = not _backend.is_simulator()
+
+    # -- inputs ------------------------------------------------------------------------------
+    def to_kernel(self, x):
+        """A float32 kernel array holding ``x`` (zero-copy where possible; strides kept)."""
+        if self.kind == "torch-cuda":
+            t = x.detach()
+            if t.dtype != _torch().float32:
+                t = t.float()
+            self._owners[id(t)] = t
+            return cuda.as_cuda_array(t)
+        if self.kind == "device":
+            return x if _dtype_name(x) == "float32" else cuda.to_device(x.copy_to_host().astype(np.float32))
+        if self.kind == "torch-cpu":
+            x = x.detach().float().numpy()
+        a = np.asarray(x)
+        if a.dtype != np.float32:
+            a = a.astype(np.float32)
+        return cuda.to_device(np.ascontiguousarray(a)) if self.on_device else a
+
+    # -- outputs -----------------------------------------------------------------------------
+    def full(self, shape, value, dtype=np.float32):
+        shape = tuple(int(n) for n in shape)
+        if self.kind == "torch-cuda":
+            torch = _torch()
+            tdt = {np.float32: torch.float32, np.int32: torch.int32, np.uint32: torch.int32}[np.dtype(dtype).type]
+            t = torch.full(shape, value, dtype=tdt, device=self.torch_device)
+            arr = cuda.as_cuda_array(t)
+            self._owners[id(arr)] = t
+            return arr
+        if self.on_device:
+            arr = cuda.device_array(shape, dtype=dtype)
+            if arr.size:
+                flat = arr.reshape(arr.size)
+                _fill_kernel[(arr.size + 255) // 256, 256](flat, value)
+            return arr
+        return np.full(shape, value, dtype=dtype)
+
+    def empty(self, shape, dtype=np.float32):
+        """An output every element of which a kernel must write: NaN-filled when poisoning."""
+        if _POISON:
+            return self.full(shape, np.nan if np.dtype(dtype).kind == "f" else -1, dtype)
+        shape = tuple(int(n) for n in shape)
+        if self.kind == "torch-cuda":
+            torch = _torch()
+            t = torch.empty(shape, dtype=torch.float32, device=self.torch_device)
+            arr = cuda.as_cuda_array(t)
+            self._owners[id(arr)] = t
+            return arr
+        if self.on_device:
+            return cuda.device_array(shape, dtype=dtype)
+        return np.empty(shape, dtype=dtype)
+
+    def zeros(self, shape, dtype=np.float32):
+        return self.full(shape, 0, dtype)
+
+    # -- back to the caller ------------------------------------------------------------------
+    def result(self, arr, like_dtype=None):
+        """``arr`` in the caller's world: a torch tensor (same device) or a NumPy array.
+
+        ``like_dtype`` (the caller's input dtype) converts float32 results back, e.g. to float16.
+        """
+        if self.kind == "torch-cuda":
+            t = self._owners.get(id(arr))
+            if t is None:
+                t = _torch().as_tensor(arr, device=self.torch_device)
+            return t if like_dtype is None else t.to(like_dtype)
+        host = arr.copy_to_host() if self.on_device else arr
+        if self.kind == "torch-cpu":
+            t = _torch().from_numpy(np.ascontiguousarray(host))
+            return t if like_dtype is None else t.to(like_dtype)
+        if self.kind == "device":
+            return arr
+        return host if like_dtype is None else host.astype(like_dtype)
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+def synchronize() -> None:
+    """Wait for the device (no-op in the simulator, where launches are synchronous)."""
+    if not _backend.is_simulator():
+        cuda.synchronize()
+
+
+@dataclass
+class ForwardOutput:
+    """What a forward kernel module returns (kernel arrays).
+
+    out: (b, s_q, h, d) float32. lse: (b, h, s_q) float32 logsumexp L = m + log l (+inf where a row
+    sees no key). m, l: (b, h, s_q) FA1 statistics, for the algorithms that keep them (else None).
+    """
+
+    out: Any
+    lse: Any
+    m: Any = None
+    l: Any = None
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)

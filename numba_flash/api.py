@@ -1,0 +1,245 @@
+"""Public API: ``flash_attn_func`` (torch, differentiable) and NumPy-level twins that need no torch.
+
+``flash_attn_func`` has flash-attn 2's signature and semantics (layout ``(batch, seqlen, nheads,
+headdim)``, bottom-right causal mask, GQA/MQA, default scale ``1/sqrt(headdim)``), plus keyword-only
+extras that a student wants: which algorithm runs, the block sizes, the dropout seed.
+
+Which kernels run (``algorithm=``):
+
+============  ===============================================  =============================
+name          forward                                          backward
+============  ===============================================  =============================
+"standard"    FA1 Algorithm 0 (S and P materialized in HBM)     FA1 Algorithm 3 (P, dP, dS in HBM)
+"flash1"      FA1 Algorithms 1-2 (K/V-outer tiled forward)      FA1 Algorithm 4 (recomputation)
+"flash2"      FA2 Algorithm 1 (query-outer)                     FA2 Algorithm 2 (D pre-pass)
+============  ===============================================  =============================
+
+Each algorithm lives in its own module in this package. A forward module exposes
+``forward(q, k, v, prob, alloc, block_sizes=None) -> ForwardOutput`` and a backward module
+``backward(dout, q, k, v, out, fwd, prob, alloc, block_sizes=None, deterministic=False) -> (dq, dk, dv)``
+on kernel arrays (see :mod:`numba_flash._launch`); this module does the checking, conversion and
+dispatch once for all of them.
+
+Inputs are computed in float32 whatever their floating dtype (float16, bfloat16, float32, float64);
+outputs come back in the input's dtype. CUDA tensors are used zero-copy; NumPy arrays and CPU tensors
+run in the simulator on a machine without a GPU (and are copied to the device on a machine with one).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from ._launch import Allocator, ForwardOutput, Problem, check_attention_args, check_backward_args
+
+ALGORITHMS = ("standard", "flash1", "flash2")
+#: The algorithm used when none is named.
+DEFAULT_ALGORITHM = "flash1"
+
+_FORWARD_MODULES = {"standard": "alg0_standard", "flash1": "alg1_forward", "flash2": "fa2_forward"}
+_BACKWARD_MODULES = {"standard": "alg3_backward", "flash1": "alg4_backward", "flash2": "fa2_backward"}
+
+
+def _check_algorithm(algorithm):
+    algorithm = DEFAULT_ALGORITHM if algorithm is None else algorithm
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+    return algorithm
+
+
+def _check_block_sizes(block_sizes):
+    if block_sizes is None:
+        return None
+    try:
+        br, bc = block_sizes
+    except (TypeError, ValueError):
+        raise ValueError(f"block_sizes must be a pair (Br, Bc) of positive integers, got {block_sizes!r}") from None
+    for name, n in (("Br", br), ("Bc", bc)):
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+            raise ValueError(f"block_sizes: {name} must be a positive integer, got {n!r}")
+    return int(br), int(bc)
+
+
+def _kernel_module(table, algorithm):
+    name = table[algorithm]
+    try:
+        return importlib.import_module(f"numba_flash.{name}")
+    except ModuleNotFoundError as exc:  # pragma: no cover - only while a module is being written
+        if exc.name == f"numba_flash.{name}":
+            raise NotImplementedError(f"algorithm {algorithm!r} has no kernel module numba_flash.{name} yet") from None
+        raise
+
+
+def _run_forward(q, k, v, prob: Problem, algorithm, block_sizes, alloc: Allocator) -> ForwardOutput:
+    mod = _kernel_module(_FORWARD_MODULES, algorithm)
+    return mod.forward(alloc.to_kernel(q), alloc.to_kernel(k), alloc.to_kernel(v), prob, alloc, block_sizes=block_sizes)
+
+
+def _run_backward(dout, q, k, v, out, fwd, prob, algorithm, block_sizes, deterministic, alloc):
+    mod = _kernel_module(_BACKWARD_MODULES, algorithm)
+    kq, kk, kv, ko, kdo = (alloc.to_kernel(x) for x in (q, k, v, out, dout))
+    return mod.backward(kdo, kq, kk, kv, ko, fwd, prob, alloc, block_sizes=block_sizes, deterministic=deterministic)
+
+
+# ----------------------------------------------------------------------------------------------
+# NumPy level
+# ----------------------------------------------------------------------------------------------
+@dataclass
+class AttentionStats:
+    """What a forward call saves for its backward: O(N) per head, never an N x N matrix.
+
+    lse: (b, h, s_q) float32 logsumexp (+inf for rows that see no key). m, l: FA1's row max and row
+    sum (``algorithm="flash1"`` only). The options are kept so the backward runs the same problem.
+    """
+
+    lse: np.ndarray
+    m: np.ndarray | None
+    l: np.ndarray | None
+    problem: Problem
+    algorithm: str
+    block_sizes: tuple | None
+
+
+def _seed_or_random(seed, dropout_p):
+    if seed is not None:
+        return seed
+    return int(np.random.default_rng().integers(0, 2**32)) if dropout_p > 0 else 0
+
+
+def attention_numpy(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, *, algorithm=None, block_sizes=None, seed=None, return_stats=False):
+    """Attention on NumPy arrays through the Numba kernels (no torch needed).
+
+    Parameters
+    ----------
+    q : array, (batch, seqlen_q, nheads, headdim)
+    k, v : arrays, (batch, seqlen_k, nheads_k, headdim); nheads must be a multiple of nheads_k
+    dropout_p : float in [0, 1)
+    softmax_scale : float > 0, default 1/sqrt(headdim)
+    causal : bool, bottom-right aligned causal mask
+    algorithm : "standard", "flash1" or "flash2" (default :data:`DEFAULT_ALGORITHM`)
+    block_sizes : (Br, Bc), optional override of the paper's formula
+    seed : int in [0, 2**32), the dropout seed (random when None and dropout_p > 0)
+    return_stats : also return :class:`AttentionStats` for :func:`attention_backward_numpy`
+
+    Returns
+    -------
+    out : array like q (same dtype), or ``(out, stats)``
+    """
+    prob = check_attention_args(q, k, v, dropout_p, softmax_scale, causal, _seed_or_random(seed, dropout_p))
+    algorithm = _check_algorithm(algorithm)
+    block_sizes = _check_block_sizes(block_sizes)
+    alloc = Allocator(q)
+    fwd = _run_forward(q, k, v, prob, algorithm, block_sizes, alloc)
+    out = alloc.result(fwd.out, np.asarray(q).dtype if alloc.kind == "numpy" else None)
+    if not return_stats:
+        return out
+    res = alloc.result
+    stats = AttentionStats(
+        lse=res(fwd.lse),
+        m=None if fwd.m is None else res(fwd.m),
+        l=None if fwd.l is None else res(fwd.l),
+        problem=prob,
+        algorithm=algorithm,
+        block_sizes=block_sizes,
+    )
+    return out, stats
+
+
+def attention_backward_numpy(dout, q, k, v, out, stats: AttentionStats, *, deterministic=False):
+    """Gradients (dq, dk, dv) of ``sum(dout * attention(q, k, v))`` on NumPy arrays.
+
+    ``stats`` is what :func:`attention_numpy` returned with ``return_stats=True``; the backward runs
+    the same algorithm with the same options and regenerates the same dropout mask from the seed.
+    """
+    if not isinstance(stats, AttentionStats):
+        raise TypeError(f"stats must be the AttentionStats returned by attention_numpy(..., return_stats=True), got {type(stats).__name__}")
+    prob = check_attention_args(q, k, v, stats.problem.dropout_p, stats.problem.softmax_scale, stats.problem.causal, stats.problem.seed)
+    if prob != stats.problem:
+        raise ValueError("q, k, v do not match the shapes the forward saved in stats")
+    check_backward_args(dout, out, prob, q)
+    alloc = Allocator(q)
+    fwd = ForwardOutput(out=None, lse=alloc.to_kernel(stats.lse), m=None if stats.m is None else alloc.to_kernel(stats.m), l=None if stats.l is None else alloc.to_kernel(stats.l))
+    dq, dk, dv = _run_backward(dout, q, k, v, out, fwd, prob, stats.algorithm, stats.block_sizes, deterministic, alloc)
+    dt = np.asarray(q).dtype if alloc.kind == "numpy" else None
+    return alloc.result(dq, dt), alloc.result(dk, dt), alloc.result(dv, dt)
+
+
+# ----------------------------------------------------------------------------------------------
+# torch level
+# ----------------------------------------------------------------------------------------------
+def _autograd_function():
+    """The torch.autograd.Function, built on first use so that importing this module needs no torch."""
+    global _FlashAttnFunction
+    if _FlashAttnFunction is not None:
+        return _FlashAttnFunction
+    import torch
+
+    class FlashAttnFunction(torch.autograd.Function):
+        """Saves q, k, v, out and O(N) statistics per head (lse; FA1 also m and l), never S or P."""
+
+        @staticmethod
+        def forward(ctx, q, k, v, prob, algorithm, block_sizes, deterministic):
+            alloc = Allocator(q)
+            fwd = _run_forward(q, k, v, prob, algorithm, block_sizes, alloc)
+            out = alloc.result(fwd.out, q.dtype)
+            lse = alloc.result(fwd.lse)
+            stats = [alloc.result(x) for x in (fwd.m, fwd.l) if x is not None]
+            ctx.save_for_backward(q, k, v, out, lse, *stats)
+            ctx.options = (prob, algorithm, block_sizes, deterministic)
+            ctx.mark_non_differentiable(lse)
+            return out, lse
+
+        @staticmethod
+        def backward(ctx, dout, _dlse):
+            q, k, v, out, lse, *stats = ctx.saved_tensors
+            prob, algorithm, block_sizes, deterministic = ctx.options
+            alloc = Allocator(q)
+            m, l = (alloc.to_kernel(s) for s in stats) if stats else (None, None)
+            fwd = ForwardOutput(out=None, lse=alloc.to_kernel(lse), m=m, l=l)
+            dq, dk, dv = _run_backward(dout, q, k, v, out, fwd, prob, algorithm, block_sizes, deterministic, alloc)
+            return alloc.result(dq, q.dtype), alloc.result(dk, k.dtype), alloc.result(dv, v.dtype), None, None, None, None
+
+    _FlashAttnFunction = FlashAttnFunction
+    return FlashAttnFunction
+
+
+_FlashAttnFunction = None
+
+
+def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, return_attn_probs=False, *, algorithm=None, block_sizes=None, seed=None, deterministic=False):
+    """flash-attn 2's ``flash_attn_func`` on torch tensors, differentiable in q, k and v.
+
+    Parameters
+    ----------
+    q : torch.Tensor, (batch, seqlen_q, nheads, headdim)
+    k, v : torch.Tensor, (batch, seqlen_k, nheads_k, headdim)
+    dropout_p : float in [0, 1)
+    softmax_scale : float > 0, default 1/sqrt(headdim)
+    causal : bool, causal mask aligned to the bottom-right corner when seqlen_q != seqlen_k
+    return_attn_probs : also return the logsumexp (batch, nheads, seqlen_q) in float32, as flash-attn
+        does (its third value, the dropout-masked S, is not materialized here: None)
+    algorithm : "standard", "flash1" or "flash2" (keyword-only)
+    block_sizes : (Br, Bc) override (keyword-only)
+    seed : dropout seed in [0, 2**32); drawn from torch's generator when None (keyword-only)
+    deterministic : run a backward without atomics (FA2), bitwise reproducible (keyword-only)
+
+    Returns
+    -------
+    out, or (out, softmax_lse, None) with ``return_attn_probs=True``
+    """
+    import torch
+
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor (use attention_numpy for NumPy arrays), got {type(x).__name__}")
+    if seed is None:
+        seed = int(torch.randint(0, 2**32, (1,), dtype=torch.int64).item()) if dropout_p > 0 else 0
+    prob = check_attention_args(q, k, v, dropout_p, softmax_scale, causal, seed)
+    algorithm = _check_algorithm(algorithm)
+    block_sizes = _check_block_sizes(block_sizes)
+    if not isinstance(deterministic, bool):
+        raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
+    out, lse = _autograd_function().apply(q, k, v, prob, algorithm, block_sizes, deterministic)
+    return (out, lse, None) if return_attn_probs else out
