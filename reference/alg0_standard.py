@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .common import causal_mask, check_qkv, default_scale, dropout_scale_matrix, kv_head, logsumexp_from_stats
+from .hbm import hbm
 
 
 @dataclass
@@ -63,7 +64,7 @@ def row_softmax(S):
     return P, m, l
 
 
-def standard_attention(q, k, v, softmax_scale=None, causal=False, dropout_p=0.0, seed=0, return_matrices=False):
+def standard_attention(q, k, v, softmax_scale=None, causal=False, dropout_p=0.0, seed=0, return_matrices=False, counter=None):
     """Algorithm 0 with Algorithm 2's semantics, in float64.
 
     Parameters
@@ -74,6 +75,9 @@ def standard_attention(q, k, v, softmax_scale=None, causal=False, dropout_p=0.0,
     dropout_p : float in [0, 1). Dropout on P with the counter-hash mask of ``seed``.
     seed : int. Dropout seed (see :mod:`numba_flash_reference.common`).
     return_matrices : bool. Also return S (masked, scaled) and P (undropped).
+    counter : HBMCounter, optional. Count the HBM traffic of Algorithm 0 as the paper does: Q, K, V
+        read once, S and P written and read back, O written (the statistics m, l, L are the oracle's
+        extras and are not counted; the dropout mask is recomputed from the hash, not stored).
 
     Returns
     -------
@@ -87,21 +91,25 @@ def standard_attention(q, k, v, softmax_scale=None, causal=False, dropout_p=0.0,
     l = np.zeros((b, h, s_q))
     S_all = np.zeros((b, h, s_q, s_k)) if return_matrices else None
     P_all = np.zeros((b, h, s_q, s_k)) if return_matrices else None
+    gq, gk, gv, gO = hbm(q, counter, "Q"), hbm(k, counter, "K"), hbm(v, counter, "V"), hbm(O, counter, "O")
+    gS = hbm(np.empty((s_q, s_k)), counter, "S")  # the N x N matrices in HBM (one head at a time)
+    gP = hbm(np.empty((s_q, s_k)), counter, "P")
     for bi in range(b):
         for hi in range(h):
             hk = kv_head(hi, h, h_k)
-            Q, K, V = q[bi, :, hi], k[bi, :, hk], v[bi, :, hk]
             # Alg.0 L1: S = QK^T (scaled and masked as in Alg.2 L10-L11), written to HBM
+            Q, K = gq[bi, :, hi], gk[bi, :, hk]  # HBM read: 2Nd
             S = masked_scores(Q, K, tau, causal)
+            gS[...] = S  # HBM write: N^2
             # Alg.0 L2: P = softmax(S), written to HBM
-            P, m[bi, hi], l[bi, hi] = row_softmax(S)
+            P, m[bi, hi], l[bi, hi] = row_softmax(gS[...])  # HBM read: N^2
+            gP[...] = P  # HBM write: N^2
+            # Alg.0 L3: O = PV, written to HBM
+            P_used, V = gP[...], gv[bi, :, hk]  # HBM read: N^2 + Nd
             if dropout_p > 0.0:
                 # Dev: dropout on P as in Alg.2 L14, with the counter-hash mask (statistics stay undropped)
-                P_used = P * dropout_scale_matrix(seed, bi * h + hi, range(s_q), range(s_k), dropout_p)
-            else:
-                P_used = P
-            # Alg.0 L3: O = PV, written to HBM
-            O[bi, :, hi] = P_used @ V
+                P_used = P_used * dropout_scale_matrix(seed, bi * h + hi, range(s_q), range(s_k), dropout_p)
+            gO[bi, :, hi] = P_used @ V  # HBM write: Nd
             if return_matrices:
                 S_all[bi, hi], P_all[bi, hi] = S, P
     # Alg.0 L4: return O
