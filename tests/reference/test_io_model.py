@@ -223,3 +223,26 @@ def test_format_table_reports_every_algorithm_and_the_sweep():
     assert by[("fwd+bwd", "FlashAttention")]["vs_standard"] > 5
     sweep = io_model.sweep_rows(1024, 64)
     assert [r["fwd_FA1"] for r in sweep] == sorted(r["fwd_FA1"] for r in sweep)
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=IDS)
+def test_backward_hbm_accesses_match_theorem_5(rng, cfg):
+    """Alg.3 (standard), Alg.4 (recomputation) and FA2 Alg.2: counted == closed form, array by array.
+
+    GQA (h = 2 query heads on h_k = 1 KV head) checks that K, V, dK, dV traffic is per KV head.
+    """
+    from numba_flash_reference.alg3_backward import standard_backward
+    from numba_flash_reference.alg4_backward import flash_backward
+    from numba_flash_reference.fa2_backward import fa2_backward
+
+    Nq, Nk, d, M, Br, Bc = cfg
+    b, h, h_k = 2, 2, 1
+    q, k, v = qkv(rng, Nq, Nk, d, b=b, h=h, h_k=h_k)
+    dout = rng.standard_normal(q.shape)
+    fwd = standard_attention(q, k, v)
+    _, counted = count_io(standard_backward, dout, q, k, v)
+    assert counted == io_alg3_backward(Nq, d, N_k=Nk, b=b, h=h, h_k=h_k)
+    _, counted = count_io(flash_backward, dout, q, k, v, fwd.O, fwd.l, fwd.m, M=M, Br=Br, Bc=Bc)
+    assert counted == io_alg4_backward(Nq, d, M=M, Br=Br, Bc=Bc, N_k=Nk, b=b, h=h, h_k=h_k)
+    _, counted = count_io(fa2_backward, dout, q, k, v, fwd.O, fwd.L, M=M, Br=Br, Bc=Bc)
+    assert counted == io_fa2_backward(Nq, d, M=M, Br=Br, Bc=Bc, N_k=Nk, b=b, h=h, h_k=h_k)
