@@ -34,6 +34,7 @@ def gpu_present() -> bool:
     return has_driver and has_device
 
 
+# [doc:backend-choose]
 def _choose() -> str:
     forced = os.environ.get("NUMBA_FLASH_BACKEND", "auto").strip().lower()
     if forced not in ("auto", SIMULATOR, GPU):
@@ -52,6 +53,7 @@ def _choose() -> str:
     elif "NUMBA_ENABLE_CUDASIM" not in os.environ:
         os.environ["NUMBA_ENABLE_CUDASIM"] = "0" if gpu_present() else "1"
     return SIMULATOR if os.environ["NUMBA_ENABLE_CUDASIM"] not in ("", "0") else GPU
+# [/doc:backend-choose]
 
 
 BACKEND: str = _choose()

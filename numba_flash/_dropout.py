@@ -19,6 +19,7 @@ _S15 = uint64(15)
 _S16 = uint64(16)
 
 
+# [doc:dropout-device]
 @cuda.jit(device=True, inline="always")
 def mix32(x):
     """lowbias32 finalizer on a 32-bit word held in a uint64."""
@@ -53,3 +54,4 @@ def keep(k_row, col, threshold):
 def dropout_keep(seed, bh, row, col, threshold):
     """The whole hash for one element (kernels hoist head_key/row_key out of their loops)."""
     return keep(row_key(head_key(seed, bh), row), col, threshold)
+# [/doc:dropout-device]

@@ -102,6 +102,7 @@ def causal_mask(s_q: int, s_k: int, rows=None, cols=None) -> np.ndarray:
 # ----------------------------------------------------------------------------------------------
 # Dropout: a counter-based hash, specified above
 # ----------------------------------------------------------------------------------------------
+# [doc:ref-dropout-hash]
 def mix32(x):
     """lowbias32 finalizer on uint32 words (NumPy arrays of uint64 or Python ints)."""
     x = np.asarray(x, dtype=np.uint64) & np.uint64(MASK32)
@@ -134,6 +135,7 @@ def dropout_keep_mask(seed: int, bh: int, rows, cols, p: float) -> np.ndarray:
     return dropout_hash(seed, bh, rows, cols) >= np.uint64(dropout_threshold(p))
 
 
+# [/doc:ref-dropout-hash]
 def dropout_scale_matrix(seed: int, bh: int, rows, cols, p: float) -> np.ndarray:
     """Z of FA1 Algorithm 4 line 14: 1/(1-p) where kept, 0 where dropped (float64)."""
     if p == 0.0:
@@ -144,6 +146,7 @@ def dropout_scale_matrix(seed: int, bh: int, rows, cols, p: float) -> np.ndarray
 # ----------------------------------------------------------------------------------------------
 # Block sizes: FA1 Algorithm 1 line 1
 # ----------------------------------------------------------------------------------------------
+# [doc:ref-block-sizes]
 def block_sizes(d: int, M: int | None = None, Br: int | None = None, Bc: int | None = None):
     """(Br, Bc): ``Bc = ceil(M / 4d)`` and ``Br = min(Bc, d)``, unless overridden."""
     if d < 1:
@@ -158,6 +161,7 @@ def block_sizes(d: int, M: int | None = None, Br: int | None = None, Bc: int | N
     return br, bc
 
 
+# [/doc:ref-block-sizes]
 def seq_blocks(n: int, b: int):
     """Row ranges of the ceil(n / b) blocks of a length-n sequence; the last may be ragged."""
     return [range(s, min(s + b, n)) for s in range(0, n, b)]

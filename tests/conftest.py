@@ -19,6 +19,14 @@ def pytest_addoption(parser):
     parser.addoption("--runslow", action="store_true", default=False, help="run tests marked slow in the simulator")
 
 
+def pytest_configure(config):
+    # Registered here, after numba_flash chose the backend: naming numba's warning classes in
+    # pyproject's filterwarnings would make pytest import numba before the choice is made.
+    # Small test launches are meant to be small; numba's "low occupancy" and "host array copied"
+    # performance hints are noise in a correctness suite.
+    config.addinivalue_line("filterwarnings", "ignore::numba.core.errors.NumbaPerformanceWarning")
+
+
 def pytest_report_header(config):
     return f"numba-flash backend: {_backend.describe()}"
 
