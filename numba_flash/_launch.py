@@ -211,7 +211,10 @@ class Allocator:
         a = np.asarray(x)
         if a.dtype != np.float32:
             a = a.astype(np.float32)
-        return cuda.to_device(np.ascontiguousarray(a)) if self.on_device else a
+        if self.on_device:
+            return cuda.to_device(np.ascontiguousarray(a))
+        # The simulator passes kernel arguments through to_device, which refuses non-contiguous buffers.
+        return a if a.flags.c_contiguous or a.flags.f_contiguous else np.ascontiguousarray(a)
 
     # -- outputs -----------------------------------------------------------------------------
     def full(self, shape, value, dtype=np.float32):

@@ -36,7 +36,7 @@ from ._launch import Allocator, ForwardOutput, Problem, check_attention_args, ch
 
 ALGORITHMS = ("standard", "flash1", "flash2")
 #: The algorithm used when none is named.
-DEFAULT_ALGORITHM = "flash1"
+DEFAULT_ALGORITHM = "flash2"
 
 _FORWARD_MODULES = {"standard": "alg0_standard", "flash1": "alg1_forward", "flash2": "fa2_forward"}
 _BACKWARD_MODULES = {"standard": "alg3_backward", "flash1": "alg4_backward", "flash2": "fa2_backward"}
@@ -102,10 +102,15 @@ class AttentionStats:
     block_sizes: tuple | None
 
 
+def _positive_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0
+
+
 def _seed_or_random(seed, dropout_p):
     if seed is not None:
         return seed
-    return int(np.random.default_rng().integers(0, 2**32)) if dropout_p > 0 else 0
+    # a malformed dropout_p is left for check_attention_args to name
+    return int(np.random.default_rng().integers(0, 2**32)) if _positive_number(dropout_p) else 0
 
 
 def attention_numpy(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, *, algorithm=None, block_sizes=None, seed=None, return_stats=False):
@@ -235,7 +240,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, re
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor (use attention_numpy for NumPy arrays), got {type(x).__name__}")
     if seed is None:
-        seed = int(torch.randint(0, 2**32, (1,), dtype=torch.int64).item()) if dropout_p > 0 else 0
+        seed = int(torch.randint(0, 2**32, (1,), dtype=torch.int64).item()) if _positive_number(dropout_p) else 0
     prob = check_attention_args(q, k, v, dropout_p, softmax_scale, causal, seed)
     algorithm = _check_algorithm(algorithm)
     block_sizes = _check_block_sizes(block_sizes)

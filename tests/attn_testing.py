@@ -55,6 +55,43 @@ def naive_attention_float32(q, k, v, softmax_scale=None, causal=False, dropout_p
     return out
 
 
+def naive_stats_float32(q, k, softmax_scale=None, causal=False):
+    """Row statistics m, l and L = m + log l of standard attention, computed in float32 NumPy.
+
+    The float32 baseline of the error rule for the statistics a forward pass saves ((b, h, s_q) each;
+    a row that sees no key has m = -inf, l = 0, L = +inf).
+    """
+    f = np.float32
+    b, s_q, h, d = q.shape
+    _, s_k, h_k, _ = k.shape
+    tau = f(default_scale(d, softmax_scale))
+    m = np.zeros((b, h, s_q), f)
+    l = np.zeros((b, h, s_q), f)
+    for bi in range(b):
+        for hi in range(h):
+            S = (q[bi, :, hi].astype(f) @ k[bi, :, kv_head(hi, h, h_k)].astype(f).T) * tau
+            if causal:
+                S = np.where(causal_mask(s_q, s_k), S, f(-np.inf))
+            mx = S.max(axis=1)
+            safe = np.where(np.isfinite(mx), mx, f(0))
+            m[bi, hi] = mx
+            l[bi, hi] = np.exp(S - safe[:, None]).sum(axis=1)
+    with np.errstate(divide="ignore"):
+        L = np.where(l > 0, m + np.log(np.where(l > 0, l, f(1))), f(np.inf)).astype(f)
+    return m, l, L
+
+
+def assert_stats_rule(m, l, lse, ref, naive, mult=2.0):
+    """m, l, L against the oracle's (an AttentionResult): infinities exactly where it has them, finite
+    values by the error rule against ``naive`` = :func:`naive_stats_float32` on the same inputs."""
+    for name, got, want, base in (("m", m, ref.m, naive[0]), ("l", l, ref.l, naive[1]), ("lse", lse, ref.L, naive[2])):
+        got = np.asarray(got, dtype=np.float64)
+        assert got.shape == np.shape(want), f"{name}: shape {got.shape} != {np.shape(want)}"
+        inf = np.isinf(want)
+        np.testing.assert_array_equal(got[inf], want[inf], err_msg=f"{name}: infinities differ from the oracle's")
+        assert_error_rule(got[~inf], want[~inf], np.asarray(base, np.float64)[~inf], mult=mult, what=name)
+
+
 def ulp_floor(ref) -> float:
     """A few float32 rounding steps at the output's magnitude (see the module docstring)."""
     return 4 * EPS32 * max(1.0, float(np.max(np.abs(ref))) if np.size(ref) else 1.0)
@@ -76,3 +113,38 @@ def assert_error_rule(out, ref64, naive32, mult=2.0, what="output"):
     bound = mult * base + ulp_floor(ref64)
     assert err <= bound, f"{what}: max error {err:.3e} > {mult} x float32-naive error {base:.3e} + floor {ulp_floor(ref64):.1e}"
     return err, base
+
+
+def naive_attention_backward_float32(dout, q, k, v, softmax_scale=None, causal=False, dropout_p=0.0, seed=0):
+    """The standard backward pass (FA1 Algorithm 3) computed entirely in float32 NumPy.
+
+    The baseline of the error rule for gradients (``mult = 3``): P, dP and dS are whole float32
+    matrices, ``D_i = rowsum(P o dP)``; dK, dV are summed over each GQA group. Returns (dq, dk, dv).
+    """
+    f = np.float32
+    b, s_q, h, d = q.shape
+    _, s_k, h_k, _ = k.shape
+    tau = f(default_scale(d, softmax_scale))
+    dq = np.zeros((b, s_q, h, d), dtype=f)
+    dk = np.zeros((b, s_k, h_k, d), dtype=f)
+    dv = np.zeros((b, s_k, h_k, d), dtype=f)
+    for bi in range(b):
+        for hi in range(h):
+            hk = kv_head(hi, h, h_k)
+            Q, K, V, dO = (x.astype(f) for x in (q[bi, :, hi], k[bi, :, hk], v[bi, :, hk], dout[bi, :, hi]))
+            S = (Q @ K.T) * tau
+            if causal:
+                S = np.where(causal_mask(s_q, s_k), S, f(-np.inf))
+            m = S.max(axis=1, keepdims=True)
+            m = np.where(np.isfinite(m), m, f(0))
+            E = np.exp(S - m)
+            lsum = E.sum(axis=1, keepdims=True)
+            P = E / np.where(lsum > 0, lsum, f(1))
+            Z = dropout_scale_matrix(seed, bi * h + hi, range(s_q), range(s_k), dropout_p).astype(f)
+            dv[bi, :, hk] += (P * Z).T @ dO
+            dP = (dO @ V.T) * Z
+            D = np.sum(P * dP, axis=1, keepdims=True)
+            dS = P * (dP - D)
+            dq[bi, :, hi] = tau * (dS @ K)
+            dk[bi, :, hk] += tau * (dS.T @ Q)
+    return dq, dk, dv

@@ -1,0 +1,170 @@
+"""The forward kernels compute exact attention: standard (Algorithm 0) and FlashAttention (Algorithms 1-2).
+
+Every kernel is checked against the float64 oracle (:mod:`numba_flash_reference.alg0_standard`) with
+the error rule of :func:`attn_testing.assert_error_rule`: max |kernel - float64| <= 2 x max |float32
+naive - float64| + a few-ulp floor. Outputs are NaN-poisoned before each launch, so an element a
+kernel never writes fails. The saved statistics (m, l and the logsumexp L) are checked the same way
+against the oracle's (float32 baseline: :func:`attn_testing.naive_stats_float32`).
+
+Simulator cases are small (N <= 64, d <= 32, b*h <= 2, tiles 8 and 16) but ragged, causal in both
+directions (s_q < s_k and s_q > s_k, where whole rows see no key), with dropout, GQA/MQA and odd head
+dims. The ``gpu`` cases run real sizes (N up to 4096, d up to 128).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from attn_testing import assert_error_rule, assert_stats_rule, make_qkv, naive_attention_float32, naive_stats_float32
+from numba_flash import _launch
+from numba_flash.alg1_forward import choose_block_sizes, sram_footprint
+from numba_flash.api import attention_numpy
+from numba_flash_reference.alg0_standard import standard_attention
+
+ALGORITHMS = ("standard", "flash1")
+
+
+def run_case(rng, algorithm, batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, causal=False, dropout_p=0.0, block_sizes=None, seed=1234):
+    """Run one kernel on fresh inputs (outputs NaN-poisoned) and check O, m, l, L against the oracle."""
+    q, k, v = make_qkv(rng, batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim)
+    with _launch.poison_outputs():
+        out, stats = attention_numpy(q, k, v, dropout_p=dropout_p, causal=causal, algorithm=algorithm,
+                                     block_sizes=block_sizes, seed=seed, return_stats=True)
+    ref = standard_attention(q, k, v, causal=causal, dropout_p=dropout_p, seed=seed)
+    naive = naive_attention_float32(q, k, v, causal=causal, dropout_p=dropout_p, seed=seed)
+    assert out.dtype == np.float32
+    assert_error_rule(out, ref.O, naive, what=f"{algorithm} O")
+    assert_stats_rule(stats.m, stats.l, stats.lse, ref, naive_stats_float32(q, k, causal=causal))
+    return out, ref
+
+
+# (batch, s_q, s_k, nheads, nheads_k, headdim, causal, dropout_p, block_sizes)
+SIM_CASES = {
+    "ragged-d16-tiles16": (1, 37, 37, 2, 2, 16, False, 0.0, (16, 16)),
+    "causal-sq<sk-odd-d": (1, 19, 40, 1, 1, 13, True, 0.0, (8, 16)),
+    "causal-sq>sk-empty-rows": (1, 40, 19, 1, 1, 8, True, 0.0, (8, 8)),
+    "dropout-ragged-odd-d": (1, 24, 33, 2, 2, 9, False, 0.17, (8, 16)),
+    "dropout-causal": (1, 29, 29, 1, 1, 12, True, 0.3, (16, 8)),
+    "mqa": (1, 21, 26, 2, 1, 11, False, 0.0, (8, 8)),
+    "gqa-batch2": (2, 17, 23, 2, 1, 6, True, 0.1, (8, 16)),
+    "default-block-sizes": (1, 45, 50, 1, 1, 32, False, 0.0, None),
+    "headdim-1": (1, 7, 12, 1, 1, 1, False, 0.0, (8, 8)),
+    "single-query-and-key": (1, 1, 1, 1, 1, 5, True, 0.0, None),
+}
+
+
+@pytest.mark.parametrize("case", list(SIM_CASES), ids=list(SIM_CASES))
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_forward_kernel_matches_float64_reference_within_twice_float32_error(rng, algorithm, case):
+    b, s_q, s_k, h, h_k, d, causal, p, bs = SIM_CASES[case]
+    run_case(rng, algorithm, b, s_q, s_k, h, h_k, d, causal, p, bs)
+
+
+def test_gqa_head_mapping_reads_the_groups_kv_head(rng):
+    # 4 query heads on 2 KV heads: heads 0-1 read KV head 0, heads 2-3 read KV head 1.
+    run_case(rng, "flash1", 1, 16, 16, 4, 2, 8, False, 0.0, (8, 8))
+
+
+def test_fully_masked_rows_give_zero_output_lse_inf_and_no_nan(rng):
+    # s_q > s_k with the bottom-right causal mask: the first s_q - s_k query rows see no key.
+    q, k, v = make_qkv(rng, 1, 20, 9, 1, 1, 8)
+    for algorithm in ALGORITHMS:
+        with _launch.poison_outputs():
+            out, stats = attention_numpy(q, k, v, causal=True, algorithm=algorithm, block_sizes=(8, 8), return_stats=True)
+        empty = 20 - 9
+        assert np.all(out[:, :empty] == 0.0), algorithm
+        assert np.all(np.isposinf(stats.lse[:, :, :empty])) and np.all(np.isneginf(stats.m[:, :, :empty]))
+        assert np.all(stats.l[:, :, :empty] == 0.0)
+        assert np.all(np.isfinite(out)) and np.all(np.isfinite(stats.lse[:, :, empty:]))
+
+
+def test_flash1_and_standard_see_the_same_dropout_mask(rng):
+    # Both kernels regenerate the reference's counter-hash mask; a different seed changes the output.
+    q, k, v = make_qkv(rng, 1, 24, 24, 1, 1, 8)
+    a = attention_numpy(q, k, v, dropout_p=0.4, algorithm="flash1", block_sizes=(8, 8), seed=7)
+    b = attention_numpy(q, k, v, dropout_p=0.4, algorithm="standard", seed=7)
+    c = attention_numpy(q, k, v, dropout_p=0.4, algorithm="flash1", block_sizes=(8, 8), seed=8)
+    ref = standard_attention(q, k, v, dropout_p=0.4, seed=7).O
+    naive = naive_attention_float32(q, k, v, dropout_p=0.4, seed=7)
+    assert_error_rule(a, ref, naive)
+    assert_error_rule(b, ref, naive)
+    assert np.max(np.abs(c - ref)) > 1e-2  # another seed is another mask
+
+
+def test_tile_sizes_do_not_change_the_result_beyond_rounding(rng):
+    q, k, v = make_qkv(rng, 1, 30, 30, 1, 1, 8)
+    ref = standard_attention(q, k, v).O
+    naive = naive_attention_float32(q, k, v)
+    for bs in ((8, 8), (16, 8), (8, 16), (1, 32), (30, 3)):
+        with _launch.poison_outputs():
+            out = attention_numpy(q, k, v, algorithm="flash1", block_sizes=bs)
+        assert_error_rule(out, ref, naive, what=f"block_sizes={bs}")
+
+
+# ------------------------------------------------------------------------------------------------
+# Block sizes: Alg.1 L1 and the 48 KB static shared-memory limit
+# ------------------------------------------------------------------------------------------------
+M48 = _launch.STATIC_SMEM_BYTES // 4
+
+
+@pytest.mark.parametrize("d", [1, 2, 7, 16, 32, 37, 64, 80, 96, 111, 127, 128])
+def test_default_block_sizes_follow_alg1_line1_and_fit_48kb(d):
+    for threads, shuffles in (((8, 16), True), ((4, 4), False)):
+        Br, Bc = choose_block_sizes(d, M=M48, threads=threads, shuffles=shuffles)
+        bc_paper = math.ceil(M48 / (4 * d))
+        assert 1 <= Bc <= min(bc_paper, 128)
+        assert 1 <= Br <= min(Bc, d)  # Br = min(Bc, d), shrunk only to fit
+        assert sram_footprint(Br, Bc, d, threads, shuffles) <= M48
+
+
+def test_paper_block_sizes_overflow_48kb_so_br_shrinks_first():
+    # Alg.1 L1 gives 48 x 48 at d = 64 and 24 x 24 at d = 128; with five tiles neither fits 48 KB.
+    assert sram_footprint(48, 48, 64) > M48 and sram_footprint(24, 24, 128) > M48
+    assert choose_block_sizes(64, M=M48, threads=(8, 16), shuffles=True) == (32, 48)
+    assert choose_block_sizes(128, M=M48, threads=(8, 16), shuffles=True) == (16, 24)
+    # Where the formula's tiles fit, it is used as is: d = 32 gives Bc = ceil(12288 / 128) = 96, Br = 32.
+    assert choose_block_sizes(32, M=M48, threads=(8, 16), shuffles=True) == (32, 96)
+
+
+def test_block_size_override_that_does_not_fit_raises_naming_block_sizes():
+    with pytest.raises(ValueError, match="block_sizes"):
+        choose_block_sizes(64, M=M48, block_sizes=(128, 128), threads=(8, 16), shuffles=True)
+
+
+# ------------------------------------------------------------------------------------------------
+# GPU: real sizes
+# ------------------------------------------------------------------------------------------------
+GPU_CASES = {
+    "N4096-d64": (1, 4096, 4096, 2, 2, 64, False, 0.0),
+    "N2048-d128-causal": (1, 2048, 2048, 2, 2, 128, True, 0.0),
+    "ragged-1023x1024-d96-gqa-causal": (2, 1023, 1024, 6, 2, 96, True, 0.0),
+    "ragged-1024x1023-d80-causal": (1, 1024, 1023, 2, 1, 80, True, 0.0),
+    "N513-d111-dropout": (1, 513, 513, 2, 2, 111, False, 0.17),
+    "N300-d1": (1, 300, 217, 2, 2, 1, False, 0.0),
+    "N1000-d37-mqa": (2, 1000, 1000, 3, 1, 37, False, 0.0),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", list(GPU_CASES), ids=list(GPU_CASES))
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_forward_kernel_matches_float64_reference_at_real_sizes_on_gpu(rng, algorithm, case):
+    b, s_q, s_k, h, h_k, d, causal, p = GPU_CASES[case]
+    run_case(rng, algorithm, b, s_q, s_k, h, h_k, d, causal, p)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [32, 64, 128])
+def test_flash1_kernel_fits_48kb_shared_memory_and_does_not_spill_on_gpu(rng, d):
+    from numba_flash import _inspect, alg1_forward
+
+    q, k, v = make_qkv(rng, 1, 64, 64, 1, 1, d)
+    attention_numpy(q, k, v, algorithm="flash1")
+    prob = _launch.check_attention_args(q, k, v)
+    [(_, disp, threads, _)] = alg1_forward.compiled_kernels(prob)
+    rep = _inspect.kernel_report(disp, threads)
+    assert rep["shared_mem_per_block"] <= _launch.STATIC_SMEM_BYTES
+    assert rep["local_mem_per_thread"] == 0, rep
+    assert rep["occupancy"] > 0

@@ -1,0 +1,116 @@
+"""The public API behaves like flash-attn's ``flash_attn_func`` on torch tensors and NumPy arrays.
+
+Checked here: torch tensors in and out (same device, same dtype), float16/bfloat16 computed in
+float32, non-contiguous inputs, ``return_attn_probs`` returning the logsumexp ``(b, h, s_q)`` in
+float32, the NumPy-level function and its output dtype, and the saved statistics. Numerical claims use
+the error rule of :mod:`attn_testing` against the float64 oracle. Shapes are small (simulator).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from attn_testing import assert_error_rule, assert_stats_rule, make_qkv, naive_attention_float32, naive_stats_float32
+from numba_flash import _launch, attention_numpy, flash_attn_func
+from numba_flash_reference.alg0_standard import standard_attention
+
+ALGORITHMS = ("standard", "flash1")
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def to_torch(*xs, dtype=torch.float32):
+    return tuple(torch.from_numpy(np.ascontiguousarray(x)).to(device=DEVICE, dtype=dtype) for x in xs)
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_flash_attn_func_on_torch_tensors_matches_float64_reference(rng, algorithm):
+    q, k, v = make_qkv(rng, 1, 19, 23, 2, 1, 8)
+    with _launch.poison_outputs():
+        out = flash_attn_func(*to_torch(q, k, v), causal=True, algorithm=algorithm, block_sizes=(8, 8))
+    assert isinstance(out, torch.Tensor) and out.dtype == torch.float32 and out.device.type == DEVICE
+    assert tuple(out.shape) == q.shape
+    ref = standard_attention(q, k, v, causal=True).O
+    assert_error_rule(out.cpu().numpy(), ref, naive_attention_float32(q, k, v, causal=True))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_inputs_are_computed_in_float32_and_returned_in_their_dtype(rng, dtype):
+    q, k, v = make_qkv(rng, 1, 17, 17, 1, 1, 8)
+    tq, tk, tv = to_torch(q, k, v, dtype=dtype)
+    out = flash_attn_func(tq, tk, tv, algorithm="flash1", block_sizes=(8, 8))
+    assert out.dtype == dtype
+    # The oracle sees exactly the rounded inputs; the float32-naive baseline is rounded to the output
+    # dtype too, so both errors include the final rounding to half precision.
+    q64, k64, v64 = (x.float().cpu().numpy() for x in (tq, tk, tv))
+    ref = standard_attention(q64, k64, v64).O
+    naive = torch.from_numpy(naive_attention_float32(q64, k64, v64)).to(dtype).float().numpy()
+    assert_error_rule(out.float().cpu().numpy(), ref, naive)
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_non_contiguous_inputs_give_the_contiguous_result(rng, algorithm):
+    # q from a (b, h, s, d) tensor transposed, k and v every other position of a longer sequence.
+    q = torch.from_numpy(rng.standard_normal((1, 2, 13, 8)).astype(np.float32)).to(DEVICE).transpose(1, 2)
+    kk = torch.from_numpy(rng.standard_normal((1, 30, 2, 8)).astype(np.float32)).to(DEVICE)
+    vv = torch.from_numpy(rng.standard_normal((1, 30, 2, 16)).astype(np.float32)).to(DEVICE)
+    k, v = kk[:, ::2], vv[:, ::2, :, ::2]
+    assert not (q.is_contiguous() or k.is_contiguous() or v.is_contiguous())
+    with _launch.poison_outputs():
+        out = flash_attn_func(q, k, v, algorithm=algorithm, block_sizes=(8, 8))
+    dense = flash_attn_func(q.contiguous(), k.contiguous(), v.contiguous(), algorithm=algorithm, block_sizes=(8, 8))
+    args = [x.cpu().numpy() for x in (q, k, v)]
+    assert_error_rule(out.cpu().numpy(), standard_attention(*args).O, naive_attention_float32(*args))
+    np.testing.assert_allclose(out.cpu().numpy(), dense.cpu().numpy(), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_return_attn_probs_gives_float32_logsumexp_per_query_row(rng, algorithm):
+    q, k, v = make_qkv(rng, 2, 11, 7, 2, 2, 4)
+    out, lse, s_dmask = flash_attn_func(*to_torch(q, k, v, dtype=torch.float16), causal=True,
+                                        return_attn_probs=True, algorithm=algorithm, block_sizes=(8, 8))
+    assert s_dmask is None
+    assert lse.dtype == torch.float32 and tuple(lse.shape) == (2, 2, 11) and out.dtype == torch.float16
+    q32, k32, v32 = (x.astype(np.float16).astype(np.float32) for x in (q, k, v))
+    L = standard_attention(q32, k32, v32, causal=True).L
+    got = lse.cpu().numpy()
+    inf = np.isinf(L)  # s_q > s_k, causal: the first 4 rows see no key
+    assert inf.sum() == 2 * 2 * 4
+    np.testing.assert_array_equal(got[inf], L[inf])
+    naive_L = naive_stats_float32(q32, k32, causal=True)[2]
+    assert_error_rule(got[~inf], L[~inf], naive_L[~inf], what="lse")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_numpy_function_returns_an_array_of_the_input_dtype(rng, dtype):
+    q, k, v = make_qkv(rng, 1, 9, 12, 1, 1, 4, dtype=dtype)
+    out = attention_numpy(q, k, v, algorithm="flash1", block_sizes=(8, 8))
+    assert isinstance(out, np.ndarray) and out.dtype == dtype and out.shape == q.shape
+    qf, kf, vf = (x.astype(np.float32) for x in (q, k, v))
+    assert_error_rule(out, standard_attention(qf, kf, vf).O, naive_attention_float32(qf, kf, vf))
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_numpy_function_returns_the_saved_statistics(rng, algorithm):
+    q, k, v = make_qkv(rng, 1, 10, 10, 2, 2, 4)
+    out, stats = attention_numpy(q, k, v, algorithm=algorithm, block_sizes=(8, 8), return_stats=True)
+    assert stats.algorithm == algorithm and stats.block_sizes == (8, 8)
+    for x in (stats.lse, stats.m, stats.l):
+        assert x.dtype == np.float32 and x.shape == (1, 2, 10)
+    assert_stats_rule(stats.m, stats.l, stats.lse, standard_attention(q, k, v), naive_stats_float32(q, k))
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_default_softmax_scale_is_one_over_sqrt_headdim(rng, algorithm):
+    q, k, v = make_qkv(rng, 1, 8, 8, 1, 1, 16)
+    out = attention_numpy(q, k, v, algorithm=algorithm)  # tau = 1/sqrt(16)
+    explicit = attention_numpy(q, k, v, softmax_scale=0.25, algorithm=algorithm)
+    np.testing.assert_array_equal(out, explicit)
+    other = attention_numpy(q, k, v, softmax_scale=0.5, algorithm=algorithm)
+    assert np.max(np.abs(other - out)) > 1e-3
+
+
+def test_torch_cpu_output_stays_on_cpu_and_does_not_alias_the_input(rng):
+    q, k, v = (torch.from_numpy(x) for x in make_qkv(rng, 1, 8, 8, 1, 1, 4))
+    out = flash_attn_func(q, k, v, algorithm="flash1")
+    assert out.device == q.device and out.data_ptr() != q.data_ptr()

@@ -1,0 +1,161 @@
+"""Bad input raises a clear ValueError/TypeError that names the argument, before any kernel launch.
+
+Each test calls the public API with exactly one thing wrong. The ``no_launch`` fixture replaces the
+dispatch to the kernel modules with a function that fails the test, so an error raised only after a
+launch (or a silently wrong launch) cannot pass.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from numba_flash import api
+from numba_flash.api import attention_numpy, flash_attn_func
+
+
+@pytest.fixture
+def no_launch(monkeypatch):
+    def launched(*args, **kwargs):
+        raise AssertionError("a kernel module was reached: the argument check came too late")
+
+    monkeypatch.setattr(api, "_run_forward", launched)
+    monkeypatch.setattr(api, "_run_backward", launched)
+
+
+def qkv(rng, b=1, s_q=8, s_k=8, h=2, h_k=2, d=4, dtype=np.float32):
+    q = rng.standard_normal((b, s_q, h, d)).astype(dtype)
+    k = rng.standard_normal((b, s_k, h_k, d)).astype(dtype)
+    v = rng.standard_normal((b, s_k, h_k, d)).astype(dtype)
+    return q, k, v
+
+
+def both_apis(q, k, v, **kw):
+    """Call the NumPy-level function, then the torch one on the same (converted) inputs."""
+    yield lambda: attention_numpy(q, k, v, **kw)
+    conv = lambda x: torch.from_numpy(np.ascontiguousarray(x)) if isinstance(x, np.ndarray) else x  # noqa: E731
+    yield lambda: flash_attn_func(conv(q), conv(k), conv(v), **kw)
+
+
+def expect(exc, match, calls):
+    for call in calls:
+        with pytest.raises(exc, match=match):
+            call()
+
+
+@pytest.mark.usefixtures("no_launch")
+class TestEveryBadArgumentIsNamed:
+    def test_wrong_rank_names_the_array(self, rng):
+        q, k, v = qkv(rng)
+        expect(ValueError, r"^q must have 4 dimensions", both_apis(q[0], k, v))
+        expect(ValueError, r"^k must have 4 dimensions", both_apis(q, k[..., None], v))
+        expect(ValueError, r"^v must have 4 dimensions", both_apis(q, k, v[0]))
+
+    def test_mismatched_batch_names_k(self, rng):
+        q, _, _ = qkv(rng, b=2)
+        _, k, v = qkv(rng, b=3)
+        expect(ValueError, r"k has batch size 3 but q has 2", both_apis(q, k, v))
+
+    def test_mismatched_seqlen_k_between_k_and_v_names_v(self, rng):
+        q, k, _ = qkv(rng, s_k=8)
+        _, _, v = qkv(rng, s_k=9)
+        expect(ValueError, r"^v must have the same shape as k", both_apis(q, k, v))
+
+    def test_mismatched_headdim_names_k(self, rng):
+        q, _, _ = qkv(rng, d=4)
+        _, k, v = qkv(rng, d=5)
+        expect(ValueError, r"k has headdim 5 but q has 4", both_apis(q, k, v))
+
+    def test_nheads_not_a_multiple_of_nheads_k_names_both(self, rng):
+        q, k, v = qkv(rng, h=3, h_k=2)
+        expect(ValueError, r"nheads of q \(3\) must be a multiple of nheads of k and v \(2\)", both_apis(q, k, v))
+
+    def test_headdim_above_128_is_refused(self, rng):
+        q, k, v = qkv(rng, s_q=2, s_k=2, d=129)
+        expect(ValueError, r"headdim 129 is larger than the supported maximum 128", both_apis(q, k, v))
+
+    def test_dtype_mismatch_names_the_dtypes(self, rng):
+        q, k, v = qkv(rng)
+        expect(TypeError, r"q, k and v must have the same dtype", both_apis(q, k.astype(np.float64), v))
+
+    def test_integer_dtype_is_refused(self, rng):
+        q, k, v = qkv(rng)
+        expect(TypeError, r"^q must be float16, bfloat16, float32 or float64", both_apis(q.astype(np.int32), k, v))
+
+    def test_device_mismatch_names_the_devices(self, rng):
+        q, k, v = (torch.from_numpy(x) for x in qkv(rng))
+        # A CPU tensor mixed with one on another device (meta here; CUDA on a GPU machine).
+        with pytest.raises(ValueError, match=r"q, k and v must be on the same device, got meta, cpu, cpu"):
+            flash_attn_func(q.to("meta"), k, v)
+
+    @pytest.mark.parametrize("p", [-0.1, 1.0, 1.5, math.nan, "0.1", True, None])
+    def test_dropout_p_outside_0_1_is_refused(self, rng, p):
+        q, k, v = qkv(rng)
+        expect(ValueError, r"^dropout_p must be a number in \[0, 1\)", both_apis(q, k, v, dropout_p=p))
+
+    @pytest.mark.parametrize("scale", [0.0, -1.0, math.inf, -math.inf, math.nan])
+    def test_non_finite_or_non_positive_softmax_scale_is_refused(self, rng, scale):
+        q, k, v = qkv(rng)
+        expect(ValueError, r"^softmax_scale must be finite and positive", both_apis(q, k, v, softmax_scale=scale))
+
+    def test_non_numeric_softmax_scale_is_a_type_error(self, rng):
+        q, k, v = qkv(rng)
+        expect(TypeError, r"^softmax_scale must be a float or None", both_apis(q, k, v, softmax_scale="0.5"))
+
+    @pytest.mark.parametrize("which", ["q-batch", "q-seqlen", "k-seqlen", "heads", "headdim"])
+    def test_zero_size_dimension_is_refused(self, rng, which):
+        q, k, v = qkv(rng)
+        if which == "q-batch":
+            q, k, v = q[:0], k[:0], v[:0]
+        elif which == "q-seqlen":
+            q = q[:, :0]
+        elif which == "k-seqlen":
+            k, v = k[:, :0], v[:, :0]
+        elif which == "heads":
+            q, k, v = q[:, :, :0], k[:, :, :0], v[:, :, :0]
+        else:
+            q, k, v = q[..., :0], k[..., :0], v[..., :0]
+        expect(ValueError, r"has a zero-size dimension", both_apis(q, k, v))
+
+    @pytest.mark.parametrize("name", ["flash3", "Standard", "", 1])
+    def test_unknown_algorithm_name_is_refused(self, rng, name):
+        q, k, v = qkv(rng)
+        expect(ValueError, r"^algorithm must be one of \('standard', 'flash1', 'flash2'\)", both_apis(q, k, v, algorithm=name))
+
+    @pytest.mark.parametrize("bs", [(0, 16), (16, -1), (16,), (8, 8, 8), "ab", 16, (16.0, 16), (True, 8)])
+    def test_malformed_block_sizes_are_refused(self, rng, bs):
+        q, k, v = qkv(rng)
+        expect(ValueError, r"^block_sizes", both_apis(q, k, v, block_sizes=bs))
+
+    def test_causal_must_be_a_bool(self, rng):
+        q, k, v = qkv(rng)
+        expect(TypeError, r"^causal must be a bool", both_apis(q, k, v, causal=1))
+
+    @pytest.mark.parametrize("seed", [-1, 2**32, 1.5])
+    def test_seed_outside_uint32_is_refused(self, rng, seed):
+        q, k, v = qkv(rng)
+        expect(ValueError, r"^seed must be an integer in \[0, 2\*\*32\)", both_apis(q, k, v, seed=seed))
+
+    def test_non_array_input_is_a_type_error(self, rng):
+        _, k, v = qkv(rng)
+        with pytest.raises(TypeError, match=r"^q must be an array or tensor, got list"):
+            attention_numpy([[1.0]], k, v)
+
+    def test_flash_attn_func_refuses_numpy_arrays(self, rng):
+        q, k, v = qkv(rng)
+        with pytest.raises(TypeError, match=r"^q must be a torch.Tensor"):
+            flash_attn_func(q, k, v)
+
+
+def test_block_sizes_too_large_for_shared_memory_fail_before_the_kernel_is_built(rng, monkeypatch):
+    from numba_flash import alg1_forward
+
+    def built(*args, **kwargs):
+        raise AssertionError("the kernel was compiled: the SRAM check came too late")
+
+    monkeypatch.setattr(alg1_forward, "forward_kernel", built)
+    q, k, v = qkv(rng, d=64)
+    with pytest.raises(ValueError, match=r"^block_sizes \(128, 128\) need .* KB of shared memory at headdim 64"):
+        attention_numpy(q, k, v, algorithm="flash1", block_sizes=(128, 128))
