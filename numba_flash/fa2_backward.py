@@ -1,0 +1,363 @@
+"""FlashAttention-2 Algorithm 2 as Numba CUDA kernels: the readable backward pass.
+
+Paper: Dao, "FlashAttention-2", Algorithm 2 ([FA2-ICLR] Appendix A). The float64 twin is
+:mod:`numba_flash_reference.fa2_backward`; put the two files side by side.
+
+What a reader learns
+--------------------
+* **A D pre-pass (FA2.2 L4).** ``D = rowsum(dO o O)`` is one small kernel before the main one, so the
+  main loop never loads ``O`` (FA1 recomputed ``D_i`` on every pass).
+* **P from the logsumexp alone (L11).** ``P_ij = exp(S_ij - L_i)``; ``L_i = +inf`` on a row that saw no
+  key gives ``P = 0`` without any guard.
+* **Column blocks are independent (L5).** One thread block per (batch, KV head, ``K_j, V_j``) block,
+  ``dK_j`` and ``dV_j`` accumulated on chip. Each thread owns one key row ``c`` of the block, so
+  ``dV_j += P^T dO_i`` (L12) and ``dK_j += dS^T Q_i`` (L16) are sums *down a column* of ``P`` and
+  ``dS``: one thread's private loop, no reduction between threads.
+* **dQ through atomic adds (L15).** Every column block adds ``dS_ij K_j`` into the same ``dQ_i``, so
+  the additions race; ``cuda.atomic.add`` makes them safe but their order (hence the last bits of
+  ``dQ``) varies from run to run.
+* **A deterministic path** (``deterministic=True``): the main kernel leaves ``dQ`` out and a second
+  kernel, one thread block per *query* block (FA2's forward geometry), recomputes ``S, P, dP, dS`` and
+  sums ``dQ_i = tau sum_j dS_ij K_j`` in a fixed order: bitwise reproducible, no atomics, at the cost
+  of recomputing two matmuls.
+* **GQA/MQA.** The ``G`` query heads of a KV head are ``G`` more passes of the row loop inside the same
+  thread block, so ``dK_j, dV_j`` are summed over the group in a fixed order (no atomics for them).
+
+Launch geometry
+---------------
+pre-pass: grid ``(ceil(N_q / 128), b h)``, 128 threads, one per row. Main: grid ``(Tc, b h_k)``, block
+``Bc`` threads (thread ``c`` owns key row ``j Bc + c``). Deterministic dQ: grid ``(Tr, b h)``, block
+``Br`` threads (thread ``t`` owns query row ``i Br + t``).
+
+SRAM budget of the main kernel (float32 elements): ``sK_j, sV_j`` 2 Bc (d+1); ``sQ_i, sdO_i``
+2 Br d; ``sL_i, sD_i`` 2 Br; ``sdS_ij`` Br Bc. ``dK_j, dV_j`` rows are per-thread local arrays.
+
+This is the *readable* kernel. The default (``VARIANT = "fast"``) is the register-blocked twin in
+:mod:`numba_flash.fa2_backward_fast`; its docstring says what changed and what it bought. Choose with
+``backward(..., variant="readable")`` or by setting :data:`VARIANT` (as :mod:`numba_flash.fa2_forward`).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+from numba import cuda, float32, uint64
+
+from ._dropout import head_key, keep, row_key
+from ._launch import STATIC_SMEM_BYTES, Problem, ceil_div
+
+PREPASS_THREADS = 128
+
+#: Which kernels :func:`backward` runs by default: "fast" (fa2_backward_fast) or "readable" (this file).
+VARIANT = "fast"
+VARIANTS = ("fast", "readable")
+
+
+def smem_bytes(Br: int, Bc: int, d: int) -> int:
+    """Static SRAM of the main kernel (the larger of the two)."""
+    main = 2 * Bc * (d + 1) + 2 * Br * d + 2 * Br + Br * Bc
+    dq = 2 * Br * (d + 1) + 2 * Bc * d + 2 * Br
+    return 4 * max(main, dq)
+
+
+def default_block_sizes(d: int):
+    """The largest square tile (64, 32, 16, 8 or 4) whose two kernels fit the 48 KB static SRAM.
+
+    FA1's formula (Algorithm 1 line 1) budgets four ``B x d`` tiles; this backward holds more
+    (``K_j, V_j, Q_i, dO_i`` plus ``dS_ij``), so it picks its own.
+    """
+    for B in (64, 32, 16, 8, 4):
+        if smem_bytes(B, B, d) <= STATIC_SMEM_BYTES:
+            return B, B
+    return 2, 2
+
+
+def _split(prob: Problem, block_sizes):
+    """FA2.2 lines 1-2: block sizes and block counts."""
+    d = prob.headdim
+    Br, Bc = default_block_sizes(d) if block_sizes is None else block_sizes
+    if max(Br, Bc) > 1024:
+        raise ValueError(f"block_sizes ({Br}, {Bc}): one thread per row, at most 1024 threads per block")
+    if smem_bytes(Br, Bc, d) > STATIC_SMEM_BYTES:
+        raise ValueError(f"block_sizes ({Br}, {Bc}) need {smem_bytes(Br, Bc, d)} bytes of shared memory at d={d}; the limit is {STATIC_SMEM_BYTES}")
+    # FA2.2 L1: split Q into Tr = ceil(N_q / Br) blocks Q_i; K, V into Tc = ceil(N_k / Bc) blocks K_j, V_j
+    Tr = ceil_div(prob.seqlen_q, Br)
+    Tc = ceil_div(prob.seqlen_k, Bc)
+    # FA2.2 L2: split O, dO and L into Tr blocks (the row ranges of Q_i)
+    return Br, Bc, Tr, Tc
+
+
+def _allocate_grads(prob: Problem, alloc, deterministic: bool):
+    # FA2.2 L3: dQ = (0) in HBM (the atomic adds need zeros; the deterministic kernel writes every row); dK, dV: Tc blocks
+    shape_q = (prob.batch, prob.seqlen_q, prob.nheads, prob.headdim)
+    shape_k = (prob.batch, prob.seqlen_k, prob.nheads_k, prob.headdim)
+    dq = alloc.empty(shape_q) if deterministic else alloc.zeros(shape_q)
+    return dq, alloc.empty(shape_k), alloc.empty(shape_k)
+
+
+@cuda.jit
+def preprocess_kernel(gO, gdO, gD):
+    """D = rowsum(dO o O): thread per row; grid (ceil(N_q / 128), b h). gD is (b, h, N_q)."""
+    nheads = gO.shape[2]
+    b = cuda.blockIdx.y // nheads
+    h = cuda.blockIdx.y % nheads
+    row = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    if row < gO.shape[1]:
+        # [doc:fa2-bwd-preprocess]
+        # FA2.2 L4: D_i = rowsum(dO_i o O_i), written to HBM (a separate pre-pass)
+        acc = float32(0.0)
+        for x in range(gO.shape[3]):
+            acc += gdO[b, row, h, x] * gO[b, row, h, x]  # HBM read: 2d per row
+        gD[b, h, row] = acc  # HBM write: 1 per row
+        # [/doc:fa2-bwd-preprocess]
+
+
+@functools.lru_cache(maxsize=None)
+def fa2_backward_kernel(BR: int, BC: int, D: int, CAUSAL: bool, DROPOUT: bool, ATOMIC_DQ: bool):
+    """The main (column-block) kernel: dK, dV, and with ``ATOMIC_DQ`` the atomic dQ adds.
+
+    Kernel arguments: ``gQ, gdO (b, s_q, h, d)``, ``gK, gV (b, s_k, h_k, d)``, ``gL, gD (b, h, s_q)``,
+    outputs ``gdQ`` (zeros; unused without ``ATOMIC_DQ``), ``gdK, gdV (b, s_k, h_k, d)``; ``tau``,
+    ``group``, ``causal_offset``, dropout ``seed``, ``threshold``, ``inv_keep``.
+
+    Symbol table (paper symbol -> variable -> memory space):
+
+    ========================  ==================  ==========================================
+    Q, K, V, dO, L, D         gQ, gK, .., gD      HBM
+    dQ, dK, dV                gdQ, gdK, gdV       HBM
+    K_j, V_j                  sK_j, sV_j          SRAM (Bc, d+1), loaded once (L6)
+    dK_j, dV_j                rdK_j, rdV_j        registers/local: row c per thread (L7)
+    Q_i, dO_i                 sQ_i, sdO_i         SRAM (Br, d), per inner step (L9)
+    L_i, D_i                  sL_i, sD_i          SRAM (Br,)
+    S, P, dP (one entry)      s, P, dP            registers: thread c handles column c
+    dS_ij                     sdS_ij              SRAM (Br, Bc): shared for the dQ sum (L15)
+    ========================  ==================  ==========================================
+    """
+    DK = D + 1  # Dev: +1 pad: thread c reads row c of K_j, V_j; rows of 32 floats would share one bank
+
+    @cuda.jit
+    def kernel(gQ, gK, gV, gdO, gL, gD, gdQ, gdK, gdV, tau, group, causal_offset, seed, threshold, inv_keep):
+        sK_j = cuda.shared.array((BC, DK), float32)  # (Bc, d) SRAM
+        sV_j = cuda.shared.array((BC, DK), float32)  # (Bc, d) SRAM
+        sQ_i = cuda.shared.array((BR, D), float32)  # (Br, d) SRAM
+        sdO_i = cuda.shared.array((BR, D), float32)  # (Br, d) SRAM
+        sL_i = cuda.shared.array(BR, float32)  # (Br,) SRAM
+        sD_i = cuda.shared.array(BR, float32)  # (Br,) SRAM
+        sdS_ij = cuda.shared.array((BR, BC), float32)  # (Br, Bc) SRAM
+        rdK_j = cuda.local.array(D, float32)  # this thread's row of dK_j
+        rdV_j = cuda.local.array(D, float32)  # this thread's row of dV_j
+
+        t = cuda.threadIdx.x
+        nheads = gQ.shape[2]
+        nheads_k = gK.shape[2]
+        s_q = gQ.shape[1]
+        s_k = gK.shape[1]
+        b = cuda.blockIdx.y // nheads_k
+        hk = cuda.blockIdx.y % nheads_k
+        # FA2.2 L5: for j = 1..Tc -- this thread block is one j; thread t owns key row `col`
+        col0 = cuda.blockIdx.x * BC
+        col = col0 + t
+        # FA2.2 L6: load K_j, V_j from HBM to SRAM (rows past N_k are zero)
+        for e in range(t, BC * D, BC):
+            c = e // D
+            x = e % D
+            inside = col0 + c < s_k
+            sK_j[c, x] = gK[b, col0 + c, hk, x] if inside else float32(0.0)  # HBM read: Bc*d
+            sV_j[c, x] = gV[b, col0 + c, hk, x] if inside else float32(0.0)  # HBM read: Bc*d
+        # FA2.2 L7: dK_j = (0), dV_j = (0) on chip
+        for x in range(D):
+            rdK_j[x] = float32(0.0)
+            rdV_j[x] = float32(0.0)
+        # Dev: causal block skipping: row blocks before the first row that sees key col0 are fully masked
+        i_first = 0
+        if CAUSAL:
+            i_first = max(0, col0 - causal_offset) // BR
+        n_row_blocks = (s_q + BR - 1) // BR
+
+        # Dev: GQA/MQA: the G query heads sharing K_j, V_j are G more passes of the row-block loop
+        for h in range(hk * group, (hk + 1) * group):
+            k_bh = head_key(seed, b * nheads + h) if DROPOUT else uint64(0)
+            # FA2.2 L8: for i = 1..Tr
+            for i in range(i_first, n_row_blocks):
+                row0 = i * BR
+                cuda.syncthreads()  # Sync: K_j, V_j stored (first pass); Q_{i-1}, dO_{i-1}, dS read by all before overwriting
+                # FA2.2 L9: load Q_i, dO_i, L_i, D_i from HBM to SRAM (Dev: not O_i: the L4 pre-pass made D_i from it)
+                for e in range(t, BR * D, BC):
+                    r = e // D
+                    x = e % D
+                    inside = row0 + r < s_q
+                    sQ_i[r, x] = gQ[b, row0 + r, h, x] if inside else float32(0.0)  # HBM read: Br*d
+                    sdO_i[r, x] = gdO[b, row0 + r, h, x] if inside else float32(0.0)  # HBM read: Br*d
+                for r in range(t, BR, BC):
+                    inside = row0 + r < s_q
+                    sL_i[r] = gL[b, h, row0 + r] if inside else float32(math.inf)  # HBM read: Br (+inf: P = 0)
+                    sD_i[r] = gD[b, h, row0 + r] if inside else float32(0.0)  # HBM read: Br
+                cuda.syncthreads()  # Sync: Q_i, dO_i, L_i, D_i in SRAM before L10 reads them
+
+                # [doc:fa2-bwd-inner-loop]
+                masked = col0 + BC > s_k or (CAUSAL and col0 + BC - 1 > row0 + causal_offset)
+                for r in range(BR):
+                    row = row0 + r
+                    # FA2.2 L10: S_ij = tau Q_i K_j^T -- entry (r, c) of this thread's column c
+                    acc = float32(0.0)
+                    for x in range(D):
+                        acc += sQ_i[r, x] * sK_j[t, x]
+                    s = float32(tau * acc)
+                    # FA2.2 L11: P_ij = exp(S_ij - L_i) (the causal mask and ragged columns give P = 0)
+                    P = float32(0.0)
+                    if not (masked and (col >= s_k or (CAUSAL and col > row + causal_offset))):
+                        P = math.exp(s - sL_i[r])
+                    # Dev: dropout: Z_ij regenerated from the counter hash (FA1 Alg.4 L14-L15)
+                    Z = float32(1.0)
+                    if DROPOUT:
+                        Z = inv_keep if keep(row_key(k_bh, row), col, threshold) else float32(0.0)
+                    # FA2.2 L12: dV_j += (P_ij o Z_ij)^T dO_i -- column c of P^T dO is row c of dV_j
+                    PZ = P * Z
+                    for x in range(D):
+                        rdV_j[x] += PZ * sdO_i[r, x]
+                    # FA2.2 L13: dP_ij = (dO_i V_j^T) o Z_ij
+                    acc = float32(0.0)
+                    for x in range(D):
+                        acc += sdO_i[r, x] * sV_j[t, x]
+                    dP = acc * Z
+                    # FA2.2 L14: dS_ij = P_ij o (dP_ij - D_i)
+                    dS = P * (dP - sD_i[r])
+                    sdS_ij[r, t] = dS
+                    # FA2.2 L16: dK_j += tau dS_ij^T Q_i (row c of it: this thread's)
+                    for x in range(D):
+                        rdK_j[x] += tau * dS * sQ_i[r, x]
+                if ATOMIC_DQ:
+                    cuda.syncthreads()  # Sync: all of dS_ij in SRAM before L15 sums over its columns
+                    # FA2.2 L15: dQ_i += tau dS_ij K_j, with atomic adds (every column block adds into dQ_i)
+                    for e in range(t, BR * D, BC):
+                        r = e // D
+                        x = e % D
+                        if row0 + r < s_q:
+                            acc = float32(0.0)
+                            for c in range(BC):
+                                acc += sdS_ij[r, c] * sK_j[c, x]
+                            cuda.atomic.add(gdQ, (b, row0 + r, h, x), tau * acc)  # HBM read+write: Br*d
+                # [/doc:fa2-bwd-inner-loop]
+
+        # FA2.2 L18: write dK_j, dV_j to HBM
+        if col < s_k:
+            for x in range(D):
+                gdK[b, col, hk, x] = rdK_j[x]  # HBM write: Bc*d
+                gdV[b, col, hk, x] = rdV_j[x]  # HBM write: Bc*d
+
+    return kernel
+
+
+@functools.lru_cache(maxsize=None)
+def fa2_dq_kernel(BR: int, BC: int, D: int, CAUSAL: bool, DROPOUT: bool):
+    """The deterministic dQ kernel: one thread block per query block, one thread per query row.
+
+    It re-runs lines 10-15 with the loops swapped (query block outer, key blocks inner, as the FA2
+    forward), so each ``dQ`` element is one thread's sum in a fixed order: no atomics, bitwise
+    reproducible. Symbol table as :func:`fa2_backward_kernel`, plus ``rdQ_i`` (registers: this
+    thread's row of dQ_i).
+    """
+    DQ = D + 1  # Dev: +1 pad: thread t reads row t of Q_i, dO_i
+
+    @cuda.jit
+    def kernel(gQ, gK, gV, gdO, gL, gD, gdQ, tau, group, causal_offset, seed, threshold, inv_keep):
+        sQ_i = cuda.shared.array((BR, DQ), float32)  # (Br, d) SRAM
+        sdO_i = cuda.shared.array((BR, DQ), float32)  # (Br, d) SRAM
+        sK_j = cuda.shared.array((BC, D), float32)  # (Bc, d) SRAM
+        sV_j = cuda.shared.array((BC, D), float32)  # (Bc, d) SRAM
+        rdQ_i = cuda.local.array(D, float32)  # this thread's row of dQ_i
+
+        t = cuda.threadIdx.x
+        nheads = gQ.shape[2]
+        s_q = gQ.shape[1]
+        s_k = gK.shape[1]
+        b = cuda.blockIdx.y // nheads
+        h = cuda.blockIdx.y % nheads
+        hk = h // group
+        row0 = cuda.blockIdx.x * BR
+        row = row0 + t
+        for e in range(t, BR * D, BR):
+            r = e // D
+            x = e % D
+            inside = row0 + r < s_q
+            sQ_i[r, x] = gQ[b, row0 + r, h, x] if inside else float32(0.0)  # HBM read: Br*d
+            sdO_i[r, x] = gdO[b, row0 + r, h, x] if inside else float32(0.0)  # HBM read: Br*d
+        L_r = gL[b, h, row] if row < s_q else float32(math.inf)
+        D_r = gD[b, h, row] if row < s_q else float32(0.0)
+        for x in range(D):
+            rdQ_i[x] = float32(0.0)
+        k_row = row_key(head_key(seed, b * nheads + h), row) if DROPOUT else uint64(0)
+        n_blocks = (s_k + BC - 1) // BC
+        if CAUSAL:
+            n_blocks = (min(s_k, max(0, row0 + BR + causal_offset)) + BC - 1) // BC
+        for j in range(n_blocks):
+            col0 = j * BC
+            cuda.syncthreads()  # Sync: K_{j-1}, V_{j-1} read by every thread (and Q_i, dO_i stored) before overwriting
+            for e in range(t, BC * D, BR):
+                c = e // D
+                x = e % D
+                inside = col0 + c < s_k
+                sK_j[c, x] = gK[b, col0 + c, hk, x] if inside else float32(0.0)  # HBM read: Bc*d
+                sV_j[c, x] = gV[b, col0 + c, hk, x] if inside else float32(0.0)  # HBM read: Bc*d
+            cuda.syncthreads()  # Sync: K_j, V_j in SRAM before they are read
+            masked = col0 + BC > s_k or (CAUSAL and col0 + BC - 1 > row0 + causal_offset)
+            for c in range(BC):
+                col = col0 + c
+                if masked and (col >= s_k or (CAUSAL and col > row + causal_offset)):
+                    continue
+                # FA2.2 L10: S_ij = tau Q_i K_j^T (entry (t, c), recomputed)
+                acc = float32(0.0)
+                for x in range(D):
+                    acc += sQ_i[t, x] * sK_j[c, x]
+                # FA2.2 L11: P_ij = exp(S_ij - L_i)
+                P = math.exp(float32(tau * acc) - L_r)
+                # FA2.2 L13: dP_ij = (dO_i V_j^T) o Z_ij
+                acc = float32(0.0)
+                for x in range(D):
+                    acc += sdO_i[t, x] * sV_j[c, x]
+                if DROPOUT:
+                    acc = acc * inv_keep if keep(k_row, col, threshold) else float32(0.0)
+                # FA2.2 L14: dS_ij = P_ij o (dP_ij - D_i)
+                dS = P * (acc - D_r)
+                # FA2.2 L15: dQ_i += tau dS_ij K_j -- Dev: deterministic: one thread sums its row in a fixed order
+                for x in range(D):
+                    rdQ_i[x] += tau * dS * sK_j[c, x]
+        if row < s_q:
+            for x in range(D):
+                gdQ[b, row, h, x] = rdQ_i[x]  # HBM write: Br*d
+
+    return kernel
+
+
+def backward(dout, q, k, v, out, fwd, prob: Problem, alloc, block_sizes=None, deterministic=False, variant=None):
+    """FA2 Algorithm 2 on kernel arrays: ``(dq, dk, dv)`` (dk, dv summed over each GQA group).
+
+    ``deterministic=True`` computes dQ with :func:`fa2_dq_kernel` instead of atomic adds: bitwise
+    reproducible from run to run. ``variant``: "fast" (the default, :data:`VARIANT`) runs
+    :mod:`numba_flash.fa2_backward_fast`, "readable" the kernels of this file. ``block_sizes=(Br, Bc)``
+    is honoured by both (the fast kernels round it up to multiples of 16).
+    """
+    variant = VARIANT if variant is None else variant
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+    if variant == "fast":
+        from . import fa2_backward_fast
+
+        return fa2_backward_fast.backward(dout, q, k, v, out, fwd, prob, alloc, block_sizes=block_sizes, deterministic=deterministic)
+    Br, Bc, Tr, Tc = _split(prob, block_sizes)
+    d = prob.headdim
+    dq, dk, dv = _allocate_grads(prob, alloc, deterministic)
+    delta = alloc.empty((prob.batch, prob.nheads, prob.seqlen_q))
+    bh = prob.batch * prob.nheads
+    preprocess_kernel[(ceil_div(prob.seqlen_q, PREPASS_THREADS), bh), PREPASS_THREADS](out, dout, delta)
+    dropout = prob.dropout_p > 0
+    inv_keep = 1.0 / (1.0 - prob.dropout_p)
+    opts = (prob.softmax_scale, prob.group, prob.causal_offset, prob.seed, prob.threshold, inv_keep)
+    main = fa2_backward_kernel(Br, Bc, d, prob.causal, dropout, not deterministic)
+    main[(Tc, prob.batch * prob.nheads_k), Bc](q, k, v, dout, fwd.lse, delta, dq, dk, dv, *opts)
+    if deterministic:
+        dqk = fa2_dq_kernel(Br, Bc, d, prob.causal, dropout)
+        dqk[(Tr, bh), Br](q, k, v, dout, fwd.lse, delta, dq, *opts)
+    # FA2.2 L20: return dQ, dK, dV
+    return dq, dk, dv

@@ -1,0 +1,687 @@
+"""FlashAttention-2 Algorithm 2, the fast kernel: register-blocked tiles, one block per K/V block.
+
+Paper: Dao, "FlashAttention-2", Algorithm 2 ([FA2-ICLR] Appendix A). Same algorithm, semantics and
+paper tags as the readable kernel :mod:`numba_flash.fa2_backward` (read that one first); this file
+changes *who computes what* so that the arithmetic units are fed, the way
+:mod:`numba_flash.fa2_forward_fast` does for the forward.
+
+What changed from the readable kernel, and why
+----------------------------------------------
+* **Register blocking of all five matmuls.** The readable kernel gives each thread one key row, so
+  every multiply-add needs one shared-memory load and the ``d`` numbers of its ``dK_j, dV_j`` rows
+  live in local memory. Here each matmul has its own thread -> tile map (its output shape differs):
+
+  - ``S_ij = Q_i K_j^T`` and ``dP_ij = dO_i V_j^T`` (L10, L13): a ``TM x TN`` tile of each per thread
+    (``TPR`` lanes of a half-warp share ``TM`` query rows), 16-byte loads along ``d``;
+  - ``dV_j += P^T dO_i`` and ``dK_j += dS^T Q_i`` (L12, L16): a ``TC x (4 DVX)`` tile of each per
+    thread, *held in registers for the whole kernel* (the accumulators of line 7), an outer product
+    over the query rows of the block (16-byte loads of a row of ``P``, ``dS``, ``dO_i``, ``Q_i``);
+  - ``dQ_i += dS K_j`` (L15): a ``TM2 x DX2`` tile per thread, then one atomic add per element,
+    16 lanes on 16 consecutive floats of a row (coalesced atomics).
+* **No row reductions, no shuffles.** Unlike the forward, the backward needs no row max or row sum:
+  ``P = exp2(S tau log2(e) - L log2(e))`` from the stored logsumexp (one FFMA + one MUFU.EX2), and
+  ``D_i`` comes from the pre-pass (L4). The scale ``tau`` is folded into ``dS`` once, so line 15 and
+  line 16 need no extra multiply.
+* **Q_i, dO_i prefetched.** The loads of ``Q_{i+1}, dO_{i+1}, L_{i+1}, D_{i+1}`` are issued into
+  registers before the compute on ``Q_i, dO_i`` (double buffering in registers, as the forward's
+  K/V prefetch), all loads of a tile unrolled (one memory round trip per tile).
+* **More than 48 KB of SRAM** (:mod:`numba_flash._smem`): ``Q_i, dO_i, K_j, V_j`` and ``P_ij, dS_ij``
+  at 64 x 64, ``d = 64`` are about 104 KB per block (two blocks per SM).
+* **The deterministic path is fast too.** ``deterministic=True`` leaves the atomics out of the main
+  kernel and runs :func:`fa2_backward_fast_dq_kernel`, one block per *query* block (FA2's forward
+  geometry) that recomputes ``S, dP, dS`` tile by tile with the same register tiling and keeps
+  ``dQ_i`` in registers: a fixed summation order, bitwise reproducible. ``dK, dV`` come from the
+  same main kernel in both modes, so they are bitwise equal across the two.
+
+What it bought (one H200, fp32, FA2 convention ``b * N = 16k``, d = 64, N = 4096, 32 heads, batch 4;
+CUDA-event medians; the log with predictions is ``docs/notes/performance-log.md`` "FA2 backward"):
+
+=====================================================  ==============  ==============
+version (d = 64, non-causal, backward only)            ms              TFLOP/s
+=====================================================  ==============  ==============
+readable kernel (:mod:`numba_flash.fa2_backward`)      ~505            ~2.7
+this kernel, atomic dQ (default tiles)                 see the log     see the log
+=====================================================  ==============  ==============
+
+(see :data:`MEASURED` and the performance log for the numbers of the GPU run).
+
+Launch geometry
+---------------
+pre-pass (``D``): as the readable module. Main kernel: grid ``(Tc, batch * nheads_k)``, block ``NT``
+threads; block ``(j, b h_k)`` owns key rows ``j Bc .. j Bc + Bc - 1`` of KV head ``h_k`` and loops
+over the ``G`` query heads of its group and the visible query blocks ``i`` (one flat loop, so the
+prefetch crosses head boundaries). Deterministic dQ kernel: grid ``(Tr, batch * nheads)``.
+
+Thread maps (``tid`` in ``0..NT-1``):
+
+* S/dP: ``rg = tid // TPR``, ``tc = tid % TPR``; rows ``rg + RG a`` (``a < TM``, ``RG = NT / TPR``),
+  columns ``tc + TPR b`` (``b < TN = Bc / TPR``).
+* dK/dV: ``cy = tid // XT``, ``tx = tid % XT``; key rows ``CW cy + CW CG q + u`` (``CG = NT / XT``,
+  ``CW = 4`` or 1), columns ``4 tx + 4 XT e + w`` (``e < DVX``).
+* dQ: ``rg2 = tid // TPR2``, ``tc2 = tid % TPR2``; rows ``rg2 + RG2 a`` (``a < TM2``), columns
+  ``tc2 + TPR2 e`` (``e < DX2``).
+
+``d`` is padded to ``DP``, a multiple of 16 (zero columns).
+
+SRAM budget (float32 elements, one dynamic array): ``sQ_i, sdO_i`` 2 Br (DP+4) + ``sK_j, sV_j``
+2 Bc (DP+4) + ``sP_ij, sdS_ij`` 2 Br (Bc+4) + ``sL_i, sD_i`` 2 Br. Default ``Br = Bc = 64``: d = 64:
+27,264 floats = 106.5 KB (2 blocks/SM); d = 128: 1 block/SM.
+
+Run it::
+
+    >>> import numpy as np
+    >>> from numba_flash.api import attention_numpy, attention_backward_numpy
+    >>> q, k, v = np.random.default_rng(0).standard_normal((3, 1, 20, 1, 8)).astype(np.float32)
+    >>> out, st = attention_numpy(q, k, v, causal=True, algorithm="flash2", return_stats=True)
+    >>> [g.shape for g in attention_backward_numpy(np.ones_like(q), q, k, v, out, st)]  # doctest: +SKIP
+    [(1, 20, 1, 8), (1, 20, 1, 8), (1, 20, 1, 8)]
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+from numba import cuda, float32, uint64
+
+from . import _backend, _smem
+from ._dropout import head_key, keep, row_key
+from ._launch import Problem, ceil_div
+
+LOG2E = 1.4426950408889634
+
+#: Measured numbers of the GPU run (filled from docs/notes/performance-log.md; None: not measured).
+MEASURED = None
+
+
+def _pow2_divisor(n: int, cap: int) -> int:
+    """The largest power of two <= cap dividing n."""
+    p = 1
+    while p * 2 <= cap and n % (p * 2) == 0:
+        p *= 2
+    return p
+
+
+@functools.lru_cache(maxsize=None)
+def config_for(d: int, block_sizes=None, nt=None):
+    """The tiling ``(NT, BR, BC, DP)`` for head dim ``d``.
+
+    Defaults (chosen by the sweep tests/benchmarks/fa2_bwd_sweep.py on an H200, see
+    docs/notes/performance-log.md): 256 threads; ``d <= 64``: ``Br = 64, Bc = 128`` (a 4 x 8 S/dP
+    tile and an 8 x 4 dK/dV tile per thread, half the dQ atomics and Q_i/dO_i loads per FLOP of
+    64 x 64); ``d > 64``: ``Br = Bc = 64`` (``Bc = 128`` does not fit the SRAM at d = 128). ``block_sizes=(Br, Bc)`` is rounded up to multiples of 16;
+    the thread count is then ``min(256, max(64, Br Bc / 16))`` (so each thread holds 16 entries of S)
+    unless ``nt`` is given. ``DP`` = ``d`` rounded up to a multiple of 16.
+    """
+    DP = 16 * ((d + 15) // 16)
+    if block_sizes is None:
+        BR, BC = (64, 128) if DP <= 64 else (64, 64)
+        NT = 256 if nt is None else nt
+    else:
+        BR, BC = (16 * ((int(n) + 15) // 16) for n in block_sizes)
+        NT = min(256, max(64, BR * BC // 16)) if nt is None else nt
+    return int(NT), int(BR), int(BC), int(DP)
+
+
+def derived(NT, BR, BC, DP):
+    """The register tiling derived from ``(NT, BR, BC, DP)`` (see the module docstring); raises if invalid."""
+    TPR = 16 if BC % 16 == 0 else _pow2_divisor(BC, 16)
+    RG = NT // TPR
+    XT = _pow2_divisor(DP // 4, 16)
+    CG = NT // XT
+    TPR2 = 16
+    RG2 = NT // TPR2
+    ok = NT % 32 == 0 and NT % TPR == 0 and BR % RG == 0 and BC % CG == 0 and BR % RG2 == 0 and DP % 16 == 0
+    if not ok or NT > 1024:
+        raise ValueError(f"fast FA2 backward: tiles Br={BR}, Bc={BC} (d padded to {DP}) do not fit {NT} threads")
+    TC = BC // CG
+    CW = 4 if TC % 4 == 0 else 1
+    return dict(TPR=TPR, RG=RG, TM=BR // RG, TN=BC // TPR, XT=XT, CG=CG, TC=TC, CW=CW, DVX=DP // (4 * XT),
+                TPR2=TPR2, RG2=RG2, TM2=BR // RG2, DX2=DP // TPR2)
+
+
+def smem_floats(NT, BR, BC, DP):
+    """Dynamic SRAM of the main (and the dQ) kernel in float32 elements."""
+    return 2 * BR * (DP + 4) + 2 * BC * (DP + 4) + 2 * BR * (BC + 4) + 2 * BR
+
+
+def _split(prob: Problem, cfg):
+    """FA2.2 lines 1-2: block sizes and block counts."""
+    NT, BR, BC, DP = cfg
+    # FA2.2 L1: split Q into Tr = ceil(N_q / Br) blocks Q_i; K, V into Tc = ceil(N_k / Bc) blocks K_j, V_j
+    Tr = ceil_div(prob.seqlen_q, BR)
+    Tc = ceil_div(prob.seqlen_k, BC)
+    # FA2.2 L2: split O, dO and L into Tr blocks (the row ranges of Q_i)
+    return Tr, Tc
+
+
+def _allocate_grads(prob: Problem, alloc, deterministic: bool):
+    # FA2.2 L3: dQ = (0) in HBM (the atomic adds need zeros; the deterministic kernel writes every row); dK, dV: Tc blocks
+    shape_q = (prob.batch, prob.seqlen_q, prob.nheads, prob.headdim)
+    shape_k = (prob.batch, prob.seqlen_k, prob.nheads_k, prob.headdim)
+    dq = alloc.empty(shape_q) if deterministic else alloc.zeros(shape_q)
+    return dq, alloc.empty(shape_k), alloc.empty(shape_k)
+
+
+def _prepass(out, dout, prob: Problem, alloc):
+    from .fa2_backward import PREPASS_THREADS, preprocess_kernel
+
+    delta = alloc.empty((prob.batch, prob.nheads, prob.seqlen_q))
+    # FA2.2 L4: D_i = rowsum(dO_i o O_i), a separate pre-pass (the readable module's kernel)
+    preprocess_kernel[(ceil_div(prob.seqlen_q, PREPASS_THREADS), prob.batch * prob.nheads), PREPASS_THREADS](out, dout, delta)
+    return delta
+
+
+@functools.lru_cache(maxsize=None)
+def _device_functions(NT, BR, BC, DP, CAUSAL, DROPOUT):
+    """The inline device functions shared by the main and the dQ kernel (tile loads, S/dP/P/dS, dQ tile)."""
+    U = np.uint64
+    g = derived(NT, BR, BC, DP)
+    TPR, RG, TM, TN, TPR2, RG2, TM2, DX2 = (g[k] for k in ("TPR", "RG", "TM", "TN", "TPR2", "RG2", "TM2", "DX2"))
+    SQ = DP + 4
+    SP = BC + 4
+    uNT, uDP, uSQ, uSP, uRG, uTPR, uRG2, uTPR2 = U(NT), U(DP), U(SQ), U(SP), U(RG), U(TPR), U(RG2), U(TPR2)
+    U1, U2, U3, U4 = U(1), U(2), U(3), U(4)
+    OFF_Q = U(0)
+    OFF_DO = U(BR * SQ)
+    OFF_K = U(2 * BR * SQ)
+    OFF_V = U(2 * BR * SQ + BC * SQ)
+    OFF_P = U(2 * BR * SQ + 2 * BC * SQ)
+    OFF_DS = U(2 * BR * SQ + 2 * BC * SQ + BR * SP)
+    OFF_L = U(2 * BR * SQ + 2 * BC * SQ + 2 * BR * SP)
+    OFF_D = U(2 * BR * SQ + 2 * BC * SQ + 2 * BR * SP + BR)
+    NK4 = DP // 4
+    NC4 = BC // 4
+    ZERO = float32(0.0)
+
+    def make_loader(NROWS):
+        NL = (NROWS * DP + NT - 1) // NT
+        EXACT = NROWS * DP % NT == 0
+        STEP_ROWS = NT % DP == 0
+        RSTEP = NT // DP
+        uTOT = U(NROWS * DP)
+
+        @cuda.jit(device=True, inline="always")
+        def load(gA, gB, ub, uh, row0, n_rows, d, tid, rA, rB):
+            """Issue the loads of rows row0..row0+NROWS of gA, gB (all d columns) into registers; zero outside."""
+            x = tid % uDP
+            r0 = tid // uDP
+            for it in range(NL):
+                e = tid + uNT * U(it)
+                r = r0 + U(RSTEP * it) if STEP_ROWS else e // uDP
+                xc = x if STEP_ROWS else e % uDP
+                va = float32(0.0)
+                vb = float32(0.0)
+                if (EXACT or e < uTOT) and xc < U(d) and U(row0) + r < U(n_rows):
+                    va = gA[ub, U(row0) + r, uh, xc]
+                    vb = gB[ub, U(row0) + r, uh, xc]
+                rA[it] = va
+                rB[it] = vb
+
+        @cuda.jit(device=True, inline="always")
+        def store(smem, off_a, off_b, tid, rA, rB):
+            """Store the registers of :func:`load` to the SRAM tiles at off_a, off_b (row stride DP+4)."""
+            for it in range(NL):
+                e = tid + uNT * U(it)
+                if EXACT or e < uTOT:
+                    a = (e // uDP) * uSQ + e % uDP
+                    smem[off_a + a] = rA[it]
+                    smem[off_b + a] = rB[it]
+
+        return NL, load, store
+
+    NLQ, load_q, store_q = make_loader(BR)
+    NLK, load_k, store_k = make_loader(BC)
+
+    @cuda.jit(device=True, inline="always")
+    def s_dp_p_ds(smem, tid, row0, col0, s_k, causal_offset, c1, tau, rkey, threshold, inv_keep, rS, rdP, rq, rdo):
+        """S = Q_i K_j^T and dP = dO_i V_j^T as TM x TN register tiles; then P (masked, from L) and
+        tau dS = tau P o (dP Z - D) written to SRAM (P o Z for the dV update)."""
+        rg = tid // uTPR
+        tc = tid % uTPR
+        for a in range(TM * TN):
+            rS[a] = float32(0.0)
+            rdP[a] = float32(0.0)
+        for k4 in range(NK4):
+            kk = U(k4) * U4
+            for a in range(TM):
+                qa = (rg + uRG * U(a)) * uSQ + kk
+                rq[4 * a] = smem[OFF_Q + qa]
+                rq[4 * a + 1] = smem[OFF_Q + qa + U1]
+                rq[4 * a + 2] = smem[OFF_Q + qa + U2]
+                rq[4 * a + 3] = smem[OFF_Q + qa + U3]
+                rdo[4 * a] = smem[OFF_DO + qa]
+                rdo[4 * a + 1] = smem[OFF_DO + qa + U1]
+                rdo[4 * a + 2] = smem[OFF_DO + qa + U2]
+                rdo[4 * a + 3] = smem[OFF_DO + qa + U3]
+            for bb in range(TN):
+                ka = (tc + uTPR * U(bb)) * uSQ + kk
+                k0 = smem[OFF_K + ka]
+                k1 = smem[OFF_K + ka + U1]
+                k2 = smem[OFF_K + ka + U2]
+                k3 = smem[OFF_K + ka + U3]
+                v0 = smem[OFF_V + ka]
+                v1 = smem[OFF_V + ka + U1]
+                v2 = smem[OFF_V + ka + U2]
+                v3 = smem[OFF_V + ka + U3]
+                for a in range(TM):
+                    acc = rS[a * TN + bb]
+                    acc += rq[4 * a] * k0
+                    acc += rq[4 * a + 1] * k1
+                    acc += rq[4 * a + 2] * k2
+                    acc += rq[4 * a + 3] * k3
+                    rS[a * TN + bb] = acc
+                    acc = rdP[a * TN + bb]
+                    acc += rdo[4 * a] * v0
+                    acc += rdo[4 * a + 1] * v1
+                    acc += rdo[4 * a + 2] * v2
+                    acc += rdo[4 * a + 3] * v3
+                    rdP[a * TN + bb] = acc
+        masked = col0 + BC > s_k or (CAUSAL and col0 + BC - 1 > row0 + causal_offset)
+        # Dev: branch-free (selects, not branches) so that the TM x TN loops unroll and rS, rdP stay in registers
+        for a in range(TM):
+            r = rg + uRG * U(a)
+            row = row0 + int(r)
+            L2 = smem[OFF_L + r]  # L_i log2(e); +inf on rows that see no key or lie past N_q
+            D_r = smem[OFF_D + r]
+            horizon = s_k - 1
+            if CAUSAL:
+                horizon = min(horizon, row + causal_offset)
+            if not masked:
+                horizon = col0 + BC
+            for bb in range(TN):
+                c = tc + uTPR * U(bb)
+                col = col0 + int(c)
+                # Dev: min(., 64): no overflow on masked entries (a visible entry has S tau - L <= ~0)
+                p = math.exp2(min(rS[a * TN + bb] * c1 - L2, float32(64.0)))
+                p = p if col <= horizon else ZERO
+                dp = rdP[a * TN + bb]
+                pz = p
+                if DROPOUT:
+                    z = inv_keep if keep(rkey[a], col, threshold) else ZERO
+                    pz = p * z
+                    dp = dp * z
+                smem[OFF_P + r * uSP + c] = pz
+                smem[OFF_DS + r * uSP + c] = tau * (p * (dp - D_r))
+
+    @cuda.jit(device=True, inline="always")
+    def dq_tile(smem, tid, rdQ, rds):
+        """rdQ (TM2 x DX2 registers) += dS_ij K_j (tau is in dS already); K_j read with scalar loads."""
+        rg2 = tid // uTPR2
+        tc2 = tid % uTPR2
+        for c4 in range(NC4):
+            cc = U(c4) * U4
+            for a in range(TM2):
+                da = OFF_DS + (rg2 + uRG2 * U(a)) * uSP + cc
+                rds[4 * a] = smem[da]
+                rds[4 * a + 1] = smem[da + U1]
+                rds[4 * a + 2] = smem[da + U2]
+                rds[4 * a + 3] = smem[da + U3]
+            for cx in range(4):
+                for e in range(DX2):
+                    kv = smem[OFF_K + (cc + U(cx)) * uSQ + tc2 + uTPR2 * U(e)]
+                    for a in range(TM2):
+                        rdQ[a * DX2 + e] += rds[4 * a + cx] * kv
+
+    offs = dict(OFF_Q=OFF_Q, OFF_DO=OFF_DO, OFF_K=OFF_K, OFF_V=OFF_V, OFF_P=OFF_P, OFF_DS=OFF_DS, OFF_L=OFF_L, OFF_D=OFF_D)
+    return dict(NLQ=NLQ, NLK=NLK, load_q=load_q, store_q=store_q, load_k=load_k, store_k=store_k,
+                s_dp_p_ds=s_dp_p_ds, dq_tile=dq_tile, offs=offs, g=g)
+
+
+@functools.lru_cache(maxsize=None)
+def fa2_backward_fast_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool, DROPOUT: bool, ATOMIC_DQ: bool, VEC: bool = True, PREFETCH: bool = True, MAXREG=None):
+    """The main (column-block) fast backward kernel: dK, dV, and with ``ATOMIC_DQ`` the atomic dQ adds.
+
+    Kernel arguments: ``gQ, gdO (b, s_q, h, d)``, ``gK, gV (b, s_k, h_k, d)``, ``gL, gD (b, h, s_q)``,
+    outputs ``gdQ`` (zeros; unused without ``ATOMIC_DQ``), ``gdK, gdV (b, s_k, h_k, d)``; ``tau``,
+    ``c1 = tau log2 e``, ``group``, ``causal_offset``, dropout ``seed``, ``threshold``, ``inv_keep``.
+    ``VEC``: 16-byte aligned SRAM (16-byte loads; not in the simulator). ``PREFETCH``: issue the
+    loads of ``Q_{i+1}, dO_{i+1}`` before the compute on ``Q_i, dO_i``. ``MAXREG``: register cap (GPU).
+
+    Symbol table (paper symbol -> variable -> memory space):
+
+    ========================  ===================  ==================================================
+    Q, K, V, dO, L, D         gQ, gK, .., gD       HBM
+    dQ, dK, dV                gdQ, gdK, gdV        HBM
+    K_j, V_j                  smem[OFF_K/OFF_V]    SRAM (Bc, DP+4), loaded once (L6)
+    dK_j, dV_j                rdK, rdV             registers, TC x 4 DVX per thread, whole kernel (L7)
+    Q_i, dO_i                 smem[OFF_Q/OFF_DO]   SRAM (Br, DP+4), per inner step (L9); rQn, rdOn: next
+    L_i log2 e, D_i           smem[OFF_L/OFF_D]    SRAM (Br,)
+    S_ij, dP_ij               rS, rdP              registers, TM x TN per thread
+    P_ij o Z_ij, tau dS_ij    smem[OFF_P/OFF_DS]   SRAM (Br, Bc+4)
+    dQ_i (this step's part)   rdQ                  registers, TM2 x DX2 per thread, then atomics
+    ========================  ===================  ==================================================
+    """
+    U = np.uint64
+    fns = _device_functions(NT, BR, BC, DP, CAUSAL, DROPOUT)
+    g = fns["g"]
+    TM, TC, CW, DVX, XT, CG, TM2, DX2, RG2, TPR2 = (g[k] for k in ("TM", "TC", "CW", "DVX", "XT", "CG", "TM2", "DX2", "RG2", "TPR2"))
+    NLQ, NLK = fns["NLQ"], fns["NLK"]
+    load_q, store_q, load_k, store_k = fns["load_q"], fns["store_q"], fns["load_k"], fns["store_k"]
+    s_dp_p_ds, dq_tile = fns["s_dp_p_ds"], fns["dq_tile"]
+    o = fns["offs"]
+    OFF_Q, OFF_DO, OFF_K, OFF_V, OFF_P, OFF_DS, OFF_L, OFF_D = (o[k] for k in ("OFF_Q", "OFF_DO", "OFF_K", "OFF_V", "OFF_P", "OFF_DS", "OFF_L", "OFF_D"))
+    SQ = DP + 4
+    SP = BC + 4
+    uSQ, uSP, uXT, uCG, uTPR2, uRG2, uBR = U(SQ), U(SP), U(XT), U(CG), U(TPR2), U(RG2), U(BR)
+    uCW = U(CW)
+    NQC = TC // CW  # chunks of CW key rows per thread in the dK/dV map
+    NS = g["TM"] * g["TN"]
+    TPR_, RG_ = g["TPR"], g["RG"]
+    NTM4, NDV4, NTM24 = TM * 4, DVX * 4, TM2 * 4  # local-array sizes must be plain constants
+    NKV = TC * DVX * 4
+    NQ2 = TM2 * DX2
+    ALIGN = 16 if VEC else None
+    INF = float32(math.inf)
+    L2E = float32(LOG2E)
+    jit_options = {} if MAXREG is None else {"max_registers": MAXREG}
+
+    # [doc:fa2-fast-bwd-kernel]
+    @cuda.jit(fastmath=False, **jit_options)
+    def kernel(gQ, gK, gV, gdO, gL, gD, gdQ, gdK, gdV, tau, c1, group, causal_offset, seed, threshold, inv_keep):
+        smem = cuda.shared.array(0, float32, alignment=ALIGN)  # all tiles; offsets OFF_*
+        tau = float32(tau)  # Dev: float32 scalars, so no float64 arithmetic creeps into the tile loops
+        c1 = float32(c1)
+        inv_keep = float32(inv_keep)
+        rS = cuda.local.array(NS, float32)  # S_ij tile (registers)
+        rdP = cuda.local.array(NS, float32)  # dP_ij tile (registers)
+        rq = cuda.local.array(NTM4, float32)
+        rdo = cuda.local.array(NTM4, float32)
+        rkey = cuda.local.array(TM, uint64)
+        rdK = cuda.local.array(NKV, float32)  # dK_j tile (registers, whole kernel)
+        rdV = cuda.local.array(NKV, float32)  # dV_j tile (registers, whole kernel)
+        rp = cuda.local.array(TC, float32)
+        rds = cuda.local.array(TC, float32)
+        rov = cuda.local.array(NDV4, float32)
+        rqv = cuda.local.array(NDV4, float32)
+        rdQ = cuda.local.array(NQ2, float32)  # this step's dQ_i tile (registers)
+        rds4 = cuda.local.array(NTM24, float32)
+        rQn = cuda.local.array(NLQ, float32)  # Q_i / Q_{i+1} in flight (registers)
+        rdOn = cuda.local.array(NLQ, float32)
+        rKn = cuda.local.array(NLK, float32)
+        rVn = cuda.local.array(NLK, float32)
+
+        tid = U(cuda.threadIdx.x)
+        nheads = gQ.shape[2]
+        nheads_k = gK.shape[2]
+        s_q = gQ.shape[1]
+        s_k = gK.shape[1]
+        d = gQ.shape[3]
+        b = cuda.blockIdx.y // nheads_k
+        hk = cuda.blockIdx.y % nheads_k
+        ub, uhk = U(b), U(hk)
+        cy = tid // uXT
+        tx = tid % uXT
+        # FA2.2 L5: for j = 1..Tc -- one thread block per (j, batch, KV head)
+        j = cuda.blockIdx.x
+        col0 = j * BC
+        # FA2.2 L6: load K_j, V_j from HBM to SRAM (all loads in flight, then stored; ragged rows and padded columns zero)
+        load_k(gK, gV, ub, uhk, col0, s_k, d, tid, rKn, rVn)  # HBM read: 2 Bc*d
+        store_k(smem, OFF_K, OFF_V, tid, rKn, rVn)
+        # FA2.2 L7: dK_j = (0), dV_j = (0) on chip (registers)
+        for a in range(NKV):
+            rdK[a] = float32(0.0)
+            rdV[a] = float32(0.0)
+        # Dev: causal block skipping: row blocks before the first row that sees key col0 are fully masked
+        i_first = 0
+        if CAUSAL:
+            i_first = max(0, col0 - causal_offset) // BR
+        n_i = (s_q + BR - 1) // BR - i_first
+        if n_i < 0:
+            n_i = 0
+        # Dev: GQA/MQA: the G query heads sharing K_j, V_j and their row blocks are one flat loop of steps
+        # (head-major), so dK_j, dV_j are summed over the group in a fixed order and the prefetch crosses heads.
+        n_steps = group * n_i
+        Lval = INF
+        Dval = float32(0.0)
+        if n_steps > 0:
+            h0 = hk * group
+            load_q(gQ, gdO, ub, U(h0), i_first * BR, s_q, d, tid, rQn, rdOn)  # HBM read: 2 Br*d (first step)
+            if tid < uBR:
+                row = i_first * BR + int(tid)
+                if row < s_q:
+                    Lval = gL[b, h0, row] * L2E
+                    Dval = gD[b, h0, row]
+        # FA2.2 L8: for i = 1..Tr (times the G query heads of the group)
+        for t in range(n_steps):
+            h = hk * group + t // n_i
+            i = i_first + t % n_i
+            row0 = i * BR
+            cuda.syncthreads()  # Sync: K_j, V_j stored (first step); Q, dO, P, dS of the previous step read by all before overwriting
+            # FA2.2 L9: load Q_i, dO_i, L_i, D_i from HBM to SRAM (Dev: from the registers the previous step prefetched; not O_i)
+            if not PREFETCH and t > 0:
+                load_q(gQ, gdO, ub, U(h), row0, s_q, d, tid, rQn, rdOn)  # HBM read: 2 Br*d
+                Lval = INF
+                Dval = float32(0.0)
+                if tid < uBR and row0 + int(tid) < s_q:
+                    Lval = gL[b, h, row0 + int(tid)] * L2E
+                    Dval = gD[b, h, row0 + int(tid)]
+            store_q(smem, OFF_Q, OFF_DO, tid, rQn, rdOn)
+            if tid < uBR:
+                smem[OFF_L + tid] = Lval
+                smem[OFF_D + tid] = Dval
+            cuda.syncthreads()  # Sync: Q_i, dO_i, L_i, D_i in SRAM before L10-L16 read them
+            if PREFETCH and t + 1 < n_steps:
+                hn = hk * group + (t + 1) // n_i
+                rown = (i_first + (t + 1) % n_i) * BR
+                load_q(gQ, gdO, ub, U(hn), rown, s_q, d, tid, rQn, rdOn)  # HBM read: 2 Br*d (step t+1)
+                Lval = INF
+                Dval = float32(0.0)
+                if tid < uBR and rown + int(tid) < s_q:
+                    Lval = gL[b, hn, rown + int(tid)] * L2E
+                    Dval = gD[b, hn, rown + int(tid)]
+            if DROPOUT:
+                k_bh = head_key(seed, b * nheads + h)
+                for a in range(TM):
+                    rkey[a] = row_key(k_bh, row0 + int(tid // U(TPR_)) + RG_ * a)
+
+            # [doc:fa2-fast-bwd-inner-loop]
+            # FA2.2 L10-L11: S_ij = tau Q_i K_j^T (a TM x TN register tile); P_ij = exp2(S log2 e - L_i log2 e), masked
+            # FA2.2 L13-L14: dP_ij = (dO_i V_j^T) o Z_ij (same tiling); dS_ij = P_ij o (dP_ij - D_i), times tau, to SRAM
+            s_dp_p_ds(smem, tid, row0, col0, s_k, causal_offset, c1, tau, rkey, threshold, inv_keep, rS, rdP, rq, rdo)
+            cuda.syncthreads()  # Sync: P_ij o Z_ij and tau dS_ij in SRAM before L12, L15, L16 read them
+            # FA2.2 L12: dV_j += (P_ij o Z_ij)^T dO_i -- outer products over the Br rows, TC x 4 DVX register tile
+            # FA2.2 L16: dK_j += tau dS_ij^T Q_i -- the same loop (tau is already in dS)
+            for r in range(BR):
+                ur = U(r)
+                for qc in range(NQC):
+                    pa = ur * uSP + uCW * cy + uCW * uCG * U(qc)
+                    for u in range(CW):
+                        rp[qc * CW + u] = smem[OFF_P + pa + U(u)]
+                        rds[qc * CW + u] = smem[OFF_DS + pa + U(u)]
+                for e in range(DVX):
+                    xa = ur * uSQ + U(4) * tx + U(4 * XT) * U(e)
+                    for w in range(4):
+                        rov[4 * e + w] = smem[OFF_DO + xa + U(w)]
+                        rqv[4 * e + w] = smem[OFF_Q + xa + U(w)]
+                for cc in range(TC):
+                    pv = rp[cc]
+                    dsv = rds[cc]
+                    for x in range(DVX * 4):
+                        rdV[cc * DVX * 4 + x] += pv * rov[x]
+                        rdK[cc * DVX * 4 + x] += dsv * rqv[x]
+            if ATOMIC_DQ:
+                # FA2.2 L15: dQ_i += tau dS_ij K_j (a TM2 x DX2 register tile), one atomic add per element (coalesced)
+                for a in range(NQ2):
+                    rdQ[a] = float32(0.0)
+                dq_tile(smem, tid, rdQ, rds4)
+                rg2 = tid // uTPR2
+                tc2 = tid % uTPR2
+                for a in range(TM2):
+                    row = row0 + int(rg2 + uRG2 * U(a))
+                    if row < s_q:
+                        for e in range(DX2):
+                            x = tc2 + uTPR2 * U(e)
+                            if x < U(d):
+                                cuda.atomic.add(gdQ, (ub, U(row), U(h), x), rdQ[a * DX2 + e])  # HBM read+write: Br*d
+            # [/doc:fa2-fast-bwd-inner-loop]
+
+        # FA2.2 L18: write dK_j, dV_j to HBM (4 consecutive floats per lane)
+        for qc in range(NQC):
+            for u in range(CW):
+                c = uCW * cy + uCW * uCG * U(qc) + U(u)
+                col = col0 + int(c)
+                if col < s_k:
+                    for e in range(DVX):
+                        for w in range(4):
+                            x = U(4) * tx + U(4 * XT) * U(e) + U(w)
+                            if x < U(d):
+                                a = (qc * CW + u) * DVX * 4 + 4 * e + w
+                                gdK[ub, U(col), uhk, x] = rdK[a]  # HBM write: Bc*d
+                                gdV[ub, U(col), uhk, x] = rdV[a]  # HBM write: Bc*d
+
+    # [/doc:fa2-fast-bwd-kernel]
+    return kernel
+
+
+@functools.lru_cache(maxsize=None)
+def fa2_backward_fast_dq_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool, DROPOUT: bool, VEC: bool = True, PREFETCH: bool = True, MAXREG=None):
+    """The deterministic dQ kernel: one block per (query block, batch, head), dQ_i in registers.
+
+    It re-runs lines 10-15 with the loops swapped (query block outer, key blocks inner, as the FA2
+    forward), with the main kernel's SRAM layout and register tiling, so each ``dQ`` element is one
+    thread's sum in a fixed order: no atomics, bitwise reproducible. ``K_{j+1}, V_{j+1}`` are
+    prefetched into registers during the compute on ``K_j, V_j``. Symbol table as
+    :func:`fa2_backward_fast_kernel`, with ``rdQ`` accumulated over all ``j``.
+    """
+    U = np.uint64
+    fns = _device_functions(NT, BR, BC, DP, CAUSAL, DROPOUT)
+    g = fns["g"]
+    TM, TM2, DX2, RG2, TPR2 = (g[k] for k in ("TM", "TM2", "DX2", "RG2", "TPR2"))
+    NLQ, NLK = fns["NLQ"], fns["NLK"]
+    load_q, store_q, load_k, store_k = fns["load_q"], fns["store_q"], fns["load_k"], fns["store_k"]
+    s_dp_p_ds, dq_tile = fns["s_dp_p_ds"], fns["dq_tile"]
+    o = fns["offs"]
+    OFF_Q, OFF_DO, OFF_K, OFF_V, OFF_L, OFF_D = (o[k] for k in ("OFF_Q", "OFF_DO", "OFF_K", "OFF_V", "OFF_L", "OFF_D"))
+    uTPR2, uRG2, uBR = U(TPR2), U(RG2), U(BR)
+    NS = g["TM"] * g["TN"]
+    TPR_, RG_ = g["TPR"], g["RG"]
+    NTM4, NTM24 = TM * 4, TM2 * 4  # local-array sizes must be plain constants
+    NQ2 = TM2 * DX2
+    ALIGN = 16 if VEC else None
+    INF = float32(math.inf)
+    L2E = float32(LOG2E)
+    jit_options = {} if MAXREG is None else {"max_registers": MAXREG}
+
+    @cuda.jit(fastmath=False, **jit_options)
+    def kernel(gQ, gK, gV, gdO, gL, gD, gdQ, tau, c1, group, causal_offset, seed, threshold, inv_keep):
+        smem = cuda.shared.array(0, float32, alignment=ALIGN)
+        tau = float32(tau)  # Dev: float32 scalars (no float64 arithmetic in the tile loops)
+        c1 = float32(c1)
+        inv_keep = float32(inv_keep)
+        rS = cuda.local.array(NS, float32)
+        rdP = cuda.local.array(NS, float32)
+        rq = cuda.local.array(NTM4, float32)
+        rdo = cuda.local.array(NTM4, float32)
+        rkey = cuda.local.array(TM, uint64)
+        rdQ = cuda.local.array(NQ2, float32)  # dQ_i tile, summed over j in order (registers)
+        rds4 = cuda.local.array(NTM24, float32)
+        rQn = cuda.local.array(NLQ, float32)
+        rdOn = cuda.local.array(NLQ, float32)
+        rKn = cuda.local.array(NLK, float32)  # K_j / K_{j+1} in flight (registers)
+        rVn = cuda.local.array(NLK, float32)
+
+        tid = U(cuda.threadIdx.x)
+        nheads = gQ.shape[2]
+        s_q = gQ.shape[1]
+        s_k = gK.shape[1]
+        d = gQ.shape[3]
+        b = cuda.blockIdx.y // nheads
+        h = cuda.blockIdx.y % nheads
+        hk = h // group
+        ub, uh, uhk = U(b), U(h), U(hk)
+        row0 = cuda.blockIdx.x * BR
+        load_q(gQ, gdO, ub, uh, row0, s_q, d, tid, rQn, rdOn)  # HBM read: 2 Br*d
+        store_q(smem, OFF_Q, OFF_DO, tid, rQn, rdOn)
+        if tid < uBR:
+            row = row0 + int(tid)
+            Lval = INF
+            Dval = float32(0.0)
+            if row < s_q:
+                Lval = gL[b, h, row] * L2E
+                Dval = gD[b, h, row]
+            smem[OFF_L + tid] = Lval
+            smem[OFF_D + tid] = Dval
+        for a in range(NQ2):
+            rdQ[a] = float32(0.0)
+        if DROPOUT:
+            k_bh = head_key(seed, b * nheads + h)
+            for a in range(TM):
+                rkey[a] = row_key(k_bh, row0 + int(tid // U(TPR_)) + RG_ * a)
+        n_blocks = (s_k + BC - 1) // BC
+        if CAUSAL:
+            n_blocks = (min(s_k, max(0, row0 + BR + causal_offset)) + BC - 1) // BC
+        if n_blocks > 0:
+            load_k(gK, gV, ub, uhk, 0, s_k, d, tid, rKn, rVn)
+        for j in range(n_blocks):
+            col0 = j * BC
+            cuda.syncthreads()  # Sync: K_{j-1}, V_{j-1}, dS of the previous step read by all (and Q_i, dO_i stored) before overwriting
+            if not PREFETCH and j > 0:
+                load_k(gK, gV, ub, uhk, col0, s_k, d, tid, rKn, rVn)  # HBM read: 2 Bc*d
+            store_k(smem, OFF_K, OFF_V, tid, rKn, rVn)
+            cuda.syncthreads()  # Sync: K_j, V_j in SRAM before they are read
+            if PREFETCH and j + 1 < n_blocks:
+                load_k(gK, gV, ub, uhk, col0 + BC, s_k, d, tid, rKn, rVn)  # HBM read: 2 Bc*d (tile j+1)
+            # FA2.2 L10-L11: S_ij, P_ij (recomputed, the same tiles as the main kernel)
+            # FA2.2 L13-L14: dP_ij, tau dS_ij to SRAM
+            s_dp_p_ds(smem, tid, row0, col0, s_k, causal_offset, c1, tau, rkey, threshold, inv_keep, rS, rdP, rq, rdo)
+            cuda.syncthreads()  # Sync: tau dS_ij in SRAM before L15 reads it
+            # FA2.2 L15: dQ_i += tau dS_ij K_j -- Dev: deterministic: each thread sums its tile over j in a fixed order
+            dq_tile(smem, tid, rdQ, rds4)
+        rg2 = tid // uTPR2
+        tc2 = tid % uTPR2
+        for a in range(TM2):
+            row = row0 + int(rg2 + uRG2 * U(a))
+            if row < s_q:
+                for e in range(DX2):
+                    x = tc2 + uTPR2 * U(e)
+                    if x < U(d):
+                        gdQ[ub, U(row), uh, x] = rdQ[a * DX2 + e]  # HBM write: Br*d
+
+    return kernel
+
+
+def default_features() -> dict:
+    """Kernel features used on this backend: 16-byte aligned SRAM on a GPU only."""
+    gpu = not _backend.is_simulator()
+    return {"VEC": gpu, "PREFETCH": True, "MAXREG": None}
+
+
+def plan(prob: Problem, block_sizes=None, config=None, features=None, deterministic=False):
+    """(main kernel, main grid, dQ kernel or None, dQ grid, threads, dynamic SRAM bytes), without launching."""
+    cfg = config if config is not None else config_for(prob.headdim, block_sizes)
+    NT, BR, BC, DP = cfg
+    derived(NT, BR, BC, DP)
+    feats = default_features()
+    feats.update(features or {})
+    maxreg = feats["MAXREG"] if not _backend.is_simulator() else None
+    nbytes = 4 * smem_floats(NT, BR, BC, DP)
+    if nbytes > _smem.max_optin_bytes():
+        raise ValueError(f"tiles (Br={BR}, Bc={BC}, d={prob.headdim}) need {nbytes} bytes of shared memory; the device allows {_smem.max_optin_bytes()}")
+    dropout = prob.dropout_p > 0
+    Tr, Tc = _split(prob, cfg)
+    main = fa2_backward_fast_kernel(NT, BR, BC, DP, prob.causal, dropout, not deterministic, feats["VEC"], feats["PREFETCH"], maxreg)
+    dqk = fa2_backward_fast_dq_kernel(NT, BR, BC, DP, prob.causal, dropout, feats["VEC"], feats["PREFETCH"], maxreg) if deterministic else None
+    return main, (Tc, prob.batch * prob.nheads_k), dqk, (Tr, prob.batch * prob.nheads), NT, nbytes
+
+
+def backward(dout, q, k, v, out, fwd, prob: Problem, alloc, block_sizes=None, deterministic=False, config=None, features=None):
+    """FA2 Algorithm 2, fast kernels, on kernel arrays: ``(dq, dk, dv)`` (dk, dv summed over each GQA group).
+
+    ``deterministic=True`` computes dQ with :func:`fa2_backward_fast_dq_kernel` instead of atomic adds:
+    bitwise reproducible. ``config=(NT, Br, Bc, DP)`` and ``features`` (dict of ``VEC``, ``PREFETCH``,
+    ``MAXREG``) override the tiling and kernel features (the sweep uses them).
+    """
+    main, grid, dqk, grid_dq, NT, nbytes = plan(prob, block_sizes, config, features, deterministic)
+    dq, dk, dv = _allocate_grads(prob, alloc, deterministic)
+    delta = _prepass(out, dout, prob, alloc)
+    dropout = prob.dropout_p > 0
+    inv_keep = 1.0 / (1.0 - prob.dropout_p) if dropout else 1.0
+    tau = prob.softmax_scale
+    opts = (tau, tau * LOG2E, prob.group, prob.causal_offset, prob.seed, prob.threshold, inv_keep)
+    _smem.launch(main, grid, NT, nbytes, q, k, v, dout, fwd.lse, delta, dq, dk, dv, *opts)
+    if deterministic:
+        _smem.launch(dqk, grid_dq, NT, nbytes, q, k, v, dout, fwd.lse, delta, dq, *opts)
+    # FA2.2 L20: return dQ, dK, dV
+    return dq, dk, dv

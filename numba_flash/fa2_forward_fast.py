@@ -1,0 +1,498 @@
+"""FlashAttention-2 Algorithm 1, the fast kernel: register-blocked S and O tiles, 16-byte SRAM loads.
+
+Paper: Dao, "FlashAttention-2", Algorithm 1 and section 3.3 (warps split over query rows). Same
+algorithm, semantics and paper tags as the readable kernel :mod:`numba_flash.fa2_forward` (read that
+one first); this file changes *who computes what* so that the arithmetic units are fed, and says so.
+
+What changed from the readable kernel, and why
+----------------------------------------------
+* **Register blocking.** The readable kernel gives each thread one query row, so each multiply-add
+  needs one shared-memory load (``sQ_i[t, x] * sK_j[c, x]``): SRAM bandwidth, not arithmetic, bounds it.
+  Here ``TPR`` consecutive lanes share ``TM`` query rows; each thread keeps a ``TM x TN`` tile of
+  ``S_ij`` and a ``TM x (d / TPR)`` tile of ``O_i`` in registers, so each value loaded from SRAM feeds
+  ``TN`` (or ``TM``) multiply-adds.
+* **16-byte SRAM loads.** All tiles live in one dynamic shared array indexed with unsigned integers
+  from a 16-byte aligned base, so the compiler emits ``ld.shared.v4.f32`` (four floats per load).
+  The row strides are padded (``d + 4`` and ``Bc + TPR``) so the 16-byte loads of a warp fall in
+  different banks.
+* **exp2 with the scale folded in.** ``Q_i`` is multiplied by ``tau * log2(e)`` when it is loaded, so
+  ``S`` comes out in base-2 units and line 9 is ``exp2(S - m)`` (one MUFU.EX2 instruction); line 13
+  converts back: ``L = m ln 2 + ln l``.
+* **Warps split over query rows, with shuffles.** The ``TPR`` lanes of a row group are in one warp:
+  the row max of line 9 is a ``shfl_xor`` butterfly inside the warp, ``P~`` goes through SRAM to the
+  lanes that need it with only a warp barrier (``syncwarp``), and the row sum is kept per lane and
+  reduced once, after the loop (FA2 section 3.1.1's point: fewer non-matmul operations). The
+  simulator has no warp intrinsics: there the same steps go through SRAM and ``syncthreads``.
+* **More than 48 KB of SRAM** (:mod:`numba_flash._smem`): a 64 x 64 block at ``d = 64`` needs
+  about 70 KB.
+* **Heaviest query blocks first** under causal masking (block ``x`` of the grid runs query block
+  ``Tr - 1 - x``), so the long rows do not start last.
+* Dropout scales by ``1/(1-p)`` once at line 12 instead of per element (flash-attn does the same).
+
+* **K/V tiles: all loads of a tile in flight, and the next tile prefetched.** The loads of
+  ``K_j, V_j`` are an unrolled loop into registers (unsigned indices, no wrap-around code), stored
+  to SRAM after one round trip; the loads of ``K_{j+1}, V_{j+1}`` are issued before the compute on
+  ``K_j, V_j`` (double buffering in registers: Numba has no ``cp.async``).
+
+What it bought (one H200, fp32, FA2 convention ``b * N = 16k``, N = 4096, CUDA-event medians; the
+full log with predictions is ``docs/notes/performance-log.md``, the committed sweep
+``docs/results/fa2_h200.json``):
+
+=====================================================  ==============  ==============
+version (d = 64, non-causal)                           ms              TFLOP/s
+=====================================================  ==============  ==============
+readable kernel (:mod:`numba_flash.fa2_forward`)       420.6           1.3
+register-blocked, 64 x 64, loop-loaded K/V             26.8            20.5
++ K/V loads unrolled (one round trip per tile)          22.7            24.2
++ prefetch of the next tile                            20.9            26.3
++ 8 x 8 S tile per thread, Br = 128 (the default)      18.7            29.4
+torch naive fp32 / SDPA memory-efficient fp32          24.7 / 15.7     22.3 / 35.0
+=====================================================  ==============  ==============
+
+(the first four rows from the sweep runs, the last two from the committed benchmark run). So 23x the
+readable kernel, 1.32x torch's naive fp32 attention and 0.84x SDPA's memory-efficient backend at
+d = 64 (d = 128: 23.4 TFLOP/s, 0.75x naive, 0.52x SDPA). Levers that did *not* move the
+time here: 16-byte SRAM loads and shuffles instead of SRAM reductions (measured before the load fix,
+when the tile loads bounded the kernel), heaviest-first ordering of causal blocks.
+
+Launch geometry
+---------------
+grid ``(Tr, batch * nheads)``, block ``NT = (Br / TM) * TPR`` threads. Thread ``tid`` is in row group
+``rg = tid // TPR`` (lane ``tc = tid % TPR`` of it) and owns query rows ``rg + (Br/TM) * a`` for
+``a < TM``, key columns ``tc + TPR * b`` for ``b < TN = Bc / TPR`` of ``S_ij``, and output columns
+``4 tc + 4 TPR e + (0..3)`` of ``O_i``. ``d`` is padded to ``DP``, a multiple of ``4 TPR`` (zeros).
+
+SRAM budget (float32 elements): ``sQ_i`` Br (DP+4) + ``sK_j, sV_j`` 2 Bc (DP+4) + ``sP_ij`` Br (Bc+TPR)
+(+ Br TPR in the simulator for the reductions).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+from numba import cuda, float32, uint64
+
+from . import _backend, _smem
+from ._dropout import head_key, keep, row_key
+from ._launch import ForwardOutput, Problem, ceil_div
+
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+_FULL_MASK = 0xFFFFFFFF
+
+
+def _padded_d(d: int, TPR: int) -> int:
+    return 4 * TPR * ((d + 4 * TPR - 1) // (4 * TPR))
+
+
+@functools.lru_cache(maxsize=None)
+def config_for(d: int, block_sizes=None):
+    """The tiling ``(NT, TM, TPR, Bc, DP)`` for head dim ``d``.
+
+    Defaults (chosen by the sweep in tests/benchmarks/fa2_sweep.py on an H200, see
+    docs/notes/performance-log.md): 128 threads, ``TPR = 8`` lanes per row group; for ``d <= 64``
+    ``TM = 8`` rows per thread (``Br = 128``, ``Bc = 64``, an 8 x 8 S tile per thread), above it
+    ``TM = 4`` (``Br = 64``, ``Bc = 32``: SRAM and the 4 x 16 O tile bound it). ``block_sizes=(Br, Bc)`` is honoured up to the tiling's granularity: ``Bc`` is
+    rounded up to a multiple of ``max(4, TPR)`` and ``Br`` up to a multiple of ``TM``.
+    """
+    if block_sizes is None:
+        if d <= 64:
+            return 128, 8, 8, 64, _padded_d(d, 8)  # Br = 128: an 8 x 8 S tile per thread
+        return 128, 4, 8, 32, _padded_d(d, 8)  # Br = 64, Bc = 32: O is 4 x 16 per thread at d = 128
+    Br, Bc = (int(n) for n in block_sizes)
+    TPR = 8
+    while TPR > 1 and TPR > Bc:
+        TPR //= 2
+    step = max(4, TPR)
+    Bc = step * ((Bc + step - 1) // step)
+    TM = 4
+    while TM > 1 and Br % TM:
+        TM //= 2
+    NT = ((Br + TM - 1) // TM) * TPR
+    if NT > 1024:
+        raise ValueError(f"block_sizes: Br={Br} needs {NT} threads per block in the fast kernel (at most 1024)")
+    return NT, TM, TPR, Bc, _padded_d(d, TPR)
+
+
+def smem_floats(NT, TM, TPR, Bc, DP, shfl=True):
+    """Dynamic SRAM of the fast kernel in float32 elements (see the module docstring)."""
+    Br = (NT // TPR) * TM
+    n = Br * (DP + 4) + 2 * Bc * (DP + 4) + Br * (Bc + TPR)
+    if not shfl:
+        n += Br * TPR
+    return n
+
+
+@functools.lru_cache(maxsize=None)
+def fa2_forward_fast_kernel(NT: int, TM: int, TPR: int, BC: int, DP: int, CAUSAL: bool, DROPOUT: bool, SHFL: bool, VEC: bool, REVERSE: bool = True, PREFETCH: bool = True, MAXREG=None):
+    """The register-blocked FA2 forward kernel for one specialization (see the module docstring).
+
+    ``SHFL``: row max / row sum across the lanes of a row group with warp shuffles (GPU) or through
+    SRAM with block barriers (required in the simulator; on a GPU it measures what shuffles buy).
+    ``VEC``: declare the SRAM 16-byte aligned so the compiler emits 16-byte loads (not in the
+    simulator). ``REVERSE``: run the heaviest causal query blocks first. ``PREFETCH``: issue the
+    loads of ``K_{j+1}, V_{j+1}`` before computing on ``K_j, V_j``. ``MAXREG``: register cap (GPU only).
+
+    Symbol table (paper symbol -> variable -> memory space):
+
+    ========================  ===================  ==================================================
+    Q, K, V, O, L             gQ, gK, gV, gO, gL   HBM
+    Q_i (times tau log2 e)    smem[OFF_Q ...]      SRAM (Br, DP+4), loaded once (L4)
+    K_j, V_j                  smem[OFF_K/OFF_V]    SRAM (Bc, DP+4) each, loaded each step (L7)
+    S_i^(j) (base 2)          rS                   registers, TM x TN per thread
+    P~_i^(j)                  smem[OFF_P ...]      SRAM (Br, Bc+TPR); rows shared by one warp only
+    O_i^(j) (un-normalized)   rO                   registers, TM x (DP / TPR) per thread
+    m_i, l_i (base 2)         rm, rl               registers (rl: this lane's partial sum)
+    e^(m_old - m_new)         alpha                register
+    ========================  ===================  ==================================================
+    """
+    U = np.uint64
+    RG = NT // TPR  # row groups per block
+    BR = RG * TM
+    TN = BC // TPR
+    DV = DP // (4 * TPR)  # 4-float vectors of O per row per thread
+    SQ = DP + 4  # row stride of the Q, K, V tiles (floats)
+    SPS = BC + TPR  # row stride of the P tile
+    uRG, uTPR, uSQ, uSPS, uDP, uBC, uNT = U(RG), U(TPR), U(SQ), U(SPS), U(DP), U(BC), U(NT)
+    OFF_Q = U(0)
+    OFF_K = U(BR * SQ)
+    OFF_V = U(BR * SQ + BC * SQ)
+    OFF_P = U(BR * SQ + 2 * BC * SQ)
+    OFF_R = U(BR * SQ + 2 * BC * SQ + BR * SPS)  # without SHFL: reduction scratch (Br, TPR)
+    SRAM_REDUCE = not SHFL  # the simulator has no warp shuffles
+    U0, U1, U2, U3, U4 = U(0), U(1), U(2), U(3), U(4)
+    ALIGN = 16 if VEC else None
+    NS = TM * TN  # local-array sizes must be plain constants for Numba
+    NO = TM * DV * 4
+    NQ = TM * 4
+    NK4 = DP // 4
+    NC4 = BC // 4
+    NEG_INF = float32(-math.inf)
+    SHFL = []
+    s = TPR // 2
+    while s >= 1:
+        SHFL.append(s)
+        s //= 2
+    SHFL = tuple(SHFL)
+    N_SHFL = len(SHFL)
+    SH0 = SHFL[0] if N_SHFL > 0 else 1
+    SH1 = SHFL[1] if N_SHFL > 1 else 1
+    SH2 = SHFL[2] if N_SHFL > 2 else 1
+    SH3 = SHFL[3] if N_SHFL > 3 else 1
+
+    NL = (BC * DP + NT - 1) // NT  # K (and V) elements each thread moves per tile
+    NL_EXACT = BC * DP % NT == 0
+    uBCDP = U(BC * DP)
+    NT_STEPS_ROWS = NT % DP == 0
+    RSTEP = NT // DP
+    NLQ = (BR * DP + NT - 1) // NT
+    NLQ_EXACT = BR * DP % NT == 0
+    uBRDP = U(BR * DP)
+
+    @cuda.jit(device=True, inline="always")
+    def load_kv(gK, gV, ub, uhk, col0, s_k, d, tid, rK, rV):
+        """Issue the loads of tile K_j, V_j (rows col0..col0+Bc) into registers; zero outside."""
+        x = tid % uDP  # Dev: with NT a multiple of DP each thread keeps one column x and steps rows
+        c0 = tid // uDP
+        xin = x < U(d)
+        for it in range(NL):
+            e = tid + uNT * U(it)
+            c = c0 + U(RSTEP * it) if NT_STEPS_ROWS else e // uDP
+            xc = x if NT_STEPS_ROWS else e % uDP
+            kval = float32(0.0)
+            vval = float32(0.0)
+            if (NL_EXACT or e < uBCDP) and (xin if NT_STEPS_ROWS else xc < U(d)) and U(col0) + c < U(s_k):
+                kval = gK[ub, U(col0) + c, uhk, xc]
+                vval = gV[ub, U(col0) + c, uhk, xc]
+            rK[it] = kval
+            rV[it] = vval
+
+    jit_options = {} if MAXREG is None else {"max_registers": MAXREG}
+
+    # [doc:fa2-fast-kernel]
+    @cuda.jit(fastmath=False, **jit_options)
+    def kernel(gQ, gK, gV, gO, gL, scale_log2, group, causal_offset, seed, threshold, inv_keep):
+        smem = cuda.shared.array(0, float32, alignment=ALIGN)  # all tiles; offsets OFF_*
+        rS = cuda.local.array(NS, float32)  # S_ij tile (registers)
+        rO = cuda.local.array(NO, float32)  # O_i tile (registers)
+        rm = cuda.local.array(TM, float32)
+        rl = cuda.local.array(TM, float32)
+        ralpha = cuda.local.array(TM, float32)
+        rq = cuda.local.array(NQ, float32)
+        rp = cuda.local.array(NQ, float32)
+        rkey = cuda.local.array(TM, uint64)
+        rKn = cuda.local.array(NL, float32)  # K_j / K_{j+1} in flight (registers)
+        rVn = cuda.local.array(NL, float32)
+
+        tid = U(cuda.threadIdx.x)
+        rg = tid // uTPR
+        tc = tid % uTPR
+        nheads = gQ.shape[2]
+        s_q = gQ.shape[1]
+        s_k = gK.shape[1]
+        d = gQ.shape[3]
+        b = cuda.blockIdx.y // nheads
+        h = cuda.blockIdx.y % nheads
+        hk = h // group
+        ub, uh, uhk = U(b), U(h), U(hk)  # Dev: unsigned HBM indices: no negative-index wrap-around code per load
+        # FA2.1 L3: for i = 1..Tr -- one thread block per i; Dev: the heaviest (causal) blocks first
+        i = cuda.gridDim.x - 1 - cuda.blockIdx.x if REVERSE else cuda.blockIdx.x
+        row0 = i * BR
+
+        # FA2.1 L4: load Q_i (times tau log2 e: exp2 later) from HBM to SRAM; rows past N_q and columns past d are zero
+        for it in range(NLQ):  # Dev: unrolled, so all loads are in flight before the first store
+            e = tid + uNT * U(it)
+            r = int(e // uDP)
+            x = int(e % uDP)
+            val = float32(0.0)
+            if (NLQ_EXACT or e < uBRDP) and row0 + r < s_q and x < d:
+                val = float32(gQ[ub, U(row0 + r), uh, U(x)] * scale_log2)  # HBM read: Br*d
+            if NLQ_EXACT or e < uBRDP:
+                smem[OFF_Q + U(r) * uSQ + U(x)] = val
+        # FA2.1 L5: on chip, O_i = 0, l_i = 0, m_i = -inf
+        for a in range(TM * DV * 4):
+            rO[a] = float32(0.0)
+        for a in range(TM):
+            rm[a] = NEG_INF
+            rl[a] = float32(0.0)
+            rkey[a] = uint64(0)
+            if DROPOUT:
+                rkey[a] = row_key(head_key(seed, b * nheads + h), row0 + int(rg) + RG * a)
+
+        # Dev: causal block skipping: key blocks past the last row's horizon are never visited
+        n_blocks = (s_k + BC - 1) // BC
+        if CAUSAL:
+            visible_cols = min(s_k, max(0, row0 + BR + causal_offset))
+            n_blocks = (visible_cols + BC - 1) // BC
+
+        # Dev: K_j, V_j travel HBM -> registers -> SRAM. All NL loads of a thread are issued before the
+        # first store (one memory round trip per tile); with PREFETCH the loads of tile j+1 are issued
+        # before the compute of tile j, so their latency hides behind it (double buffering in registers).
+        if n_blocks > 0:
+            load_kv(gK, gV, ub, uhk, 0, s_k, d, tid, rKn, rVn)
+        # FA2.1 L6: for j = 1..Tc
+        for j in range(n_blocks):
+            col0 = j * BC
+            cuda.syncthreads()  # Sync: all warps are done with K_{j-1}, V_{j-1} (and Q_i is stored) before the stores
+            # FA2.1 L7: load K_j, V_j from HBM to SRAM (coalesced along d; ragged rows and padded columns zero)
+            if not PREFETCH and j > 0:
+                load_kv(gK, gV, ub, uhk, col0, s_k, d, tid, rKn, rVn)  # HBM read: 2 Bc*d
+            for it in range(NL):
+                e = tid + uNT * U(it)
+                if NL_EXACT or e < uBCDP:
+                    a_kv = (e // uDP) * uSQ + e % uDP
+                    smem[OFF_K + a_kv] = rKn[it]
+                    smem[OFF_V + a_kv] = rVn[it]
+            cuda.syncthreads()  # Sync: K_j, V_j in SRAM before L8 and L10 read them
+            if PREFETCH and j + 1 < n_blocks:
+                load_kv(gK, gV, ub, uhk, col0 + BC, s_k, d, tid, rKn, rVn)  # HBM read: 2 Bc*d (tile j+1)
+
+            # [doc:fa2-fast-inner-loop]
+            # FA2.1 L8: S_i^(j) = Q_i K_j^T, a TM x TN register tile per thread, 16-byte SRAM loads
+            for a in range(TM * TN):
+                rS[a] = float32(0.0)
+            for k4 in range(NK4):
+                kk = U(k4) * U4
+                for a in range(TM):
+                    qa = OFF_Q + (rg + uRG * U(a)) * uSQ + kk
+                    rq[4 * a] = smem[qa]
+                    rq[4 * a + 1] = smem[qa + U1]
+                    rq[4 * a + 2] = smem[qa + U2]
+                    rq[4 * a + 3] = smem[qa + U3]
+                for bb in range(TN):
+                    ka = OFF_K + (tc + uTPR * U(bb)) * uSQ + kk
+                    k0 = smem[ka]
+                    k1 = smem[ka + U1]
+                    k2 = smem[ka + U2]
+                    k3 = smem[ka + U3]
+                    for a in range(TM):
+                        acc = rS[a * TN + bb]
+                        acc += rq[4 * a] * k0
+                        acc += rq[4 * a + 1] * k1
+                        acc += rq[4 * a + 2] * k2
+                        acc += rq[4 * a + 3] * k3
+                        rS[a * TN + bb] = acc
+
+            # Dev: the elementwise mask only on blocks the diagonal crosses, or the ragged last block
+            if col0 + BC > s_k or (CAUSAL and col0 + BC - 1 > row0 + causal_offset):
+                for a in range(TM):
+                    row = row0 + int(rg) + RG * a
+                    for bb in range(TN):
+                        col = col0 + int(tc) + TPR * bb
+                        if col >= s_k or (CAUSAL and col > row + causal_offset):
+                            rS[a * TN + bb] = NEG_INF
+
+            # FA2.1 L9: m_new = max(m_old, rowmax S) (butterfly over the TPR lanes of a row); P~ = exp2(S - m_new)
+            for a in range(TM):
+                mt = rS[a * TN]
+                for bb in range(1, TN):
+                    mt = max(mt, rS[a * TN + bb])
+                ralpha[a] = mt
+            if SRAM_REDUCE:
+                cuda.syncthreads()  # Sync: (no shuffles) the previous reduction's reads are done
+                for a in range(TM):
+                    smem[OFF_R + (rg + uRG * U(a)) * uTPR + tc] = ralpha[a]
+                cuda.syncthreads()  # Sync: (no shuffles) every lane's partial max is in SRAM
+                for a in range(TM):
+                    mt = ralpha[a]
+                    for lane in range(TPR):
+                        mt = max(mt, smem[OFF_R + (rg + uRG * U(a)) * uTPR + U(lane)])
+                    ralpha[a] = mt
+            else:
+                for a in range(TM):
+                    mt = ralpha[a]
+                    if N_SHFL > 0:
+                        mt = max(mt, cuda.shfl_xor_sync(_FULL_MASK, mt, SH0))
+                    if N_SHFL > 1:
+                        mt = max(mt, cuda.shfl_xor_sync(_FULL_MASK, mt, SH1))
+                    if N_SHFL > 2:
+                        mt = max(mt, cuda.shfl_xor_sync(_FULL_MASK, mt, SH2))
+                    if N_SHFL > 3:
+                        mt = max(mt, cuda.shfl_xor_sync(_FULL_MASK, mt, SH3))
+                    ralpha[a] = mt
+            for a in range(TM):
+                m_new = max(rm[a], ralpha[a])
+                m_safe = m_new if m_new != NEG_INF else float32(0.0)  # Dev: a row with no key yet: no NaN
+                alpha = math.exp2(rm[a] - m_safe)  # e^(m_old - m_new) in base 2 (0 when m_old = -inf)
+                rm[a] = m_new
+                ralpha[a] = alpha
+                psum = float32(0.0)
+                pa = OFF_P + (rg + uRG * U(a)) * uSPS + tc
+                for bb in range(TN):
+                    p = math.exp2(rS[a * TN + bb] - m_safe)
+                    psum += p  # l from the undropped P~ (as FA1 Alg.2 L13)
+                    if DROPOUT:
+                        # Dev: dropout as FA1 Alg.2 L14 (the 1/(1-p) is applied once, at L12)
+                        if not keep(rkey[a], col0 + int(tc) + TPR * bb, threshold):
+                            p = float32(0.0)
+                    smem[pa + uTPR * U(bb)] = p
+                # Dev: l_i = e^(m_old - m_new) l_i + rowsum P~, kept per lane; the lanes are summed once, after L11
+                rl[a] = alpha * rl[a] + psum
+            if SRAM_REDUCE:
+                cuda.syncthreads()  # Sync: (no shuffles) P~_ij rows in SRAM before L10 reads them
+            else:
+                cuda.syncwarp(_FULL_MASK)  # Sync: P~ rows in SRAM before L10; written and read by the lanes of one warp only
+
+            # FA2.1 L10: O_i = diag(e^(m_old - m_new)) O_i + P~ V_j, a TM x (DP/TPR) register tile
+            for a in range(TM):
+                for e in range(DV * 4):
+                    rO[a * DV * 4 + e] *= ralpha[a]
+            for c4 in range(NC4):
+                cc = U(c4) * U4
+                for a in range(TM):
+                    pa = OFF_P + (rg + uRG * U(a)) * uSPS + cc
+                    rp[4 * a] = smem[pa]
+                    rp[4 * a + 1] = smem[pa + U1]
+                    rp[4 * a + 2] = smem[pa + U2]
+                    rp[4 * a + 3] = smem[pa + U3]
+                for cx in range(4):
+                    for ev in range(DV):
+                        va = OFF_V + (cc + U(cx)) * uSQ + U4 * tc + U(4 * TPR) * U(ev)
+                        v0 = smem[va]
+                        v1 = smem[va + U1]
+                        v2 = smem[va + U2]
+                        v3 = smem[va + U3]
+                        for a in range(TM):
+                            pv = rp[4 * a + cx]
+                            o = (a * DV + ev) * 4
+                            rO[o] += pv * v0
+                            rO[o + 1] += pv * v1
+                            rO[o + 2] += pv * v2
+                            rO[o + 3] += pv * v3
+            # [/doc:fa2-fast-inner-loop]
+
+        # Dev: the per-lane row sums l_i are added across the TPR lanes of each row group, once
+        if SRAM_REDUCE:
+            cuda.syncthreads()  # Sync: (no shuffles) the last reduction's reads are done
+            for a in range(TM):
+                smem[OFF_R + (rg + uRG * U(a)) * uTPR + tc] = rl[a]
+            cuda.syncthreads()  # Sync: (no shuffles) every lane's partial row sum is in SRAM
+            for a in range(TM):
+                acc = float32(0.0)
+                for lane in range(TPR):
+                    acc += smem[OFF_R + (rg + uRG * U(a)) * uTPR + U(lane)]
+                rl[a] = acc
+        else:
+            for a in range(TM):
+                acc = rl[a]
+                if N_SHFL > 0:
+                    acc += cuda.shfl_xor_sync(_FULL_MASK, acc, SH0)
+                if N_SHFL > 1:
+                    acc += cuda.shfl_xor_sync(_FULL_MASK, acc, SH1)
+                if N_SHFL > 2:
+                    acc += cuda.shfl_xor_sync(_FULL_MASK, acc, SH2)
+                if N_SHFL > 3:
+                    acc += cuda.shfl_xor_sync(_FULL_MASK, acc, SH3)
+                rl[a] = acc
+
+        for a in range(TM):
+            row = row0 + int(rg) + RG * a
+            if row < s_q:
+                l_i = rl[a]
+                # FA2.1 L12: O_i = diag(l_i)^-1 O_i, the only division (times 1/(1-p) with dropout)
+                inv_l = float32(0.0)
+                if l_i > 0:
+                    inv_l = float32(1.0) / l_i
+                    if DROPOUT:
+                        inv_l *= inv_keep
+                # FA2.1 L13: L_i = m_i + log(l_i), m_i in base 2: L = m ln 2 + ln l (+inf for a row with no key)
+                L_i = float32(math.inf)
+                if l_i > 0:
+                    L_i = rm[a] * float32(LN2) + math.log(l_i)
+                # FA2.1 L14: write O_i to HBM (4 consecutive floats per lane, lanes consecutive)
+                for ev in range(DV):
+                    for x4 in range(4):
+                        x = 4 * int(tc) + 4 * TPR * ev + x4
+                        if x < d:
+                            gO[ub, U(row), uh, U(x)] = rO[(a * DV + ev) * 4 + x4] * inv_l  # HBM write: Br*d
+                # FA2.1 L15: write L_i to HBM (one lane per row)
+                if tc == U0:
+                    gL[b, h, row] = L_i  # HBM write: Br
+
+    # [/doc:fa2-fast-kernel]
+    return kernel
+
+
+def default_features() -> dict:
+    """The kernel features used on this backend: shuffles and 16-byte loads on a GPU only."""
+    gpu = not _backend.is_simulator()
+    return {"SHFL": gpu, "VEC": gpu, "REVERSE": True, "PREFETCH": True, "MAXREG": None}
+
+
+def gpu_only_ok() -> bool:
+    return not _backend.is_simulator()
+
+
+def plan(prob: Problem, block_sizes=None, config=None, features=None):
+    """(kernel, grid, threads, dynamic SRAM bytes) of one launch, without launching."""
+    d = prob.headdim
+    NT, TM, TPR, Bc, DP = config if config is not None else config_for(d, block_sizes)
+    feats = default_features()
+    feats.update(features or {})
+    Br = (NT // TPR) * TM
+    nbytes = 4 * smem_floats(NT, TM, TPR, Bc, DP, feats["SHFL"])
+    if nbytes > _smem.max_optin_bytes():
+        raise ValueError(f"tiles (Br={Br}, Bc={Bc}, d={d}) need {nbytes} bytes of shared memory; the device allows {_smem.max_optin_bytes()}")
+    kernel = fa2_forward_fast_kernel(NT, TM, TPR, Bc, DP, prob.causal, prob.dropout_p > 0, feats["SHFL"], feats["VEC"], feats["REVERSE"], feats["PREFETCH"], feats["MAXREG"] if gpu_only_ok() else None)
+    grid = (ceil_div(prob.seqlen_q, Br), prob.batch * prob.nheads)
+    return kernel, grid, NT, nbytes
+
+
+def forward(q, k, v, prob: Problem, alloc, block_sizes=None, config=None, features=None) -> ForwardOutput:
+    """FA2 Algorithm 1, fast kernel, on kernel arrays: ``ForwardOutput(out, lse)``.
+
+    ``config=(NT, TM, TPR, Bc, DP)`` overrides the tiling and ``features`` (dict of ``SHFL``, ``VEC``,
+    ``REVERSE``) the kernel features (the sweep in tests/benchmarks/fa2_sweep.py uses both);
+    otherwise :func:`config_for` picks the tiling from ``d`` and ``block_sizes``.
+    """
+    kernel, grid, NT, nbytes = plan(prob, block_sizes, config, features)
+    out = alloc.empty((prob.batch, prob.seqlen_q, prob.nheads, prob.headdim))
+    lse = alloc.empty((prob.batch, prob.nheads, prob.seqlen_q))
+    inv_keep = 1.0 / (1.0 - prob.dropout_p)
+    args = (q, k, v, out, lse, prob.softmax_scale * LOG2E, prob.group, prob.causal_offset, prob.seed, prob.threshold, inv_keep)
+    _smem.launch(kernel, grid, NT, nbytes, *args)
+    # FA2.1 L17: return O, L
+    return ForwardOutput(out=out, lse=lse)

@@ -1,0 +1,146 @@
+"""FlashAttention-2 benchmarks: the fast FA2 forward, and FA2 forward + backward, beside torch (fp32).
+
+The FA2 paper's convention (section 4.1): 16k tokens (``batch = 16384 // N``), hidden 2048 (32 heads at
+d = 64, 16 at d = 128), N = 512 ... 16384, causal and not. Forward FLOPs ``4 b h N^2 d`` (halved when
+causal); forward + backward 3.5x that. ``extra_info`` holds, per row: algorithm, N, d, batch, nheads,
+causal, pass, time_ms (median), tflops, pct_sgemm (of the cuBLAS SGEMM rate measured in the same run),
+extra_mem_bytes (peak device memory beyond inputs and outputs), device, and for the Numba kernels
+their registers, shared memory (static + dynamic) and theoretical occupancy.
+
+On a GPU torch's naive attention (TF32 off) and SDPA's memory-efficient backend run in the same session
+as anchors. In the simulator one tiny shape runs once: functional only.
+
+Run (GPU; produces docs/results/fa2_*.json)::
+
+    NUMBA_FLASH_BENCH_COMMAND="..." python3 -m pytest tests/benchmarks/test_bench_fa2.py \\
+        --benchmark-enable --benchmark-json=docs/results/fa2_h200.json
+    python3 tests/benchmarks/plot_results.py docs/results/fa2_h200.json -o docs/results/fa2_h200.png
+"""
+
+from __future__ import annotations
+
+import bench_utils as bu
+import pytest
+from numba_flash import _inspect, fa2_forward_fast
+from numba_flash._launch import check_attention_args
+
+TORCH_IMPLS = ("torch_naive", "sdpa_mem_efficient") if bu.ON_GPU else ()
+SEQLENS = (512, 1024, 2048, 4096, 8192, 16384) if bu.ON_GPU else (bu.SIM_SHAPE["seqlen"],)
+HEADDIMS = bu.HEADDIMS if bu.ON_GPU else (bu.SIM_SHAPE["headdim"],)
+FWDBWD_SEQLENS = (1024, 2048, 4096) if bu.ON_GPU else (bu.SIM_SHAPE["seqlen"],)
+
+
+def _forward_call(impl, q, k, v, causal):
+    if impl == "flash2":
+        if bu.ON_GPU:
+            from numba_flash import flash_attn_func
+
+            return lambda: flash_attn_func(q, k, v, causal=causal, algorithm="flash2")
+        from numba_flash import attention_numpy
+
+        return lambda: attention_numpy(q, k, v, causal=causal, algorithm="flash2")
+    if impl == "torch_naive":
+        return lambda: bu.torch_naive_attention(q, k, v, causal=causal)
+    return lambda: bu.torch_sdpa_mem_efficient(q, k, v, causal=causal)
+
+
+def fast_kernel_info(q, k, v, causal) -> dict:
+    """Registers, SRAM (static + dynamic) and occupancy of the fast FA2 forward kernel."""
+    if not bu.ON_GPU:
+        return {}
+    prob = check_attention_args(q, k, v, 0.0, None, causal, 0)
+    kernel, grid, threads, nbytes = fa2_forward_fast.plan(prob)
+    res = _inspect.kernel_resources(kernel)
+    smem = (res["shared_mem_per_block"] or 0) + nbytes
+    occ = _inspect.theoretical_occupancy(res["regs_per_thread"], smem, threads)
+    cfg = fa2_forward_fast.config_for(prob.headdim)
+    return {"kernels": {"FA2 forward (fast)": dict(config_NT_TM_TPR_Bc_DP=list(cfg), threads_per_block=threads, grid_blocks=grid[0] * grid[1],
+                                                   regs_per_thread=res["regs_per_thread"], smem_per_block=smem,
+                                                   local_mem_per_thread=res["local_mem_per_thread"], **occ)}}
+
+
+def _record(benchmark, flops, sgemm_tflops):
+    stats = getattr(benchmark, "stats", None)
+    if stats is not None and bu.ON_GPU:
+        t = stats.stats.median
+        rate = bu.tflops(flops, t)
+        benchmark.extra_info.update(time_ms=t * 1e3, tflops=rate, pct_sgemm=100 * rate / sgemm_tflops if sgemm_tflops else None, sgemm_tflops=sgemm_tflops)
+    else:
+        benchmark.extra_info.update(time_ms=None, tflops=None, pct_sgemm=None)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
+@pytest.mark.parametrize("headdim", HEADDIMS)
+@pytest.mark.parametrize("seqlen", SEQLENS)
+@pytest.mark.parametrize("impl", ("flash2",) + TORCH_IMPLS)
+def test_bench_fa2_forward(benchmark, impl, seqlen, headdim, causal, sgemm_tflops):
+    shape = bu.fa2_shape(seqlen, headdim)
+    b, h, n, d = shape["batch"], shape["nheads"], shape["seqlen"], shape["headdim"]
+    benchmark.group = f"fa2 forward d={d} N={n} causal={causal}"
+    benchmark.extra_info.update(algorithm=impl, pass_="forward", N=n, d=d, batch=b, nheads=h, causal=causal,
+                                device=bu.device_name(), functional_only=not bu.ON_GPU)
+    bu.free_memory()
+    q, k, v = bu.make_inputs(b, h, n, d, seed=n + d)
+    fn = _forward_call(impl, q, k, v, causal)
+    io_bytes = b * n * h * d * 4 + (b * h * n * 4 if impl == "flash2" else 0)
+    try:
+        extra = bu.peak_extra_memory(fn, io_bytes=io_bytes)
+        benchmark.pedantic(bu.synced(fn), rounds=5 if n >= 8192 else 10, warmup_rounds=1, iterations=1)
+    except Exception as exc:
+        if not bu.is_oom(exc):
+            raise
+        benchmark.extra_info.update(oom=True, error=str(exc)[:200])
+        bu.free_memory()
+        pytest.skip(f"{impl} at N={n}, d={d}: out of device memory")
+    benchmark.extra_info["extra_mem_bytes"] = extra
+    if impl == "flash2":
+        benchmark.extra_info.update(fast_kernel_info(q, k, v, causal))
+    _record(benchmark, bu.flops_forward(b, h, n, n, d, causal), sgemm_tflops)
+
+
+@pytest.mark.parametrize("seqlen", FWDBWD_SEQLENS)
+@pytest.mark.parametrize("impl", ("flash2",) + TORCH_IMPLS)
+def test_bench_fa2_forward_backward(benchmark, impl, seqlen, sgemm_tflops):
+    """Forward + backward at d = 64, non-causal (the issue's fwd+bwd bar)."""
+    d = 64 if bu.ON_GPU else bu.SIM_SHAPE["headdim"]
+    shape = bu.fa2_shape(seqlen, d)
+    b, h, n = shape["batch"], shape["nheads"], shape["seqlen"]
+    benchmark.group = f"fa2 fwd+bwd d={d} N={n}"
+    benchmark.extra_info.update(algorithm=impl, pass_="fwd+bwd", N=n, d=d, batch=b, nheads=h, causal=False,
+                                device=bu.device_name(), functional_only=not bu.ON_GPU)
+    if not bu.ON_GPU:
+        import numpy as np
+        from numba_flash import attention_backward_numpy, attention_numpy
+
+        q, k, v = bu.make_inputs(b, h, n, d)
+        dout = np.ones_like(q)
+
+        def step():
+            out, st = attention_numpy(q, k, v, algorithm="flash2", return_stats=True)
+            return attention_backward_numpy(dout, q, k, v, out, st)
+
+        benchmark.pedantic(step, rounds=1, iterations=1)
+        _record(benchmark, 0.0, None)
+        return
+    import torch
+
+    bu.free_memory()
+    q, k, v = bu.make_inputs(b, h, n, d, seed=n + d, requires_grad=True)
+    dout = torch.randn_like(q)
+    fwd = _forward_call(impl, q, k, v, False)
+
+    def step():
+        for x in (q, k, v):
+            x.grad = None
+        fwd().backward(dout)
+
+    try:
+        extra = bu.peak_extra_memory(step, io_bytes=0)
+        benchmark.pedantic(bu.synced(step), rounds=3, warmup_rounds=1, iterations=1)
+    except Exception as exc:
+        if not bu.is_oom(exc):
+            raise
+        benchmark.extra_info.update(oom=True, error=str(exc)[:200])
+        pytest.skip(f"{impl} fwd+bwd at N={n}: out of device memory")
+    benchmark.extra_info["extra_mem_bytes"] = extra
+    _record(benchmark, 3.5 * bu.flops_forward(b, h, n, n, d), sgemm_tflops)
