@@ -1,0 +1,1 @@
+"""Class assignments: one folder per assignment (stub, autograder, solution, README); see tutorials/README.md."""
