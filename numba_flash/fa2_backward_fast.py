@@ -19,14 +19,14 @@ What changed from the readable kernel, and why
   - ``dQ_i += dS K_j`` (L15): a ``TM2 x DX2`` tile per thread, then one atomic add per element,
     16 lanes on 16 consecutive floats of a row (coalesced atomics).
 * **No row reductions, no shuffles.** Unlike the forward, the backward needs no row max or row sum:
-  ``P = exp2(S tau log2(e) - L log2(e))`` from the stored logsumexp (one FFMA + one MUFU.EX2), and
+  ``P = exp(S tau - L)`` from the stored logsumexp (one FFMA + libdevice ``expf``), and
   ``D_i`` comes from the pre-pass (L4). The scale ``tau`` is folded into ``dS`` once, so line 15 and
   line 16 need no extra multiply.
 * **Q_i, dO_i prefetched.** The loads of ``Q_{i+1}, dO_{i+1}, L_{i+1}, D_{i+1}`` are issued into
   registers before the compute on ``Q_i, dO_i`` (double buffering in registers, as the forward's
   K/V prefetch), all loads of a tile unrolled (one memory round trip per tile).
 * **More than 48 KB of SRAM** (:mod:`numba_flash._smem`): ``Q_i, dO_i, K_j, V_j`` and ``P_ij, dS_ij``
-  at 64 x 64, ``d = 64`` are about 104 KB per block (two blocks per SM).
+  at 64 x 128, ``d = 64`` are 168.5 KB per block.
 * **The deterministic path is fast too.** ``deterministic=True`` leaves the atomics out of the main
   kernel and runs :func:`fa2_backward_fast_dq_kernel`, one block per *query* block (FA2's forward
   geometry) that recomputes ``S, dP, dS`` tile by tile with the same register tiling and keeps
@@ -39,11 +39,20 @@ CUDA-event medians; the log with predictions is ``docs/notes/performance-log.md`
 =====================================================  ==============  ==============
 version (d = 64, non-causal, backward only)            ms              TFLOP/s
 =====================================================  ==============  ==============
-readable kernel (:mod:`numba_flash.fa2_backward`)      ~505            ~2.7
-this kernel, atomic dQ (default tiles)                 see the log     see the log
+readable kernel (:mod:`numba_flash.fa2_backward`)      508.0           2.7
+register-blocked, 64 x 64 (186 regs, 1 block/SM)       57.6            23.8
+same, 128-register cap (2 blocks/SM, 80 B spill)       50.6            27.2
+64 x 128 (half the dQ atomics; the d <= 64 default)    47.5            28.9 (57% SGEMM)
+deterministic (64 x 64, + the dQ kernel)               78.2            17.6
 =====================================================  ==============  ==============
 
-(see :data:`MEASURED` and the performance log for the numbers of the GPU run).
+Forward + backward (fast forward + this backward, committed run ``docs/results/fa2_h200.json``):
+65.8 ms at N = 4096 (29.2 TFLOP/s, 61% of SGEMM) against 524 ms with the readable backward, torch naive
+fp32 66.1 ms and SDPA memory-efficient fp32 54.6 ms: **0.83x SDPA** (0.81x at N = 2048, 0.78x at
+N = 1024). d = 128 (64 x 64, 253 regs, 1 block/SM): 52.0 ms, 26.4 TFLOP/s. Levers that did *not* pay:
+the Q/dO register prefetch (no change once two blocks share an SM). These numbers were measured with
+``P = exp2(S tau log2 e - L log2 e)``; P is now ``exp(fma(S, tau, -L))`` (accuracy, see the log),
+not yet re-timed.
 
 Launch geometry
 ---------------
@@ -64,8 +73,9 @@ Thread maps (``tid`` in ``0..NT-1``):
 ``d`` is padded to ``DP``, a multiple of 16 (zero columns).
 
 SRAM budget (float32 elements, one dynamic array): ``sQ_i, sdO_i`` 2 Br (DP+4) + ``sK_j, sV_j``
-2 Bc (DP+4) + ``sP_ij, sdS_ij`` 2 Br (Bc+4) + ``sL_i, sD_i`` 2 Br. Default ``Br = Bc = 64``: d = 64:
-27,264 floats = 106.5 KB (2 blocks/SM); d = 128: 1 block/SM.
+2 Bc (DP+4) + ``sP_ij, sdS_ij`` 2 Br (Bc+4) + ``sL_i, sD_i`` 2 Br. Defaults: d <= 64, 64 x 128:
+43,136 floats = 168.5 KB (1 block of 8 warps per SM, 248 registers); d = 128, 64 x 64: 166.5 KB
+(1 block/SM, 253 registers). 64 x 64 at d = 64 is 102.5 KB (2 blocks/SM if capped at 128 registers).
 
 Run it::
 
@@ -90,10 +100,6 @@ from ._dropout import head_key, keep, row_key
 from ._launch import Problem, ceil_div
 
 LOG2E = 1.4426950408889634
-
-#: Measured numbers of the GPU run (filled from docs/notes/performance-log.md; None: not measured).
-MEASURED = None
-
 
 def _pow2_divisor(n: int, cap: int) -> int:
     """The largest power of two <= cap dividing n."""
@@ -283,7 +289,7 @@ def _device_functions(NT, BR, BC, DP, CAUSAL, DROPOUT):
         for a in range(TM):
             r = rg + uRG * U(a)
             row = row0 + int(r)
-            L2 = smem[OFF_L + r]  # L_i log2(e); +inf on rows that see no key or lie past N_q
+            L2 = smem[OFF_L + r]  # L_i; +inf on rows that see no key or lie past N_q
             D_r = smem[OFF_D + r]
             horizon = s_k - 1
             if CAUSAL:
@@ -293,8 +299,9 @@ def _device_functions(NT, BR, BC, DP, CAUSAL, DROPOUT):
             for bb in range(TN):
                 c = tc + uTPR * U(bb)
                 col = col0 + int(c)
-                # Dev: min(., 64): no overflow on masked entries (a visible entry has S tau - L <= ~0)
-                p = math.exp2(min(rS[a * TN + bb] * c1 - L2, float32(64.0)))
+                # Dev: natural base, S tau - L in one FMA (no rounded tau log2 e, L log2 e: P to ~2 ulp, as the
+                # readable kernel); min(., 64): no overflow on masked entries (a visible entry has S tau - L <= ~0)
+                p = math.exp(min(rS[a * TN + bb] * tau - L2, float32(64.0)))
                 p = p if col <= horizon else ZERO
                 dp = rdP[a * TN + bb]
                 pz = p
@@ -335,7 +342,7 @@ def fa2_backward_fast_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool, D
 
     Kernel arguments: ``gQ, gdO (b, s_q, h, d)``, ``gK, gV (b, s_k, h_k, d)``, ``gL, gD (b, h, s_q)``,
     outputs ``gdQ`` (zeros; unused without ``ATOMIC_DQ``), ``gdK, gdV (b, s_k, h_k, d)``; ``tau``,
-    ``c1 = tau log2 e``, ``group``, ``causal_offset``, dropout ``seed``, ``threshold``, ``inv_keep``.
+    ``c1 = tau log2 e`` (unused since the natural-base P, kept for the launch signature), ``group``, ``causal_offset``, dropout ``seed``, ``threshold``, ``inv_keep``.
     ``VEC``: 16-byte aligned SRAM (16-byte loads; not in the simulator). ``PREFETCH``: issue the
     loads of ``Q_{i+1}, dO_{i+1}`` before the compute on ``Q_i, dO_i``. ``MAXREG``: register cap (GPU).
 
@@ -347,7 +354,7 @@ def fa2_backward_fast_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool, D
     K_j, V_j                  smem[OFF_K/OFF_V]    SRAM (Bc, DP+4), loaded once (L6)
     dK_j, dV_j                rdK, rdV             registers, TC x 4 DVX per thread, whole kernel (L7)
     Q_i, dO_i                 smem[OFF_Q/OFF_DO]   SRAM (Br, DP+4), per inner step (L9); rQn, rdOn: next
-    L_i log2 e, D_i           smem[OFF_L/OFF_D]    SRAM (Br,)
+    L_i, D_i                  smem[OFF_L/OFF_D]    SRAM (Br,)
     S_ij, dP_ij               rS, rdP              registers, TM x TN per thread
     P_ij o Z_ij, tau dS_ij    smem[OFF_P/OFF_DS]   SRAM (Br, Bc+4)
     dQ_i (this step's part)   rdQ                  registers, TM2 x DX2 per thread, then atomics
@@ -374,7 +381,6 @@ def fa2_backward_fast_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool, D
     NQ2 = TM2 * DX2
     ALIGN = 16 if VEC else None
     INF = float32(math.inf)
-    L2E = float32(LOG2E)
     jit_options = {} if MAXREG is None else {"max_registers": MAXREG}
 
     # [doc:fa2-fast-bwd-kernel]
@@ -441,7 +447,7 @@ def fa2_backward_fast_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool, D
             if tid < uBR:
                 row = i_first * BR + int(tid)
                 if row < s_q:
-                    Lval = gL[b, h0, row] * L2E
+                    Lval = gL[b, h0, row]
                     Dval = gD[b, h0, row]
         # FA2.2 L8: for i = 1..Tr (times the G query heads of the group)
         for t in range(n_steps):
@@ -455,7 +461,7 @@ def fa2_backward_fast_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool, D
                 Lval = INF
                 Dval = float32(0.0)
                 if tid < uBR and row0 + int(tid) < s_q:
-                    Lval = gL[b, h, row0 + int(tid)] * L2E
+                    Lval = gL[b, h, row0 + int(tid)]
                     Dval = gD[b, h, row0 + int(tid)]
             store_q(smem, OFF_Q, OFF_DO, tid, rQn, rdOn)
             if tid < uBR:
@@ -469,7 +475,7 @@ def fa2_backward_fast_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool, D
                 Lval = INF
                 Dval = float32(0.0)
                 if tid < uBR and rown + int(tid) < s_q:
-                    Lval = gL[b, hn, rown + int(tid)] * L2E
+                    Lval = gL[b, hn, rown + int(tid)]
                     Dval = gD[b, hn, rown + int(tid)]
             if DROPOUT:
                 k_bh = head_key(seed, b * nheads + h)
@@ -477,7 +483,7 @@ def fa2_backward_fast_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool, D
                     rkey[a] = row_key(k_bh, row0 + int(tid // U(TPR_)) + RG_ * a)
 
             # [doc:fa2-fast-bwd-inner-loop]
-            # FA2.2 L10-L11: S_ij = tau Q_i K_j^T (a TM x TN register tile); P_ij = exp2(S log2 e - L_i log2 e), masked
+            # FA2.2 L10-L11: S_ij = tau Q_i K_j^T (a TM x TN register tile); P_ij = exp(S_ij - L_i), masked
             # FA2.2 L13-L14: dP_ij = (dO_i V_j^T) o Z_ij (same tiling); dS_ij = P_ij o (dP_ij - D_i), times tau, to SRAM
             s_dp_p_ds(smem, tid, row0, col0, s_k, causal_offset, c1, tau, rkey, threshold, inv_keep, rS, rdP, rq, rdo)
             cuda.syncthreads()  # Sync: P_ij o Z_ij and tau dS_ij in SRAM before L12, L15, L16 read them
@@ -561,7 +567,6 @@ def fa2_backward_fast_dq_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool
     NQ2 = TM2 * DX2
     ALIGN = 16 if VEC else None
     INF = float32(math.inf)
-    L2E = float32(LOG2E)
     jit_options = {} if MAXREG is None else {"max_registers": MAXREG}
 
     @cuda.jit(fastmath=False, **jit_options)
@@ -599,7 +604,7 @@ def fa2_backward_fast_dq_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool
             Lval = INF
             Dval = float32(0.0)
             if row < s_q:
-                Lval = gL[b, h, row] * L2E
+                Lval = gL[b, h, row]
                 Dval = gD[b, h, row]
             smem[OFF_L + tid] = Lval
             smem[OFF_D + tid] = Dval
