@@ -62,6 +62,13 @@ path's O(N^2). FlashAttention-2 (:mod:`numba_flash.fa2_forward`) removes exactly
 parallelizing over row blocks too. ``tests/benchmarks/sweep_forward_tiles.py`` sweeps tiles and thread
 layouts (128, 256 and 512 threads) on a GPU.
 
+This is the *readable* kernel. The default (``VARIANT = "fast"``) is its twin
+:mod:`numba_flash.alg1_forward_fast`: the same schedule (K/V-outer, Q-inner, O_i, l_i, m_i through
+HBM at every inner step, one block per (batch, head)) with register-blocked tiles, > 48 KB of SRAM
+and several warps working on different query blocks i at once; its docstring says what changed and
+what it bought. Choose with ``forward(..., variant="readable")`` or by setting :data:`VARIANT` (the
+same convention as :mod:`numba_flash.fa2_forward`).
+
 Run it::
 
     python -m numba_flash demo
@@ -78,6 +85,10 @@ from numba import cuda, float32, uint64
 from . import _backend
 from ._dropout import head_key, keep, row_key
 from ._launch import STATIC_SMEM_BYTES, ForwardOutput, Problem, ceil_div
+
+#: Which kernel :func:`forward` runs by default: "fast" (alg1_forward_fast) or "readable" (this file).
+VARIANT = "fast"
+VARIANTS = ("fast", "readable")
 
 #: Largest Bc the default rule picks (the register tile of S_ij grows with Bc / TX).
 MAX_BC = 128
@@ -460,8 +471,19 @@ def launch(q, k, v, prob: Problem, alloc, block_sizes=None, threads=None, shuffl
     return ForwardOutput(out=out, lse=lse, m=m, l=l), kernel, (Br, Bc), (ty, tx)
 
 
-def compiled_kernels(prob: Problem, block_sizes=None):
+def _variant(variant):
+    variant = VARIANT if variant is None else variant
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+    return variant
+
+
+def compiled_kernels(prob: Problem, block_sizes=None, variant=None):
     """(name, dispatcher, threads per block, blocks in the grid) of :func:`forward`'s one launch."""
+    if _variant(variant) == "fast":
+        from . import alg1_forward_fast
+
+        return alg1_forward_fast.compiled_kernels(prob, block_sizes)
     ty, tx = thread_layout()
     shuffles = use_shuffles(tx)
     Br, Bc = choose_block_sizes(prob.headdim, block_sizes=block_sizes, threads=(ty, tx), shuffles=shuffles)
@@ -469,11 +491,18 @@ def compiled_kernels(prob: Problem, block_sizes=None):
     return [(f"FA1 forward (Br, Bc) = ({Br}, {Bc})", kernel, ty * tx, prob.batch * prob.nheads)]
 
 
-def forward(q, k, v, prob: Problem, alloc, block_sizes=None) -> ForwardOutput:
+def forward(q, k, v, prob: Problem, alloc, block_sizes=None, variant=None) -> ForwardOutput:
     """FA1 forward (Algorithms 1-2) on kernel arrays; see :mod:`numba_flash.api` for the contract.
 
-    ``block_sizes=(Br, Bc)`` overrides :func:`choose_block_sizes` (it must fit the 48 KB SRAM).
+    ``variant``: "fast" (the default, :data:`VARIANT`) runs :mod:`numba_flash.alg1_forward_fast`,
+    "readable" runs the kernel of this file. ``block_sizes=(Br, Bc)`` overrides
+    :func:`choose_block_sizes` for the readable kernel (it must fit the 48 KB SRAM); the fast kernel
+    honours it up to its register tiling (see :func:`numba_flash.alg1_forward_fast.config_for`).
     """
+    if _variant(variant) == "fast":
+        from . import alg1_forward_fast
+
+        return alg1_forward_fast.forward(q, k, v, prob, alloc, block_sizes=block_sizes)
     fwd, _, _, _ = launch(q, k, v, prob, alloc, block_sizes)
     # Alg.1 L16 / Alg.2 L19: return O, l, m (R is the seed in prob); L = m + log l for the API
     return fwd

@@ -161,10 +161,113 @@ def test_flash1_kernel_fits_48kb_shared_memory_and_does_not_spill_on_gpu(rng, d)
     from numba_flash import _inspect, alg1_forward
 
     q, k, v = make_qkv(rng, 1, 64, 64, 1, 1, d)
-    attention_numpy(q, k, v, algorithm="flash1")
+    alg1_forward.forward(q, k, v, _launch.check_attention_args(q, k, v), _launch.Allocator(q), variant="readable")
     prob = _launch.check_attention_args(q, k, v)
-    [(_, disp, threads, _)] = alg1_forward.compiled_kernels(prob)
+    [(_, disp, threads, _)] = alg1_forward.compiled_kernels(prob, variant="readable")
     rep = _inspect.kernel_report(disp, threads)
     assert rep["shared_mem_per_block"] <= _launch.STATIC_SMEM_BYTES
     assert rep["local_mem_per_thread"] == 0, rep
     assert rep["occupancy"] > 0
+
+
+# ------------------------------------------------------------------------------------------------
+# FA1, both variants: the readable kernel (alg1_forward) and its fast twin (alg1_forward_fast)
+# ------------------------------------------------------------------------------------------------
+FA1_VARIANTS = ("fast", "readable")
+
+
+@pytest.fixture(params=FA1_VARIANTS)
+def fa1_variant(request, monkeypatch):
+    """Run the test with the fast FA1 forward (the default) and with the readable one."""
+    from numba_flash import alg1_forward
+
+    monkeypatch.setattr(alg1_forward, "VARIANT", request.param)
+    return request.param
+
+
+# (batch, s_q, s_k, nheads, nheads_k, headdim, causal, dropout_p, block_sizes): tiny, ragged. The fast
+# kernel's simulator tiling is 2 workers of 8 lanes, Br <= 8 rows per worker, S chunks of <= 16 keys.
+FA1_SIM_CASES = {
+    "ragged-default-tiles": (1, 37, 40, 2, 2, 16, False, 0.0, None),
+    "causal-sq<sk-odd-d": (1, 19, 40, 1, 1, 13, True, 0.0, (8, 16)),
+    "causal-sq>sk-empty-rows-dropout": (1, 33, 21, 1, 1, 8, True, 0.2, (8, 8)),
+    "gqa-dropout-two-chunks": (1, 26, 35, 2, 1, 7, False, 0.15, (4, 32)),
+}
+
+
+@pytest.mark.parametrize("case", list(FA1_SIM_CASES), ids=list(FA1_SIM_CASES))
+def test_flash1_fast_and_readable_kernels_match_float64_reference_within_twice_float32_error(rng, fa1_variant, case):
+    b, s_q, s_k, h, h_k, d, causal, p, bs = FA1_SIM_CASES[case]
+    run_case(rng, "flash1", b, s_q, s_k, h, h_k, d, causal, p, bs)
+
+
+def test_flash1_fast_and_readable_kernels_agree_and_keep_empty_rows_empty(rng):
+    # Same inputs through both variants (s_q > s_k, causal: the first rows see no key): same O, m, l up
+    # to rounding, and the FA1 statistics the backward needs are present in both.
+    from numba_flash import alg1_forward
+
+    q, k, v = make_qkv(rng, 1, 24, 13, 1, 1, 8)
+    prob = _launch.check_attention_args(q, k, v, causal=True)
+    outs = {}
+    for variant in FA1_VARIANTS:
+        with _launch.poison_outputs():
+            outs[variant] = alg1_forward.forward(q, k, v, prob, _launch.Allocator(q), block_sizes=(8, 8), variant=variant)
+    fast, readable = outs["fast"], outs["readable"]
+    ref = standard_attention(q, k, v, causal=True)
+    naive = naive_attention_float32(q, k, v, causal=True)
+    assert_error_rule(fast.out, readable.out, naive - ref.O + readable.out, what="fast vs readable O")
+    empty = 24 - 13
+    for fwd in (fast, readable):
+        assert np.all(fwd.out[:, :empty] == 0.0) and np.all(fwd.l[:, :, :empty] == 0.0)
+        assert np.all(np.isneginf(fwd.m[:, :, :empty])) and np.all(np.isposinf(fwd.lse[:, :, :empty]))
+
+
+def test_flash1_forward_rejects_unknown_variant(rng):
+    from numba_flash import alg1_forward
+
+    q, k, v = make_qkv(rng, 1, 8, 8, 1, 1, 4)
+    with pytest.raises(ValueError, match="variant"):
+        alg1_forward.forward(q, k, v, _launch.check_attention_args(q, k, v), _launch.Allocator(q), variant="nope")
+
+
+@pytest.mark.parametrize("d", [1, 8, 37, 64, 65, 96, 127, 128])
+def test_fast_flash1_gpu_tiles_use_bc_128_and_fit_the_227kb_opt_in(d):
+    # Alg.1 L1 with the real SRAM: the fast kernel's K/V blocks are 128 keys wide at every head dim
+    # (the 48 KB readable kernel: 48 at d = 64, 24 at d = 128) and the tiles fit an H100/H200 block.
+    from numba_flash import alg1_forward_fast as fast
+
+    NW, WS, TM, TPR, BCC, NCH, DP = cfg = fast.config_for(d, None, simulator=False)
+    assert BCC * NCH == 128 and WS == 32 and DP >= d and DP % (4 * TPR) == 0
+    assert 4 * fast.smem_floats(*cfg) <= 227 * 1024
+
+
+FA1_GPU_CASES = {
+    "N4096-d64": (1, 4096, 4096, 2, 2, 64, False, 0.0),
+    "N4096-d128-causal": (1, 4096, 4096, 2, 2, 128, True, 0.0),
+    "ragged-1023x1024-d96-gqa-causal": (2, 1023, 1024, 6, 2, 96, True, 0.0),
+    "ragged-1030x700-d64-causal-empty-rows": (1, 1030, 700, 2, 1, 64, True, 0.0),
+    "N513-d111-dropout": (1, 513, 513, 2, 2, 111, False, 0.17),
+    "N1000-d37-mqa": (2, 1000, 1000, 3, 1, 37, False, 0.0),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", list(FA1_GPU_CASES), ids=list(FA1_GPU_CASES))
+def test_flash1_fast_and_readable_kernels_match_float64_reference_at_real_sizes_on_gpu(rng, fa1_variant, case):
+    b, s_q, s_k, h, h_k, d, causal, p = FA1_GPU_CASES[case]
+    run_case(rng, "flash1", b, s_q, s_k, h, h_k, d, causal, p)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 128])
+def test_fast_flash1_kernel_fits_one_block_per_sm_on_gpu(rng, d):
+    # One block per (batch, head) and one block per SM: 8 warps of <= 255 registers and the opt-in SRAM.
+    from numba_flash import _inspect, alg1_forward
+
+    q, k, v = make_qkv(rng, 1, 64, 64, 1, 1, d)
+    attention_numpy(q, k, v, algorithm="flash1")
+    prob = _launch.check_attention_args(q, k, v)
+    [(name, disp, threads, _)] = alg1_forward.compiled_kernels(prob, variant="fast")
+    rep = _inspect.kernel_report(disp, threads)
+    assert threads == 256 and rep["regs_per_thread"] <= 255, (name, rep)
+    assert rep["local_mem_per_thread"] <= 128, (name, rep)  # ptxas: at most a few spilled registers
