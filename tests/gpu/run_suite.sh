@@ -6,7 +6,7 @@ set -uo pipefail
 out="${1:-${OUT:-.}}"
 source tests/gpu/setup_env.sh
 {
-  echo "# $(date -u +%Y-%m-%dT%H:%M:%SZ) commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+  echo "# $(date -u +%Y-%m-%dT%H:%M:%SZ) commit ${NUMBA_FLASH_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 -c "import torch; print('torch', torch.__version__)"
 } > "$out/gpu_suite.log" 2>&1

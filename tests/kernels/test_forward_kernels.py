@@ -218,8 +218,9 @@ def test_flash1_fast_and_readable_kernels_agree_and_keep_empty_rows_empty(rng):
     assert_error_rule(fast.out, readable.out, naive - ref.O + readable.out, what="fast vs readable O")
     empty = 24 - 13
     for fwd in (fast, readable):
-        assert np.all(fwd.out[:, :empty] == 0.0) and np.all(fwd.l[:, :, :empty] == 0.0)
-        assert np.all(np.isneginf(fwd.m[:, :, :empty])) and np.all(np.isposinf(fwd.lse[:, :, :empty]))
+        out, l, m, lse = (np.asarray(x) for x in (fwd.out, fwd.l, fwd.m, fwd.lse))  # device arrays -> host
+        assert np.all(out[:, :empty] == 0.0) and np.all(l[:, :, :empty] == 0.0)
+        assert np.all(np.isneginf(m[:, :, :empty])) and np.all(np.isposinf(lse[:, :, :empty]))
 
 
 def test_flash1_forward_rejects_unknown_variant(rng):
