@@ -43,10 +43,11 @@ def grad_problem(rng, b, s_q, s_k, h, h_k, d, scale=1.0):
     return dout, q, k, v
 
 
-def kernel_backward(algo, dout, q, k, v, *, causal=False, dropout_p=0.0, seed=0, softmax_scale=None, block_sizes=None):
+def kernel_backward(algo, dout, q, k, v, *, causal=False, dropout_p=0.0, seed=0, softmax_scale=None, block_sizes=None, variant=None):
     """Run one backward kernel on the float64 forward oracle's O, m, l, L (rounded to float32).
 
-    Outputs are NaN-poisoned before the launch; returns float32 NumPy (dq, dk, dv).
+    ``variant`` ("fast" / "readable", flash1 only; None: the module's default). Outputs are
+    NaN-poisoned before the launch; returns float32 NumPy (dq, dk, dv).
     """
     prob = check_attention_args(q, k, v, dropout_p, softmax_scale, causal, seed)
     fwd64 = standard_attention(q, k, v, softmax_scale, causal, dropout_p, seed)
@@ -60,7 +61,8 @@ def kernel_backward(algo, dout, q, k, v, *, causal=False, dropout_p=0.0, seed=0,
     )
     args = [alloc.to_kernel(x) for x in (dout, q, k, v, fwd64.O.astype(f32))]
     with poison_outputs():
-        grads = KERNELS[algo].backward(*args, fwd, prob, alloc, block_sizes=block_sizes)
+        extra = {} if variant is None else {"variant": variant}
+        grads = KERNELS[algo].backward(*args, fwd, prob, alloc, block_sizes=block_sizes, **extra)
     return tuple(alloc.result(g) for g in grads)
 
 
@@ -212,9 +214,13 @@ def test_key_dropped_for_every_query_row_gets_zero_value_gradient(rng, algo):
 # Argument handling of the kernel modules
 # ----------------------------------------------------------------------------------------------
 def test_recomputation_backward_rejects_tiles_over_the_shared_memory_limit(rng):
+    """The readable kernel's tiles are static shared arrays (48 KB); the fast twin's dynamic SRAM
+    allows up to the device's opt-in limit (227 KB on an H100/H200)."""
     dout, q, k, v = grad_problem(rng, 1, 4, 4, 1, 1, 64)
     with pytest.raises(ValueError, match="shared memory"):
-        kernel_backward("flash1", dout, q, k, v, block_sizes=(64, 64))
+        kernel_backward("flash1", dout, q, k, v, block_sizes=(64, 64), variant="readable")
+    with pytest.raises(ValueError, match="shared memory"):
+        kernel_backward("flash1", dout, q, k, v, block_sizes=(256, 256), variant="fast")
 
 
 def test_recomputation_backward_default_tiles_fit_the_static_shared_memory_limit():
@@ -238,6 +244,38 @@ def test_backward_from_the_logsumexp_alone_equals_backward_from_m_and_l(rng, alg
     with poison_outputs():
         got = KERNELS[algo].backward(*args, fwd, prob, alloc, block_sizes=(4, 4))
     assert_gradients_follow_error_rule(tuple(alloc.result(g) for g in got), dout, q, k, v, causal=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# The two Algorithm 4 kernels: readable (alg4_backward) and its fast twin (alg4_backward_fast)
+# ----------------------------------------------------------------------------------------------
+#: Tiny shapes for both variants (the fast twin rounds tiles up to multiples of 16, so N up to 40
+#: still gives several (i, j) tile pairs and ragged tails).
+VARIANT_SIM_CASES = [
+    pytest.param(1, 37, 37, 2, 2, 16, False, 0.0, (16, 16), id="ragged-N-d16"),
+    pytest.param(1, 23, 40, 2, 1, 7, True, 0.0, (16, 16), id="causal-sq<sk-odd-d-mqa"),
+    pytest.param(2, 33, 17, 1, 1, 12, True, 0.2, (16, 16), id="causal-sq>sk-empty-rows-dropout"),
+    pytest.param(1, 29, 35, 2, 1, 9, False, 0.15, (16, 32), id="dropout-gqa-ragged"),
+]
+
+
+@pytest.mark.parametrize("variant", ["fast", "readable"])
+@pytest.mark.parametrize(("b", "s_q", "s_k", "h", "h_k", "d", "causal", "p", "tiles"), VARIANT_SIM_CASES)
+def test_fast_and_readable_recomputation_backward_follow_the_error_rule(rng, variant, b, s_q, s_k, h, h_k, d, causal, p, tiles):
+    dout, q, k, v = grad_problem(rng, b, s_q, s_k, h, h_k, d)
+    seed = int(rng.integers(0, 2**32))
+    got = kernel_backward("flash1", dout, q, k, v, causal=causal, dropout_p=p, seed=seed, block_sizes=tiles, variant=variant)
+    assert_gradients_follow_error_rule(got, dout, q, k, v, causal=causal, dropout_p=p, seed=seed)
+
+
+def test_recomputation_backward_defaults_to_the_fast_twin_and_rejects_unknown_variants(rng):
+    assert alg4_backward.VARIANT == "fast" and set(alg4_backward.VARIANTS) == {"fast", "readable"}
+    prob = check_attention_args(*make_qkv(rng, 1, 8, 8, 1, 1, 64), 0.0, None, False, 0)
+    assert "fast" in alg4_backward.compiled_kernels(prob)[0][0]
+    assert "fast" not in alg4_backward.compiled_kernels(prob, variant="readable")[0][0]
+    dout, q, k, v = grad_problem(rng, 1, 4, 4, 1, 1, 4)
+    with pytest.raises(ValueError, match="variant"):
+        kernel_backward("flash1", dout, q, k, v, variant="quick")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -269,3 +307,22 @@ def test_scores_of_size_1e4_give_finite_gradients_at_realistic_shapes(rng, algo)
     q, k = q * np.float32(100.0), k * np.float32(100.0)
     for g in kernel_backward(algo, dout, q, k, v, causal=True):
         assert np.all(np.isfinite(g))
+
+
+#: Both Algorithm 4 variants at realistic shapes (default tiles: 64 x 128 / 64 x 64 in the fast twin).
+VARIANT_GPU_CASES = [
+    pytest.param(2, 1000, 777, 8, 2, 64, True, 0.1, id="d64-causal-sq>sk-dropout-gqa"),
+    pytest.param(1, 513, 1029, 4, 1, 128, False, 0.0, id="d128-sq<sk-mqa"),
+    pytest.param(2, 640, 640, 4, 4, 16, True, 0.0, id="d16-causal"),
+    pytest.param(1, 700, 700, 4, 4, 96, False, 0.17, id="d96-dropout"),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["fast", "readable"])
+@pytest.mark.parametrize(("b", "s_q", "s_k", "h", "h_k", "d", "causal", "p"), VARIANT_GPU_CASES)
+def test_fast_and_readable_recomputation_backward_follow_the_error_rule_at_realistic_shapes(rng, variant, b, s_q, s_k, h, h_k, d, causal, p):
+    dout, q, k, v = grad_problem(rng, b, s_q, s_k, h, h_k, d)
+    seed = int(rng.integers(0, 2**32))
+    got = kernel_backward("flash1", dout, q, k, v, causal=causal, dropout_p=p, seed=seed, variant=variant)
+    assert_gradients_follow_error_rule(got, dout, q, k, v, causal=causal, dropout_p=p, seed=seed)
