@@ -32,6 +32,7 @@ def max_optin_bytes() -> int:
     return int(dev.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
 
 
+# [doc:smem-opt-in]
 def _opt_in(dispatcher, args, nbytes: int) -> None:
     from numba.cuda.cudadrv.driver import binding, driver
 
@@ -55,6 +56,7 @@ def launch(dispatcher, grid, block, nbytes: int, *args) -> None:
     if not _backend.is_simulator() and nbytes > DEFAULT_LIMIT_BYTES:
         _opt_in(dispatcher, args, nbytes)
     dispatcher[grid, block, 0, nbytes](*args)
+# [/doc:smem-opt-in]
 
 
 def function_attributes(dispatcher, args) -> dict:

@@ -486,6 +486,7 @@ def alg1_forward_fast_kernel(NW: int, WS: int, TM: int, TPR: int, BCC: int, NCH:
                                     rO[o + 2] += pv * v2
                                     rO[o + 3] += pv * v3
 
+                # [doc:alg1-fast-write-back]
                 # Dev: l_new = the sum of the TPR lanes' partial sums, once per step
                 if SRAM_REDUCE:
                     cuda.syncthreads()  # Sync: (simulator) the last reduction's reads are done
@@ -520,6 +521,7 @@ def alg1_forward_fast_kernel(NW: int, WS: int, TM: int, TPR: int, BCC: int, NCH:
                         if tc == U0:
                             gl[b, h, row] = l_store  # HBM write: Br
                             gm[b, h, row] = m_nat  # HBM write: Br
+                # [/doc:alg1-fast-write-back]
             # [/doc:alg1-fast-inner-loop]
 
         cuda.syncthreads()  # Sync: every worker's last l, m are in HBM before the L pass reads them

@@ -18,6 +18,8 @@ Usage in a page::
 * One table per sequence length ``N`` (``extra_info['N']``, else ``params['N']``). Columns are
   ``extra_info`` keys, ``params.KEY``, or timing statistics (``median``, ``mean``, ``min``, ``max``,
   ``stddev``, shown in ms). A column that no benchmark has is an error (a typo must not vanish).
+* A column whose value is a dict (our ``extra_info['kernels']``: kernel name -> launch report) shows
+  the dict's keys, so a table can say which kernels (e.g. a readable or a fast variant) produced a row.
 * ``:baseline: ALG`` adds a speed-up column: the median of the row whose ``algorithm`` is ``ALG`` and
   whose shape (``:match:``, default ``N, d, batch, nheads, causal``) is the same, over this row's.
 * A plot ``<stem>.png`` next to the JSON file is embedded below the tables (``:plot:`` names another
@@ -110,6 +112,8 @@ def column_label(col: str) -> str:
         "median": "median (ms)", "mean": "mean (ms)", "min": "min (ms)", "max": "max (ms)",
         "stddev": "stddev (ms)", "iqr": "IQR (ms)", "tflops": "TFLOP/s", "pct_sgemm": "% of SGEMM",
         "extra_mem_bytes": "extra memory", "hbm_bytes": "bytes moved", "bytes_moved": "bytes moved",
+        "kernels": "kernels", "fwd_ms": "forward (ms)", "bwd_ms": "backward (ms)",
+        "bwd_tflops": "backward TFLOP/s", "pass_": "pass",
     }
     return labels.get(col, col[len("params."):] if col.startswith("params.") else col)
 
@@ -119,6 +123,8 @@ def fmt(col: str, value) -> str:
         return "–"
     if isinstance(value, bool):
         return "yes" if value else "no"
+    if isinstance(value, dict):  # e.g. extra_info["kernels"]: name -> launch report; show the names
+        return "; ".join(str(k) for k in value) or "–"
     if col.endswith("bytes") and isinstance(value, (int, float)):
         v = float(value)
         for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
