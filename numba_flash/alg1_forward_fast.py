@@ -88,7 +88,7 @@ import math
 import numpy as np
 from numba import cuda, float32, uint64
 
-from . import _backend, _smem
+from . import _backend, _regtile, _smem
 from ._dropout import head_key, keep, row_key
 from ._launch import ForwardOutput, Problem
 
@@ -179,14 +179,14 @@ def alg1_forward_fast_kernel(NW: int, WS: int, TM: int, TPR: int, BCC: int, NCH:
     NT = NW * WS
     SQ = DP + 4  # row stride of the Q, K, V tiles (floats)
     SPS = BCC + TPR  # row stride of the P tile
-    uRGW, uTPR, uSQ, uSPS, uDP, uWS, uNT = U(RGW), U(TPR), U(SQ), U(SPS), U(DP), U(WS), U(NT)
+    uTPR, uSQ, uDP, uWS, uNT = U(TPR), U(SQ), U(DP), U(WS), U(NT)
     OFF_K = U(0)
     OFF_V = U(BC * SQ)
     OFF_Q = U(2 * BC * SQ)
     OFF_P = U(2 * BC * SQ + NW * BR * SQ)
     OFF_R = U(2 * BC * SQ + NW * BR * SQ + NW * BR * SPS)  # without SHFL: reduction scratch (NW Br, TPR)
     SRAM_REDUCE = not SHFL
-    U0, U1, U2, U3, U4 = U(0), U(1), U(2), U(3), U(4)
+    U0 = U(0)
     ALIGN = 16 if VEC else None
     NS = TM * TN
     NO = TM * DV * 4
@@ -196,16 +196,6 @@ def alg1_forward_fast_kernel(NW: int, WS: int, TM: int, TPR: int, BCC: int, NCH:
     NEG_INF = float32(-math.inf)
     F_LOG2E = float32(LOG2E)
     F_LN2 = float32(LN2)
-    offs = []
-    s = TPR // 2
-    while s >= 1:
-        offs.append(s)
-        s //= 2
-    N_SHFL = len(offs)
-    SH0 = offs[0] if N_SHFL > 0 else 1
-    SH1 = offs[1] if N_SHFL > 1 else 1
-    SH2 = offs[2] if N_SHFL > 2 else 1
-    SH3 = offs[3] if N_SHFL > 3 else 1
 
     NLKV = (BC * DP + NT - 1) // NT  # K (and V) elements each thread moves per outer step
     NLKV_EXACT = BC * DP % NT == 0
@@ -214,31 +204,11 @@ def alg1_forward_fast_kernel(NW: int, WS: int, TM: int, TPR: int, BCC: int, NCH:
     NLQ_EXACT = BR * DP % WS == 0
     uBRDP = U(BR * DP)
 
-    @cuda.jit(device=True, inline="always")
-    def row_max(x):
-        """max over the TPR lanes of a row group (shuffle butterfly; GPU only)."""
-        if N_SHFL > 0:
-            x = max(x, cuda.shfl_xor_sync(_FULL_MASK, x, SH0))
-        if N_SHFL > 1:
-            x = max(x, cuda.shfl_xor_sync(_FULL_MASK, x, SH1))
-        if N_SHFL > 2:
-            x = max(x, cuda.shfl_xor_sync(_FULL_MASK, x, SH2))
-        if N_SHFL > 3:
-            x = max(x, cuda.shfl_xor_sync(_FULL_MASK, x, SH3))
-        return x
-
-    @cuda.jit(device=True, inline="always")
-    def row_sum(x):
-        """sum over the TPR lanes of a row group (shuffle butterfly; GPU only)."""
-        if N_SHFL > 0:
-            x += cuda.shfl_xor_sync(_FULL_MASK, x, SH0)
-        if N_SHFL > 1:
-            x += cuda.shfl_xor_sync(_FULL_MASK, x, SH1)
-        if N_SHFL > 2:
-            x += cuda.shfl_xor_sync(_FULL_MASK, x, SH2)
-        if N_SHFL > 3:
-            x += cuda.shfl_xor_sync(_FULL_MASK, x, SH3)
-        return x
+    qkt_tile = _regtile.make_qkt_tile(TM, TN, NK4, RGW, TPR, SQ)
+    mask_tile = _regtile.make_mask_tile(TM, TN, RGW, TPR, BCC, CAUSAL)
+    row_max_tile, row_sum_lanes = _regtile.make_row_reductions(TM, TN, RGW, TPR, not SRAM_REDUCE)
+    softmax_p_tile = _regtile.make_softmax_p_tile(TM, TN, RGW, TPR, SPS, DROPOUT, True)
+    pv_tile = _regtile.make_pv_tile(TM, DV, NC4, RGW, TPR, SQ, SPS)
 
     jit_options = {} if MAXREG is None else {"max_registers": MAXREG}
 
@@ -382,76 +352,18 @@ def alg1_forward_fast_kernel(NW: int, WS: int, TM: int, TPR: int, BCC: int, NCH:
                     kbase = OFF_K + U(ch * BCC) * uSQ
                     vbase = OFF_V + U(ch * BCC) * uSQ
                     # Alg.1 L9 / Alg.2 L10: S_ij = tau Q_i K_j^T, a TM x TN register tile per lane, 16-byte SRAM loads
-                    for a in range(NS):
-                        rS[a] = float32(0.0)
-                    for k4 in range(NK4):
-                        kk = U(k4) * U4
-                        for a in range(TM):
-                            qa = qbase + (rgw + uRGW * U(a)) * uSQ + kk
-                            rq[4 * a] = smem[qa]
-                            rq[4 * a + 1] = smem[qa + U1]
-                            rq[4 * a + 2] = smem[qa + U2]
-                            rq[4 * a + 3] = smem[qa + U3]
-                        for bb in range(TN):
-                            ka = kbase + (tc + uTPR * U(bb)) * uSQ + kk
-                            k0 = smem[ka]
-                            k1 = smem[ka + U1]
-                            k2 = smem[ka + U2]
-                            k3 = smem[ka + U3]
-                            for a in range(TM):
-                                acc = rS[a * TN + bb]
-                                acc += rq[4 * a] * k0
-                                acc += rq[4 * a + 1] * k1
-                                acc += rq[4 * a + 2] * k2
-                                acc += rq[4 * a + 3] * k3
-                                rS[a * TN + bb] = acc
+                    qkt_tile(smem, qbase, kbase, rgw, tc, rS, rq)
                     # Alg.2 L11: S_ij^masked: -inf where the key is past s_k or hidden by the causal mask
-                    if cc0 + BCC > s_k or (CAUSAL and cc0 + BCC - 1 > r0 + causal_offset):
-                        for a in range(TM):
-                            row = r0 + int(rgw) + RGW * a
-                            for bb in range(TN):
-                                col = cc0 + int(tc) + TPR * bb
-                                if col >= s_k or (CAUSAL and col > row + causal_offset):
-                                    rS[a * TN + bb] = NEG_INF
+                    mask_tile(rS, r0, cc0, rgw, tc, s_k, causal_offset)
 
                     # Alg.1 L10 / Alg.2 L12: m~_ij = rowmax(S_ij) (butterfly over the TPR lanes of a row)
-                    for a in range(TM):
-                        mt = rS[a * TN]
-                        for bb in range(1, TN):
-                            mt = max(mt, rS[a * TN + bb])
-                        rmt[a] = mt
-                    if SRAM_REDUCE:
-                        cuda.syncthreads()  # Sync: (simulator) the previous reduction's reads are done
-                        for a in range(TM):
-                            smem[rbase + (rgw + uRGW * U(a)) * uTPR + tc] = rmt[a]
-                        cuda.syncthreads()  # Sync: (simulator) every lane's partial row max is in SRAM
-                        for a in range(TM):
-                            mt = rmt[a]
-                            for ln in range(TPR):
-                                mt = max(mt, smem[rbase + (rgw + uRGW * U(a)) * uTPR + U(ln)])
-                            rmt[a] = mt
-                    else:
-                        for a in range(TM):
-                            rmt[a] = row_max(rmt[a])
+                    row_max_tile(smem, rbase, rgw, tc, rS, rmt)
+                    if not SRAM_REDUCE:
                         cuda.syncwarp(_FULL_MASK)  # Sync: this warp's reads of the previous chunk's P_ij are done before it is overwritten
-                    for a in range(TM):
-                        # Alg.1 L11 / Alg.2 L13: m_new = max(m_i, m~_ij); l_new = e^(m_i - m_new) l_i + e^(m~_ij - m_new) l~_ij
-                        m_new = max(rm[a], rmt[a])
-                        m_safe = m_new if m_new != NEG_INF else float32(0.0)  # Dev: a row with no key yet: no NaN
-                        alpha = math.exp2(rm[a] - m_safe)  # e^(m_i - m_new) in base 2 (0 when m_i = -inf)
-                        rm[a] = m_new
-                        ralpha[a] = alpha
-                        psum = float32(0.0)
-                        pa = pbase + (rgw + uRGW * U(a)) * uSPS + tc
-                        for bb in range(TN):
-                            # Dev: P~_ij e^(m~_ij - m_new) in one exp2 (S - m_new): the beta of L11-L12 folded into P
-                            p = math.exp2(rS[a * TN + bb] - m_safe)
-                            psum += p  # l from the undropped P~ (Alg.2 L13)
-                            if DROPOUT:
-                                # Alg.2 L14: P~_ij^dropped = dropout(P~_ij), Z from the counter hash, times 1/(1-p)
-                                p = p * inv_keep if keep(rkey[a], cc0 + int(tc) + TPR * bb, threshold) else float32(0.0)
-                            smem[pa + uTPR * U(bb)] = p
-                        rl[a] = alpha * rl[a] + psum  # this lane's part of l_new
+                    # Alg.1 L11 / Alg.2 L13: m_new = max(m_i, m~_ij); l_new = e^(m_i - m_new) l_i + e^(m~_ij - m_new) l~_ij
+                    # Dev: P~_ij e^(m~_ij - m_new) in one exp2 (S - m_new): the beta of L11-L12 folded into P
+                    # Alg.2 L14: P~_ij^dropped = dropout(P~_ij), Z from the counter hash, times 1/(1-p) (in the same step)
+                    softmax_p_tile(smem, pbase, rgw, tc, cc0, rS, rm, rmt, ralpha, rl, rkey, threshold, inv_keep)
                     if SRAM_REDUCE:
                         cuda.syncthreads()  # Sync: (simulator) P_ij rows in SRAM before P_ij V_j reads them
                     else:
@@ -463,44 +375,11 @@ def alg1_forward_fast_kernel(NW: int, WS: int, TM: int, TPR: int, BCC: int, NCH:
                         rf[a] = float32(1.0)  # Dev: later chunks rescale an already un-normalized O_i
                         for e in range(DV * 4):
                             rO[a * DV * 4 + e] *= f
-                    for c4 in range(NC4):
-                        cc = U(c4) * U4
-                        for a in range(TM):
-                            pa = pbase + (rgw + uRGW * U(a)) * uSPS + cc
-                            rp[4 * a] = smem[pa]
-                            rp[4 * a + 1] = smem[pa + U1]
-                            rp[4 * a + 2] = smem[pa + U2]
-                            rp[4 * a + 3] = smem[pa + U3]
-                        for cx in range(4):
-                            for ev in range(DV):
-                                va = vbase + (cc + U(cx)) * uSQ + U4 * tc + U(4 * TPR) * U(ev)
-                                v0 = smem[va]
-                                v1 = smem[va + U1]
-                                v2 = smem[va + U2]
-                                v3 = smem[va + U3]
-                                for a in range(TM):
-                                    pv = rp[4 * a + cx]
-                                    o = (a * DV + ev) * 4
-                                    rO[o] += pv * v0
-                                    rO[o + 1] += pv * v1
-                                    rO[o + 2] += pv * v2
-                                    rO[o + 3] += pv * v3
+                    pv_tile(smem, pbase, vbase, rgw, tc, rO, rp)
 
                 # [doc:alg1-fast-write-back]
                 # Dev: l_new = the sum of the TPR lanes' partial sums, once per step
-                if SRAM_REDUCE:
-                    cuda.syncthreads()  # Sync: (simulator) the last reduction's reads are done
-                    for a in range(TM):
-                        smem[rbase + (rgw + uRGW * U(a)) * uTPR + tc] = rl[a]
-                    cuda.syncthreads()  # Sync: (simulator) every lane's partial row sum is in SRAM
-                    for a in range(TM):
-                        acc = float32(0.0)
-                        for ln in range(TPR):
-                            acc += smem[rbase + (rgw + uRGW * U(a)) * uTPR + U(ln)]
-                        rl[a] = acc
-                else:
-                    for a in range(TM):
-                        rl[a] = row_sum(rl[a])
+                row_sum_lanes(smem, rbase, rgw, tc, rl)
                 for a in range(TM):
                     row = r0 + int(rgw) + RGW * a
                     if row < s_q:

@@ -96,7 +96,7 @@ import math
 import numpy as np
 from numba import cuda, float32, uint64
 
-from . import _backend, _smem
+from . import _backend, _regtile, _smem
 from ._dropout import head_key, keep, row_key
 from ._launch import Problem, ceil_div
 from .fa2_backward_fast import _device_functions, derived
@@ -166,9 +166,7 @@ def alg4_backward_fast_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool, 
     OFF_IL = OFF_D + U(BR)  # 1/l_i
     SQ = DP + 4
     SP = BC + 4
-    uSQ, uSP, uXT, uCG, uTPR, uRG, uTPR2, uRG2, uBR = U(SQ), U(SP), U(XT), U(CG), U(TPR), U(RG), U(TPR2), U(RG2), U(BR)
-    uCW = U(CW)
-    U1, U2, U3, U4 = U(1), U(2), U(3), U(4)
+    uXT, uTPR, uTPR2, uRG2, uBR = U(XT), U(TPR), U(TPR2), U(RG2), U(BR)
     NK4 = DP // 4
     NQC = TC // CW
     NS = TM * TN
@@ -208,77 +206,11 @@ def alg4_backward_fast_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool, 
                 D_r = gDs[b, h, row]
         return m_r, l_r, D_r
 
-    @cuda.jit(device=True, inline="always")
-    def s_dp_p_ds(smem, tid, row0, col0, s_k, causal_offset, tau, rkey, threshold, inv_keep, rS, rdP, rq, rdo):
-        """S = Q_i K_j^T and dP~ = dO_i V_j^T as TM x TN register tiles; then P = exp(tau S - m) / l
-        (masked), P~ = P o Z and tau dS = tau P o (dP~ o Z - D) written to SRAM."""
-        rg = tid // uTPR
-        tc = tid % uTPR
-        for a in range(TM * TN):
-            rS[a] = ZERO
-            rdP[a] = ZERO
-        for k4 in range(NK4):
-            kk = U(k4) * U4
-            for a in range(TM):
-                qa = (rg + uRG * U(a)) * uSQ + kk
-                rq[4 * a] = smem[OFF_Q + qa]
-                rq[4 * a + 1] = smem[OFF_Q + qa + U1]
-                rq[4 * a + 2] = smem[OFF_Q + qa + U2]
-                rq[4 * a + 3] = smem[OFF_Q + qa + U3]
-                rdo[4 * a] = smem[OFF_DO + qa]
-                rdo[4 * a + 1] = smem[OFF_DO + qa + U1]
-                rdo[4 * a + 2] = smem[OFF_DO + qa + U2]
-                rdo[4 * a + 3] = smem[OFF_DO + qa + U3]
-            for bb in range(TN):
-                ka = (tc + uTPR * U(bb)) * uSQ + kk
-                k0 = smem[OFF_K + ka]
-                k1 = smem[OFF_K + ka + U1]
-                k2 = smem[OFF_K + ka + U2]
-                k3 = smem[OFF_K + ka + U3]
-                v0 = smem[OFF_V + ka]
-                v1 = smem[OFF_V + ka + U1]
-                v2 = smem[OFF_V + ka + U2]
-                v3 = smem[OFF_V + ka + U3]
-                for a in range(TM):
-                    acc = rS[a * TN + bb]
-                    acc += rq[4 * a] * k0
-                    acc += rq[4 * a + 1] * k1
-                    acc += rq[4 * a + 2] * k2
-                    acc += rq[4 * a + 3] * k3
-                    rS[a * TN + bb] = acc
-                    acc = rdP[a * TN + bb]
-                    acc += rdo[4 * a] * v0
-                    acc += rdo[4 * a + 1] * v1
-                    acc += rdo[4 * a + 2] * v2
-                    acc += rdo[4 * a + 3] * v3
-                    rdP[a * TN + bb] = acc
-        masked = col0 + BC > s_k or (CAUSAL and col0 + BC - 1 > row0 + causal_offset)
-        # Dev: branch-free (selects, not branches) so that the TM x TN loops unroll and rS, rdP stay in registers
-        for a in range(TM):
-            r = rg + uRG * U(a)
-            row = row0 + int(r)
-            m_r = smem[OFF_M + r]
-            il = smem[OFF_IL + r]  # 1/l_i; 0 on rows that see no key or lie past N_q (then P = 0, no NaN)
-            D_r = smem[OFF_D + r]
-            horizon = s_k - 1
-            if CAUSAL:
-                horizon = min(horizon, row + causal_offset)
-            if not masked:
-                horizon = col0 + BC
-            for bb in range(TN):
-                c = tc + uTPR * U(bb)
-                col = col0 + int(c)
-                # Dev: min(., 64): a masked entry may have tau S - m > 88 (exp overflow, then inf * 0 = NaN)
-                p = math.exp(min(rS[a * TN + bb] * tau - m_r, float32(64.0))) * il
-                p = p if col <= horizon else ZERO
-                dp = rdP[a * TN + bb]
-                pz = p
-                if DROPOUT:
-                    z = inv_keep if keep(rkey[a], col, threshold) else ZERO
-                    pz = p * z
-                    dp = dp * z
-                smem[OFF_P + r * uSP + c] = pz
-                smem[OFF_DS + r * uSP + c] = tau * (p * (dp - D_r))
+    # S, dP, P = diag(l_i)^-1 exp(tau S - m_i), P o Z and tau dS of one (i, j) step; shared with the FA2 backward twin
+    s_dp_p_ds = _regtile.make_s_dp_p_ds(TM, TN, NK4, RG, TPR, SQ, SP, BC, OFF_Q, OFF_DO, OFF_K, OFF_V, OFF_P, OFF_DS,
+                                        OFF_M, OFF_D, OFF_IL, CAUSAL, DROPOUT)
+    dv_dk_update = _regtile.make_dv_dk_update(BR, NQC, CW, CG, DVX, XT, TC, SP, SQ, OFF_P, OFF_DS, OFF_DO, OFF_Q)
+    store_dk_dv = _regtile.make_store_dk_dv(NQC, CW, CG, DVX, XT)
 
     # [doc:alg4-fast-kernel]
     @cuda.jit(fastmath=False, **jit_options)
@@ -404,24 +336,7 @@ def alg4_backward_fast_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool, 
                         rdQo[a * DX2 + e2] = val
                 # Alg.4 L16: dV~_j += P~_ij^T dO_i -- outer products over the Br rows, TC x 4 DVX register tile
                 # Alg.4 L22: dK~_j += tau dS_ij^T Q_i -- Dev: the same loop as line 16 (one pass over the rows)
-                for r in range(BR):
-                    ur = U(r)
-                    for qc in range(NQC):
-                        pa = ur * uSP + uCW * cy + uCW * uCG * U(qc)
-                        for u in range(CW):
-                            rp[qc * CW + u] = smem[OFF_P + pa + U(u)]
-                            rds[qc * CW + u] = smem[OFF_DS + pa + U(u)]
-                    for e3 in range(DVX):
-                        xa = ur * uSQ + U(4) * tx + U(4 * XT) * U(e3)
-                        for w in range(4):
-                            rov[4 * e3 + w] = smem[OFF_DO + xa + U(w)]
-                            rqv[4 * e3 + w] = smem[OFF_Q + xa + U(w)]
-                    for cc in range(TC):
-                        pv = rp[cc]
-                        dsv = rds[cc]
-                        for x in range(DVX * 4):
-                            rdV[cc * DVX * 4 + x] += pv * rov[x]
-                            rdK[cc * DVX * 4 + x] += dsv * rqv[x]
+                dv_dk_update(smem, cy, tx, rp, rds, rov, rqv, rdV, rdK)
                 # Alg.4 L21: dQ_i <- dQ_i + tau dS_ij K_j, written back to HBM (no atomics: this block owns
                 # the head's dQ, and the thread that writes an element is the one that read it at line 10)
                 for a in range(NQ2):
@@ -437,18 +352,7 @@ def alg4_backward_fast_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool, 
             # [/doc:alg4-fast-inner-loop]
 
             # Alg.4 L24: write dK_j (tau is in dK~_j already) and dV_j to HBM: this query head's share
-            for qc in range(NQC):
-                for u in range(CW):
-                    c = uCW * cy + uCW * uCG * U(qc) + U(u)
-                    col = col0 + int(c)
-                    if col < s_k:
-                        for e3 in range(DVX):
-                            for w in range(4):
-                                x = U(4) * tx + U(4 * XT) * U(e3) + U(w)
-                                if x < U(d):
-                                    a = (qc * CW + u) * DVX * 4 + 4 * e3 + w
-                                    gdK[ub, U(col), uh, x] = rdK[a]  # HBM write: Bc*d
-                                    gdV[ub, U(col), uh, x] = rdV[a]  # HBM write: Bc*d
+            store_dk_dv(gdK, gdV, ub, uh, col0, s_k, d, cy, tx, rdK, rdV)
 
     # [/doc:alg4-fast-kernel]
     return kernel

@@ -95,7 +95,7 @@ import math
 import numpy as np
 from numba import cuda, float32, uint64
 
-from . import _backend, _smem
+from . import _backend, _regtile, _smem
 from ._dropout import head_key, keep, row_key
 from ._launch import Problem, ceil_div
 
@@ -187,7 +187,7 @@ def _device_functions(NT, BR, BC, DP, CAUSAL, DROPOUT):
     TPR, RG, TM, TN, TPR2, RG2, TM2, DX2 = (g[k] for k in ("TPR", "RG", "TM", "TN", "TPR2", "RG2", "TM2", "DX2"))
     SQ = DP + 4
     SP = BC + 4
-    uNT, uDP, uSQ, uSP, uRG, uTPR, uRG2, uTPR2 = U(NT), U(DP), U(SQ), U(SP), U(RG), U(TPR), U(RG2), U(TPR2)
+    uNT, uDP, uSQ, uSP, uRG2, uTPR2 = U(NT), U(DP), U(SQ), U(SP), U(RG2), U(TPR2)
     U1, U2, U3, U4 = U(1), U(2), U(3), U(4)
     OFF_Q = U(0)
     OFF_DO = U(BR * SQ)
@@ -199,7 +199,6 @@ def _device_functions(NT, BR, BC, DP, CAUSAL, DROPOUT):
     OFF_D = U(2 * BR * SQ + 2 * BC * SQ + 2 * BR * SP + BR)
     NK4 = DP // 4
     NC4 = BC // 4
-    ZERO = float32(0.0)
 
     def make_loader(NROWS):
         NL = (NROWS * DP + NT - 1) // NT
@@ -240,77 +239,9 @@ def _device_functions(NT, BR, BC, DP, CAUSAL, DROPOUT):
     NLQ, load_q, store_q = make_loader(BR)
     NLK, load_k, store_k = make_loader(BC)
 
-    @cuda.jit(device=True, inline="always")
-    def s_dp_p_ds(smem, tid, row0, col0, s_k, causal_offset, c1, tau, rkey, threshold, inv_keep, rS, rdP, rq, rdo):
-        """S = Q_i K_j^T and dP = dO_i V_j^T as TM x TN register tiles; then P (masked, from L) and
-        tau dS = tau P o (dP Z - D) written to SRAM (P o Z for the dV update)."""
-        rg = tid // uTPR
-        tc = tid % uTPR
-        for a in range(TM * TN):
-            rS[a] = float32(0.0)
-            rdP[a] = float32(0.0)
-        for k4 in range(NK4):
-            kk = U(k4) * U4
-            for a in range(TM):
-                qa = (rg + uRG * U(a)) * uSQ + kk
-                rq[4 * a] = smem[OFF_Q + qa]
-                rq[4 * a + 1] = smem[OFF_Q + qa + U1]
-                rq[4 * a + 2] = smem[OFF_Q + qa + U2]
-                rq[4 * a + 3] = smem[OFF_Q + qa + U3]
-                rdo[4 * a] = smem[OFF_DO + qa]
-                rdo[4 * a + 1] = smem[OFF_DO + qa + U1]
-                rdo[4 * a + 2] = smem[OFF_DO + qa + U2]
-                rdo[4 * a + 3] = smem[OFF_DO + qa + U3]
-            for bb in range(TN):
-                ka = (tc + uTPR * U(bb)) * uSQ + kk
-                k0 = smem[OFF_K + ka]
-                k1 = smem[OFF_K + ka + U1]
-                k2 = smem[OFF_K + ka + U2]
-                k3 = smem[OFF_K + ka + U3]
-                v0 = smem[OFF_V + ka]
-                v1 = smem[OFF_V + ka + U1]
-                v2 = smem[OFF_V + ka + U2]
-                v3 = smem[OFF_V + ka + U3]
-                for a in range(TM):
-                    acc = rS[a * TN + bb]
-                    acc += rq[4 * a] * k0
-                    acc += rq[4 * a + 1] * k1
-                    acc += rq[4 * a + 2] * k2
-                    acc += rq[4 * a + 3] * k3
-                    rS[a * TN + bb] = acc
-                    acc = rdP[a * TN + bb]
-                    acc += rdo[4 * a] * v0
-                    acc += rdo[4 * a + 1] * v1
-                    acc += rdo[4 * a + 2] * v2
-                    acc += rdo[4 * a + 3] * v3
-                    rdP[a * TN + bb] = acc
-        masked = col0 + BC > s_k or (CAUSAL and col0 + BC - 1 > row0 + causal_offset)
-        # Dev: branch-free (selects, not branches) so that the TM x TN loops unroll and rS, rdP stay in registers
-        for a in range(TM):
-            r = rg + uRG * U(a)
-            row = row0 + int(r)
-            L2 = smem[OFF_L + r]  # L_i; +inf on rows that see no key or lie past N_q
-            D_r = smem[OFF_D + r]
-            horizon = s_k - 1
-            if CAUSAL:
-                horizon = min(horizon, row + causal_offset)
-            if not masked:
-                horizon = col0 + BC
-            for bb in range(TN):
-                c = tc + uTPR * U(bb)
-                col = col0 + int(c)
-                # Dev: natural base, S tau - L in one FMA (no rounded tau log2 e, L log2 e: P to ~2 ulp, as the
-                # readable kernel); min(., 64): no overflow on masked entries (a visible entry has S tau - L <= ~0)
-                p = math.exp(min(rS[a * TN + bb] * tau - L2, float32(64.0)))
-                p = p if col <= horizon else ZERO
-                dp = rdP[a * TN + bb]
-                pz = p
-                if DROPOUT:
-                    z = inv_keep if keep(rkey[a], col, threshold) else ZERO
-                    pz = p * z
-                    dp = dp * z
-                smem[OFF_P + r * uSP + c] = pz
-                smem[OFF_DS + r * uSP + c] = tau * (p * (dp - D_r))
+    # S, dP, P (from L_i: no 1/l), P o Z and tau dS of one (i, j) step; shared with the FA1 backward twin
+    s_dp_p_ds = _regtile.make_s_dp_p_ds(TM, TN, NK4, RG, TPR, SQ, SP, BC, OFF_Q, OFF_DO, OFF_K, OFF_V, OFF_P, OFF_DS,
+                                        OFF_L, OFF_D, None, CAUSAL, DROPOUT)
 
     @cuda.jit(device=True, inline="always")
     def dq_tile(smem, tid, rdQ, rds):
@@ -371,9 +302,10 @@ def fa2_backward_fast_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool, D
     OFF_Q, OFF_DO, OFF_K, OFF_V, OFF_P, OFF_DS, OFF_L, OFF_D = (o[k] for k in ("OFF_Q", "OFF_DO", "OFF_K", "OFF_V", "OFF_P", "OFF_DS", "OFF_L", "OFF_D"))
     SQ = DP + 4
     SP = BC + 4
-    uSQ, uSP, uXT, uCG, uTPR2, uRG2, uBR = U(SQ), U(SP), U(XT), U(CG), U(TPR2), U(RG2), U(BR)
-    uCW = U(CW)
+    uXT, uTPR2, uRG2, uBR = U(XT), U(TPR2), U(RG2), U(BR)
     NQC = TC // CW  # chunks of CW key rows per thread in the dK/dV map
+    dv_dk_update = _regtile.make_dv_dk_update(BR, NQC, CW, CG, DVX, XT, TC, SP, SQ, OFF_P, OFF_DS, OFF_DO, OFF_Q)
+    store_dk_dv = _regtile.make_store_dk_dv(NQC, CW, CG, DVX, XT)
     NS = g["TM"] * g["TN"]
     TPR_, RG_ = g["TPR"], g["RG"]
     NTM4, NDV4, NTM24 = TM * 4, DVX * 4, TM2 * 4  # local-array sizes must be plain constants
@@ -485,28 +417,11 @@ def fa2_backward_fast_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool, D
             # [doc:fa2-fast-bwd-inner-loop]
             # FA2.2 L10-L11: S_ij = tau Q_i K_j^T (a TM x TN register tile); P_ij = exp(S_ij - L_i), masked
             # FA2.2 L13-L14: dP_ij = (dO_i V_j^T) o Z_ij (same tiling); dS_ij = P_ij o (dP_ij - D_i), times tau, to SRAM
-            s_dp_p_ds(smem, tid, row0, col0, s_k, causal_offset, c1, tau, rkey, threshold, inv_keep, rS, rdP, rq, rdo)
+            s_dp_p_ds(smem, tid, row0, col0, s_k, causal_offset, tau, rkey, threshold, inv_keep, rS, rdP, rq, rdo)
             cuda.syncthreads()  # Sync: P_ij o Z_ij and tau dS_ij in SRAM before L12, L15, L16 read them
             # FA2.2 L12: dV_j += (P_ij o Z_ij)^T dO_i -- outer products over the Br rows, TC x 4 DVX register tile
             # FA2.2 L16: dK_j += tau dS_ij^T Q_i -- the same loop (tau is already in dS)
-            for r in range(BR):
-                ur = U(r)
-                for qc in range(NQC):
-                    pa = ur * uSP + uCW * cy + uCW * uCG * U(qc)
-                    for u in range(CW):
-                        rp[qc * CW + u] = smem[OFF_P + pa + U(u)]
-                        rds[qc * CW + u] = smem[OFF_DS + pa + U(u)]
-                for e in range(DVX):
-                    xa = ur * uSQ + U(4) * tx + U(4 * XT) * U(e)
-                    for w in range(4):
-                        rov[4 * e + w] = smem[OFF_DO + xa + U(w)]
-                        rqv[4 * e + w] = smem[OFF_Q + xa + U(w)]
-                for cc in range(TC):
-                    pv = rp[cc]
-                    dsv = rds[cc]
-                    for x in range(DVX * 4):
-                        rdV[cc * DVX * 4 + x] += pv * rov[x]
-                        rdK[cc * DVX * 4 + x] += dsv * rqv[x]
+            dv_dk_update(smem, cy, tx, rp, rds, rov, rqv, rdV, rdK)
             if ATOMIC_DQ:
                 # FA2.2 L15: dQ_i += tau dS_ij K_j (a TM2 x DX2 register tile), one atomic add per element (coalesced)
                 for a in range(NQ2):
@@ -524,18 +439,7 @@ def fa2_backward_fast_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool, D
             # [/doc:fa2-fast-bwd-inner-loop]
 
         # FA2.2 L18: write dK_j, dV_j to HBM (4 consecutive floats per lane)
-        for qc in range(NQC):
-            for u in range(CW):
-                c = uCW * cy + uCW * uCG * U(qc) + U(u)
-                col = col0 + int(c)
-                if col < s_k:
-                    for e in range(DVX):
-                        for w in range(4):
-                            x = U(4) * tx + U(4 * XT) * U(e) + U(w)
-                            if x < U(d):
-                                a = (qc * CW + u) * DVX * 4 + 4 * e + w
-                                gdK[ub, U(col), uhk, x] = rdK[a]  # HBM write: Bc*d
-                                gdV[ub, U(col), uhk, x] = rdV[a]  # HBM write: Bc*d
+        store_dk_dv(gdK, gdV, ub, uhk, col0, s_k, d, cy, tx, rdK, rdV)
 
     # [/doc:fa2-fast-bwd-kernel]
     return kernel
@@ -630,7 +534,7 @@ def fa2_backward_fast_dq_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool
                 load_k(gK, gV, ub, uhk, col0 + BC, s_k, d, tid, rKn, rVn)  # HBM read: 2 Bc*d (tile j+1)
             # FA2.2 L10-L11: S_ij, P_ij (recomputed, the same tiles as the main kernel)
             # FA2.2 L13-L14: dP_ij, tau dS_ij to SRAM
-            s_dp_p_ds(smem, tid, row0, col0, s_k, causal_offset, c1, tau, rkey, threshold, inv_keep, rS, rdP, rq, rdo)
+            s_dp_p_ds(smem, tid, row0, col0, s_k, causal_offset, tau, rkey, threshold, inv_keep, rS, rdP, rq, rdo)
             cuda.syncthreads()  # Sync: tau dS_ij in SRAM before L15 reads it
             # FA2.2 L15: dQ_i += tau dS_ij K_j -- Dev: deterministic: each thread sums its tile over j in a fixed order
             dq_tile(smem, tid, rdQ, rds4)

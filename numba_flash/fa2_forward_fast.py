@@ -74,7 +74,7 @@ import math
 import numpy as np
 from numba import cuda, float32, uint64
 
-from . import _backend, _smem
+from . import _backend, _regtile, _smem
 from ._dropout import head_key, keep, row_key
 from ._launch import ForwardOutput, Problem, ceil_div
 
@@ -146,7 +146,7 @@ def fa2_forward_fast_kernel(NT: int, TM: int, TPR: int, BC: int, DP: int, CAUSAL
     P~_i^(j)                  smem[OFF_P ...]      SRAM (Br, Bc+TPR); rows shared by one warp only
     O_i^(j) (un-normalized)   rO                   registers, TM x (DP / TPR) per thread
     m_i, l_i (base 2)         rm, rl               registers (rl: this lane's partial sum)
-    e^(m_old - m_new)         alpha                register
+    e^(m_old - m_new)         ralpha               registers (first rowmax S, then the rescale factor)
     ========================  ===================  ==================================================
     """
     U = np.uint64
@@ -156,14 +156,14 @@ def fa2_forward_fast_kernel(NT: int, TM: int, TPR: int, BC: int, DP: int, CAUSAL
     DV = DP // (4 * TPR)  # 4-float vectors of O per row per thread
     SQ = DP + 4  # row stride of the Q, K, V tiles (floats)
     SPS = BC + TPR  # row stride of the P tile
-    uRG, uTPR, uSQ, uSPS, uDP, uBC, uNT = U(RG), U(TPR), U(SQ), U(SPS), U(DP), U(BC), U(NT)
+    uTPR, uSQ, uDP, uNT = U(TPR), U(SQ), U(DP), U(NT)
     OFF_Q = U(0)
     OFF_K = U(BR * SQ)
     OFF_V = U(BR * SQ + BC * SQ)
     OFF_P = U(BR * SQ + 2 * BC * SQ)
     OFF_R = U(BR * SQ + 2 * BC * SQ + BR * SPS)  # without SHFL: reduction scratch (Br, TPR)
     SRAM_REDUCE = not SHFL  # the simulator has no warp shuffles
-    U0, U1, U2, U3, U4 = U(0), U(1), U(2), U(3), U(4)
+    U0 = U(0)
     ALIGN = 16 if VEC else None
     NS = TM * TN  # local-array sizes must be plain constants for Numba
     NO = TM * DV * 4
@@ -171,17 +171,6 @@ def fa2_forward_fast_kernel(NT: int, TM: int, TPR: int, BC: int, DP: int, CAUSAL
     NK4 = DP // 4
     NC4 = BC // 4
     NEG_INF = float32(-math.inf)
-    SHFL = []
-    s = TPR // 2
-    while s >= 1:
-        SHFL.append(s)
-        s //= 2
-    SHFL = tuple(SHFL)
-    N_SHFL = len(SHFL)
-    SH0 = SHFL[0] if N_SHFL > 0 else 1
-    SH1 = SHFL[1] if N_SHFL > 1 else 1
-    SH2 = SHFL[2] if N_SHFL > 2 else 1
-    SH3 = SHFL[3] if N_SHFL > 3 else 1
 
     NL = (BC * DP + NT - 1) // NT  # K (and V) elements each thread moves per tile
     NL_EXACT = BC * DP % NT == 0
@@ -209,6 +198,12 @@ def fa2_forward_fast_kernel(NT: int, TM: int, TPR: int, BC: int, DP: int, CAUSAL
                 vval = gV[ub, U(col0) + c, uhk, xc]
             rK[it] = kval
             rV[it] = vval
+
+    qkt_tile = _regtile.make_qkt_tile(TM, TN, NK4, RG, TPR, SQ)
+    mask_tile = _regtile.make_mask_tile(TM, TN, RG, TPR, BC, CAUSAL)
+    row_max_tile, row_sum_lanes = _regtile.make_row_reductions(TM, TN, RG, TPR, not SRAM_REDUCE)
+    softmax_p_tile = _regtile.make_softmax_p_tile(TM, TN, RG, TPR, SPS, DROPOUT, False)
+    pv_tile = _regtile.make_pv_tile(TM, DV, NC4, RG, TPR, SQ, SPS)
 
     jit_options = {} if MAXREG is None else {"max_registers": MAXREG}
 
@@ -292,85 +287,15 @@ def fa2_forward_fast_kernel(NT: int, TM: int, TPR: int, BC: int, DP: int, CAUSAL
 
             # [doc:fa2-fast-inner-loop]
             # FA2.1 L8: S_i^(j) = Q_i K_j^T, a TM x TN register tile per thread, 16-byte SRAM loads
-            for a in range(TM * TN):
-                rS[a] = float32(0.0)
-            for k4 in range(NK4):
-                kk = U(k4) * U4
-                for a in range(TM):
-                    qa = OFF_Q + (rg + uRG * U(a)) * uSQ + kk
-                    rq[4 * a] = smem[qa]
-                    rq[4 * a + 1] = smem[qa + U1]
-                    rq[4 * a + 2] = smem[qa + U2]
-                    rq[4 * a + 3] = smem[qa + U3]
-                for bb in range(TN):
-                    ka = OFF_K + (tc + uTPR * U(bb)) * uSQ + kk
-                    k0 = smem[ka]
-                    k1 = smem[ka + U1]
-                    k2 = smem[ka + U2]
-                    k3 = smem[ka + U3]
-                    for a in range(TM):
-                        acc = rS[a * TN + bb]
-                        acc += rq[4 * a] * k0
-                        acc += rq[4 * a + 1] * k1
-                        acc += rq[4 * a + 2] * k2
-                        acc += rq[4 * a + 3] * k3
-                        rS[a * TN + bb] = acc
-
+            qkt_tile(smem, OFF_Q, OFF_K, rg, tc, rS, rq)
             # Dev: the elementwise mask only on blocks the diagonal crosses, or the ragged last block
-            if col0 + BC > s_k or (CAUSAL and col0 + BC - 1 > row0 + causal_offset):
-                for a in range(TM):
-                    row = row0 + int(rg) + RG * a
-                    for bb in range(TN):
-                        col = col0 + int(tc) + TPR * bb
-                        if col >= s_k or (CAUSAL and col > row + causal_offset):
-                            rS[a * TN + bb] = NEG_INF
+            mask_tile(rS, row0, col0, rg, tc, s_k, causal_offset)
 
             # FA2.1 L9: m_new = max(m_old, rowmax S) (butterfly over the TPR lanes of a row); P~ = exp2(S - m_new)
-            for a in range(TM):
-                mt = rS[a * TN]
-                for bb in range(1, TN):
-                    mt = max(mt, rS[a * TN + bb])
-                ralpha[a] = mt
-            if SRAM_REDUCE:
-                cuda.syncthreads()  # Sync: (no shuffles) the previous reduction's reads are done
-                for a in range(TM):
-                    smem[OFF_R + (rg + uRG * U(a)) * uTPR + tc] = ralpha[a]
-                cuda.syncthreads()  # Sync: (no shuffles) every lane's partial max is in SRAM
-                for a in range(TM):
-                    mt = ralpha[a]
-                    for lane in range(TPR):
-                        mt = max(mt, smem[OFF_R + (rg + uRG * U(a)) * uTPR + U(lane)])
-                    ralpha[a] = mt
-            else:
-                for a in range(TM):
-                    mt = ralpha[a]
-                    if N_SHFL > 0:
-                        mt = max(mt, cuda.shfl_xor_sync(_FULL_MASK, mt, SH0))
-                    if N_SHFL > 1:
-                        mt = max(mt, cuda.shfl_xor_sync(_FULL_MASK, mt, SH1))
-                    if N_SHFL > 2:
-                        mt = max(mt, cuda.shfl_xor_sync(_FULL_MASK, mt, SH2))
-                    if N_SHFL > 3:
-                        mt = max(mt, cuda.shfl_xor_sync(_FULL_MASK, mt, SH3))
-                    ralpha[a] = mt
-            for a in range(TM):
-                m_new = max(rm[a], ralpha[a])
-                m_safe = m_new if m_new != NEG_INF else float32(0.0)  # Dev: a row with no key yet: no NaN
-                alpha = math.exp2(rm[a] - m_safe)  # e^(m_old - m_new) in base 2 (0 when m_old = -inf)
-                rm[a] = m_new
-                ralpha[a] = alpha
-                psum = float32(0.0)
-                pa = OFF_P + (rg + uRG * U(a)) * uSPS + tc
-                for bb in range(TN):
-                    p = math.exp2(rS[a * TN + bb] - m_safe)
-                    psum += p  # l from the undropped P~ (as FA1 Alg.2 L13)
-                    if DROPOUT:
-                        # Dev: dropout as FA1 Alg.2 L14 (the 1/(1-p) is applied once, at L12)
-                        if not keep(rkey[a], col0 + int(tc) + TPR * bb, threshold):
-                            p = float32(0.0)
-                    smem[pa + uTPR * U(bb)] = p
-                # Dev: l_i = e^(m_old - m_new) l_i + rowsum P~, kept per lane; the lanes are summed once, after L11
-                rl[a] = alpha * rl[a] + psum
+            row_max_tile(smem, OFF_R, rg, tc, rS, ralpha)
+            # Dev: dropout as FA1 Alg.2 L14 (the 1/(1-p) is applied once, at L12); l_i = e^(m_old - m_new) l_i
+            # + rowsum P~ kept per lane, the lanes are summed once, after L11
+            softmax_p_tile(smem, OFF_P, rg, tc, col0, rS, rm, ralpha, ralpha, rl, rkey, threshold, inv_keep)
             if SRAM_REDUCE:
                 cuda.syncthreads()  # Sync: (no shuffles) P~_ij rows in SRAM before L10 reads them
             else:
@@ -380,53 +305,11 @@ def fa2_forward_fast_kernel(NT: int, TM: int, TPR: int, BC: int, DP: int, CAUSAL
             for a in range(TM):
                 for e in range(DV * 4):
                     rO[a * DV * 4 + e] *= ralpha[a]
-            for c4 in range(NC4):
-                cc = U(c4) * U4
-                for a in range(TM):
-                    pa = OFF_P + (rg + uRG * U(a)) * uSPS + cc
-                    rp[4 * a] = smem[pa]
-                    rp[4 * a + 1] = smem[pa + U1]
-                    rp[4 * a + 2] = smem[pa + U2]
-                    rp[4 * a + 3] = smem[pa + U3]
-                for cx in range(4):
-                    for ev in range(DV):
-                        va = OFF_V + (cc + U(cx)) * uSQ + U4 * tc + U(4 * TPR) * U(ev)
-                        v0 = smem[va]
-                        v1 = smem[va + U1]
-                        v2 = smem[va + U2]
-                        v3 = smem[va + U3]
-                        for a in range(TM):
-                            pv = rp[4 * a + cx]
-                            o = (a * DV + ev) * 4
-                            rO[o] += pv * v0
-                            rO[o + 1] += pv * v1
-                            rO[o + 2] += pv * v2
-                            rO[o + 3] += pv * v3
+            pv_tile(smem, OFF_P, OFF_V, rg, tc, rO, rp)
             # [/doc:fa2-fast-inner-loop]
 
         # Dev: the per-lane row sums l_i are added across the TPR lanes of each row group, once
-        if SRAM_REDUCE:
-            cuda.syncthreads()  # Sync: (no shuffles) the last reduction's reads are done
-            for a in range(TM):
-                smem[OFF_R + (rg + uRG * U(a)) * uTPR + tc] = rl[a]
-            cuda.syncthreads()  # Sync: (no shuffles) every lane's partial row sum is in SRAM
-            for a in range(TM):
-                acc = float32(0.0)
-                for lane in range(TPR):
-                    acc += smem[OFF_R + (rg + uRG * U(a)) * uTPR + U(lane)]
-                rl[a] = acc
-        else:
-            for a in range(TM):
-                acc = rl[a]
-                if N_SHFL > 0:
-                    acc += cuda.shfl_xor_sync(_FULL_MASK, acc, SH0)
-                if N_SHFL > 1:
-                    acc += cuda.shfl_xor_sync(_FULL_MASK, acc, SH1)
-                if N_SHFL > 2:
-                    acc += cuda.shfl_xor_sync(_FULL_MASK, acc, SH2)
-                if N_SHFL > 3:
-                    acc += cuda.shfl_xor_sync(_FULL_MASK, acc, SH3)
-                rl[a] = acc
+        row_sum_lanes(smem, OFF_R, rg, tc, rl)
 
         for a in range(TM):
             row = row0 + int(rg) + RG * a

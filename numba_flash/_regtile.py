@@ -1,0 +1,444 @@
+"""Register-tile steps shared by the fast kernels (FA1 Alg 1/2/4 and FA2 Alg 1/2 twins).
+
+The four fast kernels (:mod:`~numba_flash.alg1_forward_fast`, :mod:`~numba_flash.fa2_forward_fast`,
+:mod:`~numba_flash.alg4_backward_fast`, :mod:`~numba_flash.fa2_backward_fast`) tile the same matrix
+products the same way: a group of ``TPR`` lanes shares ``TM`` query rows (row group ``rg``, lane
+``tc``), each thread keeps a ``TM x TN`` tile of ``S`` in registers and reads SRAM 16 bytes at a time.
+This module holds those steps once, as device-function factories: each ``make_*`` is cached on its
+compile-time constants and returns a ``@cuda.jit(device=True, inline="always")`` function that takes
+the shared array, base offsets into it, the lane indices and the caller's ``cuda.local.array``
+register tiles.
+
+Why it changes nothing on the GPU: Numba inlines ``inline="always"`` functions at the Numba IR level,
+so the local arrays passed in stay registers and the trip counts stay compile-time constants (the
+loops unroll as before). SRAM offsets are ``np.uint64`` throughout: a signed index makes Numba emit
+the negative-index wrap-around ``select``, which hides the alignment from LLVM's load/store
+vectorizer and turns each 16-byte load into four scalar ones (``docs/notes/performance-log.md``,
+"Offline inspection"). ``tests/benchmarks/offline_resources.py`` checks that registers, spills and
+the SASS instruction count of every default fast kernel are what they were before the factoring.
+
+Paper tags stay in the kernels, on the line that calls a step; the function names say which step:
+
+===================  ====================================================  ==================
+factory              step                                                  used by
+===================  ====================================================  ==================
+make_qkt_tile        S = Q_i K_j^T (TM x TN register tile)                 FA1 / FA2 forward
+make_mask_tile       S masked: -inf past N_k or above the causal diagonal  FA1 / FA2 forward
+make_row_reductions  rowmax S and rowsum P~ over the TPR lanes of a row    FA1 / FA2 forward
+make_softmax_p_tile  m_new, e^(m_old - m_new), P~ = exp2(S - m_new), l     FA1 / FA2 forward
+make_pv_tile         O_i += P~ V_j (TM x DP/TPR register tile)             FA1 / FA2 forward
+make_s_dp_p_ds       S, dP~ (register tiles); P, P o Z, tau dS to SRAM     FA1 / FA2 backward
+make_dv_dk_update    dV_j += P~^T dO_i and dK_j += tau dS^T Q_i            FA1 / FA2 backward
+make_store_dk_dv     write dK_j, dV_j to HBM                               FA1 / FA2 backward
+===================  ====================================================  ==================
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+from numba import cuda, float32
+
+from ._dropout import keep
+
+_FULL_MASK = 0xFFFFFFFF
+U = np.uint64
+U1, U2, U3, U4 = U(1), U(2), U(3), U(4)
+
+
+def _shuffle_offsets(TPR: int):
+    offs = []
+    s = TPR // 2
+    while s >= 1:
+        offs.append(s)
+        s //= 2
+    return offs
+
+
+# ---------------------------------------------------------------------------------------------
+# Forward (FA1 Alg.1 L9-L12 / Alg.2 L10-L15, FA2 Alg.1 L8-L10)
+# ---------------------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=None)
+def make_qkt_tile(TM: int, TN: int, NK4: int, RG: int, TPR: int, SQ: int):
+    """``qkt_tile(smem, qbase, kbase, rg, tc, rS, rq)``: ``rS = Q K^T`` for one thread's register tile.
+
+    Thread (``rg``, ``tc``) computes rows ``rg + RG a`` (``a < TM``) against key rows ``tc + TPR bb``
+    (``bb < TN``); Q and K rows are ``SQ`` floats apart in SRAM from ``qbase``, ``kbase``, and the
+    reduction runs over ``4 NK4`` columns, four at a time (one 16-byte load per row and step).
+    ``rq`` (``4 TM`` floats) holds the Q vectors of one step.
+    """
+    uRG, uTPR, uSQ = U(RG), U(TPR), U(SQ)
+
+    @cuda.jit(device=True, inline="always")
+    def qkt_tile(smem, qbase, kbase, rg, tc, rS, rq):
+        for a in range(TM * TN):
+            rS[a] = float32(0.0)
+        for k4 in range(NK4):
+            kk = U(k4) * U4
+            for a in range(TM):
+                qa = qbase + (rg + uRG * U(a)) * uSQ + kk
+                rq[4 * a] = smem[qa]
+                rq[4 * a + 1] = smem[qa + U1]
+                rq[4 * a + 2] = smem[qa + U2]
+                rq[4 * a + 3] = smem[qa + U3]
+            for bb in range(TN):
+                ka = kbase + (tc + uTPR * U(bb)) * uSQ + kk
+                k0 = smem[ka]
+                k1 = smem[ka + U1]
+                k2 = smem[ka + U2]
+                k3 = smem[ka + U3]
+                for a in range(TM):
+                    acc = rS[a * TN + bb]
+                    acc += rq[4 * a] * k0
+                    acc += rq[4 * a + 1] * k1
+                    acc += rq[4 * a + 2] * k2
+                    acc += rq[4 * a + 3] * k3
+                    rS[a * TN + bb] = acc
+
+    return qkt_tile
+
+
+@functools.lru_cache(maxsize=None)
+def make_mask_tile(TM: int, TN: int, RG: int, TPR: int, W: int, CAUSAL: bool):
+    """``mask_tile(rS, row0, col0, rg, tc, s_k, causal_offset)``: ``-inf`` where a key is not visible.
+
+    The tile covers rows ``row0 ..`` and the ``W`` key columns ``col0 ..``; entries past ``s_k`` or
+    (``CAUSAL``) with ``col > row + causal_offset`` are set to ``-inf``. Dev: the elementwise pass runs
+    only on tiles the diagonal crosses, or on the ragged last tile.
+    """
+    NEG_INF = float32(-math.inf)
+
+    @cuda.jit(device=True, inline="always")
+    def mask_tile(rS, row0, col0, rg, tc, s_k, causal_offset):
+        if col0 + W > s_k or (CAUSAL and col0 + W - 1 > row0 + causal_offset):
+            for a in range(TM):
+                row = row0 + int(rg) + RG * a
+                for bb in range(TN):
+                    col = col0 + int(tc) + TPR * bb
+                    if col >= s_k or (CAUSAL and col > row + causal_offset):
+                        rS[a * TN + bb] = NEG_INF
+
+    return mask_tile
+
+
+@functools.lru_cache(maxsize=None)
+def make_row_reductions(TM: int, TN: int, RG: int, TPR: int, SHFL: bool):
+    """``(row_max_tile, row_sum_lanes)``: reductions over the ``TPR`` lanes that share a row.
+
+    ``row_max_tile(smem, rbase, rg, tc, rS, rmax)``: ``rmax[a]`` = max of row ``a`` of the ``TM x TN``
+    tiles of all ``TPR`` lanes. ``row_sum_lanes(smem, rbase, rg, tc, rl)``: ``rl[a]`` = sum of the lanes'
+    partial sums. With ``SHFL`` a shuffle butterfly (GPU); without it the partials go through the SRAM
+    scratch at ``rbase`` (``(RG TM, TPR)`` floats) with two block barriers (the simulator, which has
+    no warp shuffles).
+    """
+    uRG, uTPR = U(RG), U(TPR)
+    offs = _shuffle_offsets(TPR)
+    N_SHFL = len(offs)
+    SH0 = offs[0] if N_SHFL > 0 else 1
+    SH1 = offs[1] if N_SHFL > 1 else 1
+    SH2 = offs[2] if N_SHFL > 2 else 1
+    SH3 = offs[3] if N_SHFL > 3 else 1
+    SRAM_REDUCE = not SHFL
+
+    @cuda.jit(device=True, inline="always")
+    def row_max_tile(smem, rbase, rg, tc, rS, rmax):
+        for a in range(TM):
+            mt = rS[a * TN]
+            for bb in range(1, TN):
+                mt = max(mt, rS[a * TN + bb])
+            rmax[a] = mt
+        if SRAM_REDUCE:
+            cuda.syncthreads()  # Sync: (no shuffles) the previous reduction's reads of the scratch are done
+            for a in range(TM):
+                smem[rbase + (rg + uRG * U(a)) * uTPR + tc] = rmax[a]
+            cuda.syncthreads()  # Sync: (no shuffles) every lane's partial row max is in SRAM
+            for a in range(TM):
+                mt = rmax[a]
+                for lane in range(TPR):
+                    mt = max(mt, smem[rbase + (rg + uRG * U(a)) * uTPR + U(lane)])
+                rmax[a] = mt
+        else:
+            for a in range(TM):
+                mt = rmax[a]
+                if N_SHFL > 0:
+                    mt = max(mt, cuda.shfl_xor_sync(_FULL_MASK, mt, SH0))
+                if N_SHFL > 1:
+                    mt = max(mt, cuda.shfl_xor_sync(_FULL_MASK, mt, SH1))
+                if N_SHFL > 2:
+                    mt = max(mt, cuda.shfl_xor_sync(_FULL_MASK, mt, SH2))
+                if N_SHFL > 3:
+                    mt = max(mt, cuda.shfl_xor_sync(_FULL_MASK, mt, SH3))
+                rmax[a] = mt
+
+    @cuda.jit(device=True, inline="always")
+    def row_sum_lanes(smem, rbase, rg, tc, rl):
+        if SRAM_REDUCE:
+            cuda.syncthreads()  # Sync: (no shuffles) the last reduction's reads of the scratch are done
+            for a in range(TM):
+                smem[rbase + (rg + uRG * U(a)) * uTPR + tc] = rl[a]
+            cuda.syncthreads()  # Sync: (no shuffles) every lane's partial row sum is in SRAM
+            for a in range(TM):
+                acc = float32(0.0)
+                for lane in range(TPR):
+                    acc += smem[rbase + (rg + uRG * U(a)) * uTPR + U(lane)]
+                rl[a] = acc
+        else:
+            for a in range(TM):
+                acc = rl[a]
+                if N_SHFL > 0:
+                    acc += cuda.shfl_xor_sync(_FULL_MASK, acc, SH0)
+                if N_SHFL > 1:
+                    acc += cuda.shfl_xor_sync(_FULL_MASK, acc, SH1)
+                if N_SHFL > 2:
+                    acc += cuda.shfl_xor_sync(_FULL_MASK, acc, SH2)
+                if N_SHFL > 3:
+                    acc += cuda.shfl_xor_sync(_FULL_MASK, acc, SH3)
+                rl[a] = acc
+
+    return row_max_tile, row_sum_lanes
+
+
+@functools.lru_cache(maxsize=None)
+def make_softmax_p_tile(TM: int, TN: int, RG: int, TPR: int, SPS: int, DROPOUT: bool, SCALE_KEPT: bool):
+    """``softmax_p_tile(smem, pbase, rg, tc, col0, rS, rm, rmax, ralpha, rl, rkey, threshold, inv_keep)``.
+
+    The online-softmax step of one register tile (S in base 2, the scale folded into Q):
+    ``m_new = max(m, rowmax)``; ``ralpha = e^(m_old - m_new)`` (exp2; 0 when ``m_old = -inf``);
+    ``P~ = exp2(S - m_new)`` written to the SRAM P tile at ``pbase`` (row stride ``SPS``);
+    ``rl = ralpha rl + rowsum P~`` (this lane's partial sum, from the undropped P~). With ``DROPOUT``
+    the stored P~ is zero where the counter hash drops the entry, and (``SCALE_KEPT``) the kept ones
+    are scaled by ``inv_keep`` (FA1 Alg.2 L14; FA2 applies the 1/(1-p) once, at the end).
+    ``rmax`` may be the same array as ``ralpha`` (each ``rmax[a]`` is read before ``ralpha[a]`` is written).
+    """
+    uRG, uTPR, uSPS = U(RG), U(TPR), U(SPS)
+    NEG_INF = float32(-math.inf)
+
+    @cuda.jit(device=True, inline="always")
+    def softmax_p_tile(smem, pbase, rg, tc, col0, rS, rm, rmax, ralpha, rl, rkey, threshold, inv_keep):
+        for a in range(TM):
+            m_new = max(rm[a], rmax[a])
+            m_safe = m_new if m_new != NEG_INF else float32(0.0)  # Dev: a row with no key yet: no NaN
+            alpha = math.exp2(rm[a] - m_safe)  # e^(m_old - m_new) in base 2 (0 when m_old = -inf)
+            rm[a] = m_new
+            ralpha[a] = alpha
+            psum = float32(0.0)
+            pa = pbase + (rg + uRG * U(a)) * uSPS + tc
+            for bb in range(TN):
+                # Dev: P~ e^(m~ - m_new) in one exp2 (S - m_new)
+                p = math.exp2(rS[a * TN + bb] - m_safe)
+                psum += p  # l from the undropped P~ (FA1 Alg.2 L13)
+                if DROPOUT:
+                    if SCALE_KEPT:
+                        p = p * inv_keep if keep(rkey[a], col0 + int(tc) + TPR * bb, threshold) else float32(0.0)
+                    else:
+                        if not keep(rkey[a], col0 + int(tc) + TPR * bb, threshold):
+                            p = float32(0.0)
+                smem[pa + uTPR * U(bb)] = p
+            rl[a] = alpha * rl[a] + psum
+
+    return softmax_p_tile
+
+
+@functools.lru_cache(maxsize=None)
+def make_pv_tile(TM: int, DV: int, NC4: int, RG: int, TPR: int, SQ: int, SPS: int):
+    """``pv_tile(smem, pbase, vbase, rg, tc, rO, rp)``: ``rO += P~ V`` for one thread's register tile.
+
+    ``rO`` holds rows ``rg + RG a`` and the ``DV`` 4-float vectors of columns ``4 tc + 4 TPR ev``; the
+    product runs over ``4 NC4`` key rows of the P tile (``pbase``, row stride ``SPS``) and of V
+    (``vbase``, row stride ``SQ``), with 16-byte loads. ``rp`` (``4 TM`` floats) holds one step of P~.
+    """
+    uRG, uSQ, uSPS, uTPR = U(RG), U(SQ), U(SPS), U(TPR)
+
+    @cuda.jit(device=True, inline="always")
+    def pv_tile(smem, pbase, vbase, rg, tc, rO, rp):
+        for c4 in range(NC4):
+            cc = U(c4) * U4
+            for a in range(TM):
+                pa = pbase + (rg + uRG * U(a)) * uSPS + cc
+                rp[4 * a] = smem[pa]
+                rp[4 * a + 1] = smem[pa + U1]
+                rp[4 * a + 2] = smem[pa + U2]
+                rp[4 * a + 3] = smem[pa + U3]
+            for cx in range(4):
+                for ev in range(DV):
+                    va = vbase + (cc + U(cx)) * uSQ + U4 * tc + U(4 * TPR) * U(ev)
+                    v0 = smem[va]
+                    v1 = smem[va + U1]
+                    v2 = smem[va + U2]
+                    v3 = smem[va + U3]
+                    for a in range(TM):
+                        pv = rp[4 * a + cx]
+                        o = (a * DV + ev) * 4
+                        rO[o] += pv * v0
+                        rO[o + 1] += pv * v1
+                        rO[o + 2] += pv * v2
+                        rO[o + 3] += pv * v3
+
+    return pv_tile
+
+
+# ---------------------------------------------------------------------------------------------
+# Backward (FA1 Alg.4 L11-L24, FA2 Alg.2 L10-L18)
+# ---------------------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=None)
+def make_s_dp_p_ds(TM: int, TN: int, NK4: int, RG: int, TPR: int, SQ: int, SP: int, BC: int,
+                   OFF_Q, OFF_DO, OFF_K, OFF_V, OFF_P, OFF_DS, OFF_M, OFF_D, OFF_IL, CAUSAL: bool, DROPOUT: bool):
+    """``s_dp_p_ds(smem, tid, row0, col0, s_k, causal_offset, tau, rkey, threshold, inv_keep, rS, rdP, rq, rdo)``.
+
+    ``S = Q_i K_j^T`` and ``dP~ = dO_i V_j^T`` as ``TM x TN`` register tiles (one pass over the
+    ``4 NK4`` columns, 16-byte loads); then, per entry, ``P = exp(tau S - m_r)`` (times ``1/l_r`` read at
+    ``OFF_IL`` when ``OFF_IL`` is not None: FA1's ``diag(l)^-1``; FA2 passes ``m_r = L_r`` and no ``1/l``),
+    zero where masked; ``P o Z`` to SRAM at ``OFF_P`` and ``tau dS = tau P o (dP~ o Z - D_r)`` at
+    ``OFF_DS`` (row stride ``SP``). Row statistics ``m_r`` (or ``L_r``) and ``D_r`` are read from SRAM at
+    ``OFF_M`` and ``OFF_D``.
+    """
+    uRG, uTPR, uSQ, uSP = U(RG), U(TPR), U(SQ), U(SP)
+    INV_L = OFF_IL is not None
+    OFF_IL = OFF_IL if INV_L else U(0)
+    ZERO = float32(0.0)
+    ONE = float32(1.0)
+
+    @cuda.jit(device=True, inline="always")
+    def s_dp_p_ds(smem, tid, row0, col0, s_k, causal_offset, tau, rkey, threshold, inv_keep, rS, rdP, rq, rdo):
+        rg = tid // uTPR
+        tc = tid % uTPR
+        for a in range(TM * TN):
+            rS[a] = ZERO
+            rdP[a] = ZERO
+        for k4 in range(NK4):
+            kk = U(k4) * U4
+            for a in range(TM):
+                qa = (rg + uRG * U(a)) * uSQ + kk
+                rq[4 * a] = smem[OFF_Q + qa]
+                rq[4 * a + 1] = smem[OFF_Q + qa + U1]
+                rq[4 * a + 2] = smem[OFF_Q + qa + U2]
+                rq[4 * a + 3] = smem[OFF_Q + qa + U3]
+                rdo[4 * a] = smem[OFF_DO + qa]
+                rdo[4 * a + 1] = smem[OFF_DO + qa + U1]
+                rdo[4 * a + 2] = smem[OFF_DO + qa + U2]
+                rdo[4 * a + 3] = smem[OFF_DO + qa + U3]
+            for bb in range(TN):
+                ka = (tc + uTPR * U(bb)) * uSQ + kk
+                k0 = smem[OFF_K + ka]
+                k1 = smem[OFF_K + ka + U1]
+                k2 = smem[OFF_K + ka + U2]
+                k3 = smem[OFF_K + ka + U3]
+                v0 = smem[OFF_V + ka]
+                v1 = smem[OFF_V + ka + U1]
+                v2 = smem[OFF_V + ka + U2]
+                v3 = smem[OFF_V + ka + U3]
+                for a in range(TM):
+                    acc = rS[a * TN + bb]
+                    acc += rq[4 * a] * k0
+                    acc += rq[4 * a + 1] * k1
+                    acc += rq[4 * a + 2] * k2
+                    acc += rq[4 * a + 3] * k3
+                    rS[a * TN + bb] = acc
+                    acc = rdP[a * TN + bb]
+                    acc += rdo[4 * a] * v0
+                    acc += rdo[4 * a + 1] * v1
+                    acc += rdo[4 * a + 2] * v2
+                    acc += rdo[4 * a + 3] * v3
+                    rdP[a * TN + bb] = acc
+        masked = col0 + BC > s_k or (CAUSAL and col0 + BC - 1 > row0 + causal_offset)
+        # Dev: branch-free (selects, not branches) so that the TM x TN loops unroll and rS, rdP stay in registers
+        for a in range(TM):
+            r = rg + uRG * U(a)
+            row = row0 + int(r)
+            m_r = smem[OFF_M + r]  # m_i (FA1) or L_i (FA2); L_i = +inf on rows that see no key or lie past N_q
+            il = ONE
+            if INV_L:
+                il = smem[OFF_IL + r]  # 1/l_i; 0 on rows that see no key or lie past N_q (then P = 0, no NaN)
+            D_r = smem[OFF_D + r]
+            horizon = s_k - 1
+            if CAUSAL:
+                horizon = min(horizon, row + causal_offset)
+            if not masked:
+                horizon = col0 + BC
+            for bb in range(TN):
+                c = tc + uTPR * U(bb)
+                col = col0 + int(c)
+                # Dev: natural base, S tau - m in one FMA (P to ~2 ulp, as the readable kernels);
+                # min(., 64): no overflow on masked entries (exp overflow, then inf * 0 = NaN)
+                p = math.exp(min(rS[a * TN + bb] * tau - m_r, float32(64.0)))
+                if INV_L:
+                    p = p * il
+                p = p if col <= horizon else ZERO
+                dp = rdP[a * TN + bb]
+                pz = p
+                if DROPOUT:
+                    z = inv_keep if keep(rkey[a], col, threshold) else ZERO
+                    pz = p * z
+                    dp = dp * z
+                smem[OFF_P + r * uSP + c] = pz
+                smem[OFF_DS + r * uSP + c] = tau * (p * (dp - D_r))
+
+    return s_dp_p_ds
+
+
+@functools.lru_cache(maxsize=None)
+def make_dv_dk_update(BR: int, NQC: int, CW: int, CG: int, DVX: int, XT: int, TC: int, SP: int, SQ: int,
+                      OFF_P, OFF_DS, OFF_DO, OFF_Q):
+    """``dv_dk_update(smem, cy, tx, rp, rds, rov, rqv, rdV, rdK)``: ``dV_j += P~^T dO_i``, ``dK_j += tau dS^T Q_i``.
+
+    One pass over the ``BR`` rows of the block: outer products of this thread's ``TC`` key columns
+    (``CW`` consecutive ones in each of ``NQC`` groups, ``cy``) of P~ and tau dS with its ``4 DVX`` head
+    columns (``tx``) of dO_i and Q_i, accumulated in the ``TC x 4 DVX`` register tiles ``rdV``, ``rdK``.
+    """
+    uSP, uSQ, uCW, uCG, uXT = U(SP), U(SQ), U(CW), U(CG), U(XT)
+
+    @cuda.jit(device=True, inline="always")
+    def dv_dk_update(smem, cy, tx, rp, rds, rov, rqv, rdV, rdK):
+        for r in range(BR):
+            ur = U(r)
+            for qc in range(NQC):
+                pa = ur * uSP + uCW * cy + uCW * uCG * U(qc)
+                for u in range(CW):
+                    rp[qc * CW + u] = smem[OFF_P + pa + U(u)]
+                    rds[qc * CW + u] = smem[OFF_DS + pa + U(u)]
+            for e in range(DVX):
+                xa = ur * uSQ + U(4) * tx + U(4 * XT) * U(e)
+                for w in range(4):
+                    rov[4 * e + w] = smem[OFF_DO + xa + U(w)]
+                    rqv[4 * e + w] = smem[OFF_Q + xa + U(w)]
+            for cc in range(TC):
+                pv = rp[cc]
+                dsv = rds[cc]
+                for x in range(DVX * 4):
+                    rdV[cc * DVX * 4 + x] += pv * rov[x]
+                    rdK[cc * DVX * 4 + x] += dsv * rqv[x]
+
+    return dv_dk_update
+
+
+@functools.lru_cache(maxsize=None)
+def make_store_dk_dv(NQC: int, CW: int, CG: int, DVX: int, XT: int):
+    """``store_dk_dv(gdK, gdV, ub, uhead, col0, s_k, d, cy, tx, rdK, rdV)``: the register tiles to HBM.
+
+    Writes this thread's key columns ``col0 + CW cy + CW CG qc + u`` (below ``s_k``) and head columns
+    ``4 tx + 4 XT e + w`` (below ``d``) of ``gdK[b, col, head, x]``, ``gdV`` (4 consecutive floats per lane).
+    """
+    uCW, uCG = U(CW), U(CG)
+
+    @cuda.jit(device=True, inline="always")
+    def store_dk_dv(gdK, gdV, ub, uhead, col0, s_k, d, cy, tx, rdK, rdV):
+        for qc in range(NQC):
+            for u in range(CW):
+                c = uCW * cy + uCW * uCG * U(qc) + U(u)
+                col = col0 + int(c)
+                if col < s_k:
+                    for e in range(DVX):
+                        for w in range(4):
+                            x = U(4) * tx + U(4 * XT) * U(e) + U(w)
+                            if x < U(d):
+                                a = (qc * CW + u) * DVX * 4 + 4 * e + w
+                                gdK[ub, U(col), uhead, x] = rdK[a]  # HBM write: Bc*d
+                                gdV[ub, U(col), uhead, x] = rdV[a]  # HBM write: Bc*d
+
+    return store_dk_dv
