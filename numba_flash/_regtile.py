@@ -251,7 +251,7 @@ def make_pv_tile(TM: int, DV: int, NC4: int, RG: int, TPR: int, SQ: int, SPS: in
     product runs over ``4 NC4`` key rows of the P tile (``pbase``, row stride ``SPS``) and of V
     (``vbase``, row stride ``SQ``), with 16-byte loads. ``rp`` (``4 TM`` floats) holds one step of P~.
     """
-    uRG, uSQ, uSPS, uTPR = U(RG), U(SQ), U(SPS), U(TPR)
+    uRG, uSQ, uSPS = U(RG), U(SQ), U(SPS)
 
     @cuda.jit(device=True, inline="always")
     def pv_tile(smem, pbase, vbase, rg, tc, rO, rp):
@@ -391,7 +391,7 @@ def make_dv_dk_update(BR: int, NQC: int, CW: int, CG: int, DVX: int, XT: int, TC
     (``CW`` consecutive ones in each of ``NQC`` groups, ``cy``) of P~ and tau dS with its ``4 DVX`` head
     columns (``tx``) of dO_i and Q_i, accumulated in the ``TC x 4 DVX`` register tiles ``rdV``, ``rdK``.
     """
-    uSP, uSQ, uCW, uCG, uXT = U(SP), U(SQ), U(CW), U(CG), U(XT)
+    uSP, uSQ, uCW, uCG = U(SP), U(SQ), U(CW), U(CG)
 
     @cuda.jit(device=True, inline="always")
     def dv_dk_update(smem, cy, tx, rp, rds, rov, rqv, rdV, rdK):

@@ -97,28 +97,21 @@ import numpy as np
 from numba import cuda, float32, uint64
 
 from . import _backend, _regtile, _smem
-from ._dropout import head_key, keep, row_key
+from ._dropout import head_key, row_key
 from ._launch import Problem, ceil_div
+from . import fa2_backward_fast
 from .fa2_backward_fast import _device_functions, derived
 
 
-@functools.lru_cache(maxsize=None)
 def config_for(d: int, block_sizes=None, nt=None):
-    """The tiling ``(NT, BR, BC, DP)`` for head dim ``d``.
+    """The tiling ``(NT, BR, BC, DP)`` for head dim ``d``: the same choice as the FA2 fast backward.
 
-    Defaults: 256 threads; ``d <= 64``: ``Br = 64, Bc = 128`` (``Tc = N / 128`` passes of line 21's
-    dQ read-modify-write); ``d > 64``: ``Br = Bc = 64`` (128 does not fit the SRAM at d = 128).
-    ``block_sizes=(Br, Bc)`` is rounded up to multiples of 16, with ``min(256, max(64, Br Bc / 16))``
-    threads unless ``nt`` is given. ``DP`` = ``d`` rounded up to a multiple of 16.
+    This kernel reuses :mod:`numba_flash.fa2_backward_fast`'s register tilings, so it takes its tile
+    sizes from :func:`numba_flash.fa2_backward_fast.config_for` too: 256 threads; ``d <= 64``:
+    ``Br = 64, Bc = 128`` (``Tc = N / 128`` passes of line 21's dQ read-modify-write); ``d > 64``:
+    ``Br = Bc = 64``. ``block_sizes=(Br, Bc)`` is rounded up to multiples of 16.
     """
-    DP = 16 * ((d + 15) // 16)
-    if block_sizes is None:
-        BR, BC = (64, 128) if DP <= 64 else (64, 64)
-        NT = 256 if nt is None else nt
-    else:
-        BR, BC = (16 * ((int(n) + 15) // 16) for n in block_sizes)
-        NT = min(256, max(64, BR * BC // 16)) if nt is None else nt
-    return int(NT), int(BR), int(BC), int(DP)
+    return fa2_backward_fast.config_for(d, block_sizes, nt)
 
 
 def smem_floats(NT, BR, BC, DP):

@@ -75,7 +75,7 @@ import numpy as np
 from numba import cuda, float32, uint64
 
 from . import _backend, _regtile, _smem
-from ._dropout import head_key, keep, row_key
+from ._dropout import head_key, row_key
 from ._launch import ForwardOutput, Problem, ceil_div
 
 

@@ -113,6 +113,24 @@ def time_median(fn, warmup: int = 2, repeats: int = 10) -> float:
     return float(np.median(ts))
 
 
+def cuda_time_ms(fn, warmup: int = 2, repeats: int = 10):
+    """(median, min, max) in ms of ``fn`` timed with CUDA events, after ``warmup`` untimed calls (GPU only)."""
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(repeats):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        fn()
+        e1.record()
+        e1.synchronize()
+        ts.append(e0.elapsed_time(e1))
+    return float(np.median(ts)), float(np.min(ts)), float(np.max(ts))
+
+
 def peak_extra_memory(fn, io_bytes: int = 0):
     """Peak device memory ``fn`` allocates beyond what existed before it, minus ``io_bytes`` (its outputs).
 

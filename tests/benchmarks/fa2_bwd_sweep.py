@@ -35,7 +35,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import bench_utils as bu  # noqa: E402
-import numpy as np  # noqa: E402
 
 from numba_flash import _inspect, fa2_backward, fa2_backward_fast, fa2_forward  # noqa: E402
 from numba_flash._launch import Allocator, check_attention_args, poison_outputs  # noqa: E402
@@ -146,23 +145,6 @@ def check(variants, d, log):
     return out
 
 
-def cuda_time_ms(fn, warmup=1, repeats=5):
-    import torch
-
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(repeats):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        fn()
-        e1.record()
-        e1.synchronize()
-        ts.append(e0.elapsed_time(e1))
-    return float(np.median(ts)), float(np.min(ts)), float(np.max(ts))
-
-
 def time_backward(variants, n, d, causals, repeats, sgemm, rows, log):
     import torch
 
@@ -179,7 +161,7 @@ def time_backward(variants, n, d, causals, repeats, sgemm, rows, log):
             try:
                 bwd, alloc = run_backward(cfg, feats, det, q, k, v, dout, causal)
                 reps = 2 if cfg == "readable" else repeats
-                med, lo, hi = cuda_time_ms(bwd, warmup=1, repeats=reps)
+                med, lo, hi = bu.cuda_time_ms(bwd, warmup=1, repeats=reps)
                 rate = bu.tflops(flops, med * 1e-3)
                 row.update(ms=med, ms_min=lo, ms_max=hi, tflops=rate, pct_sgemm=100 * rate / sgemm)
                 row.update(resources(cfg, feats, det, q, k, v, causal))
@@ -225,7 +207,7 @@ def time_fwd_bwd(seqlens, d, repeats, sgemm, rows, log):
                 torch.backends.cuda.matmul.allow_tf32 = False
                 if bv is not None:
                     fa2_backward.VARIANT = bv
-                med, lo, hi = cuda_time_ms(step, warmup=1, repeats=2 if bv == "readable" else repeats)
+                med, lo, hi = bu.cuda_time_ms(step, warmup=1, repeats=2 if bv == "readable" else repeats)
                 rate = bu.tflops(flops, med * 1e-3)
                 row.update(ms=med, ms_min=lo, ms_max=hi, tflops=rate, pct_sgemm=100 * rate / sgemm)
             except Exception as exc:

@@ -34,7 +34,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import bench_utils as bu  # noqa: E402
 import numpy as np  # noqa: E402
 
-from numba_flash import _inspect, _smem, fa2_forward, fa2_forward_fast  # noqa: E402
+from numba_flash import _inspect, fa2_forward, fa2_forward_fast  # noqa: E402
 from numba_flash._launch import Allocator, check_attention_args, poison_outputs  # noqa: E402
 
 #: name -> (config (NT, TM, TPR, Bc) or None for the default / "readable", features)
@@ -158,23 +158,6 @@ def check(variants, d, log):
     return out
 
 
-def cuda_time_ms(fn, warmup=2, repeats=10):
-    import torch
-
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(repeats):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        fn()
-        e1.record()
-        e1.synchronize()
-        ts.append(e0.elapsed_time(e1))
-    return float(np.median(ts)), float(np.min(ts)), float(np.max(ts))
-
-
 def time_forward(variants, seqlens, d, causals, repeats, sgemm, rows, log, baselines=True):
     import torch
 
@@ -193,7 +176,7 @@ def time_forward(variants, seqlens, d, causals, repeats, sgemm, rows, log, basel
                 try:
                     torch.backends.cuda.matmul.allow_tf32 = False
                     reps = repeats if name != "readable" else max(3, repeats // 3)
-                    med, lo, hi = cuda_time_ms(fn, warmup=2, repeats=reps)
+                    med, lo, hi = bu.cuda_time_ms(fn, warmup=2, repeats=reps)
                     rate = bu.tflops(flops, med * 1e-3)
                     row.update(ms=med, ms_min=lo, ms_max=hi, tflops=rate, pct_sgemm=100 * rate / sgemm)
                     if name in variants:
@@ -236,7 +219,7 @@ def time_fwd_bwd(seqlens, d, causals, repeats, sgemm, rows, log):
 
                 try:
                     torch.backends.cuda.matmul.allow_tf32 = False
-                    med, lo, hi = cuda_time_ms(step, warmup=1, repeats=max(3, repeats // 3))
+                    med, lo, hi = bu.cuda_time_ms(step, warmup=1, repeats=max(3, repeats // 3))
                     rate = bu.tflops(flops, med * 1e-3)
                     row.update(ms=med, ms_min=lo, ms_max=hi, tflops=rate, pct_sgemm=100 * rate / sgemm)
                 except Exception as exc:
