@@ -27,9 +27,10 @@ SRAM budget (float32 elements): ``sQ_i`` Br (d+1), ``sK_j, sV_j`` 2 Bc d, ``sS_i
 the 48 KB static limit for the default block sizes of FA1 Algorithm 1 line 1
 (:func:`numba_flash_reference.common.block_sizes`).
 
-This is the *readable* kernel. The default (``VARIANT = "fast"``) is the register-blocked twin in
-:mod:`numba_flash.fa2_forward_fast`; its docstring says what changed and what it bought. Choose with
-``forward(..., variant="readable")`` or by setting :data:`VARIANT`.
+This is the *readable* kernel. Its twins: :mod:`numba_flash.fa2_forward_fast` (register-blocked
+FFMA) and :mod:`numba_flash.fa2_forward_tc` (tensor cores, 3xTF32, the GPU default); each docstring
+says what changed and what it bought. Choose with ``forward(..., variant="readable")`` or by setting
+:data:`VARIANT` (default ``"auto"``: see :func:`resolve_variant`).
 
 Run it::
 
@@ -51,9 +52,25 @@ from numba_flash_reference.common import block_sizes as fa1_block_sizes
 from ._dropout import head_key, keep, row_key
 from ._launch import STATIC_SMEM_BYTES, ForwardOutput, Problem, ceil_div
 
-#: Which kernel :func:`forward` runs by default: "fast" (fa2_forward_fast) or "readable" (this file).
-VARIANT = "fast"
-VARIANTS = ("fast", "readable")
+#: Which kernel :func:`forward` runs by default: "auto" (below), "fast" (fa2_forward_fast, FFMA),
+#: "tensorcore" (fa2_forward_tc, 3xTF32 mma.sync) or "readable" (this file).
+VARIANT = "auto"
+VARIANTS = ("auto", "fast", "readable", "tensorcore")
+
+
+def resolve_variant(variant=None) -> str:
+    """The kernel a ``variant`` (default :data:`VARIANT`) runs here: "auto" is the tensor-core kernel on a
+    GPU of compute capability >= 8.0 (the fastest, within the same error rule) and the FFMA "fast"
+    kernel elsewhere (the simulator runs the tensor-core kernel only when asked: its warp-level
+    emulation is slow)."""
+    variant = VARIANT if variant is None else variant
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+    if variant == "auto":
+        from . import _backend, fa2_forward_tc
+
+        return "tensorcore" if not _backend.is_simulator() and fa2_forward_tc.available() else "fast"
+    return variant
 
 
 def smem_bytes(Br: int, Bc: int, d: int) -> int:
@@ -211,17 +228,20 @@ def fa2_forward_kernel(BR: int, BC: int, D: int, CAUSAL: bool, DROPOUT: bool):
 def forward(q, k, v, prob: Problem, alloc, block_sizes=None, variant=None) -> ForwardOutput:
     """FA2 Algorithm 1 on kernel arrays (see :mod:`numba_flash._launch`): ``ForwardOutput(out, lse)``.
 
-    ``variant``: "fast" (the default, :data:`VARIANT`) runs :mod:`numba_flash.fa2_forward_fast`,
-    "readable" runs the kernel of this file. ``block_sizes=(Br, Bc)`` is honoured by both (the fast
+    ``variant`` (default :data:`VARIANT`, see :func:`resolve_variant`): "fast" runs
+    :mod:`numba_flash.fa2_forward_fast`, "tensorcore" :mod:`numba_flash.fa2_forward_tc`, "readable"
+    the kernel of this file. ``block_sizes=(Br, Bc)`` is honoured by both (the fast
     kernel rounds it to its register tiling; see its docstring).
     """
-    variant = VARIANT if variant is None else variant
-    if variant not in VARIANTS:
-        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+    variant = resolve_variant(variant)
     if variant == "fast":
         from . import fa2_forward_fast
 
         return fa2_forward_fast.forward(q, k, v, prob, alloc, block_sizes=block_sizes)
+    if variant == "tensorcore":
+        from . import fa2_forward_tc
+
+        return fa2_forward_tc.forward(q, k, v, prob, alloc, block_sizes=block_sizes)
     Br, Bc, Tr, Tc = _split(prob, block_sizes)
     out = alloc.empty((prob.batch, prob.seqlen_q, prob.nheads, prob.headdim))
     lse = alloc.empty((prob.batch, prob.nheads, prob.seqlen_q))

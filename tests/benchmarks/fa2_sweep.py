@@ -34,7 +34,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import bench_utils as bu  # noqa: E402
 import numpy as np  # noqa: E402
 
-from numba_flash import _inspect, fa2_forward, fa2_forward_fast  # noqa: E402
+from numba_flash import _inspect, fa2_forward, fa2_forward_fast, fa2_forward_tc  # noqa: E402
 from numba_flash._launch import Allocator, check_attention_args, poison_outputs  # noqa: E402
 
 #: name -> (config (NT, TM, TPR, Bc) or None for the default / "readable", features)
@@ -53,6 +53,14 @@ VARIANTS_D64 = {
     "fast-nt128-r168": ((128, 4, 8, 64), {"MAXREG": 168}),
     "fast-Br128-Bc32-r128": ((256, 4, 8, 32), {"MAXREG": 128}),
     "fast-TM8-Br128": ((128, 8, 8, 64), {}),
+    # tensor cores (3xTF32, numba_flash.fa2_forward_tc): ("tc", (NW, MW, Bc)) or ("tc", None) = its default
+    "tc": (("tc", None), {}),
+    "tc-nostageO": (("tc", None), {"STAGE_O": False}),
+    "tc-stageS": (("tc", None), {"STAGE_S": True}),
+    "tc-noprefetch": (("tc", None), {"PREFETCH": False}),
+    "tc-MW1": (("tc", (4, 1, 64)), {}),
+    "tc-Bc32": (("tc", (4, 2, 32)), {}),
+    "tc-NW8-MW1": (("tc", (8, 1, 64)), {}),
 }
 VARIANTS_D128 = {
     "readable": ("readable", {}),
@@ -61,7 +69,21 @@ VARIANTS_D128 = {
     "fast-TM2-nt256-r128": ((256, 2, 8, 32), {"MAXREG": 128}),
     "fast-Br128-nt256-r128": ((256, 4, 8, 32), {"MAXREG": 128}),
     "fast-nt128-r168": ((128, 4, 8, 32), {"MAXREG": 168}),
+    "tc": (("tc", None), {}),
+    "tc-stageS": (("tc", None), {"STAGE_S": True}),
+    "tc-Bc32": (("tc", (4, 1, 32)), {}),
+    "tc-Bc32-stageS": (("tc", (4, 1, 32)), {"STAGE_S": True}),
+    "tc-MW2-Bc32": (("tc", (4, 2, 32)), {}),
+    "tc-NW8-Bc32": (("tc", (8, 1, 32)), {}),
 }
+
+
+def _is_tc(cfg):
+    return isinstance(cfg, tuple) and cfg and cfg[0] == "tc"
+
+
+def _tc_config(cfg, d):
+    return None if cfg[1] is None else (*cfg[1], fa2_forward_tc.config_for(d)[3])
 
 
 def _config(cfg, d):
@@ -78,6 +100,8 @@ def run_variant(name, cfg, feats, q, k, v, causal=False, dropout_p=0.0, seed=0):
     kq, kk, kv = (alloc.to_kernel(x) for x in (q, k, v))
     if cfg == "readable":
         fwd = fa2_forward.forward(kq, kk, kv, prob, alloc, variant="readable")
+    elif _is_tc(cfg):
+        fwd = fa2_forward_tc.forward(kq, kk, kv, prob, alloc, config=_tc_config(cfg, prob.headdim), features=feats)
     else:
         fwd = fa2_forward_fast.forward(kq, kk, kv, prob, alloc, config=_config(cfg, prob.headdim), features=feats)
     return alloc.result(fwd.out), alloc.result(fwd.lse)
@@ -92,6 +116,13 @@ def kernel_resources(name, cfg, feats, q, k, v, causal):
         res = _inspect.kernel_resources(disp)
         occ = _inspect.theoretical_occupancy(res["regs_per_thread"], res["shared_mem_per_block"], Br)
         return dict(tile=f"{Br}x{Bc}", threads=Br, regs=res["regs_per_thread"], smem=res["shared_mem_per_block"], local=res["local_mem_per_thread"], **occ)
+    if _is_tc(cfg):
+        kernel, grid, NT, nbytes = fa2_forward_tc.plan(prob, config=_tc_config(cfg, prob.headdim), features=feats)
+        res = _inspect.kernel_resources(kernel)
+        smem = (res["shared_mem_per_block"] or 0) + nbytes
+        occ = _inspect.theoretical_occupancy(res["regs_per_thread"], smem, NT)
+        NW, MW, Bc, _ = _tc_config(cfg, prob.headdim) or fa2_forward_tc.config_for(prob.headdim)
+        return dict(tile=f"{16 * MW * NW}x{Bc}", threads=NT, regs=res["regs_per_thread"], smem=smem, local=res["local_mem_per_thread"], **occ)
     kernel, grid, NT, nbytes = fa2_forward_fast.plan(prob, config=_config(cfg, prob.headdim), features=feats)
     res = _inspect.kernel_resources(kernel)
     smem = (res["shared_mem_per_block"] or 0) + nbytes
@@ -144,7 +175,7 @@ def check(variants, d, log):
         ref = torch_reference(q, k, v, causal, p, 7, torch.float64)
         naive_err = float((torch_reference(q, k, v, causal, p, 7, torch.float32).double() - ref).abs().max())
         for name, (cfg, feats) in variants.items():
-            if name not in ("readable", "fast") and (causal is not True or p > 0):
+            if name not in ("readable", "fast") and not name.startswith("tc") and (causal is not True or p > 0):
                 continue  # Dev: other variants are checked on the causal shape only (fewer compilations)
             try:
                 with poison_outputs():

@@ -17,7 +17,8 @@ from collections import defaultdict
 from pathlib import Path
 
 STYLE = {
-    "flash2": dict(color="tab:green", marker="^", label="Numba FA2 (fast kernel)"),
+    "flash2": dict(color="tab:green", marker="^", label="Numba FA2 (tensor cores, 3xTF32)"),
+    "flash2_ffma": dict(color="tab:olive", marker="o", label="Numba FA2 (fast FFMA kernel)"),
     "torch_naive": dict(color="tab:gray", marker="v", label="torch naive (fp32, TF32 off)"),
     "sdpa_mem_efficient": dict(color="tab:purple", marker="D", label="torch SDPA mem-efficient (fp32)"),
 }

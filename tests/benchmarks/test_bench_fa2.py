@@ -1,4 +1,9 @@
-"""FlashAttention-2 benchmarks: the fast FA2 forward, and FA2 forward + backward, beside torch (fp32).
+"""FlashAttention-2 benchmarks: the FA2 forward kernels, and FA2 forward + backward, beside torch (fp32).
+
+Implementations (``extra_info["algorithm"]``): ``flash2`` is ``flash_attn_func(..., algorithm="flash2")``
+with its default kernel (on a GPU: the tensor-core forward, :mod:`numba_flash.fa2_forward_tc`);
+``flash2_ffma`` the same with the register-blocked FFMA forward (:mod:`numba_flash.fa2_forward_fast`).
+Both use the same (fast, FFMA) backward.
 
 The FA2 paper's convention (section 4.1): 16k tokens (``batch = 16384 // N``), hidden 2048 (32 heads at
 d = 64, 16 at d = 128), N = 512 ... 16384, causal and not. Forward FLOPs ``4 b h N^2 d`` (halved when
@@ -21,21 +26,38 @@ from __future__ import annotations
 
 import bench_utils as bu
 import pytest
-from numba_flash import _inspect, fa2_forward_fast
+from numba_flash import _inspect, fa2_forward, fa2_forward_fast, fa2_forward_tc
 from numba_flash._launch import check_attention_args
 
 TORCH_IMPLS = ("torch_naive", "sdpa_mem_efficient") if bu.ON_GPU else ()
+#: the Numba FA2 implementations and the forward kernel variant each one runs
+NUMBA_IMPLS = {"flash2": None, "flash2_ffma": "fast"} if bu.ON_GPU else {"flash2": None}
 SEQLENS = (512, 1024, 2048, 4096, 8192, 16384) if bu.ON_GPU else (bu.SIM_SHAPE["seqlen"],)
 HEADDIMS = bu.HEADDIMS if bu.ON_GPU else (bu.SIM_SHAPE["headdim"],)
 FWDBWD_SEQLENS = (1024, 2048, 4096) if bu.ON_GPU else (bu.SIM_SHAPE["seqlen"],)
 
 
+def _with_variant(variant, fn):
+    """``fn`` run with :data:`numba_flash.fa2_forward.VARIANT` set to ``variant`` (None: the default)."""
+    if variant is None:
+        return fn
+
+    def call():
+        old, fa2_forward.VARIANT = fa2_forward.VARIANT, variant
+        try:
+            return fn()
+        finally:
+            fa2_forward.VARIANT = old
+
+    return call
+
+
 def _forward_call(impl, q, k, v, causal):
-    if impl == "flash2":
+    if impl in NUMBA_IMPLS:
         if bu.ON_GPU:
             from numba_flash import flash_attn_func
 
-            return lambda: flash_attn_func(q, k, v, causal=causal, algorithm="flash2")
+            return _with_variant(NUMBA_IMPLS[impl], lambda: flash_attn_func(q, k, v, causal=causal, algorithm="flash2"))
         from numba_flash import attention_numpy
 
         return lambda: attention_numpy(q, k, v, causal=causal, algorithm="flash2")
@@ -44,19 +66,22 @@ def _forward_call(impl, q, k, v, causal):
     return lambda: bu.torch_sdpa_mem_efficient(q, k, v, causal=causal)
 
 
-def fast_kernel_info(q, k, v, causal) -> dict:
-    """Registers, SRAM (static + dynamic) and occupancy of the fast FA2 forward kernel."""
+def fast_kernel_info(q, k, v, causal, impl="flash2") -> dict:
+    """Registers, SRAM (static + dynamic) and occupancy of the FA2 forward kernel ``impl`` runs."""
     if not bu.ON_GPU:
         return {}
     prob = check_attention_args(q, k, v, 0.0, None, causal, 0)
-    kernel, grid, threads, nbytes = fa2_forward_fast.plan(prob)
+    variant = fa2_forward.resolve_variant(NUMBA_IMPLS[impl])
+    module, label, cfg_key = {"tensorcore": (fa2_forward_tc, "FA2 forward (tensor cores, 3xTF32)", "config_NW_MW_Bc_DP"),
+                              "fast": (fa2_forward_fast, "FA2 forward (fast, FFMA)", "config_NT_TM_TPR_Bc_DP")}[variant]
+    kernel, grid, threads, nbytes = module.plan(prob)
     res = _inspect.kernel_resources(kernel)
     smem = (res["shared_mem_per_block"] or 0) + nbytes
     occ = _inspect.theoretical_occupancy(res["regs_per_thread"], smem, threads)
-    cfg = fa2_forward_fast.config_for(prob.headdim)
-    return {"kernels": {"FA2 forward (fast)": dict(config_NT_TM_TPR_Bc_DP=list(cfg), threads_per_block=threads, grid_blocks=grid[0] * grid[1],
-                                                   regs_per_thread=res["regs_per_thread"], smem_per_block=smem,
-                                                   local_mem_per_thread=res["local_mem_per_thread"], **occ)}}
+    cfg = module.config_for(prob.headdim)
+    return {"kernels": {label: {cfg_key: list(cfg), "threads_per_block": threads, "grid_blocks": grid[0] * grid[1],
+                                "regs_per_thread": res["regs_per_thread"], "smem_per_block": smem,
+                                "local_mem_per_thread": res["local_mem_per_thread"], **occ}}}
 
 
 def _record(benchmark, flops, sgemm_tflops):
@@ -72,7 +97,7 @@ def _record(benchmark, flops, sgemm_tflops):
 @pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
 @pytest.mark.parametrize("headdim", HEADDIMS)
 @pytest.mark.parametrize("seqlen", SEQLENS)
-@pytest.mark.parametrize("impl", ("flash2",) + TORCH_IMPLS)
+@pytest.mark.parametrize("impl", tuple(NUMBA_IMPLS) + TORCH_IMPLS)
 def test_bench_fa2_forward(benchmark, impl, seqlen, headdim, causal, sgemm_tflops):
     shape = bu.fa2_shape(seqlen, headdim)
     b, h, n, d = shape["batch"], shape["nheads"], shape["seqlen"], shape["headdim"]
@@ -82,7 +107,7 @@ def test_bench_fa2_forward(benchmark, impl, seqlen, headdim, causal, sgemm_tflop
     bu.free_memory()
     q, k, v = bu.make_inputs(b, h, n, d, seed=n + d)
     fn = _forward_call(impl, q, k, v, causal)
-    io_bytes = b * n * h * d * 4 + (b * h * n * 4 if impl == "flash2" else 0)
+    io_bytes = b * n * h * d * 4 + (b * h * n * 4 if impl in NUMBA_IMPLS else 0)
     try:
         extra = bu.peak_extra_memory(fn, io_bytes=io_bytes)
         benchmark.pedantic(bu.synced(fn), rounds=5 if n >= 8192 else 10, warmup_rounds=1, iterations=1)
@@ -93,13 +118,13 @@ def test_bench_fa2_forward(benchmark, impl, seqlen, headdim, causal, sgemm_tflop
         bu.free_memory()
         pytest.skip(f"{impl} at N={n}, d={d}: out of device memory")
     benchmark.extra_info["extra_mem_bytes"] = extra
-    if impl == "flash2":
-        benchmark.extra_info.update(fast_kernel_info(q, k, v, causal))
+    if impl in NUMBA_IMPLS:
+        benchmark.extra_info.update(fast_kernel_info(q, k, v, causal, impl))
     _record(benchmark, bu.flops_forward(b, h, n, n, d, causal), sgemm_tflops)
 
 
 @pytest.mark.parametrize("seqlen", FWDBWD_SEQLENS)
-@pytest.mark.parametrize("impl", ("flash2",) + TORCH_IMPLS)
+@pytest.mark.parametrize("impl", tuple(NUMBA_IMPLS) + TORCH_IMPLS)
 def test_bench_fa2_forward_backward(benchmark, impl, seqlen, sgemm_tflops):
     """Forward + backward at d = 64, non-causal (the issue's fwd+bwd bar)."""
     d = 64 if bu.ON_GPU else bu.SIM_SHAPE["headdim"]

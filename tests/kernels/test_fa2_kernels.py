@@ -28,6 +28,8 @@ from numba_flash_reference.alg3_backward import standard_backward
 from numba_flash_reference.common import causal_mask, default_scale, dropout_scale_matrix
 
 VARIANTS = ("readable", "fast")
+#: the forward also has the tensor-core (3xTF32) kernel, numba_flash.fa2_forward_tc
+FWD_VARIANTS = VARIANTS + ("tensorcore",)
 
 #: (batch, s_q, s_k, nheads, nheads_k, d, causal, dropout_p, block_sizes): tiny simulator cases.
 SIM_CASES = [
@@ -38,9 +40,9 @@ SIM_CASES = [
 ]
 
 
-@pytest.fixture(params=VARIANTS)
+@pytest.fixture(params=FWD_VARIANTS)
 def variant(request, monkeypatch):
-    """Run the test with the readable and with the fast FA2 forward kernel."""
+    """Run the test with the readable, the fast and the tensor-core FA2 forward kernel."""
     monkeypatch.setattr(fa2_forward, "VARIANT", request.param)
     return request.param
 
@@ -187,7 +189,10 @@ def test_fa2_kernels_reject_tiles_that_do_not_fit_in_sram(rng):
 
 def test_flash2_is_the_default_algorithm():
     assert api.DEFAULT_ALGORITHM == "flash2"
-    assert fa2_forward.VARIANT == "fast"
+    assert fa2_forward.VARIANT == "auto"
+    from numba_flash import _backend
+
+    assert fa2_forward.resolve_variant() == ("fast" if _backend.is_simulator() else "tensorcore")
     assert fa2_backward.VARIANT == "fast"
 
 

@@ -1,0 +1,225 @@
+"""Warp-level matrix multiply-accumulate on the tensor cores (PTX ``mma.sync``) for Numba kernels.
+
+Numba has no tensor-core API, but numba-cuda lowers a function to LLVM IR that NVVM compiles, and
+NVVM accepts LLVM *inline assembly*: a string of PTX with operand constraints (numba-cuda itself
+emits ``activemask`` this way). :func:`asm_mma` builds such an intrinsic for one ``mma.sync`` shape;
+a kernel calls it with tuples of the fragment registers each lane holds and gets the accumulator
+fragment back as a tuple. The fragment layouts are the PTX ISA's ("Matrix fragments for mma.m8n8k4
+with .f64 floating point type"): for ``m8n8k4.f64``, with ``g = lane // 4`` and ``t = lane % 4``,
+
+* A (8 x 4, row-major) : lane holds ``A[g, t]``
+* B (4 x 8, column)    : lane holds ``B[t, g]``
+* C, D (8 x 8)         : lane holds ``C[g, 2t]`` and ``C[g, 2t + 1]``
+
+The simulator cannot execute PTX. :func:`make_warp_ops` therefore returns, for the backend in use,
+the few warp-level steps a tensor-core kernel needs (split a float32 into two tf32 parts, the
+``m16n8k8`` TF32 mma, sums and maxima over the four lanes of a quad): on a GPU they are the inline
+PTX and warp shuffles; in the simulator they are Python functions with the *same fragment semantics*
+that exchange the lanes' registers through a small shared-memory scratch with block barriers. So
+the kernel source is the same on both backends, and the simulator checks the fragment bookkeeping.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+from llvmlite import ir
+from numba import cuda, float32, types, uint32
+from numba.core.extending import intrinsic
+
+from . import _backend
+
+_LLVM = {"f64": ir.DoubleType(), "f32": ir.FloatType(), "b32": ir.IntType(32)}
+_NUMBA = {"f64": types.float64, "f32": types.float32, "b32": types.uint32}
+_CONSTRAINT = {"f64": "d", "f32": "f", "b32": "r"}
+
+
+def asm_mma(op: str, nd: int, na: int, nb: int, cd: str, ab: str):
+    """An intrinsic ``d = f(a, b, c)`` issuing ``mma.sync`` ``op`` on tuples of fragment registers.
+
+    ``nd``/``na``/``nb``: registers per lane of C/D, A and B; ``cd``/``ab``: their PTX register types
+    (``f64``, ``f32``, or ``b32`` for tf32 bit patterns).
+    """
+    lcd, lab = _LLVM[cd], _LLVM[ab]
+    tcd, tab = _NUMBA[cd], _NUMBA[ab]
+    operands, n = [], 0
+    for count in (nd, na, nb, nd):
+        operands.append("{" + ",".join(f"${n + i}" for i in range(count)) + "}")
+        n += count
+    text = f"{op} {operands[0]}, {operands[1]}, {operands[2]}, {operands[3]};"
+    constraints = ",".join([f"={_CONSTRAINT[cd]}"] * nd + [_CONSTRAINT[ab]] * (na + nb) + [_CONSTRAINT[cd]] * nd)
+    fnty = ir.FunctionType(ir.LiteralStructType([lcd] * nd), [lab] * (na + nb) + [lcd] * nd)
+
+    @intrinsic
+    def mma(typingctx, a, b, c):
+        sig = types.UniTuple(tcd, nd)(types.UniTuple(tab, na), types.UniTuple(tab, nb), types.UniTuple(tcd, nd))
+
+        def codegen(context, builder, signature, args):
+            ta, tb, tc = args
+            ins = ([builder.extract_value(ta, i) for i in range(na)] + [builder.extract_value(tb, i) for i in range(nb)]
+                   + [builder.extract_value(tc, i) for i in range(nd)])
+            r = builder.call(ir.InlineAsm(fnty, text, constraints), ins)
+            return context.make_tuple(builder, signature.return_type, [builder.extract_value(r, i) for i in range(nd)])
+
+        return sig, codegen
+
+    mma.__doc__ = f"``{text}`` ({constraints})"
+    return mma
+
+
+#: D (8x8) = A (8x4) B (4x8) + C in float64 on the FP64 tensor cores (sm_80+). Lane: a = A[g, t],
+#: b = B[t, g], c = (C[g, 2t], C[g, 2t+1]).
+dmma_m8n8k4_asm = asm_mma("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64", 2, 1, 1, "f64", "f64")
+#: sm_90 shapes of the same (Hopper's native DMMA.16x8x8 and friends).
+dmma_m16n8k4_asm = asm_mma("mma.sync.aligned.m16n8k4.row.col.f64.f64.f64.f64", 4, 2, 1, "f64", "f64")
+dmma_m16n8k8_asm = asm_mma("mma.sync.aligned.m16n8k8.row.col.f64.f64.f64.f64", 4, 4, 2, "f64", "f64")
+dmma_m16n8k16_asm = asm_mma("mma.sync.aligned.m16n8k16.row.col.f64.f64.f64.f64", 4, 8, 4, "f64", "f64")
+#: TF32 inputs (bit patterns from cvt.rna.tf32.f32), float32 accumulate (sm_80+).
+tf32_m16n8k8_asm = asm_mma("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32", 4, 4, 2, "f32", "b32")
+
+
+def _asm_unary(text: str, out: str, arg: str):
+    """An intrinsic ``y = f(x)`` for a one-instruction PTX ``text`` (``$0`` out, ``$1`` in)."""
+    fnty = ir.FunctionType(_LLVM[out], [_LLVM[arg]])
+    constraints = f"={_CONSTRAINT[out]},{_CONSTRAINT[arg]}"
+
+    @intrinsic
+    def op(typingctx, x):
+        def codegen(context, builder, signature, args):
+            return builder.call(ir.InlineAsm(fnty, text, constraints), args)
+
+        return _NUMBA[out](_NUMBA[arg]), codegen
+
+    op.__doc__ = f"``{text}``"
+    return op
+
+
+#: float32 -> tf32 bit pattern, rounded to nearest (ties away): 10 mantissa bits kept, 13 zeroed.
+cvt_rna_tf32 = _asm_unary("cvt.rna.tf32.f32 $0, $1;", "b32", "f32")
+#: the float32 whose bits are ``x`` (a tf32 pattern is a float32 with the low 13 bits zero).
+bits_as_f32 = _asm_unary("mov.b32 $0, $1;", "f32", "b32")
+
+def _split_tf32_asm():
+    """An intrinsic ``(big, small) = f(x)``: the 3xTF32 split of a float32 in one PTX block.
+
+    ``big`` = x rounded to tf32 (to nearest, ties away: add half a tf32 ulp to the bits, clear the 13
+    low ones; what ``cvt.rna.tf32.f32`` does for finite x, without its inf/NaN test), ``small`` = the
+    same rounding of ``x - big`` (exact in float32). Five integer/float instructions, no conversion unit.
+    """
+    text = ("{ .reg .b32 r; .reg .f32 f; mov.b32 r, $2; add.u32 r, r, 4096; and.b32 $0, r, -8192; "
+            "mov.b32 f, $0; sub.f32 f, $2, f; mov.b32 r, f; add.u32 r, r, 4096; and.b32 $1, r, -8192; }")
+    i32 = ir.IntType(32)
+    fnty = ir.FunctionType(ir.LiteralStructType([i32, i32]), [ir.FloatType()])
+
+    @intrinsic
+    def split(typingctx, x):
+        def codegen(context, builder, signature, args):
+            r = builder.call(ir.InlineAsm(fnty, text, "=r,=r,f"), args)
+            return context.make_tuple(builder, signature.return_type, [builder.extract_value(r, 0), builder.extract_value(r, 1)])
+
+        return types.UniTuple(types.uint32, 2)(types.float32), codegen
+
+    return split
+
+
+#: (big, small) tf32 bit patterns of a finite float32 (see :func:`_split_tf32_asm`).
+split_tf32_asm = _split_tf32_asm()
+
+#: registers of the shared-memory scratch each warp needs in the simulator (A 16x8 + B 8x8 of one mma)
+SIM_SCRATCH_PER_WARP = 16 * 8 + 8 * 8
+_FULL_MASK = 0xFFFFFFFF
+
+
+def _tf32_bits_host(x) -> np.uint32:
+    """cvt.rna.tf32.f32 on the host: round the float32 ``x`` to 10 mantissa bits, ties away from zero."""
+    u = int(np.float32(x).view(np.uint32))
+    if (u >> 23) & 0xFF != 0xFF:  # finite: add half an ulp of tf32, then drop the 13 low bits
+        u = (u + 0x1000) & 0xFFFFFFFF
+    return np.uint32(u & 0xFFFFE000)
+
+
+def _bits_as_f32_host(u) -> float:
+    return float(np.uint32(u).view(np.float32))
+
+
+@functools.lru_cache(maxsize=None)
+def make_warp_ops(simulator: bool | None = None):
+    """``(split_tf32, mma_tf32, quad_max, quad_sum)`` for the backend (the simulator's when ``simulator``).
+
+    * ``split_tf32(x) -> (big, small)``: tf32 bit patterns with ``x ~ big + small`` (``big`` = x rounded
+      to tf32, ``small`` = the rounded remainder); the 3xTF32 product ``a b ~ a_b b_b + a_b b_s + a_s b_b``
+      then has about 22 correct bits, as float32 (CUTLASS's ``OpMultiplyAddFastF32``).
+    * ``mma_tf32(a, b, c, sx, wbase, lane) -> d``: ``D (16x8) = A (16x8) B (8x8) + C`` with tf32 inputs
+      and float32 accumulation (``mma.sync.aligned.m16n8k8``). Lane ``(g, t) = (lane // 4, lane % 4)``
+      holds ``a = (A[g,t], A[g+8,t], A[g,t+4], A[g+8,t+4])``, ``b = (B[t,g], B[t+4,g])``,
+      ``c = (C[g,2t], C[g,2t+1], C[g+8,2t], C[g+8,2t+1])``. ``sx``/``wbase``: the warp's scratch (simulator).
+    * ``quad_max(x, sx, wbase, lane)``, ``quad_sum(...)``: over the 4 lanes ``4g .. 4g+3`` of a quad
+      (the lanes that share a row of an mma fragment).
+
+    Every lane of the block must call these the same number of times (the simulator's exchange uses
+    block barriers; on a GPU ``mma.sync`` needs the whole warp anyway).
+    """
+    sim = _backend.is_simulator() if simulator is None else simulator
+    if not sim:
+
+        @cuda.jit(device=True, inline="always")
+        def split_tf32(x):
+            return split_tf32_asm(x)
+
+        @cuda.jit(device=True, inline="always")
+        def mma_tf32(a, b, c, sx, wbase, lane):
+            return tf32_m16n8k8_asm(a, b, c)
+
+        @cuda.jit(device=True, inline="always")
+        def quad_max(x, sx, wbase, lane):
+            x = max(x, cuda.shfl_xor_sync(_FULL_MASK, x, 1))
+            return max(x, cuda.shfl_xor_sync(_FULL_MASK, x, 2))
+
+        @cuda.jit(device=True, inline="always")
+        def quad_sum(x, sx, wbase, lane):
+            x += cuda.shfl_xor_sync(_FULL_MASK, x, 1)
+            return x + cuda.shfl_xor_sync(_FULL_MASK, x, 2)
+
+        return split_tf32, mma_tf32, quad_max, quad_sum
+
+    # Simulator twins: plain Python run by every simulated thread (numpy for the bit patterns).
+    def split_tf32(x):
+        big = _tf32_bits_host(x)
+        small = _tf32_bits_host(np.float32(np.float32(x) - np.float32(_bits_as_f32_host(big))))
+        return uint32(big), uint32(small)
+
+    def mma_tf32(a, b, c, sx, wbase, lane):
+        g, t = lane // 4, lane % 4
+        A, B = wbase, wbase + 16 * 8  # scratch: A row-major 16 x 8, then B row-major 8 x 8
+        cuda.syncthreads()  # Sync: (simulator) the previous exchange's reads are done
+        sx[A + g * 8 + t] = _bits_as_f32_host(a[0])
+        sx[A + (g + 8) * 8 + t] = _bits_as_f32_host(a[1])
+        sx[A + g * 8 + t + 4] = _bits_as_f32_host(a[2])
+        sx[A + (g + 8) * 8 + t + 4] = _bits_as_f32_host(a[3])
+        sx[B + t * 8 + g] = _bits_as_f32_host(b[0])
+        sx[B + (t + 4) * 8 + g] = _bits_as_f32_host(b[1])
+        cuda.syncthreads()  # Sync: (simulator) the whole warp's fragments are in the scratch
+        d = []
+        for i, (r, n) in enumerate(((g, 2 * t), (g, 2 * t + 1), (g + 8, 2 * t), (g + 8, 2 * t + 1))):
+            acc = float(c[i])
+            for kk in range(8):
+                acc += float(sx[A + r * 8 + kk]) * float(sx[B + kk * 8 + n])
+            d.append(float32(acc))
+        return d[0], d[1], d[2], d[3]
+
+    def _quad(x, sx, wbase, lane, op):
+        cuda.syncthreads()  # Sync: (simulator) the previous exchange's reads are done
+        sx[wbase + lane] = x
+        cuda.syncthreads()  # Sync: (simulator) the four values of every quad are in the scratch
+        q = wbase + (lane // 4) * 4
+        return op(op(sx[q], sx[q + 1]), op(sx[q + 2], sx[q + 3]))
+
+    def quad_max(x, sx, wbase, lane):
+        return _quad(x, sx, wbase, lane, max)
+
+    def quad_sum(x, sx, wbase, lane):
+        return _quad(x, sx, wbase, lane, lambda u, v: u + v)
+
+    return (cuda.jit(device=True)(split_tf32), cuda.jit(device=True)(mma_tf32),
+            cuda.jit(device=True)(quad_max), cuda.jit(device=True)(quad_sum))

@@ -1,0 +1,426 @@
+"""FlashAttention-2 Algorithm 1 on the tensor cores, in float32 accuracy (3xTF32 ``mma.sync``).
+
+Paper: Dao, "FlashAttention-2", Algorithm 1 and section 3.3. Same algorithm, semantics, paper tags
+and launch grid as the readable kernel :mod:`numba_flash.fa2_forward` and the register-blocked
+SIMT kernel :mod:`numba_flash.fa2_forward_fast`; read those first. This file changes *which units
+do the two matrix products* (lines 8 and 10), and says why.
+
+Why tensor cores, and why three of them per product
+---------------------------------------------------
+FlashAttention-2's speed comes from the tensor cores (fp16/bf16 ``mma``); FP32 FFMA on an H200 peaks
+at ~67 TFLOP/s and cuBLAS SGEMM reaches ~50. PyTorch's fp32 "memory-efficient" SDPA (the xformers
+CUTLASS kernel) does not use FFMA on sm_80+: its ``DefaultGemmType<float>`` is
+``OpClassTensorOp`` with ``OpMultiplyAddFastF32``, CUTLASS's **3xTF32**: each float32 ``x`` is split
+into ``big = tf32(x)`` (10 mantissa bits) and ``small = tf32(x - big)``, and
+
+    a b  ~  a_big b_big + a_big b_small + a_small b_big        (a_small b_small ~ 2^-22 |a b| dropped)
+
+three TF32 ``mma`` per product, accumulated in float32. ``tests/benchmarks/mma_peak.py`` measured the
+rates available from Numba on an H200: TF32 ``mma.m16n8k8`` 245 TFLOP/s (so ~80 for 3xTF32), FP64
+``mma.m16n8k8`` 62.5, FP64 ``m8n8k4`` 32.7. Accuracy: the split keeps ~21-22 bits of each input and
+the products are exact in float32, so the error rule of the tests (at most 2x the error of a plain
+float32 implementation) holds (NumPy emulation: 0.2-0.8x float32's error; checked on the GPU by the
+same tests as the other kernels).
+
+What changed from the fast (FFMA) kernel
+----------------------------------------
+* **Warp tiles in mma fragments.** Each warp owns ``16 MW`` query rows (``MW`` m16 tiles); ``S_ij``
+  (``16 MW x Bc``) and ``O_i`` (``16 MW x d``) live in registers as ``m16n8`` accumulator fragments:
+  lane ``(g, t) = (lane // 4, lane % 4)`` holds rows ``g, g + 8`` and columns ``2t, 2t + 1`` of each
+  8-column tile. The rows of a lane are shared with the 3 other lanes of its quad only, so the row
+  max / sum of line 9 are two ``shfl_xor`` steps and, as in FA2 section 3.3, no warp waits for another.
+* **P never leaves the registers.** The A operand of ``P V`` needs lane ``(g, t)`` to hold
+  ``P[g, k = t]`` and ``P[g, k = t + 4]``; the S accumulator gives it ``P[g, 2t]`` and ``P[g, 2t + 1]``.
+  Since a matrix product does not care in which order its ``k`` index runs, the kernel *renames* the
+  keys of each 8-key step (``k = t`` is key ``2t``, ``k = t + 4`` is key ``2t + 1``) and reads the
+  rows of ``V_j`` in the same order: the S fragment *is* the P fragment (the SIMT kernels write
+  ``P~`` to SRAM and read it back).
+* **Bank-conflict-free SRAM.** All tiles have row stride ``d + 4`` (``d`` padded to a multiple of 8):
+  the 32 lanes' fragment loads of ``Q_i``, ``K_j`` and the renamed ``V_j`` rows hit 32 different banks.
+* Kept from the fast kernel: ``Q_i`` scaled by ``tau log2 e`` at load (``exp2``), K/V tile loads
+  unrolled into registers (optionally prefetched one tile ahead), causal block skipping, dropout by
+  the counter hash, > 48 KB dynamic SRAM, per-lane row sums reduced once after the loop.
+
+Launch geometry
+---------------
+grid ``(Tr, batch * nheads)``, block ``32 NW`` threads, ``Br = 16 MW NW``. SRAM (float32):
+``sQ_i`` Br (DP+4) + ``sK_j, sV_j`` 2 Bc (DP+4) (+ a 192-float exchange scratch per warp in the simulator).
+
+GPU: compute capability 8.0 or newer (``mma.sync`` TF32). The simulator runs the same source with
+:func:`numba_flash._mma.make_warp_ops`' Python twins of the fragment operations.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+from numba import cuda, float32, uint32, uint64
+
+from . import _backend, _mma, _smem
+from ._dropout import head_key, keep, row_key
+from ._launch import ForwardOutput, Problem, ceil_div
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+
+@functools.lru_cache(maxsize=None)
+def config_for(d: int, block_sizes=None):
+    """The tiling ``(NW, MW, Bc, DP)``: warps per block, m16 tiles per warp, key block, padded d.
+
+    Defaults (sweeps on an H200, docs/notes/performance-log.md): ``d <= 64``: 4 warps, ``MW = 2``
+    (Br = 128), ``Bc = 64``; above: 8 warps, ``MW = 1`` (Br = 128), ``Bc = 32`` (at ``Bc = 64`` the
+    SRAM allows one block per SM). ``block_sizes=(Br, Bc)`` is rounded up to the mma granularity (Br to a multiple of 16,
+    Bc of 8; above Br = 64 the warps take ``MW = Br / 64`` tiles each).
+    """
+    DP = 8 * ((d + 7) // 8)
+    if block_sizes is None:
+        return (4, 2, 64, DP) if d <= 64 else (8, 1, 32, DP)
+    Br, Bc = (int(n) for n in block_sizes)
+    m16 = (Br + 15) // 16
+    NW, MW = (m16, 1) if m16 <= 4 else (4, (m16 + 3) // 4)
+    return NW, MW, 8 * ((Bc + 7) // 8), DP
+
+
+def strides(BC: int, DP: int):
+    """Row strides (floats) of the Q/K, V and P tiles, chosen so that fragment loads hit 32 banks.
+
+    A fragments of ``Q_i``, ``P~`` and the B fragments of ``K_j^T`` read ``tile[8 m + g, 8 k + t]``
+    (``g < 8``, ``t < 4``): conflict free when the stride is 4 mod 8 (bank ``4 g + t`` up to a
+    rotation). B fragments of ``V_j`` read ``V[8 k + t, 8 n + g]``: conflict free when the stride is
+    8 or 24 mod 32 (bank ``8 t + g``).
+    """
+    sv = DP
+    while sv % 32 not in (8, 24):
+        sv += 1
+    return DP + 4, sv, BC + 4
+
+
+def smem_floats(NW: int, MW: int, BC: int, DP: int, simulator: bool = False) -> int:
+    """Dynamic SRAM of the kernel in float32 elements (see the module docstring)."""
+    SQ, SV, SP = strides(BC, DP)
+    n = 16 * MW * NW * (SQ + SP) + BC * (SQ + SV)
+    return n + (NW * _mma.SIM_SCRATCH_PER_WARP if simulator else 0)
+
+
+@functools.lru_cache(maxsize=None)
+def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROPOUT: bool, PREFETCH: bool, SIM: bool, STAGE_S: bool = True, STAGE_O: bool = True):
+    """The 3xTF32 FA2 forward kernel for one specialization (see the module docstring).
+
+    Symbol table (paper symbol -> variable -> memory space):
+
+    ========================  ===================  ==================================================
+    Q, K, V, O, L             gQ, gK, gV, gO, gL   HBM
+    Q_i (times tau log2 e)    smem[OFF_Q ...]      SRAM (Br, DP+4), loaded once (L4)
+    K_j, V_j                  smem[OFF_K/OFF_V]    SRAM (Bc, DP+4) each, loaded each step (L7)
+    S_i^(j), then P~_i^(j)    rS                   registers: MW x (Bc/8) m16n8 fragments per warp
+    O_i^(j) (un-normalized)   rO                   registers: MW x (DP/8) m16n8 fragments per warp
+    m_i, l_i (base 2)         rm, rl               registers, 2 MW rows per lane (rl: partial sum)
+    ========================  ===================  ==================================================
+    """
+    U = np.uint64
+    NT = 32 * NW
+    BR = 16 * MW * NW
+    NB = BC // 8  # 8-column tiles of S (and 8-key steps of P V)
+    KD = DP // 8  # 8-wide k steps of Q K^T
+    ND = DP // 8  # 8-column tiles of O
+    SQ, SV, SP = strides(BC, DP)
+    uSQ, uSV, uSP, uDP, uNT = U(SQ), U(SV), U(SP), U(DP), U(NT)
+    OFF_Q = U(0)
+    OFF_K = U(BR * SQ)
+    OFF_V = U(BR * SQ + BC * SQ)
+    OFF_P = U(BR * SQ + BC * SQ + BC * SV)
+    NS = MW * NB * 4
+    NO = MW * ND * 4
+    NR = MW * 2  # query rows per lane
+    NA = MW * 4
+    NEG_INF = float32(-math.inf)
+    SXN = NW * _mma.SIM_SCRATCH_PER_WARP if SIM else 1
+    SCR = _mma.SIM_SCRATCH_PER_WARP
+
+    NL = (BC * DP + NT - 1) // NT  # K (and V) elements each thread moves per tile
+    NL_EXACT = BC * DP % NT == 0
+    uBCDP = U(BC * DP)
+    NLQ = (BR * DP + NT - 1) // NT
+    NLQ_EXACT = BR * DP % NT == 0
+    uBRDP = U(BR * DP)
+
+    split, mma, quad_max, quad_sum = _mma.make_warp_ops(SIM)
+
+    @cuda.jit(device=True, inline="always")
+    def load_kv(gK, gV, ub, uhk, col0, s_k, d, tid, rK, rV):
+        """Issue the loads of tile K_j, V_j (rows col0..col0+Bc) into registers; zero outside."""
+        for it in range(NL):
+            e = tid + uNT * U(it)
+            c = e // uDP
+            x = e % uDP
+            kval = float32(0.0)
+            vval = float32(0.0)
+            if (NL_EXACT or e < uBCDP) and x < U(d) and U(col0) + c < U(s_k):
+                kval = gK[ub, U(col0) + c, uhk, x]
+                vval = gV[ub, U(col0) + c, uhk, x]
+            rK[it] = kval
+            rV[it] = vval
+
+    # [doc:fa2-tc-kernel]
+    @cuda.jit(fastmath=False)
+    def kernel(gQ, gK, gV, gO, gL, scale_log2, group, causal_offset, seed, threshold, inv_keep):
+        smem = cuda.shared.array(0, float32)  # Q_i, K_j, V_j; offsets OFF_*
+        sx = cuda.shared.array(SXN, float32)  # the simulator's lane-exchange scratch (unused on a GPU)
+        rS = cuda.local.array(NS, float32)  # S_ij, then P~_ij: MW x NB fragments
+        rO = cuda.local.array(NO, float32)  # O_i: MW x ND fragments
+        rT = cuda.local.array(NO, float32)  # P~_ij V_j of this step (STAGE_O), added to O_i with IEEE float32 adds
+        rU = cuda.local.array(4, float32)
+        rm = cuda.local.array(NR, float32)
+        rl = cuda.local.array(NR, float32)
+        ralpha = cuda.local.array(NR, float32)
+        rkey = cuda.local.array(NR, uint64)
+        rAb = cuda.local.array(NA, uint32)  # A fragments (tf32 big / small parts)
+        rAs = cuda.local.array(NA, uint32)
+        rKn = cuda.local.array(NL, float32)  # K_j / K_{j+1} in flight (registers)
+        rVn = cuda.local.array(NL, float32)
+
+        tid = U(cuda.threadIdx.x)
+        lane = cuda.threadIdx.x % 32
+        warp = cuda.threadIdx.x // 32
+        g = U(lane // 4)  # fragment row (and row + 8)
+        t = U(lane % 4)  # fragment column pair 2t, 2t + 1
+        wbase = warp * SCR
+        nheads = gQ.shape[2]
+        s_q = gQ.shape[1]
+        s_k = gK.shape[1]
+        d = gQ.shape[3]
+        b = cuda.blockIdx.y // nheads
+        h = cuda.blockIdx.y % nheads
+        ub, uh, uhk = U(b), U(h), U(h // group)
+        # FA2.1 L3: for i = 1..Tr -- one thread block per i; Dev: the heaviest (causal) blocks first
+        i = cuda.gridDim.x - 1 - cuda.blockIdx.x
+        row0 = i * BR
+        wrow = U(16 * MW) * U(warp)  # this warp's first row within the block
+
+        # FA2.1 L4: load Q_i (times tau log2 e: exp2 later) from HBM to SRAM; rows past N_q and columns past d are zero
+        for it in range(NLQ):
+            e = tid + uNT * U(it)
+            r = int(e // uDP)
+            x = int(e % uDP)
+            val = float32(0.0)
+            if (NLQ_EXACT or e < uBRDP) and row0 + r < s_q and x < d:
+                val = float32(gQ[ub, U(row0 + r), uh, U(x)] * scale_log2)  # HBM read: Br*d
+            if NLQ_EXACT or e < uBRDP:
+                smem[OFF_Q + U(r) * uSQ + U(x)] = val
+        # FA2.1 L5: on chip, O_i = 0, l_i = 0, m_i = -inf
+        for a in range(NO):
+            rO[a] = float32(0.0)
+        for r in range(NR):
+            rm[r] = NEG_INF
+            rl[r] = float32(0.0)
+            rkey[r] = uint64(0)
+            if DROPOUT:  # row of slot r: m16 tile r // 2, half r % 2
+                rkey[r] = row_key(head_key(seed, b * nheads + h), row0 + int(wrow) + 16 * (r // 2) + 8 * (r % 2) + int(g))
+
+        # Dev: causal block skipping: key blocks past the last row's horizon are never visited
+        n_blocks = (s_k + BC - 1) // BC
+        if CAUSAL:
+            n_blocks = (min(s_k, max(0, row0 + BR + causal_offset)) + BC - 1) // BC
+
+        if n_blocks > 0:
+            load_kv(gK, gV, ub, uhk, 0, s_k, d, tid, rKn, rVn)
+        # FA2.1 L6: for j = 1..Tc
+        for j in range(n_blocks):
+            col0 = j * BC
+            cuda.syncthreads()  # Sync: all warps are done with K_{j-1}, V_{j-1} (and Q_i is stored) before the stores
+            # FA2.1 L7: load K_j, V_j from HBM to SRAM (coalesced along d; ragged rows and padded columns zero)
+            if not PREFETCH and j > 0:
+                load_kv(gK, gV, ub, uhk, col0, s_k, d, tid, rKn, rVn)  # HBM read: 2 Bc*d
+            for it in range(NL):
+                e = tid + uNT * U(it)
+                if NL_EXACT or e < uBCDP:
+                    smem[OFF_K + (e // uDP) * uSQ + e % uDP] = rKn[it]
+                    smem[OFF_V + (e // uDP) * uSV + e % uDP] = rVn[it]
+            cuda.syncthreads()  # Sync: K_j, V_j in SRAM before L8 and L10 read them
+            if PREFETCH and j + 1 < n_blocks:
+                load_kv(gK, gV, ub, uhk, col0 + BC, s_k, d, tid, rKn, rVn)  # HBM read: 2 Bc*d (tile j+1)
+
+            # [doc:fa2-tc-inner-loop]
+            # FA2.1 L8: S_i^(j) = Q_i K_j^T: per 8-wide k step, A = Q rows (16 x 8 per m tile),
+            # B = K_j^T (8 x 8 per key tile); 3xTF32: small parts first, big x big last
+            for a in range(NS):
+                rS[a] = float32(0.0)
+            for ks in range(KD):
+                for mt in range(MW):
+                    q0 = OFF_Q + (wrow + U(16 * mt) + g) * uSQ + U(8 * ks) + t
+                    for c in range(4):  # a = (Q[g, t], Q[g+8, t], Q[g, t+4], Q[g+8, t+4])
+                        rAb[mt * 4 + c], rAs[mt * 4 + c] = split(smem[q0 + U(8 * (c % 2)) * uSQ + U(4 * (c // 2))])
+                for nt in range(NB):
+                    k0 = OFF_K + (U(8 * nt) + g) * uSQ + U(8 * ks) + t  # b = (K[g, t], K[g, t+4])
+                    bb0, bs0 = split(smem[k0])
+                    bb1, bs1 = split(smem[k0 + U(4)])
+                    for mt in range(MW):
+                        f = (mt * NB + nt) * 4
+                        ab = (rAb[mt * 4], rAb[mt * 4 + 1], rAb[mt * 4 + 2], rAb[mt * 4 + 3])
+                        acc = (rS[f], rS[f + 1], rS[f + 2], rS[f + 3])
+                        if STAGE_S:
+                            acc = (float32(0.0), float32(0.0), float32(0.0), float32(0.0))
+                        acc = mma((rAs[mt * 4], rAs[mt * 4 + 1], rAs[mt * 4 + 2], rAs[mt * 4 + 3]), (bb0, bb1), acc, sx, wbase, lane)
+                        acc = mma(ab, (bs0, bs1), acc, sx, wbase, lane)
+                        acc = mma(ab, (bb0, bb1), acc, sx, wbase, lane)
+                        if STAGE_S:
+                            rU[0], rU[1], rU[2], rU[3] = acc
+                            for c in range(4):
+                                rS[f + c] += rU[c]
+                        else:
+                            rS[f], rS[f + 1], rS[f + 2], rS[f + 3] = acc
+            # Dev: the elementwise mask only on blocks the diagonal crosses, or the ragged last block
+            if col0 + BC > s_k or (CAUSAL and col0 + BC - 1 > row0 + causal_offset):
+                for mt in range(MW):
+                    for nt in range(NB):
+                        for c in range(4):
+                            row = row0 + int(wrow) + 16 * mt + 8 * (c // 2) + int(g)
+                            col = col0 + 8 * nt + 2 * int(t) + c % 2
+                            if col >= s_k or (CAUSAL and col > row + causal_offset):
+                                rS[(mt * NB + nt) * 4 + c] = NEG_INF
+
+            # FA2.1 L9: m_new = max(m_old, rowmax S) (this lane's 2 Bc/8 values, then its quad); P~ = exp2(S - m_new)
+            for r in range(NR):
+                mt, hf = r // 2, r % 2
+                mx = rS[mt * NB * 4 + 2 * hf]
+                for nt in range(NB):
+                    for cc in range(2):
+                        mx = max(mx, rS[(mt * NB + nt) * 4 + 2 * hf + cc])
+                mx = quad_max(mx, sx, wbase, lane)
+                m_new = max(rm[r], mx)
+                m_safe = m_new if m_new != NEG_INF else float32(0.0)  # Dev: a row with no key yet: no NaN
+                ralpha[r] = math.exp2(rm[r] - m_safe)  # e^(m_old - m_new) in base 2 (0 when m_old = -inf)
+                rm[r] = m_new
+                psum = float32(0.0)
+                for nt in range(NB):
+                    for cc in range(2):
+                        f = (mt * NB + nt) * 4 + 2 * hf + cc
+                        p = math.exp2(rS[f] - m_safe)
+                        psum += p  # l from the undropped P~ (FA1 Alg.2 L13)
+                        if DROPOUT:  # Dev: as FA1 Alg.2 L14; the 1/(1-p) is applied once, at L12
+                            if not keep(rkey[r], col0 + 8 * nt + 2 * int(t) + cc, threshold):
+                                p = float32(0.0)
+                        smem[OFF_P + (wrow + U(16 * mt + 8 * hf) + g) * uSP + U(8 * nt + cc) + U(2) * t] = p
+                # Dev: l_i = e^(m_old - m_new) l_i + rowsum P~, kept per lane; the quad is summed once, after L11
+                rl[r] = ralpha[r] * rl[r] + psum
+
+            if SIM:
+                cuda.syncthreads()  # Sync: (simulator) P~ rows in SRAM before L10 reads them
+            else:
+                cuda.syncwarp(0xFFFFFFFF)  # Sync: P~ rows in SRAM before L10; written and read by the lanes of one warp only
+            # FA2.1 L10: O_i = diag(e^(m_old - m_new)) O_i + P~ V_j (A = this warp's rows of P~, B = V_j)
+            if STAGE_O:
+                for a in range(NO):
+                    rT[a] = float32(0.0)
+            else:
+                for mt in range(MW):
+                    for dn in range(ND):
+                        for c in range(4):
+                            rO[(mt * ND + dn) * 4 + c] *= ralpha[mt * 2 + c // 2]
+            for kt in range(NB):  # 8 keys per step; a = (P[g, t], P[g+8, t], P[g, t+4], P[g+8, t+4])
+                for mt in range(MW):
+                    p0 = OFF_P + (wrow + U(16 * mt) + g) * uSP + U(8 * kt) + t
+                    for c in range(4):
+                        rAb[mt * 4 + c], rAs[mt * 4 + c] = split(smem[p0 + U(8 * (c % 2)) * uSP + U(4 * (c // 2))])
+                for dn in range(ND):
+                    v0 = OFF_V + (U(8 * kt) + t) * uSV + U(8 * dn) + g  # b = (V[t, g], V[t+4, g])
+                    bb0, bs0 = split(smem[v0])
+                    bb1, bs1 = split(smem[v0 + U(4) * uSV])
+                    for mt in range(MW):
+                        f = (mt * ND + dn) * 4
+                        ab = (rAb[mt * 4], rAb[mt * 4 + 1], rAb[mt * 4 + 2], rAb[mt * 4 + 3])
+                        if STAGE_O:
+                            acc = (rT[f], rT[f + 1], rT[f + 2], rT[f + 3])
+                        else:
+                            acc = (rO[f], rO[f + 1], rO[f + 2], rO[f + 3])
+                        acc = mma((rAs[mt * 4], rAs[mt * 4 + 1], rAs[mt * 4 + 2], rAs[mt * 4 + 3]), (bb0, bb1), acc, sx, wbase, lane)
+                        acc = mma(ab, (bs0, bs1), acc, sx, wbase, lane)
+                        acc = mma(ab, (bb0, bb1), acc, sx, wbase, lane)
+                        if STAGE_O:
+                            rT[f], rT[f + 1], rT[f + 2], rT[f + 3] = acc
+                        else:
+                            rO[f], rO[f + 1], rO[f + 2], rO[f + 3] = acc
+            if STAGE_O:  # Dev: O_i = e^(m_old - m_new) O_i + (P~ V_j), one IEEE float32 FMA per element
+                for mt in range(MW):
+                    for dn in range(ND):
+                        for c in range(4):
+                            f = (mt * ND + dn) * 4 + c
+                            rO[f] = rO[f] * ralpha[mt * 2 + c // 2] + rT[f]
+            # [/doc:fa2-tc-inner-loop]
+
+        for r in range(NR):
+            mt, hf = r // 2, r % 2
+            # Dev: the per-lane row sums l_i are added across the 4 lanes of the quad, once
+            l_i = quad_sum(rl[r], sx, wbase, lane)
+            row = row0 + int(wrow) + 16 * mt + 8 * hf + int(g)
+            if row < s_q:
+                # FA2.1 L12: O_i = diag(l_i)^-1 O_i, the only division (times 1/(1-p) with dropout)
+                inv_l = float32(0.0)
+                if l_i > 0:
+                    inv_l = float32(1.0) / l_i
+                    if DROPOUT:
+                        inv_l *= inv_keep
+                # FA2.1 L13: L_i = m_i + log(l_i), m_i in base 2: L = m ln 2 + ln l (+inf for a row with no key)
+                L_i = float32(math.inf)
+                if l_i > 0:
+                    L_i = rm[r] * float32(LN2) + math.log(l_i)
+                # FA2.1 L14: write O_i to HBM (lane (g, t): columns 8 dn + 2t, 8 dn + 2t + 1)
+                for dn in range(ND):
+                    for cc in range(2):
+                        x = 8 * dn + 2 * int(t) + cc
+                        if x < d:
+                            gO[ub, U(row), uh, U(x)] = rO[(mt * ND + dn) * 4 + 2 * hf + cc] * inv_l  # HBM write: Br*d
+                # FA2.1 L15: write L_i to HBM (one lane per row)
+                if t == U(0):
+                    gL[b, h, row] = L_i  # HBM write: Br
+
+    # [/doc:fa2-tc-kernel]
+    return kernel
+
+
+def available() -> bool:
+    """True where this kernel can run: the simulator, or a GPU of compute capability >= 8.0."""
+    if _backend.is_simulator():
+        return True
+    return cuda.get_current_device().compute_capability >= (8, 0)
+
+
+def default_features() -> dict:
+    """``PREFETCH``: load K_{j+1}, V_{j+1} into registers during the compute of tile j (None: at d <= 64).
+    ``STAGE_S`` / ``STAGE_O``: each 8-wide k step of S (each j step of P~ V) is computed by the tensor
+    cores into a zeroed accumulator and added to S (to O) with IEEE float32 adds (see the docstring)."""
+    return {"PREFETCH": None, "STAGE_S": True, "STAGE_O": True}
+
+
+def plan(prob: Problem, block_sizes=None, config=None, features=None):
+    """(kernel, grid, threads, dynamic SRAM bytes) of one launch, without launching."""
+    if not available():
+        raise ValueError("variant='tensorcore' needs mma.sync TF32 (compute capability >= 8.0); use variant='fast'")
+    d = prob.headdim
+    NW, MW, Bc, DP = config if config is not None else config_for(d, block_sizes)
+    feats = default_features()
+    feats.update(features or {})
+    prefetch = feats["PREFETCH"] if feats["PREFETCH"] is not None else DP <= 64
+    sim = _backend.is_simulator()
+    Br = 16 * MW * NW
+    nbytes = 4 * smem_floats(NW, MW, Bc, DP, sim)
+    if nbytes > _smem.max_optin_bytes():
+        raise ValueError(f"tiles (Br={Br}, Bc={Bc}, d={d}) need {nbytes} bytes of shared memory; the device allows {_smem.max_optin_bytes()}")
+    kernel = fa2_forward_tc_kernel(NW, MW, Bc, DP, prob.causal, prob.dropout_p > 0, bool(prefetch), sim, bool(feats["STAGE_S"]), bool(feats["STAGE_O"]))
+    grid = (ceil_div(prob.seqlen_q, Br), prob.batch * prob.nheads)
+    return kernel, grid, 32 * NW, nbytes
+
+
+def forward(q, k, v, prob: Problem, alloc, block_sizes=None, config=None, features=None) -> ForwardOutput:
+    """FA2 Algorithm 1 on the tensor cores (3xTF32), on kernel arrays: ``ForwardOutput(out, lse)``."""
+    kernel, grid, NT, nbytes = plan(prob, block_sizes, config, features)
+    out = alloc.empty((prob.batch, prob.seqlen_q, prob.nheads, prob.headdim))
+    lse = alloc.empty((prob.batch, prob.nheads, prob.seqlen_q))
+    inv_keep = 1.0 / (1.0 - prob.dropout_p)
+    args = (q, k, v, out, lse, prob.softmax_scale * LOG2E, prob.group, prob.causal_offset, prob.seed, prob.threshold, inv_keep)
+    _smem.launch(kernel, grid, NT, nbytes, *args)
+    # FA2.1 L17: return O, L
+    return ForwardOutput(out=out, lse=lse)
