@@ -12,9 +12,8 @@ at ~67 TFLOP/s and cuBLAS SGEMM reaches ~50. PyTorch's fp32 "memory-efficient" S
 CUTLASS kernel) does not use FFMA on sm_80+: its ``DefaultGemmType<float>`` is
 ``OpClassTensorOp`` with ``OpMultiplyAddFastF32``, CUTLASS's **3xTF32**: each float32 ``x`` is split
 into ``big = tf32(x)`` (10 mantissa bits) and ``small = tf32(x - big)``, and
-
-    a b  ~  a_big b_big + a_big b_small + a_small b_big        (a_small b_small ~ 2^-22 |a b| dropped)
-
+``a b ~ a_big b_big + a_big b_small + a_small b_big`` (the dropped ``a_small b_small`` is about
+``2^-22 |a b|``):
 three TF32 ``mma`` per product, accumulated in float32. ``tests/benchmarks/mma_peak.py`` measured the
 rates available from Numba on an H200: TF32 ``mma.m16n8k8`` 245 TFLOP/s (so ~80 for 3xTF32), FP64
 ``mma.m16n8k8`` 62.5, FP64 ``m8n8k4`` 32.7. Accuracy: the split keeps ~21-22 bits of each input and
@@ -40,6 +39,30 @@ What changed from the fast (FFMA) kernel
 * Kept from the fast kernel: ``Q_i`` scaled by ``tau log2 e`` at load (``exp2``), K/V tile loads
   unrolled into registers (optionally prefetched one tile ahead), causal block skipping, dropout by
   the counter hash, > 48 KB dynamic SRAM, per-lane row sums reduced once after the loop.
+
+* **Staged accumulation (accuracy).** Accumulating the three products straight into ``S`` and ``O``
+  broke the tests' error rule on the GPU (up to 4.4x the float32 error at N = 1024, d = 64; the NumPy
+  emulation with exactly rounded sums had predicted 0.2-0.8x): the tensor cores' float32 accumulation
+  is not rounded like an FFMA, and ``O`` takes ``3 N / 8`` such accumulations. So each 8-wide k step
+  of ``S`` (``STAGE_S``) and each ``P~ V_j`` of line 10 (``STAGE_O``) runs into a zeroed accumulator
+  that is then added with IEEE float32 adds (CUTLASS's "staging"). Errors then measured 0.5-1.05x
+  float32's; the time cost 3-10 %.
+
+What it bought (one H200, fp32, FA2 convention ``b * N = 16k``, CUDA-synchronized medians; the
+committed benchmark is ``docs/results/fa2_h200.json``, the sweeps ``docs/results/sweeps/sweep_tc*``,
+the log with predictions ``docs/notes/performance-log.md``):
+
+==============================================================  ==============  ==============
+forward, d = 64, N = 4096, non-causal                           ms              TFLOP/s
+==============================================================  ==============  ==============
+fast FFMA kernel (:mod:`numba_flash.fa2_forward_fast`)          17.9            30.7
+tensor cores, accumulating in the mma (fails the error rule)    12.6            43.7
++ staged O                                                      13.4            41.2
++ staged S (the default)                                        14.0            39.3
+torch naive fp32 / SDPA memory-efficient fp32                   24.6 / 15.5     22.4 / 35.5
+==============================================================  ==============  ==============
+
+(rows 2-4 from the sweep ``sweep_tc2``, the others from the benchmark run.) At d = 128 (8 warps, Br = 128, Bc = 32, see :func:`config_for`): 17.3 ms vs 23.6 (FFMA) and 12.5 (SDPA).
 
 Launch geometry
 ---------------
