@@ -75,36 +75,16 @@ dmma_m8n8k4_asm = asm_mma("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64", 2, 
 dmma_m16n8k4_asm = asm_mma("mma.sync.aligned.m16n8k4.row.col.f64.f64.f64.f64", 4, 2, 1, "f64", "f64")
 dmma_m16n8k8_asm = asm_mma("mma.sync.aligned.m16n8k8.row.col.f64.f64.f64.f64", 4, 4, 2, "f64", "f64")
 dmma_m16n8k16_asm = asm_mma("mma.sync.aligned.m16n8k16.row.col.f64.f64.f64.f64", 4, 8, 4, "f64", "f64")
-#: TF32 inputs (bit patterns from cvt.rna.tf32.f32), float32 accumulate (sm_80+).
+#: TF32 inputs (bit patterns, from :data:`split_tf32_asm`), float32 accumulate (sm_80+).
 tf32_m16n8k8_asm = asm_mma("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32", 4, 4, 2, "f32", "b32")
 
-
-def _asm_unary(text: str, out: str, arg: str):
-    """An intrinsic ``y = f(x)`` for a one-instruction PTX ``text`` (``$0`` out, ``$1`` in)."""
-    fnty = ir.FunctionType(_LLVM[out], [_LLVM[arg]])
-    constraints = f"={_CONSTRAINT[out]},{_CONSTRAINT[arg]}"
-
-    @intrinsic
-    def op(typingctx, x):
-        def codegen(context, builder, signature, args):
-            return builder.call(ir.InlineAsm(fnty, text, constraints), args)
-
-        return _NUMBA[out](_NUMBA[arg]), codegen
-
-    op.__doc__ = f"``{text}``"
-    return op
-
-
-#: float32 -> tf32 bit pattern, rounded to nearest (ties away): 10 mantissa bits kept, 13 zeroed.
-cvt_rna_tf32 = _asm_unary("cvt.rna.tf32.f32 $0, $1;", "b32", "f32")
-#: the float32 whose bits are ``x`` (a tf32 pattern is a float32 with the low 13 bits zero).
-bits_as_f32 = _asm_unary("mov.b32 $0, $1;", "f32", "b32")
 
 def _split_tf32_asm():
     """An intrinsic ``(big, small) = f(x)``: the 3xTF32 split of a float32 in one PTX block.
 
     ``big`` = x rounded to tf32 (to nearest, ties away: add half a tf32 ulp to the bits, clear the 13
-    low ones; what ``cvt.rna.tf32.f32`` does for finite x, without its inf/NaN test), ``small`` = the
+    low ones; what ``cvt.rna.tf32.f32`` does for finite x, without its inf/NaN test: ptxas gives that
+    one an extra FSETP), ``small`` = the
     same rounding of ``x - big`` (exact in float32). Five integer/float instructions, no conversion unit.
     """
     text = ("{ .reg .b32 r; .reg .f32 f; mov.b32 r, $2; add.u32 r, r, 4096; and.b32 $0, r, -8192; "
@@ -143,17 +123,30 @@ def _bits_as_f32_host(u) -> float:
     return float(np.uint32(u).view(np.float32))
 
 
+def _make_mma_3xtf32(mma_tf32):
+    """The 3xTF32 product on top of one backend's single ``mma_tf32``: small parts first, big x big last."""
+
+    def mma_3xtf32(a_big, a_small, b_big, b_small, c, sx, wbase, lane):
+        c = mma_tf32(a_small, b_big, c, sx, wbase, lane)
+        c = mma_tf32(a_big, b_small, c, sx, wbase, lane)
+        return mma_tf32(a_big, b_big, c, sx, wbase, lane)
+
+    return mma_3xtf32
+
+
 @functools.lru_cache(maxsize=None)
 def make_warp_ops(simulator: bool | None = None):
-    """``(split_tf32, mma_tf32, quad_max, quad_sum)`` for the backend (the simulator's when ``simulator``).
+    """``(split_tf32, mma_3xtf32, quad_max, quad_sum)`` for the backend (the simulator's when ``simulator``).
 
     * ``split_tf32(x) -> (big, small)``: tf32 bit patterns with ``x ~ big + small`` (``big`` = x rounded
       to tf32, ``small`` = the rounded remainder); the 3xTF32 product ``a b ~ a_b b_b + a_b b_s + a_s b_b``
       then has about 22 correct bits, as float32 (CUTLASS's ``OpMultiplyAddFastF32``).
-    * ``mma_tf32(a, b, c, sx, wbase, lane) -> d``: ``D (16x8) = A (16x8) B (8x8) + C`` with tf32 inputs
+    * (inside) ``mma_tf32(a, b, c, sx, wbase, lane) -> d``: ``D (16x8) = A (16x8) B (8x8) + C`` with tf32 inputs
       and float32 accumulation (``mma.sync.aligned.m16n8k8``). Lane ``(g, t) = (lane // 4, lane % 4)``
       holds ``a = (A[g,t], A[g+8,t], A[g,t+4], A[g+8,t+4])``, ``b = (B[t,g], B[t+4,g])``,
       ``c = (C[g,2t], C[g,2t+1], C[g+8,2t], C[g+8,2t+1])``. ``sx``/``wbase``: the warp's scratch (simulator).
+    * ``mma_3xtf32(a_big, a_small, b_big, b_small, c, sx, wbase, lane) -> d``: the float32-accurate
+      product ``D = A B + C`` as three of those mma, small parts first, big x big last.
     * ``quad_max(x, sx, wbase, lane)``, ``quad_sum(...)``: over the 4 lanes ``4g .. 4g+3`` of a quad
       (the lanes that share a row of an mma fragment).
 
@@ -181,7 +174,7 @@ def make_warp_ops(simulator: bool | None = None):
             x += cuda.shfl_xor_sync(_FULL_MASK, x, 1)
             return x + cuda.shfl_xor_sync(_FULL_MASK, x, 2)
 
-        return split_tf32, mma_tf32, quad_max, quad_sum
+        return split_tf32, cuda.jit(device=True, inline="always")(_make_mma_3xtf32(mma_tf32)), quad_max, quad_sum
 
     # Simulator twins: plain Python run by every simulated thread (numpy for the bit patterns).
     def split_tf32(x):
@@ -221,5 +214,5 @@ def make_warp_ops(simulator: bool | None = None):
     def quad_sum(x, sx, wbase, lane):
         return _quad(x, sx, wbase, lane, lambda u, v: u + v)
 
-    return (cuda.jit(device=True)(split_tf32), cuda.jit(device=True)(mma_tf32),
+    return (cuda.jit(device=True)(split_tf32), cuda.jit(device=True)(_make_mma_3xtf32(mma_tf32)),
             cuda.jit(device=True)(quad_max), cuda.jit(device=True)(quad_sum))

@@ -170,7 +170,7 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
     NLQ_EXACT = BR * DP % NT == 0
     uBRDP = U(BR * DP)
 
-    split, mma, quad_max, quad_sum = _mma.make_warp_ops(SIM)
+    split, mma3, quad_max, quad_sum = _mma.make_warp_ops(SIM)
 
     @cuda.jit(device=True, inline="always")
     def load_kv(gK, gV, ub, uhk, col0, s_k, d, tid, rK, rV):
@@ -195,7 +195,6 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
         rS = cuda.local.array(NS, float32)  # S_ij, then P~_ij: MW x NB fragments
         rO = cuda.local.array(NO, float32)  # O_i: MW x ND fragments
         rT = cuda.local.array(NO, float32)  # P~_ij V_j of this step (STAGE_O), added to O_i with IEEE float32 adds
-        rU = cuda.local.array(4, float32)
         rm = cuda.local.array(NR, float32)
         rl = cuda.local.array(NR, float32)
         ralpha = cuda.local.array(NR, float32)
@@ -282,19 +281,13 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
                     bb1, bs1 = split(smem[k0 + U(4)])
                     for mt in range(MW):
                         f = (mt * NB + nt) * 4
-                        ab = (rAb[mt * 4], rAb[mt * 4 + 1], rAb[mt * 4 + 2], rAb[mt * 4 + 3])
                         acc = (rS[f], rS[f + 1], rS[f + 2], rS[f + 3])
                         if STAGE_S:
                             acc = (float32(0.0), float32(0.0), float32(0.0), float32(0.0))
-                        acc = mma((rAs[mt * 4], rAs[mt * 4 + 1], rAs[mt * 4 + 2], rAs[mt * 4 + 3]), (bb0, bb1), acc, sx, wbase, lane)
-                        acc = mma(ab, (bs0, bs1), acc, sx, wbase, lane)
-                        acc = mma(ab, (bb0, bb1), acc, sx, wbase, lane)
-                        if STAGE_S:
-                            rU[0], rU[1], rU[2], rU[3] = acc
-                            for c in range(4):
-                                rS[f + c] += rU[c]
-                        else:
-                            rS[f], rS[f + 1], rS[f + 2], rS[f + 3] = acc
+                        acc = mma3((rAb[mt * 4], rAb[mt * 4 + 1], rAb[mt * 4 + 2], rAb[mt * 4 + 3]),
+                                   (rAs[mt * 4], rAs[mt * 4 + 1], rAs[mt * 4 + 2], rAs[mt * 4 + 3]), (bb0, bb1), (bs0, bs1), acc, sx, wbase, lane)
+                        for c in range(4):
+                            rS[f + c] = rS[f + c] + acc[c] if STAGE_S else acc[c]
             # Dev: the elementwise mask only on blocks the diagonal crosses, or the ragged last block
             if col0 + BC > s_k or (CAUSAL and col0 + BC - 1 > row0 + causal_offset):
                 for mt in range(MW):
@@ -354,18 +347,15 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
                     bb1, bs1 = split(smem[v0 + U(4) * uSV])
                     for mt in range(MW):
                         f = (mt * ND + dn) * 4
-                        ab = (rAb[mt * 4], rAb[mt * 4 + 1], rAb[mt * 4 + 2], rAb[mt * 4 + 3])
-                        if STAGE_O:
-                            acc = (rT[f], rT[f + 1], rT[f + 2], rT[f + 3])
-                        else:
-                            acc = (rO[f], rO[f + 1], rO[f + 2], rO[f + 3])
-                        acc = mma((rAs[mt * 4], rAs[mt * 4 + 1], rAs[mt * 4 + 2], rAs[mt * 4 + 3]), (bb0, bb1), acc, sx, wbase, lane)
-                        acc = mma(ab, (bs0, bs1), acc, sx, wbase, lane)
-                        acc = mma(ab, (bb0, bb1), acc, sx, wbase, lane)
-                        if STAGE_O:
-                            rT[f], rT[f + 1], rT[f + 2], rT[f + 3] = acc
-                        else:
-                            rO[f], rO[f + 1], rO[f + 2], rO[f + 3] = acc
+                        acc = mma3((rAb[mt * 4], rAb[mt * 4 + 1], rAb[mt * 4 + 2], rAb[mt * 4 + 3]),
+                                   (rAs[mt * 4], rAs[mt * 4 + 1], rAs[mt * 4 + 2], rAs[mt * 4 + 3]), (bb0, bb1), (bs0, bs1),
+                                   (rT[f], rT[f + 1], rT[f + 2], rT[f + 3]) if STAGE_O else (rO[f], rO[f + 1], rO[f + 2], rO[f + 3]),
+                                   sx, wbase, lane)
+                        for c in range(4):
+                            if STAGE_O:
+                                rT[f + c] = acc[c]
+                            else:
+                                rO[f + c] = acc[c]
             if STAGE_O:  # Dev: O_i = e^(m_old - m_new) O_i + (P~ V_j), one IEEE float32 FMA per element
                 for mt in range(MW):
                     for dn in range(ND):

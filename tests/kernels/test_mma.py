@@ -5,8 +5,8 @@ Claims checked:
 * The tf32 split keeps about 22 bits: ``big`` is ``x`` rounded to nearest on 10 mantissa bits (ties
   away, the 13 low bits zero, as ``cvt.rna.tf32.f32``), ``small`` the same rounding of ``x - big``,
   and ``|x - big - small| <= 2^-22 |x|``; the device split equals the host one bit for bit.
-* The ``m16n8k8`` fragment layout is the PTX ISA's: with small-integer inputs (exact in tf32, exact
-  products and sums) each lane's ``D`` fragment is exactly ``A B + C`` at the documented positions.
+* The ``m16n8k8`` fragment layout is the PTX ISA's: with small-integer inputs (exact in tf32, so the
+  small parts are zero; exact products and sums) each lane's ``D`` fragment is exactly ``A B + C`` at the documented positions.
   The same test runs in the simulator (the Python twin) and on a GPU (``mma.sync`` through inline
   PTX), so the twin is checked against the hardware.
 * A 3xTF32 product (split both inputs, three mma, small parts first) of random float32 tiles is within
@@ -18,11 +18,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from attn_testing import assert_error_rule
-from numba import cuda, float32, uint32
+from numba import cuda, float32
 
 from numba_flash import _backend, _mma
 
-split_tf32, mma_tf32, quad_max, quad_sum = _mma.make_warp_ops()
+split_tf32, mma_3xtf32, quad_max, quad_sum = _mma.make_warp_ops()
 SX = 2 * _mma.SIM_SCRATCH_PER_WARP
 
 
@@ -36,9 +36,9 @@ def _split_kernel(x, big, small):
 
 
 @cuda.jit
-def _mma_kernel(A, B, C, D, three):
-    """One warp: lane (g, t) loads its fragments of A (16x8), B (8x8), C (16x8), runs one mma (or the
-    3xTF32 triple when ``three``) and stores its D fragment at the documented positions."""
+def _mma_kernel(A, B, C, D):
+    """One warp: lane (g, t) loads its fragments of A (16x8), B (8x8), C (16x8), runs the 3xTF32
+    product (three mma) and stores its D fragment at the documented positions."""
     sx = cuda.shared.array(SX, float32)
     lane = cuda.threadIdx.x
     g, t = lane // 4, lane % 4
@@ -51,11 +51,7 @@ def _mma_kernel(A, B, C, D, three):
     a3b, a3s = split_tf32(a[3])
     b0b, b0s = split_tf32(b[0])
     b1b, b1s = split_tf32(b[1])
-    ab = (a0b, a1b, a2b, a3b)
-    if three:
-        c = mma_tf32((a0s, a1s, a2s, a3s), (b0b, b1b), c, sx, 0, lane)
-        c = mma_tf32(ab, (b0s, b1s), c, sx, 0, lane)
-    d = mma_tf32(ab, (b0b, b1b), c, sx, 0, lane)
+    d = mma_3xtf32((a0b, a1b, a2b, a3b), (a0s, a1s, a2s, a3s), (b0b, b1b), (b0s, b1s), c, sx, 0, lane)
     D[g, 2 * t] = d[0]
     D[g, 2 * t + 1] = d[1]
     D[g + 8, 2 * t] = d[2]
@@ -101,7 +97,7 @@ def test_mma_m16n8k8_fragment_layout_is_exact_on_integers(rng):
     B = rng.integers(-8, 9, (8, 8)).astype(np.float32)
     C = rng.integers(-64, 65, (16, 8)).astype(np.float32)
     D = np.full((16, 8), np.nan, dtype=np.float32)
-    _mma_kernel[1, 32](A, B, C, D, False)
+    _mma_kernel[1, 32](A, B, C, D)  # integers: the small parts are 0, so this is one exact mma plus zeros
     assert np.array_equal(D, A.astype(np.float64) @ B + C), "D fragment != A B + C at the documented positions"
 
 
@@ -111,6 +107,6 @@ def test_3xtf32_product_within_twice_float32_error(rng):
     B = rng.standard_normal((8, 8)).astype(np.float32)
     C = rng.standard_normal((16, 8)).astype(np.float32)
     D = np.full((16, 8), np.nan, dtype=np.float32)
-    _mma_kernel[1, 32](A, B, C, D, True)
+    _mma_kernel[1, 32](A, B, C, D)
     ref = A.astype(np.float64) @ B.astype(np.float64) + C
     assert_error_rule(D, ref, (A @ B + C).astype(np.float32), what="3xTF32 A B + C")
