@@ -16,7 +16,7 @@ from pathlib import Path
 # every machine. ``import numba_flash`` must come before anything imports numba.cuda: it is what
 # sets NUMBA_ENABLE_CUDASIM (see numba_flash/_backend.py).
 os.environ.setdefault("NUMBA_FLASH_BACKEND", "simulator")
-import numba_flash  # noqa: E402  (chooses the backend; must precede numba.cuda)
+import numba_flash
 
 DOCS = Path(__file__).resolve().parent
 sys.path.insert(0, str(DOCS / "_ext"))

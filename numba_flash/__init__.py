@@ -8,11 +8,11 @@ The public API is loaded lazily, so ``import numba_flash`` stays cheap.
 """
 
 from . import _backend  # noqa: F401  (must run before numba.cuda is imported)
-from ._backend import BACKEND, describe, is_simulator  # noqa: F401
-
-__version__ = "0.1.0"
+from ._backend import BACKEND, describe, is_simulator
+from ._version import __version__  # noqa: F401  (the one place the version is written)
 
 _LAZY = {
+    "variants": ("numba_flash.api", "variants"),
     "flash_attn_func": ("numba_flash.api", "flash_attn_func"),
     "attention_numpy": ("numba_flash.api", "attention_numpy"),
     "attention_backward_numpy": ("numba_flash.api", "attention_backward_numpy"),

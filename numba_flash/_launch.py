@@ -11,6 +11,8 @@
 * Output poisoning: with :func:`poison_outputs` (or ``NUMBA_FLASH_POISON=1``) every output a kernel
   must write is allocated full of NaN, so an element a kernel forgets to write fails the tests.
 * :class:`ForwardOutput`: what a forward kernel module returns.
+* :class:`ForwardKernelModule` / :class:`BackwardKernelModule`: the one contract every kernel module
+  (readable, fast or tensor-core) follows, so that :mod:`numba_flash.registry` can treat them alike.
 
 Kernel modules see only "kernel arrays" (NumPy in the simulator, Numba device arrays on a GPU) in
 float32, in the caller's (batch, seqlen, nheads, headdim) layout with whatever strides it had: kernels
@@ -23,7 +25,7 @@ import contextlib
 import math
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 from numba import cuda
@@ -96,6 +98,11 @@ class Problem:
     def threshold(self) -> int:
         """Dropout threshold floor(p * 2**32) (see numba_flash_reference.common)."""
         return dropout_threshold(self.dropout_p)
+
+    @property
+    def dropout_scale(self) -> float:
+        """1 / (1 - p): kept probabilities are scaled by it (FA1 Alg.2 L14), so E[P~] = P."""
+        return 1.0 / (1.0 - self.dropout_p)
 
     @property
     def causal_offset(self) -> int:
@@ -300,3 +307,56 @@ class ForwardOutput:
 
 def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
+
+
+# ----------------------------------------------------------------------------------------------
+# The kernel-module contract
+# ----------------------------------------------------------------------------------------------
+class KernelLaunch(NamedTuple):
+    """One launch of a kernel module, for inspection (:mod:`numba_flash._inspect`) and benchmarks."""
+
+    name: str  # what it computes, with its tiles
+    dispatcher: Any  # the compiled ``@cuda.jit`` kernel
+    threads: int  # threads per block
+    blocks: int  # blocks in the grid
+
+
+# [doc:kernel-contract]
+@runtime_checkable
+class KernelModule(Protocol):
+    """What every kernel module provides, with the same names (readable, fast and tensor-core alike).
+
+    A module implements one pass (forward or backward) of one algorithm in one variant; the
+    registry (:mod:`numba_flash.registry`) maps ``(algorithm, pass, variant)`` to it.
+    """
+
+    def choose_block_sizes(self, prob: Problem, block_sizes=None) -> tuple[int, int]:
+        """``(Br, Bc)``: the query and key rows of the tiles the kernel runs with for ``prob``.
+
+        ``block_sizes`` is the caller's override; a module that cannot honour it exactly rounds it
+        to its tiling (and says how in its docstring), and one that cannot fit it raises ValueError
+        naming ``block_sizes``.
+        """
+
+    def sram_bytes(self, prob: Problem, block_sizes=None) -> int:
+        """Shared memory (SRAM) per thread block of the main kernel, in bytes (static + dynamic)."""
+
+    def compiled_kernels(self, prob: Problem, block_sizes=None) -> list[KernelLaunch]:
+        """The kernels one call launches for ``prob``, compiled for its constants (not launched)."""
+
+
+@runtime_checkable
+class ForwardKernelModule(KernelModule, Protocol):
+    def forward(self, q, k, v, prob: Problem, alloc: Allocator, block_sizes=None) -> ForwardOutput:
+        """O and the O(N) statistics, as :class:`ForwardOutput`, from float32 kernel arrays."""
+
+
+@runtime_checkable
+class BackwardKernelModule(KernelModule, Protocol):
+    def backward(self, dout, q, k, v, out, fwd: ForwardOutput, prob: Problem, alloc: Allocator,
+                 block_sizes=None, deterministic: bool = False) -> tuple[Any, Any, Any]:
+        """(dq, dk, dv) kernel arrays; dk, dv summed over each GQA group."""
+# [/doc:kernel-contract]
+#
+# The dropout scale 1/(1-p) has one name, :attr:`Problem.dropout_scale`; the module-level function
+# ``available()`` is optional (default: available) and says whether the variant can run here.

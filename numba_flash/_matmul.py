@@ -119,6 +119,11 @@ class MatmulTiles:
     def threads(self) -> int:
         return self.TY * self.TX
 
+    @property
+    def sram_bytes(self) -> int:
+        """Static SRAM of one block: the (BK, BM+1) slab of op(A) and the (BK, BN+1) slab of op(B)."""
+        return 4 * self.BK * ((self.BM + 1) + (self.BN + 1))
+
 
 #: 64 x 64 x 16 tiles, 256 threads, 4 x 4 outputs per thread (a GPU).
 GPU_TILES = MatmulTiles(TY=16, TX=16, RM=4, RN=4, BK=16)
@@ -140,7 +145,7 @@ def _heads(x, layout):
     return x.shape[2] if layout == "bshd" else x.shape[1]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def matmul_kernel(a_layout, trans_a, b_layout, trans_b, c_layout, accumulate, causal, dropout, tiles: MatmulTiles):
     """Compile (once per option set) the tiled kernel for one combination of layouts and options."""
     TY, TX, RM, RN, BK = tiles.TY, tiles.TX, tiles.RM, tiles.RN, tiles.BK
@@ -179,7 +184,7 @@ def matmul_kernel(a_layout, trans_a, b_layout, trans_b, c_layout, accumulate, ca
     jit_options = {} if (_backend.is_simulator() or tiles.max_registers is None) else {"max_registers": tiles.max_registers}
 
     @cuda.jit(**jit_options)
-    def kernel(gA, gB, gC, M, N, K, heads_c, G, a_div, b_div, alpha, causal_offset, seed, threshold, nheads_q, drop_scale):
+    def kernel(gA, gB, gC, M, N, K, heads_c, G, a_div, b_div, alpha, causal_offset, seed, threshold, nheads_q, dropout_scale):
         sA = cuda.shared.array((BK, BM_PAD), float32)  # (BK, BM) slab of op(A), k-major; +1 column against bank conflicts
         sB = cuda.shared.array((BK, BN_PAD), float32)  # (BK, BN) slab of op(B)
         rC = cuda.local.array((RM, RN), float32)  # the thread's RM x RN outputs, in registers
@@ -215,7 +220,7 @@ def matmul_kernel(a_layout, trans_a, b_layout, trans_b, c_layout, accumulate, ca
                         if DROPOUT:  # keyed by the stored (query row, key col) of P
                             r = col if TRANS_A else row
                             c = row if TRANS_A else col
-                            val = val * drop_scale if keep(row_key(k_bh, r), c, threshold) else float32(0.0)
+                            val = val * dropout_scale if keep(row_key(k_bh, r), c, threshold) else float32(0.0)
                     sA[kk, mm] = val
                 for t in range(B_LOADS):  # HBM read: BK*BN
                     e = tid + NT * t
@@ -295,10 +300,10 @@ def matmul(a, b, c, *, a_layout, b_layout, c_layout, trans_a=False, trans_b=Fals
     if dropout is not None and dropout[2] > 0.0:
         seed, threshold, p = dropout
         use_dropout = True
-        drop_scale = np.float32(1.0 / (1.0 - p))
+        dropout_scale = np.float32(1.0 / (1.0 - p))
         threshold = int(threshold) if threshold is not None else dropout_threshold(p)
     else:
-        seed, threshold, drop_scale, use_dropout = 0, 0, np.float32(1.0), False
+        seed, threshold, dropout_scale, use_dropout = 0, 0, np.float32(1.0), False
     tiles = default_tiles() if tiles is None else tiles
     kernel = matmul_kernel(a_layout, bool(trans_a), b_layout, bool(trans_b), c_layout, bool(accumulate), causal_offset is not None, use_dropout, tiles)
     grid = (ceil_div(N, tiles.BN), ceil_div(M, tiles.BM), batch * heads_c)
@@ -306,6 +311,6 @@ def matmul(a, b, c, *, a_layout, b_layout, c_layout, trans_a=False, trans_b=Fals
         a, b, c, M, N, K, heads_c, G,
         kv_group if a_kv else 1, kv_group if b_kv else 1,
         np.float32(alpha), 0 if causal_offset is None else int(causal_offset),
-        np.uint32(seed), np.uint32(threshold), nheads_q, drop_scale,
+        np.uint32(seed), np.uint32(threshold), nheads_q, dropout_scale,
     )
     return c

@@ -42,8 +42,8 @@ import math
 from numba import cuda, float32
 
 from . import _backend
-from ._launch import ForwardOutput, Problem
-from ._matmul import matmul
+from ._launch import ForwardOutput, KernelLaunch, Problem
+from ._matmul import default_tiles, matmul, matmul_kernel
 
 #: Softmax block: SOFTMAX_THREADS threads along a row x SOFTMAX_ROWS rows. The simulator runs each
 #: thread as a Python thread, so it gets few threads per row.
@@ -59,7 +59,7 @@ def merge_max_sum(m1, l1, m2, l2):
     return m, l1 * math.exp(m1 - m) + l2 * math.exp(m2 - m)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def row_softmax_kernel(threads: int, rows: int):
     """The row-softmax kernel: blocks of ``threads`` (a power of two) x ``rows`` threads.
 
@@ -125,22 +125,34 @@ def row_softmax_kernel(threads: int, rows: int):
     return kernel
 
 
-def compiled_kernels(prob: Problem):
+def choose_block_sizes(prob: Problem, block_sizes=None) -> tuple[int, int]:
+    """The kernel contract's (Br, Bc): here the (BM, BN) output tile of the GEMMs.
+
+    Nothing in Algorithm 0 is tiled over N the way FlashAttention is; ``block_sizes`` is ignored.
+    """
+    t = default_tiles()
+    return t.BM, t.BN
+
+
+def sram_bytes(prob: Problem, block_sizes=None) -> int:
+    """Static shared memory per block of the GEMMs (the largest of the three kernels), in bytes."""
+    return max(default_tiles().sram_bytes, 2 * 4 * SOFTMAX_THREADS * SOFTMAX_ROWS)
+
+
+def compiled_kernels(prob: Problem, block_sizes=None) -> list[KernelLaunch]:
     """(name, dispatcher, threads per block, blocks in the grid) of each launch of :func:`forward`.
 
     For inspection (:mod:`numba_flash._inspect`) after a call with the same problem.
     """
-    from ._matmul import default_tiles, matmul_kernel
-
     t = default_tiles()
     b, s_q, s_k, h, d = prob.batch, prob.seqlen_q, prob.seqlen_k, prob.nheads, prob.headdim
     qk = matmul_kernel("bshd", False, "bshd", True, "bhst", False, prob.causal, False, t)
     pv = matmul_kernel("bhst", False, "bshd", False, "bshd", False, False, prob.dropout_p > 0, t)
     return [
-        ("S = tau QK^T", qk, t.threads, -(-s_k // t.BN) * -(-s_q // t.BM) * b * h),
-        ("P = softmax(S)", row_softmax_kernel(SOFTMAX_THREADS, SOFTMAX_ROWS), SOFTMAX_THREADS * SOFTMAX_ROWS,
-         -(-s_q // SOFTMAX_ROWS) * b * h),
-        ("O = PV", pv, t.threads, -(-d // t.BN) * -(-s_q // t.BM) * b * h),
+        KernelLaunch("S = tau QK^T", qk, t.threads, -(-s_k // t.BN) * -(-s_q // t.BM) * b * h),
+        KernelLaunch("P = softmax(S)", row_softmax_kernel(SOFTMAX_THREADS, SOFTMAX_ROWS), SOFTMAX_THREADS * SOFTMAX_ROWS,
+                     -(-s_q // SOFTMAX_ROWS) * b * h),
+        KernelLaunch("O = PV", pv, t.threads, -(-d // t.BN) * -(-s_q // t.BM) * b * h),
     ]
 
 

@@ -41,7 +41,7 @@ The kernel keeps *five* tiles, not four, plus two vectors::
 
 (``d' = d | 1`` and ``Bc' = Bc | 1``: an odd row stride keeps column walks free of bank conflicts;
 the simulator adds ``2 Br TX`` for its shared-memory reductions.) The paper's factor 4 leaves no room
-for ``S_ij``, so :func:`choose_block_sizes` applies the formula, caps ``Bc <= 128`` (the register
+for ``S_ij``, so :func:`paper_block_sizes` applies the formula, caps ``Bc <= 128`` (the register
 tile), then shrinks ``Br`` (and, if needed, ``Bc``) in steps of 8 until the tiles fit in 48 KB:
 ``(32, 48)`` at ``d = 64`` (46.8 KB), ``(16, 24)`` at ``d = 128`` (41.9 KB). Keeping ``Bc`` large
 is the paper's choice too: ``Bc`` sets how many passes (``Tc = N / Bc``) stream ``Q`` and ``O``
@@ -62,12 +62,11 @@ path's O(N^2). FlashAttention-2 (:mod:`numba_flash.fa2_forward`) removes exactly
 parallelizing over row blocks too. ``tests/benchmarks/sweep_forward_tiles.py`` sweeps tiles and thread
 layouts (128, 256 and 512 threads) on a GPU.
 
-This is the *readable* kernel. The default (``VARIANT = "fast"``) is its twin
-:mod:`numba_flash.alg1_forward_fast`: the same schedule (K/V-outer, Q-inner, O_i, l_i, m_i through
+This is the *readable* kernel (variant ``"readable"``). The default (variant ``"fast"``) is its twin
+:mod:`numba_flash.fast.alg1_forward`: the same schedule (K/V-outer, Q-inner, O_i, l_i, m_i through
 HBM at every inner step, one block per (batch, head)) with register-blocked tiles, > 48 KB of SRAM
 and several warps working on different query blocks i at once; its docstring says what changed and
-what it bought. Choose with ``forward(..., variant="readable")`` or by setting :data:`VARIANT` (the
-same convention as :mod:`numba_flash.fa2_forward`).
+what it bought. Run this one with ``flash_attn_func(..., algorithm="flash1", variant="readable")``.
 
 Run it::
 
@@ -84,11 +83,7 @@ from numba import cuda, float32, uint64
 
 from . import _backend
 from ._dropout import head_key, keep, row_key
-from ._launch import STATIC_SMEM_BYTES, ForwardOutput, Problem, ceil_div
-
-#: Which kernel :func:`forward` runs by default: "fast" (alg1_forward_fast) or "readable" (this file).
-VARIANT = "fast"
-VARIANTS = ("fast", "readable")
+from ._launch import STATIC_SMEM_BYTES, ForwardOutput, KernelLaunch, Problem, ceil_div
 
 #: Largest Bc the default rule picks (the register tile of S_ij grows with Bc / TX).
 MAX_BC = 128
@@ -135,11 +130,10 @@ def prng_state(prob: Problem):
     The keep-mask of entry (row, col) of head ``bh`` is ``hash(seed, bh, row, col) >= threshold``
     (:mod:`numba_flash._dropout`), so the backward pass regenerates it from the same three numbers.
     """
-    drop_scale = 1.0 / (1.0 - prob.dropout_p)
-    return prob.seed, prob.threshold, drop_scale
+    return prob.seed, prob.threshold, prob.dropout_scale
 
 
-def choose_block_sizes(d: int, M: int | None = None, block_sizes=None, threads=None, shuffles=None):
+def paper_block_sizes(d: int, M: int | None = None, block_sizes=None, threads=None, shuffles=None):
     """(Br, Bc): the paper's formula from the SRAM size, fitted to numba-cuda's static 48 KB.
 
     Parameters
@@ -186,7 +180,7 @@ def choose_block_sizes(d: int, M: int | None = None, block_sizes=None, threads=N
     return Br, Bc
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def forward_kernel(BR: int, BC: int, D: int, CAUSAL: bool, DROPOUT: bool, TY: int, TX: int, SHUFFLE: bool):
     """Compile the forward kernel for one tile shape, head dim and option set (cached).
 
@@ -240,7 +234,7 @@ def forward_kernel(BR: int, BC: int, D: int, CAUSAL: bool, DROPOUT: bool, TY: in
     jit_options = {} if _backend.is_simulator() or NT <= 256 else {"max_registers": min(255, 65536 // NT)}
 
     @cuda.jit(**jit_options)
-    def kernel(gQ, gK, gV, gO, gl, gm, glse, tau, causal_offset, seed, threshold, drop_scale):
+    def kernel(gQ, gK, gV, gO, gl, gm, glse, tau, causal_offset, seed, threshold, dropout_scale):
         sK_j = cuda.shared.array((BC, DP), float32)  # (Bc, d) SRAM
         sV_j = cuda.shared.array((BC, D), float32)  # (Bc, d) SRAM
         sQ_i = cuda.shared.array((BR, DP), float32)  # (Br, d) SRAM
@@ -327,7 +321,7 @@ def forward_kernel(BR: int, BC: int, D: int, CAUSAL: bool, DROPOUT: bool, TY: in
                     sm_i[r] = gm[bi, hi, r0 + r] if inside else NEG_INF  # HBM read: Br
                 cuda.syncthreads()  # Sync: K_j, V_j, Q_i, O_i, l_i, m_i in SRAM before L9 reads them
 
-                # Alg.1 L9 / Alg.2 L10: S_ij = tau Q_i K_j^T  (this thread's RR x CS entries)
+                # Alg.1 L9 / Alg.2 L10: S_ij = Q_i K_j^T (this thread's RR x CS entries; Alg.2's tau comes next)
                 for a in range(RR):
                     for c in range(CS):
                         rS[a, c] = 0.0
@@ -339,14 +333,16 @@ def forward_kernel(BR: int, BC: int, D: int, CAUSAL: bool, DROPOUT: bool, TY: in
                     for a in range(RR):
                         for c in range(CS):
                             rS[a, c] += rq[a] * rk[c]
-                # Alg.2 L11: S_ij^masked = mask(S_ij): -inf where key col is hidden from query row
+                # Alg.2 L10-L11: S_ij = tau S_ij, then S_ij^masked = mask(S_ij): -inf where key col is hidden
+                # from query row. Dev (Alg.1 and Alg.2): padding columns past Bc or past s_k (the ragged last
+                # block) are set to -inf too, so they take no probability.
                 for a in range(RR):
                     row = r0 + ty + TY * a
                     for c in range(CS):
                         col = c0 + tx + TX * c
                         s = tau * rS[a, c]
                         if tx + TX * c >= BC or col >= s_k:
-                            s = NEG_INF  # Dev: padding columns (past Bc or past s_k) take no probability
+                            s = NEG_INF
                         if CAUSAL and col > row + causal_offset:
                             s = NEG_INF
                         rS[a, c] = s
@@ -387,7 +383,7 @@ def forward_kernel(BR: int, BC: int, D: int, CAUSAL: bool, DROPOUT: bool, TY: in
                         if r < BR and cc < BC:
                             p = rS[a, c]
                             if DROPOUT:
-                                p = p * drop_scale if keep(k_row, c0 + cc, threshold) else float32(0.0)
+                                p = p * dropout_scale if keep(k_row, c0 + cc, threshold) else float32(0.0)
                             sP_ij[r, cc] = p
                 cuda.syncthreads()  # Sync: P_ij (and the partial row sums) complete in SRAM before P_ij V_j
                 if not SHUFFLE:
@@ -459,50 +455,44 @@ def launch(q, k, v, prob: Problem, alloc, block_sizes=None, threads=None, shuffl
     b, s_q, h, d = prob.batch, prob.seqlen_q, prob.nheads, prob.headdim
     ty, tx = thread_layout() if threads is None else threads
     shuffles = use_shuffles(tx) if shuffles is None else (shuffles and use_shuffles(tx))
-    seed, threshold, drop_scale = prng_state(prob)
-    Br, Bc = choose_block_sizes(d, block_sizes=block_sizes, threads=(ty, tx), shuffles=shuffles)
+    seed, threshold, dropout_scale = prng_state(prob)
+    Br, Bc = paper_block_sizes(d, block_sizes=block_sizes, threads=(ty, tx), shuffles=shuffles)
     out = alloc.empty((b, s_q, h, d))
     l = alloc.empty((b, h, s_q))
     m = alloc.empty((b, h, s_q))
     lse = alloc.empty((b, h, s_q))
     kernel = forward_kernel(Br, Bc, d, prob.causal, prob.dropout_p > 0, ty, tx, shuffles)
     kernel[b * h, ty * tx](q, k, v, out, l, m, lse, float32(prob.softmax_scale), prob.causal_offset,
-                           seed, threshold, float32(drop_scale))
+                           seed, threshold, float32(dropout_scale))
     return ForwardOutput(out=out, lse=lse, m=m, l=l), kernel, (Br, Bc), (ty, tx)
 
 
-def _variant(variant):
-    variant = VARIANT if variant is None else variant
-    if variant not in VARIANTS:
-        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
-    return variant
+def choose_block_sizes(prob: Problem, block_sizes=None) -> tuple[int, int]:
+    """(Br, Bc) on this backend (the kernel contract): :func:`paper_block_sizes` at ``prob.headdim``."""
+    return paper_block_sizes(prob.headdim, block_sizes=block_sizes)
 
 
-def compiled_kernels(prob: Problem, block_sizes=None, variant=None):
-    """(name, dispatcher, threads per block, blocks in the grid) of :func:`forward`'s one launch."""
-    if _variant(variant) == "fast":
-        from . import alg1_forward_fast
+def sram_bytes(prob: Problem, block_sizes=None) -> int:
+    """Static shared memory per block, in bytes, of the tiles :func:`choose_block_sizes` picks."""
+    ty, tx = thread_layout()
+    Br, Bc = choose_block_sizes(prob, block_sizes)
+    return 4 * sram_footprint(Br, Bc, prob.headdim, (ty, tx), use_shuffles(tx))
 
-        return alg1_forward_fast.compiled_kernels(prob, block_sizes)
+
+def compiled_kernels(prob: Problem, block_sizes=None) -> list[KernelLaunch]:
+    """The one launch of :func:`forward`, compiled for ``prob`` (not launched)."""
     ty, tx = thread_layout()
     shuffles = use_shuffles(tx)
-    Br, Bc = choose_block_sizes(prob.headdim, block_sizes=block_sizes, threads=(ty, tx), shuffles=shuffles)
+    Br, Bc = choose_block_sizes(prob, block_sizes)
     kernel = forward_kernel(Br, Bc, prob.headdim, prob.causal, prob.dropout_p > 0, ty, tx, shuffles)
-    return [(f"FA1 forward (Br, Bc) = ({Br}, {Bc})", kernel, ty * tx, prob.batch * prob.nheads)]
+    return [KernelLaunch(f"FA1 forward (Br, Bc) = ({Br}, {Bc})", kernel, ty * tx, prob.batch * prob.nheads)]
 
 
-def forward(q, k, v, prob: Problem, alloc, block_sizes=None, variant=None) -> ForwardOutput:
+def forward(q, k, v, prob: Problem, alloc, block_sizes=None) -> ForwardOutput:
     """FA1 forward (Algorithms 1-2) on kernel arrays; see :mod:`numba_flash.api` for the contract.
 
-    ``variant``: "fast" (the default, :data:`VARIANT`) runs :mod:`numba_flash.alg1_forward_fast`,
-    "readable" runs the kernel of this file. ``block_sizes=(Br, Bc)`` overrides
-    :func:`choose_block_sizes` for the readable kernel (it must fit the 48 KB SRAM); the fast kernel
-    honours it up to its register tiling (see :func:`numba_flash.alg1_forward_fast.config_for`).
+    ``block_sizes=(Br, Bc)`` overrides :func:`paper_block_sizes` (it must fit the 48 KB SRAM).
     """
-    if _variant(variant) == "fast":
-        from . import alg1_forward_fast
-
-        return alg1_forward_fast.forward(q, k, v, prob, alloc, block_sizes=block_sizes)
     fwd, _, _, _ = launch(q, k, v, prob, alloc, block_sizes)
     # Alg.1 L16 / Alg.2 L19: return O, l, m (R is the seed in prob); L = m + log l for the API
     return fwd

@@ -57,7 +57,8 @@ from numba import cuda, float32
 
 from . import _backend
 from ._dropout import head_key, keep, row_key
-from ._matmul import matmul
+from ._launch import KernelLaunch
+from ._matmul import default_tiles, matmul, matmul_kernel
 
 
 def row_threads() -> int:
@@ -65,7 +66,7 @@ def row_threads() -> int:
     return 8 if _backend.is_simulator() else 256
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def softmax_kernel(nt: int, from_lse: bool):
     """P = exp(S - m) / l row by row, in place over S: the forward's P (Algorithm 0 line 2), bit for bit
     when S, m, l are the standard forward's. ``from_lse``: only L = m + log l was saved, P = exp(S - L).
@@ -98,7 +99,7 @@ def softmax_kernel(nt: int, from_lse: bool):
     return kernel
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def ds_kernel(nt: int, dropout: bool):
     """dS = P o (dP o Z - D) with D_i = sum_l P_il (dP o Z)_il: Algorithm 3 line 3, one row per block."""
     NT = nt
@@ -106,7 +107,7 @@ def ds_kernel(nt: int, dropout: bool):
     ZERO = float32(0.0)
 
     @cuda.jit
-    def kernel(gP, gdP, gdS, s_k, nheads, seed, threshold, drop_scale):
+    def kernel(gP, gdP, gdS, s_k, nheads, seed, threshold, dropout_scale):
         """Block (row, bh): partial sums of P o dP o Z over strided columns, a tree reduction, then dS."""
         sRed = cuda.shared.array(NT, float32)  # (NT,) SRAM: partial sums of D_i
         t = cuda.threadIdx.x
@@ -119,7 +120,7 @@ def ds_kernel(nt: int, dropout: bool):
         for col in range(t, s_k, NT):
             z = float32(1.0)
             if DROPOUT:
-                z = drop_scale if keep(k_row, col, threshold) else ZERO
+                z = dropout_scale if keep(k_row, col, threshold) else ZERO
             acc += gP[bi, hi, row, col] * (gdP[bi, hi, row, col] * z)  # HBM read: 2N
         sRed[t] = acc
         cuda.syncthreads()  # Sync: every partial sum in SRAM before the tree reduction reads them
@@ -133,10 +134,38 @@ def ds_kernel(nt: int, dropout: bool):
         for col in range(t, s_k, NT):
             z = float32(1.0)
             if DROPOUT:
-                z = drop_scale if keep(k_row, col, threshold) else ZERO
+                z = dropout_scale if keep(k_row, col, threshold) else ZERO
             gdS[bi, hi, row, col] = gP[bi, hi, row, col] * (gdP[bi, hi, row, col] * z - D_i)  # HBM read: 2N, write: N
 
     return kernel
+
+
+def choose_block_sizes(prob, block_sizes=None) -> tuple[int, int]:
+    """The kernel contract's (Br, Bc): here the (BM, BN) output tile of the GEMMs (no (Br, Bc) tiling)."""
+    t = default_tiles()
+    return t.BM, t.BN
+
+
+def sram_bytes(prob, block_sizes=None) -> int:
+    """Static shared memory per block of the largest kernel (the GEMMs), in bytes."""
+    return max(default_tiles().sram_bytes, 4 * row_threads())
+
+
+def compiled_kernels(prob, block_sizes=None) -> list[KernelLaunch]:
+    """The row kernels and the GEMMs one call launches, compiled for ``prob`` (not launched)."""
+    t = default_tiles()
+    b, s_q, s_k, h, d = prob.batch, prob.seqlen_q, prob.seqlen_k, prob.nheads, prob.headdim
+    drop = prob.dropout_p > 0.0
+    nt = row_threads()
+    gemm = -(-s_q // t.BM) * b * h
+    return [
+        KernelLaunch("S = tau QK^T", matmul_kernel("bshd", False, "bshd", True, "bhst", False, prob.causal, False, t),
+                     t.threads, -(-s_k // t.BN) * gemm),
+        KernelLaunch("P = softmax(S)", softmax_kernel(nt, True), nt, s_q * b * h),
+        KernelLaunch("dS = P o (dP - D)", ds_kernel(nt, drop), nt, s_q * b * h),
+        KernelLaunch("dQ = tau dS K", matmul_kernel("bhst", False, "bshd", False, "bshd", False, False, False, t),
+                     t.threads, -(-d // t.BN) * gemm),
+    ]
 
 
 def backward(dout, q, k, v, out, fwd, prob, alloc, block_sizes=None, deterministic=False):
@@ -174,7 +203,7 @@ def backward(dout, q, k, v, out, fwd, prob, alloc, block_sizes=None, determinist
     nt = row_threads()
     use_dropout = prob.dropout_p > 0.0
     drop = (prob.seed, prob.threshold, prob.dropout_p) if use_dropout else None
-    drop_scale = np.float32(1.0 / (1.0 - prob.dropout_p))
+    dropout_scale = np.float32(prob.dropout_scale)
     dq = alloc.empty((b, s_q, h, d))
     dk = alloc.empty((b, s_k, h_k, d))
     dv = alloc.empty((b, s_k, h_k, d))
@@ -200,7 +229,7 @@ def backward(dout, q, k, v, out, fwd, prob, alloc, block_sizes=None, determinist
     matmul(dout, v, dP, a_layout="bshd", b_layout="bshd", c_layout="bhst", trans_b=True, b_kv=True, kv_group=G)
     # Alg.3 L3: read P, dP; dS_ij = P_ij (dP_ij Z_ij - D_i), D_i = sum_l P_il dP_il Z_il; write dS (N x N)
     dS = alloc.empty((b, h, s_q, s_k))  # (b, h, N, N) HBM
-    ds_kernel(nt, use_dropout)[(s_q, b * h), nt](S_P, dP, dS, s_k, h, np.uint32(prob.seed), np.uint32(prob.threshold), drop_scale)
+    ds_kernel(nt, use_dropout)[(s_q, b * h), nt](S_P, dP, dS, s_k, h, np.uint32(prob.seed), np.uint32(prob.threshold), dropout_scale)
     # Alg.3 L4: load dS, K; dQ = tau dS K; write dQ
     matmul(dS, k, dq, a_layout="bhst", b_layout="bshd", c_layout="bshd", b_kv=True, kv_group=G, alpha=tau)
     # Alg.3 L5: load dS, Q; dK = tau dS^T Q, summed over each GQA group inside the product; write dK

@@ -49,9 +49,9 @@ Per block, float32: ``K_j, V_j``: 2 Bc (d|1); ``Q_i, dO_i``: 2 Br (d|1) (rows pa
 so that column reads across rows hit distinct banks); ``P~_ij, dS_ij``: 2 Br Bc; D_i partials, m_i,
 1/l_i: Br (TLX + 2). ``S_ij, dP_ij`` and the accumulators ``dK~_j, dV~_j, dQ_i`` live in registers.
 ``O_i`` never enters SRAM: it is only needed for line 19's dot products, formed while loading.
-At d = 64 with Br = Bc = 32: 41.8 KB, under numba-cuda's 48 KB static limit (:func:`smem_bytes`);
+At d = 64 with Br = Bc = 32: 41.8 KB, under numba-cuda's 48 KB static limit (:func:`tile_sram_bytes`);
 at d = 128 the default is Br = 16, Bc = 24 (44.4 KB). With one block per SM an SM could give a block
-up to 227 KB, but only through dynamic shared memory with a driver opt-in (:mod:`numba_flash._smem`);
+up to 227 KB, but only through dynamic shared memory with a driver opt-in (:mod:`numba_flash.fast._smem`);
 this readable kernel keeps the paper's named, statically sized tiles.
 
 What it costs (measured in an earlier run; ``docs/results/backward_d64_h200.json`` now holds the fast twin's)
@@ -76,12 +76,12 @@ on a machine without a GPU this runs in Numba's CUDA simulator)::
     >>> dq.shape, dk.shape
     ((1, 12, 2, 4), (1, 12, 2, 4))
 
-This is the *readable* kernel. The default (``VARIANT = "fast"``) is its twin
-:mod:`numba_flash.alg4_backward_fast`: the same schedule (one block per (batch, head), ``j`` outer,
+This is the *readable* kernel (variant ``"readable"``). The default (variant ``"fast"``) is its twin
+:mod:`numba_flash.fast.alg4_backward`: the same schedule (one block per (batch, head), ``j`` outer,
 ``i`` inner, ``dQ_i`` read-modify-written in HBM) with register-blocked tiles, 64 x 128 tiles in
 dynamic SRAM and prefetched row blocks; its docstring says what changed and what it bought (same H200
-shape: 46 ms instead of 253 ms, so forward + backward is 4.0x faster than the standard path). Choose
-with ``backward(..., variant="readable")`` or by setting :data:`VARIANT` (as :mod:`numba_flash.alg1_forward`).
+shape: 46 ms instead of 253 ms, so forward + backward is 4.0x faster than the standard path). Run
+this one with ``flash_attn_func(..., algorithm="flash1", variant="readable")``.
 
 Tests: ``python -m pytest tests/kernels/test_backward_kernels.py tests/test_autograd.py -k flash1``.
 """
@@ -97,11 +97,8 @@ from numba import cuda, float32
 
 from . import _backend
 from ._dropout import head_key, keep, row_key
-from ._launch import STATIC_SMEM_BYTES, ceil_div
-
-#: Which kernel :func:`backward` runs by default: "fast" (:mod:`numba_flash.alg4_backward_fast`) or "readable".
-VARIANT = "fast"
-VARIANTS = ("fast", "readable")
+from ._gqa import group_sum, per_head_grads
+from ._launch import STATIC_SMEM_BYTES, KernelLaunch, Problem, ceil_div
 
 #: Largest number of threads per block :func:`default_threads` picks.
 MAX_THREADS = 256
@@ -114,12 +111,12 @@ def _pow2_floor(n: int) -> int:
 def default_block_sizes(d: int) -> tuple[int, int]:
     """(Br, Bc) used when none are given: (32, 32) up to d = 64, (16, 24) up to d = 128.
 
-    Both fit 48 KB (:func:`smem_bytes`); a larger ``Bc`` means fewer passes of line 21's dQ
+    Both fit 48 KB (:func:`tile_sram_bytes`); a larger ``Bc`` means fewer passes of line 21's dQ
     read-modify-write (``Tc = N / Bc``), which is why the d = 128 tile is wider than it is tall
     (the tile sweep ``tests/benchmarks/alg4_sweep.py`` measures the alternatives).
 
     FA1's formula (Algorithm 1 line 1, ``Bc = ceil(M/4d)``, ``Br = min(Bc, d)``) assumes the backward
-    pass can keep about 2.5 M elements on chip; this kernel keeps the budget of :func:`smem_bytes`
+    pass can keep about 2.5 M elements on chip; this kernel keeps the budget of :func:`tile_sram_bytes`
     under numba-cuda's 48 KB static limit instead.
     """
     return (32, 32) if d <= 64 else (16, 24)
@@ -199,17 +196,17 @@ class Alg4Config:
         return self.threads // self.TLX
 
     @property
-    def smem_bytes(self) -> int:
+    def sram_bytes(self) -> int:
         floats = 2 * self.Bc * self.DP + 2 * self.Br * self.DP + 2 * self.Br * self.Bc + self.Br * (self.TLX + 2)
         return 4 * floats
 
 
-def smem_bytes(Br: int, Bc: int, d: int, threads: int | None = None) -> int:
+def tile_sram_bytes(Br: int, Bc: int, d: int, threads: int | None = None) -> int:
     """Static shared memory of the kernel for these tiles (see the module docstring)."""
-    return Alg4Config(Br, Bc, d, threads or default_threads(Br, Bc, d)).smem_bytes
+    return Alg4Config(Br, Bc, d, threads or default_threads(Br, Bc, d)).sram_bytes
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def alg4_kernel(cfg: Alg4Config, causal: bool, dropout: bool, stats_from_lse: bool):
     """Compile (once per configuration) the Algorithm 4 kernel for the tiles and options of ``cfg``.
 
@@ -238,7 +235,7 @@ def alg4_kernel(cfg: Alg4Config, causal: bool, dropout: bool, stats_from_lse: bo
     ONE = float32(1.0)
 
     @cuda.jit(**jit_options)
-    def kernel(gQ, gK, gV, gO, gdO, gm, gl, gdQ, gdK, gdV, tau, drop_scale, s_q, s_k, nheads, group, causal_offset, seed, threshold):
+    def kernel(gQ, gK, gV, gO, gdO, gm, gl, gdQ, gdK, gdV, tau, dropout_scale, s_q, s_k, nheads, group, causal_offset, seed, threshold):
         """One (batch, query head) per block: Algorithm 4 lines 1-24.
 
         Symbol table (paper -> variable -> memory space):
@@ -411,7 +408,7 @@ def alg4_kernel(cfg: Alg4Config, causal: bool, dropout: bool, stats_from_lse: bo
                         # Alg.4 L14: Z_ij regenerated from R: 1/(1-p) where kept, 0 where dropped
                         z = ONE
                         if DROPOUT:
-                            z = drop_scale if keep(k_row, col, threshold) else ZERO
+                            z = dropout_scale if keep(k_row, col, threshold) else ZERO
                         rZ[a, b] = z
                         # Alg.4 L15: P_ij^dropped = P_ij o Z_ij, to SRAM for line 16
                         if (A_ROWS_EXACT or r < BR) and (A_COLS_EXACT or cc < BC):
@@ -509,24 +506,6 @@ def alg4_kernel(cfg: Alg4Config, causal: bool, dropout: bool, stats_from_lse: bo
 
 
 
-@cuda.jit
-def _group_sum_kernel(gdK_h, gdV_h, gdK, gdV, s_k, d, nheads_k, group):
-    """dK[b, :, hk] = sum_g dK_h[b, :, hk*G + g] (and dV): the GQA/MQA reduction over a group."""
-    idx = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-    bi = cuda.blockIdx.y // nheads_k
-    hk = cuda.blockIdx.y - bi * nheads_k
-    if idx < s_k * d:
-        col = idx // d
-        c = idx - col * d
-        acc_k = float32(0.0)
-        acc_v = float32(0.0)
-        for g in range(group):
-            acc_k += gdK_h[bi, col, hk * group + g, c]  # HBM read: G*N*d
-            acc_v += gdV_h[bi, col, hk * group + g, c]
-        gdK[bi, col, hk, c] = acc_k  # HBM write: N*d
-        gdV[bi, col, hk, c] = acc_v
-
-
 def _config(prob, block_sizes=None, num_threads=None) -> Alg4Config:
     d = prob.headdim
     Br, Bc = default_block_sizes(d) if block_sizes is None else (int(block_sizes[0]), int(block_sizes[1]))
@@ -534,33 +513,33 @@ def _config(prob, block_sizes=None, num_threads=None) -> Alg4Config:
     if nt < 1 or nt > 1024 or (nt % 32 and nt & (nt - 1)):
         raise ValueError(f"num_threads must be a multiple of 32 up to 1024 (or a power of two below 32), got {nt}")
     cfg = Alg4Config(Br, Bc, d, nt)
-    if cfg.smem_bytes > STATIC_SMEM_BYTES:
+    if cfg.sram_bytes > STATIC_SMEM_BYTES:
         raise ValueError(
-            f"block_sizes (Br, Bc) = ({Br}, {Bc}) need {cfg.smem_bytes} bytes of shared memory at headdim {d} in the "
+            f"block_sizes (Br, Bc) = ({Br}, {Bc}) need {cfg.sram_bytes} bytes of shared memory at headdim {d} in the "
             f"Algorithm 4 kernel, over the {STATIC_SMEM_BYTES}-byte static limit; use smaller tiles, e.g. {default_block_sizes(d)}"
         )
     return cfg
 
 
-def _variant(variant):
-    variant = VARIANT if variant is None else variant
-    if variant not in VARIANTS:
-        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
-    return variant
+def choose_block_sizes(prob: Problem, block_sizes=None) -> tuple[int, int]:
+    """(Br, Bc) of the tiles (the kernel contract): :func:`default_block_sizes` or the override."""
+    cfg = _config(prob, block_sizes)
+    return cfg.Br, cfg.Bc
 
 
-def compiled_kernels(prob, block_sizes=None, stats_from_lse=False, num_threads=None, variant=None):
-    """(name, dispatcher, threads per block, blocks in the grid) of :func:`backward`'s main launch."""
-    if _variant(variant) == "fast":
-        from . import alg4_backward_fast
+def sram_bytes(prob: Problem, block_sizes=None) -> int:
+    """Static shared memory per block, in bytes."""
+    return _config(prob, block_sizes).sram_bytes
 
-        return alg4_backward_fast.compiled_kernels(prob, block_sizes)
+
+def compiled_kernels(prob: Problem, block_sizes=None, stats_from_lse=False, num_threads=None) -> list[KernelLaunch]:
+    """The main launch of :func:`backward`, compiled for ``prob`` (not launched)."""
     cfg = _config(prob, block_sizes, num_threads)
     kernel = alg4_kernel(cfg, prob.causal, prob.dropout_p > 0.0, stats_from_lse)
-    return [(f"FA1 backward (Br, Bc) = ({cfg.Br}, {cfg.Bc})", kernel, cfg.threads, prob.batch * prob.nheads)]
+    return [KernelLaunch(f"FA1 backward (Br, Bc) = ({cfg.Br}, {cfg.Bc})", kernel, cfg.threads, prob.batch * prob.nheads)]
 
 
-def backward(dout, q, k, v, out, fwd, prob, alloc, block_sizes=None, deterministic=False, *, num_threads=None, variant=None):
+def backward(dout, q, k, v, out, fwd, prob, alloc, block_sizes=None, deterministic=False, *, num_threads=None):
     """FA1 Algorithm 4 on kernel arrays: ``(dq, dk, dv)`` for upstream gradient ``dout``.
 
     Parameters
@@ -573,19 +552,12 @@ def backward(dout, q, k, v, out, fwd, prob, alloc, block_sizes=None, determinist
     alloc : :class:`~numba_flash._launch.Allocator`
     block_sizes : (Br, Bc), default :func:`default_block_sizes`
     deterministic : accepted for the common signature; this kernel is always deterministic (no atomics)
-    num_threads : threads per block, default :func:`default_threads` (readable kernel only)
-    variant : "fast" (the default, :data:`VARIANT`) runs :mod:`numba_flash.alg4_backward_fast` (which
-        rounds ``block_sizes`` up to its register tiling, see its ``config_for``); "readable" runs the
-        kernel of this file
+    num_threads : threads per block, default :func:`default_threads`
 
     Returns
     -------
     dq (b, s_q, h, d), dk, dv (b, s_k, h_k, d): float32 kernel arrays; dk, dv summed over GQA groups.
     """
-    if _variant(variant) == "fast":
-        from . import alg4_backward_fast
-
-        return alg4_backward_fast.backward(dout, q, k, v, out, fwd, prob, alloc, block_sizes=block_sizes)
     b, s_q, s_k, h, h_k, d = prob.batch, prob.seqlen_q, prob.seqlen_k, prob.nheads, prob.nheads_k, prob.headdim
     cfg = _config(prob, block_sizes, num_threads)
     nt = cfg.threads
@@ -596,18 +568,16 @@ def backward(dout, q, k, v, out, fwd, prob, alloc, block_sizes=None, determinist
     dk = alloc.empty((b, s_k, h_k, d))
     dv = alloc.empty((b, s_k, h_k, d))
     # Dev: under GQA/MQA each query head's block writes its partial dK, dV to an O(N)-per-head scratch
-    # array and _group_sum_kernel adds the group (grid b*h, not b*h_k; see the module docstring).
-    # With G = 1 the kernel writes dk, dv directly.
-    dk_h, dv_h = (dk, dv) if G == 1 else (alloc.empty((b, s_k, h, d)), alloc.empty((b, s_k, h, d)))
+    # array and numba_flash._gqa.group_sum adds the group (grid b*h, not b*h_k; see the module
+    # docstring). With G = 1 the kernel writes dk, dv directly.
+    dk_h, dv_h = per_head_grads(dk, dv, prob, alloc)
     m, l = (fwd.lse, fwd.lse) if from_lse else (fwd.m, fwd.l)
-    drop_scale = np.float32(1.0 / (1.0 - prob.dropout_p))
+    dropout_scale = np.float32(prob.dropout_scale)
     kernel[b * h, nt](
         q, k, v, out, dout, m, l, dq, dk_h, dv_h,
-        np.float32(prob.softmax_scale), drop_scale, s_q, s_k, h, G, prob.causal_offset,
+        np.float32(prob.softmax_scale), dropout_scale, s_q, s_k, h, G, prob.causal_offset,
         np.uint32(prob.seed), np.uint32(prob.threshold),
     )
-    if G > 1:
-        nt_sum = 64 if _backend.is_simulator() else 256  # the simulator runs each thread as a Python thread
-        _group_sum_kernel[(ceil_div(s_k * d, nt_sum), b * h_k), nt_sum](dk_h, dv_h, dk, dv, s_k, d, h_k, G)
+    group_sum(dk_h, dv_h, dk, dv, prob)
     # Alg.4 L26: return dQ, dK, dV
     return dq, dk, dv

@@ -14,11 +14,11 @@ name          forward                                          backward
 "flash2"      FA2 Algorithm 1 (query-outer)                     FA2 Algorithm 2 (D pre-pass)
 ============  ===============================================  =============================
 
-Each algorithm lives in its own module in this package. A forward module exposes
-``forward(q, k, v, prob, alloc, block_sizes=None) -> ForwardOutput`` and a backward module
-``backward(dout, q, k, v, out, fwd, prob, alloc, block_sizes=None, deterministic=False) -> (dq, dk, dv)``
-on kernel arrays (see :mod:`numba_flash._launch`); this module does the checking, conversion and
-dispatch once for all of them.
+Which kernel of the algorithm runs (``variant=``): ``"auto"`` (the default: the fastest for this
+device), ``"readable"`` (the kernel that follows the paper line by line), ``"fast"``, ``"tensorcore"``;
+:func:`numba_flash.variants` lists them. :mod:`numba_flash.registry` maps (algorithm, pass, variant) to
+a kernel module; every module follows the contract of :class:`numba_flash._launch.KernelModule` on
+kernel arrays, and this module does the checking, conversion and dispatch once for all of them.
 
 Inputs are computed in float32 whatever their floating dtype (float16, bfloat16, float32, float64);
 outputs come back in the input's dtype. CUDA tensors are used zero-copy; NumPy arrays and CPU tensors
@@ -27,26 +27,13 @@ run in the simulator on a machine without a GPU (and are copied to the device on
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 
 import numpy as np
 
+from . import registry
 from ._launch import Allocator, ForwardOutput, Problem, check_attention_args, check_backward_args
-
-ALGORITHMS = ("standard", "flash1", "flash2")
-#: The algorithm used when none is named.
-DEFAULT_ALGORITHM = "flash2"
-
-_FORWARD_MODULES = {"standard": "alg0_standard", "flash1": "alg1_forward", "flash2": "fa2_forward"}
-_BACKWARD_MODULES = {"standard": "alg3_backward", "flash1": "alg4_backward", "flash2": "fa2_backward"}
-
-
-def _check_algorithm(algorithm):
-    algorithm = DEFAULT_ALGORITHM if algorithm is None else algorithm
-    if algorithm not in ALGORITHMS:
-        raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
-    return algorithm
+from .registry import ALGORITHMS, DEFAULT_ALGORITHM, Kernel  # noqa: F401  (re-exported)
 
 
 def _check_block_sizes(block_sizes):
@@ -62,25 +49,30 @@ def _check_block_sizes(block_sizes):
     return int(br), int(bc)
 
 
-def _kernel_module(table, algorithm):
-    name = table[algorithm]
-    try:
-        return importlib.import_module(f"numba_flash.{name}")
-    except ModuleNotFoundError as exc:  # pragma: no cover - only while a module is being written
-        if exc.name == f"numba_flash.{name}":
-            raise NotImplementedError(f"algorithm {algorithm!r} has no kernel module numba_flash.{name} yet") from None
-        raise
+def _run_forward(q, k, v, prob: Problem, kernel: Kernel, block_sizes, alloc: Allocator) -> ForwardOutput:
+    return kernel.module.forward(alloc.to_kernel(q), alloc.to_kernel(k), alloc.to_kernel(v), prob, alloc, block_sizes=block_sizes)
 
 
-def _run_forward(q, k, v, prob: Problem, algorithm, block_sizes, alloc: Allocator) -> ForwardOutput:
-    mod = _kernel_module(_FORWARD_MODULES, algorithm)
-    return mod.forward(alloc.to_kernel(q), alloc.to_kernel(k), alloc.to_kernel(v), prob, alloc, block_sizes=block_sizes)
-
-
-def _run_backward(dout, q, k, v, out, fwd, prob, algorithm, block_sizes, deterministic, alloc):
-    mod = _kernel_module(_BACKWARD_MODULES, algorithm)
+def _run_backward(dout, q, k, v, out, fwd, prob, kernel: Kernel, block_sizes, deterministic, alloc):
     kq, kk, kv, ko, kdo = (alloc.to_kernel(x) for x in (q, k, v, out, dout))
-    return mod.backward(kdo, kq, kk, kv, ko, fwd, prob, alloc, block_sizes=block_sizes, deterministic=deterministic)
+    return kernel.module.backward(kdo, kq, kk, kv, ko, fwd, prob, alloc, block_sizes=block_sizes, deterministic=deterministic)
+
+
+def variants(algorithm=None) -> list[dict]:
+    """What can run: one dict per registered kernel, with whether it runs here and ``"auto"``'s choice.
+
+    >>> from numba_flash import variants
+    >>> [(k["algorithm"], k["pass"], k["variant"]) for k in variants("flash1")]
+    [('flash1', 'forward', 'readable'), ('flash1', 'forward', 'fast'), ('flash1', 'backward', 'readable'), ('flash1', 'backward', 'fast')]
+    """
+    if algorithm is not None:
+        registry.check_algorithm(algorithm)
+    rows = []
+    for k in registry.variants(algorithm):
+        auto = registry.resolve(k.algorithm, k.pass_, "auto")
+        rows.append({"algorithm": k.algorithm, "pass": k.pass_, "variant": k.variant, "paper": k.paper,
+                     "module": k.module.__name__, "available": k.available(), "auto": auto.variant == k.variant})
+    return rows
 
 
 # ----------------------------------------------------------------------------------------------
@@ -92,6 +84,8 @@ class AttentionStats:
 
     lse: (b, h, s_q) float32 logsumexp (+inf for rows that see no key). m, l: FA1's row max and row
     sum (``algorithm="flash1"`` only). The options are kept so the backward runs the same problem.
+    ``forward`` and ``backward`` are the registry entries of the kernels (``.variant``, ``.module``):
+    the forward is the one that ran; the backward is the one :func:`attention_backward_numpy` runs.
     """
 
     lse: np.ndarray
@@ -100,6 +94,13 @@ class AttentionStats:
     problem: Problem
     algorithm: str
     block_sizes: tuple | None
+    forward: Kernel
+    backward: Kernel
+
+    @property
+    def variant(self) -> str:
+        """The forward kernel's variant, e.g. ``"readable"``."""
+        return self.forward.variant
 
 
 def _positive_number(x) -> bool:
@@ -113,7 +114,7 @@ def _seed_or_random(seed, dropout_p):
     return int(np.random.default_rng().integers(0, 2**32)) if _positive_number(dropout_p) else 0
 
 
-def attention_numpy(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, *, algorithm=None, block_sizes=None, seed=None, return_stats=False):
+def attention_numpy(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, *, algorithm=None, variant=None, block_sizes=None, seed=None, return_stats=False):
     """Attention on NumPy arrays through the Numba kernels (no torch needed).
 
     Parameters
@@ -124,6 +125,8 @@ def attention_numpy(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, *,
     softmax_scale : float > 0, default 1/sqrt(headdim)
     causal : bool, bottom-right aligned causal mask
     algorithm : "standard", "flash1" or "flash2" (default :data:`DEFAULT_ALGORITHM`)
+    variant : "auto" (default), "readable", "fast" or "tensorcore": which kernel of the algorithm
+        (:func:`variants`); kept in the stats so the backward runs the same variant
     block_sizes : (Br, Bc), optional override of the paper's formula
     seed : int in [0, 2**32), the dropout seed (random when None and dropout_p > 0)
     return_stats : also return :class:`AttentionStats` for :func:`attention_backward_numpy`
@@ -133,10 +136,10 @@ def attention_numpy(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, *,
     out : array like q (same dtype), or ``(out, stats)``
     """
     prob = check_attention_args(q, k, v, dropout_p, softmax_scale, causal, _seed_or_random(seed, dropout_p))
-    algorithm = _check_algorithm(algorithm)
+    fwd_kernel, bwd_kernel = registry.resolve_pair(algorithm, variant)
     block_sizes = _check_block_sizes(block_sizes)
     alloc = Allocator(q)
-    fwd = _run_forward(q, k, v, prob, algorithm, block_sizes, alloc)
+    fwd = _run_forward(q, k, v, prob, fwd_kernel, block_sizes, alloc)
     out = alloc.result(fwd.out, np.asarray(q).dtype if alloc.kind == "numpy" else None)
     if not return_stats:
         return out
@@ -146,8 +149,10 @@ def attention_numpy(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, *,
         m=None if fwd.m is None else res(fwd.m),
         l=None if fwd.l is None else res(fwd.l),
         problem=prob,
-        algorithm=algorithm,
+        algorithm=fwd_kernel.algorithm,
         block_sizes=block_sizes,
+        forward=fwd_kernel,
+        backward=bwd_kernel,
     )
     return out, stats
 
@@ -166,7 +171,7 @@ def attention_backward_numpy(dout, q, k, v, out, stats: AttentionStats, *, deter
     check_backward_args(dout, out, prob, q)
     alloc = Allocator(q)
     fwd = ForwardOutput(out=None, lse=alloc.to_kernel(stats.lse), m=None if stats.m is None else alloc.to_kernel(stats.m), l=None if stats.l is None else alloc.to_kernel(stats.l))
-    dq, dk, dv = _run_backward(dout, q, k, v, out, fwd, prob, stats.algorithm, stats.block_sizes, deterministic, alloc)
+    dq, dk, dv = _run_backward(dout, q, k, v, out, fwd, prob, stats.backward, stats.block_sizes, deterministic, alloc)
     dt = np.asarray(q).dtype if alloc.kind == "numpy" else None
     return alloc.result(dq, dt), alloc.result(dk, dt), alloc.result(dv, dt)
 
@@ -185,25 +190,25 @@ def _autograd_function():
         """Saves q, k, v, out and O(N) statistics per head (lse; FA1 also m and l), never S or P."""
 
         @staticmethod
-        def forward(ctx, q, k, v, prob, algorithm, block_sizes, deterministic):
+        def forward(ctx, q, k, v, prob, kernels, block_sizes, deterministic):
             alloc = Allocator(q)
-            fwd = _run_forward(q, k, v, prob, algorithm, block_sizes, alloc)
+            fwd = _run_forward(q, k, v, prob, kernels[0], block_sizes, alloc)
             out = alloc.result(fwd.out, q.dtype)
             lse = alloc.result(fwd.lse)
             stats = [alloc.result(x) for x in (fwd.m, fwd.l) if x is not None]
             ctx.save_for_backward(q, k, v, out, lse, *stats)
-            ctx.options = (prob, algorithm, block_sizes, deterministic)
+            ctx.options = (prob, kernels[1], block_sizes, deterministic)
             ctx.mark_non_differentiable(lse)
             return out, lse
 
         @staticmethod
         def backward(ctx, dout, _dlse):
             q, k, v, out, lse, *stats = ctx.saved_tensors
-            prob, algorithm, block_sizes, deterministic = ctx.options
+            prob, bwd_kernel, block_sizes, deterministic = ctx.options
             alloc = Allocator(q)
             m, l = (alloc.to_kernel(s) for s in stats) if stats else (None, None)
             fwd = ForwardOutput(out=None, lse=alloc.to_kernel(lse), m=m, l=l)
-            dq, dk, dv = _run_backward(dout, q, k, v, out, fwd, prob, algorithm, block_sizes, deterministic, alloc)
+            dq, dk, dv = _run_backward(dout, q, k, v, out, fwd, prob, bwd_kernel, block_sizes, deterministic, alloc)
             return alloc.result(dq, q.dtype), alloc.result(dk, k.dtype), alloc.result(dv, v.dtype), None, None, None, None
 
     _FlashAttnFunction = FlashAttnFunction
@@ -213,7 +218,7 @@ def _autograd_function():
 _FlashAttnFunction = None
 
 
-def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, return_attn_probs=False, *, algorithm=None, block_sizes=None, seed=None, deterministic=False):
+def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, return_attn_probs=False, *, algorithm=None, variant=None, block_sizes=None, seed=None, deterministic=False):
     """flash-attn 2's ``flash_attn_func`` on torch tensors, differentiable in q, k and v.
 
     Parameters
@@ -226,6 +231,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, re
     return_attn_probs : also return the logsumexp (batch, nheads, seqlen_q) in float32, as flash-attn
         does (its third value, the dropout-masked S, is not materialized here: None)
     algorithm : "standard", "flash1" or "flash2" (keyword-only)
+    variant : "auto" (default), "readable", "fast" or "tensorcore" (keyword-only): which kernel of the
+        algorithm runs (:func:`variants`); ``"readable"`` runs the paper-shaped kernels of both passes
     block_sizes : (Br, Bc) override (keyword-only)
     seed : dropout seed in [0, 2**32); drawn from torch's generator when None (keyword-only)
     deterministic : run a backward without atomics (FA2), bitwise reproducible (keyword-only)
@@ -242,9 +249,9 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, re
     if seed is None:
         seed = int(torch.randint(0, 2**32, (1,), dtype=torch.int64).item()) if _positive_number(dropout_p) else 0
     prob = check_attention_args(q, k, v, dropout_p, softmax_scale, causal, seed)
-    algorithm = _check_algorithm(algorithm)
+    kernels = registry.resolve_pair(algorithm, variant)
     block_sizes = _check_block_sizes(block_sizes)
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
-    out, lse = _autograd_function().apply(q, k, v, prob, algorithm, block_sizes, deterministic)
+    out, lse = _autograd_function().apply(q, k, v, prob, kernels, block_sizes, deterministic)
     return (out, lse, None) if return_attn_probs else out

@@ -4,6 +4,7 @@
   table of error against the float64 reference, time and memory.
 * ``io``: print the HBM-access table of the IO model (Theorem 2, Theorem 5, Proposition 4).
 * ``info``: say which backend runs and with which versions.
+* ``variants``: list every kernel (algorithm, pass, variant), its module, and what ``auto`` picks here.
 """
 
 from __future__ import annotations
@@ -16,6 +17,18 @@ def _cmd_info(args) -> int:
     from . import describe
 
     print(describe())
+    return 0
+
+
+def _cmd_variants(args) -> int:
+    from . import describe
+    from .api import variants
+
+    print(describe())
+    print(f"{'algorithm':10s} {'pass':9s} {'variant':11s} {'paper':19s} {'runs here':10s} {'auto':5s} module")
+    for k in variants():
+        print(f"{k['algorithm']:10s} {k['pass']:9s} {k['variant']:11s} {k['paper']:19s} "
+              f"{'yes' if k['available'] else 'no':10s} {'*' if k['auto'] else '':5s} {k['module']}")
     return 0
 
 
@@ -37,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m numba_flash",
         description="FlashAttention as readable Numba CUDA kernels, on a GPU or in the CUDA simulator.",
     )
-    sub = p.add_subparsers(dest="command", metavar="{demo,io,info}")
+    sub = p.add_subparsers(dest="command", metavar="{demo,io,info,variants}")
     sub.required = True
 
     d = sub.add_parser("demo", help="standard vs tiled attention on the current backend: error, time, memory")
@@ -47,6 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--headdim", type=int, default=None, help="head dimension d")
     d.add_argument("--causal", action="store_true", help="use the causal mask")
     d.add_argument("--repeats", type=int, default=None, help="timed repeats per algorithm")
+    d.add_argument("--variant", default="auto", choices=("auto", "readable", "fast", "tensorcore"),
+                   help="which kernel of each algorithm runs (default: auto, the fastest here)")
     d.set_defaults(func=_cmd_demo)
 
     io = sub.add_parser("io", help="HBM accesses of standard vs tiled attention (the IO model)")
@@ -60,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     info = sub.add_parser("info", help="which backend runs, device and versions")
     info.set_defaults(func=_cmd_info)
+
+    var = sub.add_parser("variants", help="every kernel: algorithm, pass, variant, module, and auto's pick")
+    var.set_defaults(func=_cmd_variants)
     return p
 
 

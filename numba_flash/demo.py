@@ -8,20 +8,21 @@ measured peak; otherwise it is what the kernel module allocated (workspaces and 
 Python threads, so only the error and memory columns mean anything there.
 
 Defaults: ``b=1, h=2, N=64, d=16`` in the simulator (a few seconds); ``b=4, h=16, N=2048, d=64`` on
-a GPU. Every size can be given on the command line (``--batch --nheads --seqlen --headdim``).
+a GPU. Every size can be given on the command line (``--batch --nheads --seqlen --headdim``), and
+``--variant`` picks which kernel of each algorithm runs (``auto``, ``readable``, ``fast``,
+``tensorcore``; an algorithm without that variant runs its ``auto`` kernel). The table's ``kernel``
+column names the module that ran.
 """
 
 from __future__ import annotations
 
-import importlib
 import time
 
 import numpy as np
 from numba_flash_reference.alg0_standard import standard_attention
 
-from . import _backend, _launch, describe
+from . import _backend, _launch, describe, registry
 from ._launch import Allocator, check_attention_args
-from .api import _FORWARD_MODULES
 
 SIM_DEFAULTS = dict(batch=1, nheads=2, seqlen=64, headdim=16, repeats=1)
 GPU_DEFAULTS = dict(batch=4, nheads=16, seqlen=2048, headdim=64, repeats=10)
@@ -71,13 +72,19 @@ class _CountingAllocator(Allocator):
         return super().empty(shape, dtype)
 
 
-def _numpy_call(q, k, v, causal, algorithm):
+def _numpy_call(q, k, v, causal, kernel):
     """One call through the kernel module with a counting allocator: (out, bytes allocated)."""
     prob = check_attention_args(q, k, v, causal=causal)
     alloc = _CountingAllocator(q)
-    mod = importlib.import_module(f"numba_flash.{_FORWARD_MODULES[algorithm]}")
-    fwd = mod.forward(alloc.to_kernel(q), alloc.to_kernel(k), alloc.to_kernel(v), prob, alloc)
+    fwd = kernel.module.forward(alloc.to_kernel(q), alloc.to_kernel(k), alloc.to_kernel(v), prob, alloc)
     return alloc.result(fwd.out), alloc.bytes
+
+
+def forward_kernel(algorithm: str, variant: str) -> registry.Kernel:
+    """The forward kernel the demo runs: ``variant`` where the algorithm has it, else its ``auto`` kernel."""
+    if variant != "auto" and (algorithm, "forward", variant) not in registry.KERNELS:
+        variant = "auto"
+    return registry.resolve(algorithm, "forward", variant)
 
 
 def _measure(fn, repeats, torch):
@@ -120,6 +127,8 @@ def run(args) -> int:
     sz = _sizes(args)
     b, h, n, d, reps, causal = sz["batch"], sz["nheads"], sz["seqlen"], sz["headdim"], sz["repeats"], sz["causal"]
     print(f"batch={b} nheads={h} seqlen={n} headdim={d} causal={causal} float32, {reps} timed repeat(s)")
+    variant = registry.check_variant(getattr(args, "variant", None))
+    kernels = {alg: forward_kernel(alg, variant) for alg, _ in ALGORITHMS}
     rng = np.random.default_rng(0)
     q, k, v = (rng.standard_normal((b, n, h, d)).astype(np.float32) for _ in range(3))
     ref = standard_attention(q, k, v, causal=causal).O
@@ -130,27 +139,31 @@ def run(args) -> int:
 
         tq, tk, tv = (torch.from_numpy(x).cuda() for x in (q, k, v))
         io = b * n * h * d * 4  # the output O; the O(N) statistics (lse, m, l) count as extra
-        make = lambda alg: (lambda: flash_attn_func(tq, tk, tv, causal=causal, algorithm=alg))  # noqa: E731
+        def make(alg):
+            return lambda: flash_attn_func(tq, tk, tv, causal=causal, algorithm=alg, variant=kernels[alg].variant)
     else:
         io = b * n * h * d * 4
-        make = lambda alg: (lambda: _numpy_call(q, k, v, causal, alg))  # noqa: E731
+
+        def make(alg):
+            return lambda: _numpy_call(q, k, v, causal, kernels[alg])
     rows = []
     for alg, label in ALGORITHMS:
         out, t, extra = _measure(make(alg), reps, torch)
         out = out.cpu().numpy() if torch is not None else out
         err = float(np.max(np.abs(out.astype(np.float64) - ref)))
-        rows.append((label, err, t, max(0, extra - io)))
-    header = f"{'algorithm':34s} {'max |err| vs float64':>21s} {'time':>11s} {'extra memory':>13s}"
+        rows.append((label, err, t, max(0, extra - io), kernels[alg]))
+    header = (f"{'algorithm':34s} {'max |err| vs float64':>21s} {'time':>11s} {'extra memory':>13s}  "
+              f"{'variant':10s} kernel")
     print(header)
     print("-" * len(header))
-    for label, err, t, extra in rows:
-        print(f"{label:34s} {err:21.2e} {t * 1e3:8.2f} ms {_fmt_bytes(extra):>13s}")
+    for label, err, t, extra, kern in rows:
+        print(f"{label:34s} {err:21.2e} {t * 1e3:8.2f} ms {_fmt_bytes(extra):>13s}  {kern.variant:10s} {kern.path}")
     print(f"{'(float32 naive NumPy, for scale)':34s} {naive_err:21.2e}")
     if _backend.is_simulator():
         print("Simulator: times are Python threads (functional only); extra memory = what the kernel module allocates.")
     else:
         t_std = rows[0][2]
-        ratios = ", ".join(f"{label.split(',')[0]}: {t_std / t:.2f}x" for label, _, t, _ in rows[1:])
+        ratios = ", ".join(f"{label.split(',')[0]}: {t_std / t:.2f}x" for label, _, t, _, _ in rows[1:])
         print(f"time of standard / time of tiled ({ratios}); extra memory O(N^2) vs O(N)")
     return 0
 

@@ -32,9 +32,9 @@ pre-pass: grid ``(ceil(N_q / 128), b h)``, 128 threads, one per row. Main: grid 
 SRAM budget of the main kernel (float32 elements): ``sK_j, sV_j`` 2 Bc (d+1); ``sQ_i, sdO_i``
 2 Br d; ``sL_i, sD_i`` 2 Br; ``sdS_ij`` Br Bc. ``dK_j, dV_j`` rows are per-thread local arrays.
 
-This is the *readable* kernel. The default (``VARIANT = "fast"``) is the register-blocked twin in
-:mod:`numba_flash.fa2_backward_fast`; its docstring says what changed and what it bought. Choose with
-``backward(..., variant="readable")`` or by setting :data:`VARIANT` (as :mod:`numba_flash.fa2_forward`).
+This is the *readable* kernel (variant ``"readable"``). Its register-blocked twin is
+:mod:`numba_flash.fast.fa2_backward` (variant ``"fast"``, the default); its docstring says what changed
+and what it bought. Run this one with ``flash_attn_func(..., algorithm="flash2", variant="readable")``.
 """
 
 from __future__ import annotations
@@ -45,16 +45,11 @@ import math
 from numba import cuda, float32, uint64
 
 from ._dropout import head_key, keep, row_key
-from ._launch import STATIC_SMEM_BYTES, Problem, ceil_div
-
-PREPASS_THREADS = 128
-
-#: Which kernels :func:`backward` runs by default: "fast" (fa2_backward_fast) or "readable" (this file).
-VARIANT = "fast"
-VARIANTS = ("fast", "readable")
+from ._fa2_prepass import row_dot
+from ._launch import STATIC_SMEM_BYTES, KernelLaunch, Problem, ceil_div
 
 
-def smem_bytes(Br: int, Bc: int, d: int) -> int:
+def tile_sram_bytes(Br: int, Bc: int, d: int) -> int:
     """Static SRAM of the main kernel (the larger of the two)."""
     main = 2 * Bc * (d + 1) + 2 * Br * d + 2 * Br + Br * Bc
     dq = 2 * Br * (d + 1) + 2 * Bc * d + 2 * Br
@@ -68,7 +63,7 @@ def default_block_sizes(d: int):
     (``K_j, V_j, Q_i, dO_i`` plus ``dS_ij``), so it picks its own.
     """
     for B in (64, 32, 16, 8, 4):
-        if smem_bytes(B, B, d) <= STATIC_SMEM_BYTES:
+        if tile_sram_bytes(B, B, d) <= STATIC_SMEM_BYTES:
             return B, B
     return 2, 2
 
@@ -79,8 +74,8 @@ def _split(prob: Problem, block_sizes):
     Br, Bc = default_block_sizes(d) if block_sizes is None else block_sizes
     if max(Br, Bc) > 1024:
         raise ValueError(f"block_sizes ({Br}, {Bc}): one thread per row, at most 1024 threads per block")
-    if smem_bytes(Br, Bc, d) > STATIC_SMEM_BYTES:
-        raise ValueError(f"block_sizes ({Br}, {Bc}) need {smem_bytes(Br, Bc, d)} bytes of shared memory at d={d}; the limit is {STATIC_SMEM_BYTES}")
+    if tile_sram_bytes(Br, Bc, d) > STATIC_SMEM_BYTES:
+        raise ValueError(f"block_sizes ({Br}, {Bc}) need {tile_sram_bytes(Br, Bc, d)} bytes of shared memory at d={d}; the limit is {STATIC_SMEM_BYTES}")
     # FA2.2 L1: split Q into Tr = ceil(N_q / Br) blocks Q_i; K, V into Tc = ceil(N_k / Bc) blocks K_j, V_j
     Tr = ceil_div(prob.seqlen_q, Br)
     Tc = ceil_div(prob.seqlen_k, Bc)
@@ -96,30 +91,18 @@ def _allocate_grads(prob: Problem, alloc, deterministic: bool):
     return dq, alloc.empty(shape_k), alloc.empty(shape_k)
 
 
-@cuda.jit
-def preprocess_kernel(gO, gdO, gD):
-    """D = rowsum(dO o O): thread per row; grid (ceil(N_q / 128), b h). gD is (b, h, N_q)."""
-    nheads = gO.shape[2]
-    b = cuda.blockIdx.y // nheads
-    h = cuda.blockIdx.y % nheads
-    row = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-    if row < gO.shape[1]:
-        # [doc:fa2-bwd-preprocess]
-        # FA2.2 L4: D_i = rowsum(dO_i o O_i), written to HBM (a separate pre-pass)
-        acc = float32(0.0)
-        for x in range(gO.shape[3]):
-            acc += gdO[b, row, h, x] * gO[b, row, h, x]  # HBM read: 2d per row
-        gD[b, h, row] = acc  # HBM write: 1 per row
-        # [/doc:fa2-bwd-preprocess]
+def _row_dot(out, dout, prob: Problem, alloc):
+    # FA2.2 L4: D_i = rowsum(dO_i o O_i) for every row, by the pre-pass kernel of numba_flash._fa2_prepass
+    return row_dot(out, dout, prob, alloc)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def fa2_backward_kernel(BR: int, BC: int, D: int, CAUSAL: bool, DROPOUT: bool, ATOMIC_DQ: bool):
     """The main (column-block) kernel: dK, dV, and with ``ATOMIC_DQ`` the atomic dQ adds.
 
     Kernel arguments: ``gQ, gdO (b, s_q, h, d)``, ``gK, gV (b, s_k, h_k, d)``, ``gL, gD (b, h, s_q)``,
     outputs ``gdQ`` (zeros; unused without ``ATOMIC_DQ``), ``gdK, gdV (b, s_k, h_k, d)``; ``tau``,
-    ``group``, ``causal_offset``, dropout ``seed``, ``threshold``, ``inv_keep``.
+    ``group``, ``causal_offset``, dropout ``seed``, ``threshold``, ``dropout_scale``.
 
     Symbol table (paper symbol -> variable -> memory space):
 
@@ -137,7 +120,7 @@ def fa2_backward_kernel(BR: int, BC: int, D: int, CAUSAL: bool, DROPOUT: bool, A
     DK = D + 1  # Dev: +1 pad: thread c reads row c of K_j, V_j; rows of 32 floats would share one bank
 
     @cuda.jit
-    def kernel(gQ, gK, gV, gdO, gL, gD, gdQ, gdK, gdV, tau, group, causal_offset, seed, threshold, inv_keep):
+    def kernel(gQ, gK, gV, gdO, gL, gD, gdQ, gdK, gdV, tau, group, causal_offset, seed, threshold, dropout_scale):
         sK_j = cuda.shared.array((BC, DK), float32)  # (Bc, d) SRAM
         sV_j = cuda.shared.array((BC, DK), float32)  # (Bc, d) SRAM
         sQ_i = cuda.shared.array((BR, D), float32)  # (Br, d) SRAM
@@ -211,7 +194,7 @@ def fa2_backward_kernel(BR: int, BC: int, D: int, CAUSAL: bool, DROPOUT: bool, A
                     # Dev: dropout: Z_ij regenerated from the counter hash (FA1 Alg.4 L14-L15)
                     Z = float32(1.0)
                     if DROPOUT:
-                        Z = inv_keep if keep(row_key(k_bh, row), col, threshold) else float32(0.0)
+                        Z = dropout_scale if keep(row_key(k_bh, row), col, threshold) else float32(0.0)
                     # FA2.2 L12: dV_j += (P_ij o Z_ij)^T dO_i -- column c of P^T dO is row c of dV_j
                     PZ = P * Z
                     for x in range(D):
@@ -249,7 +232,7 @@ def fa2_backward_kernel(BR: int, BC: int, D: int, CAUSAL: bool, DROPOUT: bool, A
     return kernel
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def fa2_dq_kernel(BR: int, BC: int, D: int, CAUSAL: bool, DROPOUT: bool):
     """The deterministic dQ kernel: one thread block per query block, one thread per query row.
 
@@ -261,7 +244,7 @@ def fa2_dq_kernel(BR: int, BC: int, D: int, CAUSAL: bool, DROPOUT: bool):
     DQ = D + 1  # Dev: +1 pad: thread t reads row t of Q_i, dO_i
 
     @cuda.jit
-    def kernel(gQ, gK, gV, gdO, gL, gD, gdQ, tau, group, causal_offset, seed, threshold, inv_keep):
+    def kernel(gQ, gK, gV, gdO, gL, gD, gdQ, tau, group, causal_offset, seed, threshold, dropout_scale):
         sQ_i = cuda.shared.array((BR, DQ), float32)  # (Br, d) SRAM
         sdO_i = cuda.shared.array((BR, DQ), float32)  # (Br, d) SRAM
         sK_j = cuda.shared.array((BC, D), float32)  # (Bc, d) SRAM
@@ -317,7 +300,7 @@ def fa2_dq_kernel(BR: int, BC: int, D: int, CAUSAL: bool, DROPOUT: bool):
                 for x in range(D):
                     acc += sdO_i[t, x] * sV_j[c, x]
                 if DROPOUT:
-                    acc = acc * inv_keep if keep(k_row, col, threshold) else float32(0.0)
+                    acc = acc * dropout_scale if keep(k_row, col, threshold) else float32(0.0)
                 # FA2.2 L14: dS_ij = P_ij o (dP_ij - D_i)
                 dS = P * (acc - D_r)
                 # FA2.2 L15: dQ_i += tau dS_ij K_j -- Dev: deterministic: one thread sums its row in a fixed order
@@ -330,30 +313,43 @@ def fa2_dq_kernel(BR: int, BC: int, D: int, CAUSAL: bool, DROPOUT: bool):
     return kernel
 
 
-def backward(dout, q, k, v, out, fwd, prob: Problem, alloc, block_sizes=None, deterministic=False, variant=None):
+def choose_block_sizes(prob: Problem, block_sizes=None) -> tuple[int, int]:
+    """(Br, Bc) of the tiles (the kernel contract, :class:`numba_flash._launch.KernelModule`)."""
+    Br, Bc, _, _ = _split(prob, block_sizes)
+    return Br, Bc
+
+
+def sram_bytes(prob: Problem, block_sizes=None) -> int:
+    """Static shared memory per block of the larger of the two kernels, in bytes."""
+    return tile_sram_bytes(*choose_block_sizes(prob, block_sizes), prob.headdim)
+
+
+def compiled_kernels(prob: Problem, block_sizes=None, deterministic=False) -> list[KernelLaunch]:
+    """The main kernel (and the deterministic dQ kernel), compiled for ``prob`` (not launched)."""
+    Br, Bc, Tr, Tc = _split(prob, block_sizes)
+    dropout = prob.dropout_p > 0
+    out = [KernelLaunch(f"FA2 backward (Br, Bc) = ({Br}, {Bc})",
+                        fa2_backward_kernel(Br, Bc, prob.headdim, prob.causal, dropout, not deterministic),
+                        Bc, Tc * prob.batch * prob.nheads_k)]
+    if deterministic:
+        out.append(KernelLaunch(f"FA2 backward dQ (Br, Bc) = ({Br}, {Bc})",
+                                fa2_dq_kernel(Br, Bc, prob.headdim, prob.causal, dropout), Br, Tr * prob.batch * prob.nheads))
+    return out
+
+
+def backward(dout, q, k, v, out, fwd, prob: Problem, alloc, block_sizes=None, deterministic=False):
     """FA2 Algorithm 2 on kernel arrays: ``(dq, dk, dv)`` (dk, dv summed over each GQA group).
 
     ``deterministic=True`` computes dQ with :func:`fa2_dq_kernel` instead of atomic adds: bitwise
-    reproducible from run to run. ``variant``: "fast" (the default, :data:`VARIANT`) runs
-    :mod:`numba_flash.fa2_backward_fast`, "readable" the kernels of this file. ``block_sizes=(Br, Bc)``
-    is honoured by both (the fast kernels round it up to multiples of 16).
+    reproducible from run to run.
     """
-    variant = VARIANT if variant is None else variant
-    if variant not in VARIANTS:
-        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
-    if variant == "fast":
-        from . import fa2_backward_fast
-
-        return fa2_backward_fast.backward(dout, q, k, v, out, fwd, prob, alloc, block_sizes=block_sizes, deterministic=deterministic)
     Br, Bc, Tr, Tc = _split(prob, block_sizes)
     d = prob.headdim
     dq, dk, dv = _allocate_grads(prob, alloc, deterministic)
-    delta = alloc.empty((prob.batch, prob.nheads, prob.seqlen_q))
+    delta = _row_dot(out, dout, prob, alloc)
     bh = prob.batch * prob.nheads
-    preprocess_kernel[(ceil_div(prob.seqlen_q, PREPASS_THREADS), bh), PREPASS_THREADS](out, dout, delta)
     dropout = prob.dropout_p > 0
-    inv_keep = 1.0 / (1.0 - prob.dropout_p)
-    opts = (prob.softmax_scale, prob.group, prob.causal_offset, prob.seed, prob.threshold, inv_keep)
+    opts = (prob.softmax_scale, prob.group, prob.causal_offset, prob.seed, prob.threshold, prob.dropout_scale)
     main = fa2_backward_kernel(Br, Bc, d, prob.causal, dropout, not deterministic)
     main[(Tc, prob.batch * prob.nheads_k), Bc](q, k, v, dout, fwd.lse, delta, dq, dk, dv, *opts)
     if deterministic:

@@ -27,17 +27,17 @@ SRAM budget (float32 elements): ``sQ_i`` Br (d+1), ``sK_j, sV_j`` 2 Bc d, ``sS_i
 the 48 KB static limit for the default block sizes of FA1 Algorithm 1 line 1
 (:func:`numba_flash_reference.common.block_sizes`).
 
-This is the *readable* kernel. Its twins: :mod:`numba_flash.fa2_forward_fast` (register-blocked
-FFMA) and :mod:`numba_flash.fa2_forward_tc` (tensor cores, 3xTF32, the GPU default); each docstring
-says what changed and what it bought. Choose with ``forward(..., variant="readable")`` or by setting
-:data:`VARIANT` (default ``"auto"``: see :func:`resolve_variant`).
+This is the *readable* kernel (variant ``"readable"``). Its twins: :mod:`numba_flash.fast.fa2_forward`
+(variant ``"fast"``, register-blocked FFMA) and :mod:`numba_flash.fast.fa2_forward_tc` (variant
+``"tensorcore"``, 3xTF32 tensor cores, the default on GPUs of compute capability 8.0+); each docstring
+says what changed and what it bought. Run this one with ``variant="readable"``.
 
 Run it::
 
     >>> import numpy as np
     >>> from numba_flash.api import attention_numpy
     >>> q, k, v = np.random.default_rng(0).standard_normal((3, 1, 20, 1, 8)).astype(np.float32)
-    >>> attention_numpy(q, k, v, causal=True, algorithm="flash2", block_sizes=(8, 8)).shape
+    >>> attention_numpy(q, k, v, causal=True, algorithm="flash2", variant="readable", block_sizes=(8, 8)).shape
     (1, 20, 1, 8)
 """
 
@@ -50,30 +50,10 @@ from numba import cuda, float32, uint64
 from numba_flash_reference.common import block_sizes as fa1_block_sizes
 
 from ._dropout import head_key, keep, row_key
-from ._launch import STATIC_SMEM_BYTES, ForwardOutput, Problem, ceil_div
-
-#: Which kernel :func:`forward` runs by default: "auto" (below), "fast" (fa2_forward_fast, FFMA),
-#: "tensorcore" (fa2_forward_tc, 3xTF32 mma.sync) or "readable" (this file).
-VARIANT = "auto"
-VARIANTS = ("auto", "fast", "readable", "tensorcore")
+from ._launch import STATIC_SMEM_BYTES, ForwardOutput, KernelLaunch, Problem, ceil_div
 
 
-def resolve_variant(variant=None) -> str:
-    """The kernel a ``variant`` (default :data:`VARIANT`) runs here: "auto" is the tensor-core kernel on a
-    GPU of compute capability >= 8.0 (the fastest, within the same error rule) and the FFMA "fast"
-    kernel elsewhere (the simulator runs the tensor-core kernel only when asked: its warp-level
-    emulation is slow)."""
-    variant = VARIANT if variant is None else variant
-    if variant not in VARIANTS:
-        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
-    if variant == "auto":
-        from . import _backend, fa2_forward_tc
-
-        return "tensorcore" if not _backend.is_simulator() and fa2_forward_tc.available() else "fast"
-    return variant
-
-
-def smem_bytes(Br: int, Bc: int, d: int) -> int:
+def tile_sram_bytes(Br: int, Bc: int, d: int) -> int:
     """Static shared memory of the readable kernel: sQ_i Br(d+1), sK_j, sV_j 2 Bc d, sS_ij Br(Bc+1)."""
     return 4 * (Br * (d + 1) + 2 * Bc * d + Br * (Bc + 1))
 
@@ -84,8 +64,8 @@ def _split(prob: Problem, block_sizes):
     Br, Bc = fa1_block_sizes(d) if block_sizes is None else block_sizes
     if Br > 1024:
         raise ValueError(f"block_sizes: Br={Br} is one thread per query row; at most 1024 threads per block")
-    if smem_bytes(Br, Bc, d) > STATIC_SMEM_BYTES:
-        raise ValueError(f"block_sizes ({Br}, {Bc}) need {smem_bytes(Br, Bc, d)} bytes of shared memory at d={d}; the limit is {STATIC_SMEM_BYTES}")
+    if tile_sram_bytes(Br, Bc, d) > STATIC_SMEM_BYTES:
+        raise ValueError(f"block_sizes ({Br}, {Bc}) need {tile_sram_bytes(Br, Bc, d)} bytes of shared memory at d={d}; the limit is {STATIC_SMEM_BYTES}")
     # FA2.1 L1: split Q into Tr = ceil(N_q / Br) blocks Q_i, K and V into Tc = ceil(N_k / Bc) blocks K_j, V_j
     Tr = ceil_div(prob.seqlen_q, Br)
     Tc = ceil_div(prob.seqlen_k, Bc)
@@ -93,13 +73,13 @@ def _split(prob: Problem, block_sizes):
     return Br, Bc, Tr, Tc
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def fa2_forward_kernel(BR: int, BC: int, D: int, CAUSAL: bool, DROPOUT: bool):
     """The readable FA2 forward kernel for one (Br, Bc, d, causal, dropout) specialization.
 
     Kernel arguments: ``gQ (b, s_q, h, d)``, ``gK, gV (b, s_k, h_k, d)``, outputs ``gO (b, s_q, h, d)``,
     ``gL (b, h, s_q)``; ``tau``, ``group = h // h_k``, ``causal_offset = s_k - s_q``, dropout ``seed``,
-    ``threshold`` and ``inv_keep = 1 / (1 - p)``.
+    ``threshold`` and ``dropout_scale = 1 / (1 - p)``.
 
     Symbol table (paper symbol -> variable -> memory space):
 
@@ -122,7 +102,7 @@ def fa2_forward_kernel(BR: int, BC: int, D: int, CAUSAL: bool, DROPOUT: bool):
 
     # [doc:fa2-kernel]
     @cuda.jit
-    def kernel(gQ, gK, gV, gO, gL, tau, group, causal_offset, seed, threshold, inv_keep):
+    def kernel(gQ, gK, gV, gO, gL, tau, group, causal_offset, seed, threshold, dropout_scale):
         sQ_i = cuda.shared.array((BR, DQ), float32)  # (Br, d) SRAM
         sK_j = cuda.shared.array((BC, D), float32)  # (Bc, d) SRAM
         sV_j = cuda.shared.array((BC, D), float32)  # (Bc, d) SRAM
@@ -198,7 +178,7 @@ def fa2_forward_kernel(BR: int, BC: int, D: int, CAUSAL: bool, DROPOUT: bool):
                 rowsum += p  # l from the undropped P~ (as FA1 Alg.2 L13)
                 if DROPOUT:
                     # Dev: dropout as in FA1 Alg.2 L14, Z regenerated from the counter hash
-                    p = p * inv_keep if keep(k_row, col0 + c, threshold) else float32(0.0)
+                    p = p * dropout_scale if keep(k_row, col0 + c, threshold) else float32(0.0)
                 sS_ij[t, c] = p
             l_i = alpha * l_i + rowsum
             # FA2.1 L10: O_i^(j) = diag(e^(m_old - m_new)) O_i^(j-1) + P~ V_j   (the paper's inverse is a typo)
@@ -225,30 +205,32 @@ def fa2_forward_kernel(BR: int, BC: int, D: int, CAUSAL: bool, DROPOUT: bool):
     return kernel
 
 
-def forward(q, k, v, prob: Problem, alloc, block_sizes=None, variant=None) -> ForwardOutput:
-    """FA2 Algorithm 1 on kernel arrays (see :mod:`numba_flash._launch`): ``ForwardOutput(out, lse)``.
+def choose_block_sizes(prob: Problem, block_sizes=None) -> tuple[int, int]:
+    """(Br, Bc) (the kernel contract): FA1's formula (Alg.1 L1) unless overridden."""
+    Br, Bc, _, _ = _split(prob, block_sizes)
+    return Br, Bc
 
-    ``variant`` (default :data:`VARIANT`, see :func:`resolve_variant`): "fast" runs
-    :mod:`numba_flash.fa2_forward_fast`, "tensorcore" :mod:`numba_flash.fa2_forward_tc`, "readable"
-    the kernel of this file. ``block_sizes=(Br, Bc)`` is honoured by both (the fast
-    kernel rounds it to its register tiling; see its docstring).
-    """
-    variant = resolve_variant(variant)
-    if variant == "fast":
-        from . import fa2_forward_fast
 
-        return fa2_forward_fast.forward(q, k, v, prob, alloc, block_sizes=block_sizes)
-    if variant == "tensorcore":
-        from . import fa2_forward_tc
+def sram_bytes(prob: Problem, block_sizes=None) -> int:
+    """Static shared memory per block, in bytes."""
+    return tile_sram_bytes(*choose_block_sizes(prob, block_sizes), prob.headdim)
 
-        return fa2_forward_tc.forward(q, k, v, prob, alloc, block_sizes=block_sizes)
+
+def compiled_kernels(prob: Problem, block_sizes=None) -> list[KernelLaunch]:
+    """The one launch of :func:`forward`, compiled for ``prob`` (not launched)."""
+    Br, Bc, Tr, _ = _split(prob, block_sizes)
+    kernel = fa2_forward_kernel(Br, Bc, prob.headdim, prob.causal, prob.dropout_p > 0)
+    return [KernelLaunch(f"FA2 forward (Br, Bc) = ({Br}, {Bc})", kernel, Br, Tr * prob.batch * prob.nheads)]
+
+
+def forward(q, k, v, prob: Problem, alloc, block_sizes=None) -> ForwardOutput:
+    """FA2 Algorithm 1 on kernel arrays (see :mod:`numba_flash._launch`): ``ForwardOutput(out, lse)``."""
     Br, Bc, Tr, Tc = _split(prob, block_sizes)
     out = alloc.empty((prob.batch, prob.seqlen_q, prob.nheads, prob.headdim))
     lse = alloc.empty((prob.batch, prob.nheads, prob.seqlen_q))
     kernel = fa2_forward_kernel(Br, Bc, prob.headdim, prob.causal, prob.dropout_p > 0)
-    inv_keep = 1.0 / (1.0 - prob.dropout_p)
     kernel[(Tr, prob.batch * prob.nheads), Br](
-        q, k, v, out, lse, prob.softmax_scale, prob.group, prob.causal_offset, prob.seed, prob.threshold, inv_keep
+        q, k, v, out, lse, prob.softmax_scale, prob.group, prob.causal_offset, prob.seed, prob.threshold, prob.dropout_scale
     )
     # FA2.1 L17: return O, L
     return ForwardOutput(out=out, lse=lse)

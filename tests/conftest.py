@@ -9,9 +9,10 @@ from __future__ import annotations
 import os
 import zlib
 
-import numba_flash  # noqa: F401  (chooses the backend before numba.cuda is imported)
 import numpy as np
 import pytest
+
+import numba_flash  # noqa: F401  (chooses the backend before numba.cuda is imported)
 from numba_flash import _backend
 
 

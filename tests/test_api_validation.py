@@ -12,6 +12,7 @@ import math
 import numpy as np
 import pytest
 import torch
+
 from numba_flash import api
 from numba_flash.api import attention_numpy, flash_attn_func
 
@@ -156,22 +157,20 @@ def test_block_sizes_too_large_for_static_shared_memory_fail_before_the_readable
     def built(*args, **kwargs):
         raise AssertionError("the kernel was compiled: the SRAM check came too late")
 
-    monkeypatch.setattr(alg1_forward, "VARIANT", "readable")
     monkeypatch.setattr(alg1_forward, "forward_kernel", built)
     q, k, v = qkv(rng, d=64)
     with pytest.raises(ValueError, match=r"^block_sizes \(128, 128\) need .* KB of shared memory at headdim 64"):
-        attention_numpy(q, k, v, algorithm="flash1", block_sizes=(128, 128))
+        attention_numpy(q, k, v, algorithm="flash1", variant="readable", block_sizes=(128, 128))
 
 
 def test_block_sizes_beyond_the_opt_in_shared_memory_fail_before_the_fast_kernel_is_built(rng, monkeypatch):
     # The fast FA1 twin opts in to dynamic shared memory (about 227 KB on a Hopper GPU), not more.
-    from numba_flash import alg1_forward, alg1_forward_fast
+    from numba_flash.fast import alg1_forward as alg1_forward_fast
 
     def built(*args, **kwargs):
         raise AssertionError("the kernel was compiled: the SRAM check came too late")
 
-    monkeypatch.setattr(alg1_forward, "VARIANT", "fast")
     monkeypatch.setattr(alg1_forward_fast, "alg1_forward_fast_kernel", built)
     q, k, v = qkv(rng, d=64)
     with pytest.raises(ValueError, match=r"^block_sizes: tiles .* need \d+ bytes of shared memory at d=64; the device allows"):
-        attention_numpy(q, k, v, algorithm="flash1", block_sizes=(1024, 1024))
+        attention_numpy(q, k, v, algorithm="flash1", variant="fast", block_sizes=(1024, 1024))

@@ -14,9 +14,10 @@ import doctest
 import importlib
 import pkgutil
 
-import numba_flash  # noqa: F401  (chooses the backend before numba.cuda is imported)
 import numba_flash_reference
 import pytest
+
+import numba_flash
 
 #: Modules that must not be imported for their examples (``__main__`` runs the command line).
 SKIP = {"numba_flash.__main__"}

@@ -21,9 +21,10 @@ Read alongside: ``reference/online_softmax.py``. Next: ``03_first_numba_kernel.p
 ``assignments/a1_online_softmax``.
 """
 
-import numba_flash  # backend choice first, as everywhere in numba-flash (this tutorial runs no kernel)
 import numpy as np
 from numba_flash_reference.online_softmax import identity_state, merge, merge_states, softmax_state
+
+import numba_flash  # backend choice first, as everywhere in numba-flash (this tutorial runs no kernel)
 
 
 def section(title):

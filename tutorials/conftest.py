@@ -19,13 +19,14 @@ import sys
 import zlib
 from pathlib import Path
 
-import numba_flash  # noqa: F401  (chooses the backend before numba.cuda is imported)
 import numpy as np
 import pytest
 
+import numba_flash
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # so that ``assignments.grading`` imports
 
-from assignments import grading  # noqa: E402
+from assignments import grading
 
 
 def pytest_addoption(parser):

@@ -29,12 +29,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import doc_markers
 from docutils import nodes
 from docutils.parsers.rst import directives
 from sphinx.directives.code import container_wrapper
 from sphinx.util.docutils import SphinxDirective
-
-import doc_markers
 
 
 def _tags(option: str) -> list[str]:

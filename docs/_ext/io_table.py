@@ -20,12 +20,10 @@ from __future__ import annotations
 import importlib
 import inspect
 
+from bench_table import _table  # one table builder for both directives
 from docutils import nodes
 from docutils.parsers.rst import directives
 from sphinx.util.docutils import SphinxDirective
-
-from bench_table import _table  # one table builder for both directives
-
 
 #: Readable headers for the IO model's keys (unknown keys are shown as they are).
 LABELS = {

@@ -1,6 +1,6 @@
 """FA2 backward sweep for one GPU call: check, inspect and time tile/feature variants of the fast backward.
 
-For each variant of :mod:`numba_flash.fa2_backward_fast` (and the readable backward as the baseline) it
+For each variant of :mod:`numba_flash.fast.fa2_backward` (and the readable backward as the baseline) it
 
 1. checks the gradients on a ragged causal GQA shape against torch float64 (the error rule: at most
    3x the error of torch float32 with TF32 off), NaN-poisoned outputs;

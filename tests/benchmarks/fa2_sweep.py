@@ -53,7 +53,7 @@ VARIANTS_D64 = {
     "fast-nt128-r168": ((128, 4, 8, 64), {"MAXREG": 168}),
     "fast-Br128-Bc32-r128": ((256, 4, 8, 32), {"MAXREG": 128}),
     "fast-TM8-Br128": ((128, 8, 8, 64), {}),
-    # tensor cores (3xTF32, numba_flash.fa2_forward_tc): ("tc", (NW, MW, Bc)) or ("tc", None) = its default
+    # tensor cores (3xTF32, numba_flash.fast.fa2_forward_tc): ("tc", (NW, MW, Bc)) or ("tc", None) = its default
     "tc": (("tc", None), {}),
     "tc-nostageO": (("tc", None), {"STAGE_O": False}),
     "tc-stageS": (("tc", None), {"STAGE_S": True}),

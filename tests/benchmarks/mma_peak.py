@@ -1,7 +1,7 @@
 """Peak rates of the arithmetic a fast fp32 attention kernel could use, measured on this GPU.
 
 Before writing a tensor-core attention kernel, measure what each instruction can give from Numba:
-``mma.sync`` through inline PTX (:mod:`numba_flash._mma`) for the FP64 tensor-core shapes and TF32,
+``mma.sync`` through inline PTX (:mod:`numba_flash.fast._mma`) for the FP64 tensor-core shapes and TF32,
 against plain FP32 FFMA. Each warp runs ``CHAINS`` independent accumulator chains (so the loop is
 throughput-bound, not latency-bound) for ``ITERS`` iterations; 8 warps per block, 8 blocks per SM.
 Prints one JSON line per instruction (TFLOP/s counting 2 FLOPs per multiply-add), with the device.

@@ -13,7 +13,7 @@ and d = 128, causal and not:
    hashes mean the same machine code.
 
 A refactor that must not change what the GPU executes (for example moving register-tile code into
-the device-function factories of :mod:`numba_flash._regtile`) must leave every row of this table
+the device-function factories of :mod:`numba_flash.fast._regtile`) must leave every row of this table
 identical (the hash column makes that an exact check, not only a count). Run it before and after and
 ``diff`` the outputs; for "before" without touching the working tree, put a copy of the old
 ``numba_flash`` package first on ``PYTHONPATH`` and run from outside the repository::
@@ -100,22 +100,22 @@ def _signatures():
     f32, f64, i64, u32 = types.float32, types.float64, types.int64, types.uint32
     a4, a3 = types.Array(f32, 4, "A"), types.Array(f32, 3, "A")
     return {
-        # gQ, gK, gV, gO, gl, gm, glse, scale_log2, group, causal_offset, seed, threshold, inv_keep
+        # gQ, gK, gV, gO, gl, gm, glse, scale_log2, group, causal_offset, seed, threshold, dropout_scale
         "alg1_forward_fast": (a4,) * 4 + (a3,) * 3 + (f32, i64, i64, i64, i64, f32),
-        # gQ, gK, gV, gO, gL, scale_log2, group, causal_offset, seed, threshold, inv_keep
+        # gQ, gK, gV, gO, gL, scale_log2, group, causal_offset, seed, threshold, dropout_scale
         "fa2_forward_fast": (a4,) * 4 + (a3,) + (f64, i64, i64, i64, i64, f64),
-        # gQ, gK, gV, gO, gdO, gm, gl, gDs, gdQ, gdK, gdV, tau, group, causal_offset, seed, threshold, inv_keep
+        # gQ, gK, gV, gO, gdO, gm, gl, gDs, gdQ, gdK, gdV, tau, group, causal_offset, seed, threshold, dropout_scale
         "alg4_backward_fast": (a4,) * 5 + (a3,) * 3 + (a4,) * 3 + (f32, i64, i64, u32, u32, f32),
-        # gQ, gK, gV, gdO, gL, gD, gdQ, gdK, gdV, tau, c1, group, causal_offset, seed, threshold, inv_keep
+        # gQ, gK, gV, gdO, gL, gD, gdQ, gdK, gdV, tau, c1, group, causal_offset, seed, threshold, dropout_scale
         "fa2_backward_fast": (a4,) * 4 + (a3,) * 2 + (a4,) * 3 + (f64, f64, i64, i64, i64, i64, f64),
-        # gQ, gK, gV, gdO, gL, gD, gdQ, tau, c1, group, causal_offset, seed, threshold, inv_keep
+        # gQ, gK, gV, gdO, gL, gD, gdQ, tau, c1, group, causal_offset, seed, threshold, dropout_scale
         "fa2_backward_fast_dq": (a4,) * 4 + (a3,) * 2 + (a4,) + (f64, f64, i64, i64, i64, i64, f64),
     }
 
 
 def _kernel(name: str, d: int, causal: bool):
     """The dispatcher of ``name`` in its default configuration at head dim ``d`` (dropout off)."""
-    from numba_flash import alg1_forward_fast as A1, alg4_backward_fast as A4, fa2_backward_fast as B2, fa2_forward_fast as F2
+    from numba_flash.fast import alg1_forward as A1, alg4_backward as A4, fa2_backward as B2, fa2_forward as F2
 
     if name == "alg1_forward_fast":
         f = A1.default_features()

@@ -1,4 +1,4 @@
-"""Sweep of the fast FA1 forward kernel (:mod:`numba_flash.alg1_forward_fast`) on a GPU, for the log.
+"""Sweep of the fast FA1 forward kernel (:mod:`numba_flash.fast.alg1_forward`) on a GPU, for the log.
 
 For one FA2-convention shape (16k tokens, hidden 2048) it times tilings of the fast kernel (workers,
 rows per lane, S-chunk width, chunks per K/V block, register cap) and the readable kernel, and prints

@@ -34,7 +34,7 @@ import os
 import bench_utils as bu
 import numpy as np
 import pytest
-from numba_flash import _inspect, alg1_forward, alg4_backward
+from numba_flash import _inspect, registry
 from numba_flash._launch import check_attention_args
 
 NUMBA_IMPLS = ("standard", "flash1")
@@ -96,8 +96,8 @@ def kernel_info(impl, q, k, v) -> dict:
         return {}
     prob = check_attention_args(q, k, v)
     info = {}
-    for mod in (alg1_forward, alg4_backward):
-        for name, disp, threads, blocks in mod.compiled_kernels(prob):
+    for kernel in registry.resolve_pair(impl, "auto"):  # what flash_attn_func(algorithm=impl) runs
+        for name, disp, threads, blocks in kernel.module.compiled_kernels(prob):
             info[name] = _inspect.kernel_report(disp, threads, grid_blocks=blocks)
     return {"kernels": info}
 

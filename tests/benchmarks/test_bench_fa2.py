@@ -1,8 +1,8 @@
 """FlashAttention-2 benchmarks: the FA2 forward kernels, and FA2 forward + backward, beside torch (fp32).
 
 Implementations (``extra_info["algorithm"]``): ``flash2`` is ``flash_attn_func(..., algorithm="flash2")``
-with its default kernel (on a GPU: the tensor-core forward, :mod:`numba_flash.fa2_forward_tc`);
-``flash2_ffma`` the same with the register-blocked FFMA forward (:mod:`numba_flash.fa2_forward_fast`).
+with its default kernel (on a GPU: the tensor-core forward, :mod:`numba_flash.fast.fa2_forward_tc`);
+``flash2_ffma`` the same with the register-blocked FFMA forward (:mod:`numba_flash.fast.fa2_forward`).
 Both use the same (fast, FFMA) backward.
 
 The FA2 paper's convention (section 4.1): 16k tokens (``batch = 16384 // N``), hidden 2048 (32 heads at
@@ -26,30 +26,15 @@ from __future__ import annotations
 
 import bench_utils as bu
 import pytest
-from numba_flash import _inspect, fa2_forward, fa2_forward_fast, fa2_forward_tc
+from numba_flash import _inspect, registry
 from numba_flash._launch import check_attention_args
 
 TORCH_IMPLS = ("torch_naive", "sdpa_mem_efficient") if bu.ON_GPU else ()
 #: the Numba FA2 implementations and the forward kernel variant each one runs
-NUMBA_IMPLS = {"flash2": None, "flash2_ffma": "fast"} if bu.ON_GPU else {"flash2": None}
+NUMBA_IMPLS = {"flash2": "auto", "flash2_ffma": "fast"} if bu.ON_GPU else {"flash2": "auto"}
 SEQLENS = (512, 1024, 2048, 4096, 8192, 16384) if bu.ON_GPU else (bu.SIM_SHAPE["seqlen"],)
 HEADDIMS = bu.HEADDIMS if bu.ON_GPU else (bu.SIM_SHAPE["headdim"],)
 FWDBWD_SEQLENS = (1024, 2048, 4096) if bu.ON_GPU else (bu.SIM_SHAPE["seqlen"],)
-
-
-def _with_variant(variant, fn):
-    """``fn`` run with :data:`numba_flash.fa2_forward.VARIANT` set to ``variant`` (None: the default)."""
-    if variant is None:
-        return fn
-
-    def call():
-        old, fa2_forward.VARIANT = fa2_forward.VARIANT, variant
-        try:
-            return fn()
-        finally:
-            fa2_forward.VARIANT = old
-
-    return call
 
 
 def _forward_call(impl, q, k, v, causal):
@@ -57,10 +42,10 @@ def _forward_call(impl, q, k, v, causal):
         if bu.ON_GPU:
             from numba_flash import flash_attn_func
 
-            return _with_variant(NUMBA_IMPLS[impl], lambda: flash_attn_func(q, k, v, causal=causal, algorithm="flash2"))
+            return lambda: flash_attn_func(q, k, v, causal=causal, algorithm="flash2", variant=NUMBA_IMPLS[impl])
         from numba_flash import attention_numpy
 
-        return lambda: attention_numpy(q, k, v, causal=causal, algorithm="flash2")
+        return lambda: attention_numpy(q, k, v, causal=causal, algorithm="flash2", variant=NUMBA_IMPLS[impl])
     if impl == "torch_naive":
         return lambda: bu.torch_naive_attention(q, k, v, causal=causal)
     return lambda: bu.torch_sdpa_mem_efficient(q, k, v, causal=causal)
@@ -71,9 +56,10 @@ def fast_kernel_info(q, k, v, causal, impl="flash2") -> dict:
     if not bu.ON_GPU:
         return {}
     prob = check_attention_args(q, k, v, 0.0, None, causal, 0)
-    variant = fa2_forward.resolve_variant(NUMBA_IMPLS[impl])
-    module, label, cfg_key = {"tensorcore": (fa2_forward_tc, "FA2 forward (tensor cores, 3xTF32)", "config_NW_MW_Bc_DP"),
-                              "fast": (fa2_forward_fast, "FA2 forward (fast, FFMA)", "config_NT_TM_TPR_Bc_DP")}[variant]
+    kernel = registry.resolve("flash2", "forward", NUMBA_IMPLS[impl])
+    module = kernel.module
+    label, cfg_key = {"tensorcore": ("FA2 forward (tensor cores, 3xTF32)", "config_NW_MW_Bc_DP"),
+                      "fast": ("FA2 forward (fast, FFMA)", "config_NT_TM_TPR_Bc_DP")}[kernel.variant]
     kernel, grid, threads, nbytes = module.plan(prob)
     res = _inspect.kernel_resources(kernel)
     smem = (res["shared_mem_per_block"] or 0) + nbytes

@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import bench_utils as bu
 import pytest
-from numba_flash import _inspect, alg0_standard, alg1_forward
+from numba_flash import _inspect, registry
 from numba_flash._launch import check_attention_args
 
 NUMBA_IMPLS = ("standard", "flash1")
 TORCH_IMPLS = ("torch_naive", "sdpa_mem_efficient") if bu.ON_GPU else ()
 SEQLENS = bu.SEQLENS if bu.ON_GPU else (bu.SIM_SHAPE["seqlen"],)
 HEADDIMS = bu.HEADDIMS if bu.ON_GPU else (bu.SIM_SHAPE["headdim"],)
-_MODULES = {"standard": alg0_standard, "flash1": alg1_forward}
 
 
 def _call(impl, q, k, v):
@@ -47,7 +46,7 @@ def kernel_info(impl, q, k, v) -> dict:
         return {}
     prob = check_attention_args(q, k, v)
     info = {}
-    for name, disp, threads, blocks in _MODULES[impl].compiled_kernels(prob):
+    for name, disp, threads, blocks in registry.resolve(impl, "forward", "auto").module.compiled_kernels(prob):
         info[name] = _inspect.kernel_report(disp, threads, grid_blocks=blocks)
     return {"kernels": info}
 

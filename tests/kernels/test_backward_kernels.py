@@ -24,14 +24,14 @@ from attn_testing import (
     naive_attention_backward_float32,
     ulp_floor,
 )
-from numba_flash import alg3_backward, alg4_backward
-from numba_flash._launch import Allocator, ForwardOutput, check_attention_args, poison_outputs
 from numba_flash_reference.alg0_standard import standard_attention
 from numba_flash_reference.alg3_backward import standard_backward
 from numba_flash_reference.common import dropout_keep_mask
 
-KERNELS = {"flash1": alg4_backward, "standard": alg3_backward}
-ALGOS = list(KERNELS)
+from numba_flash import alg4_backward, registry
+from numba_flash._launch import Allocator, ForwardOutput, check_attention_args, poison_outputs
+
+ALGOS = ["flash1", "standard"]
 #: Tiles of the simulator cases: small, so ragged tails and several (i, j) tile pairs occur at N <= 32.
 SIM_TILES = (8, 8)
 
@@ -46,7 +46,7 @@ def grad_problem(rng, b, s_q, s_k, h, h_k, d, scale=1.0):
 def kernel_backward(algo, dout, q, k, v, *, causal=False, dropout_p=0.0, seed=0, softmax_scale=None, block_sizes=None, variant=None):
     """Run one backward kernel on the float64 forward oracle's O, m, l, L (rounded to float32).
 
-    ``variant`` ("fast" / "readable", flash1 only; None: the module's default). Outputs are
+    ``variant`` ("fast" / "readable", flash1 only; None: the registry's "auto" kernel). Outputs are
     NaN-poisoned before the launch; returns float32 NumPy (dq, dk, dv).
     """
     prob = check_attention_args(q, k, v, dropout_p, softmax_scale, causal, seed)
@@ -60,9 +60,9 @@ def kernel_backward(algo, dout, q, k, v, *, causal=False, dropout_p=0.0, seed=0,
         l=alloc.to_kernel(fwd64.l.astype(f32)),
     )
     args = [alloc.to_kernel(x) for x in (dout, q, k, v, fwd64.O.astype(f32))]
+    module = registry.resolve(algo, "backward", variant or "auto").module
     with poison_outputs():
-        extra = {} if variant is None else {"variant": variant}
-        grads = KERNELS[algo].backward(*args, fwd, prob, alloc, block_sizes=block_sizes, **extra)
+        grads = module.backward(*args, fwd, prob, alloc, block_sizes=block_sizes)
     return tuple(alloc.result(g) for g in grads)
 
 
@@ -228,7 +228,7 @@ def test_recomputation_backward_default_tiles_fit_the_static_shared_memory_limit
 
     for d in range(1, MAX_HEADDIM + 1):
         Br, Bc = alg4_backward.default_block_sizes(d)
-        assert alg4_backward.smem_bytes(Br, Bc, d) <= STATIC_SMEM_BYTES
+        assert alg4_backward.tile_sram_bytes(Br, Bc, d) <= STATIC_SMEM_BYTES
 
 
 @pytest.mark.parametrize("algo", ALGOS)
@@ -242,12 +242,12 @@ def test_backward_from_the_logsumexp_alone_equals_backward_from_m_and_l(rng, alg
     fwd = ForwardOutput(out=None, lse=alloc.to_kernel(fwd64.L.astype(np.float32)))
     args = [alloc.to_kernel(x) for x in (dout, q, k, v, fwd64.O.astype(np.float32))]
     with poison_outputs():
-        got = KERNELS[algo].backward(*args, fwd, prob, alloc, block_sizes=(4, 4))
+        got = registry.resolve(algo, "backward").module.backward(*args, fwd, prob, alloc, block_sizes=(4, 4))
     assert_gradients_follow_error_rule(tuple(alloc.result(g) for g in got), dout, q, k, v, causal=True)
 
 
 # ----------------------------------------------------------------------------------------------
-# The two Algorithm 4 kernels: readable (alg4_backward) and its fast twin (alg4_backward_fast)
+# The two Algorithm 4 kernels: readable (alg4_backward) and its fast twin (fast/alg4_backward)
 # ----------------------------------------------------------------------------------------------
 #: Tiny shapes for both variants (the fast twin rounds tiles up to multiples of 16, so N up to 40
 #: still gives several (i, j) tile pairs and ragged tails).
@@ -269,10 +269,11 @@ def test_fast_and_readable_recomputation_backward_follow_the_error_rule(rng, var
 
 
 def test_recomputation_backward_defaults_to_the_fast_twin_and_rejects_unknown_variants(rng):
-    assert alg4_backward.VARIANT == "fast" and set(alg4_backward.VARIANTS) == {"fast", "readable"}
+    assert {k.variant for k in registry.variants("flash1") if k.pass_ == "backward"} == {"fast", "readable"}
+    assert registry.resolve("flash1", "backward").variant == "fast"
     prob = check_attention_args(*make_qkv(rng, 1, 8, 8, 1, 1, 64), 0.0, None, False, 0)
-    assert "fast" in alg4_backward.compiled_kernels(prob)[0][0]
-    assert "fast" not in alg4_backward.compiled_kernels(prob, variant="readable")[0][0]
+    assert "fast" in registry.resolve("flash1", "backward").module.compiled_kernels(prob)[0].name
+    assert "fast" not in alg4_backward.compiled_kernels(prob)[0].name
     dout, q, k, v = grad_problem(rng, 1, 4, 4, 1, 1, 4)
     with pytest.raises(ValueError, match="variant"):
         kernel_backward("flash1", dout, q, k, v, variant="quick")

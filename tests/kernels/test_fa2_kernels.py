@@ -1,4 +1,4 @@
-"""FlashAttention-2 kernels (numba_flash.fa2_forward, fa2_forward_fast, fa2_backward) against the oracle.
+"""FlashAttention-2 kernels (every registered variant of FA2 Algorithms 1 and 2) against the oracle.
 
 Claims checked:
 
@@ -7,7 +7,7 @@ Claims checked:
   logsumexp ``L`` likewise (``+inf`` exactly on rows that see no key), for ragged ``N``,
   ``s_q != s_k``, odd head dims, causal masks, GQA/MQA and dropout.
 * The FA2 backward (atomic dQ and the deterministic path), both the readable and the fast
-  (register-blocked, :mod:`numba_flash.fa2_backward_fast`) kernels, gives gradients within 3x the
+  (register-blocked, :mod:`numba_flash.fast.fa2_backward`) kernels, gives gradients within 3x the
   float32 error, also at the fast kernel's default tiling (64 x 64, 256 threads).
 * On a GPU (marker ``gpu``): the same at realistic shapes (N up to 4096, d up to 128); the forward is
   bitwise reproducible; the deterministic backward is bitwise reproducible over 10 repeats; the
@@ -21,15 +21,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from attn_testing import EPS32, assert_error_rule, make_qkv, max_err, naive_attention_backward_float32, naive_attention_float32, ulp_floor
-from numba_flash import api, fa2_backward, fa2_forward
-from numba_flash._launch import poison_outputs
 from numba_flash_reference.alg0_standard import standard_attention
 from numba_flash_reference.alg3_backward import standard_backward
 from numba_flash_reference.common import causal_mask, default_scale, dropout_scale_matrix
 
-VARIANTS = ("readable", "fast")
-#: the forward also has the tensor-core (3xTF32) kernel, numba_flash.fa2_forward_tc
-FWD_VARIANTS = VARIANTS + ("tensorcore",)
+from numba_flash import api, registry
+from numba_flash._launch import poison_outputs
+
+#: Every registered variant of each pass (the forward also has the tensor-core kernel).
+FWD_VARIANTS = tuple(k.variant for k in registry.variants("flash2") if k.pass_ == "forward")
+VARIANTS = tuple(k.variant for k in registry.variants("flash2") if k.pass_ == "backward")
 
 #: (batch, s_q, s_k, nheads, nheads_k, d, causal, dropout_p, block_sizes): tiny simulator cases.
 SIM_CASES = [
@@ -41,16 +42,14 @@ SIM_CASES = [
 
 
 @pytest.fixture(params=FWD_VARIANTS)
-def variant(request, monkeypatch):
-    """Run the test with the readable, the fast and the tensor-core FA2 forward kernel."""
-    monkeypatch.setattr(fa2_forward, "VARIANT", request.param)
+def variant(request):
+    """Run the test with every FA2 forward kernel: readable, fast and tensor-core."""
     return request.param
 
 
 @pytest.fixture(params=VARIANTS)
-def bwd_variant(request, monkeypatch):
-    """Run the test with the readable and with the fast FA2 backward kernels."""
-    monkeypatch.setattr(fa2_backward, "VARIANT", request.param)
+def bwd_variant(request):
+    """Run the test with every FA2 backward kernel: readable and fast."""
     return request.param
 
 
@@ -111,18 +110,18 @@ def test_fa2_forward_equals_standard_attention(rng, variant, b, s_q, s_k, h, h_k
     seed = int(rng.integers(0, 2**32))
     ref = standard_attention(q, k, v, causal=causal, dropout_p=p, seed=seed)
     with poison_outputs():
-        out, stats = api.attention_numpy(q, k, v, p, None, causal, algorithm="flash2", block_sizes=bs, seed=seed, return_stats=True)
+        out, stats = api.attention_numpy(q, k, v, p, None, causal, algorithm="flash2", variant=variant, block_sizes=bs, seed=seed, return_stats=True)
+    assert stats.forward.variant == variant
     assert_error_rule(out, ref.O, naive_attention_float32(q, k, v, causal=causal, dropout_p=p, seed=seed), what=f"O ({variant})")
     assert_lse_rule(stats.lse, ref.L, naive_lse_float32(q, k, causal))
 
 
-def test_fa2_fast_default_tiling_equals_standard_attention(rng, monkeypatch):
+def test_fa2_fast_default_tiling_equals_standard_attention(rng):
     # The fast kernel's default tiles (Br = 128, an 8 x 8 S tile per thread at d <= 64), not a test tiling.
-    monkeypatch.setattr(fa2_forward, "VARIANT", "fast")
     q, k, v = make_qkv(rng, 1, 21, 19, 2, 1, 16)
     ref = standard_attention(q, k, v, causal=True, dropout_p=0.1, seed=3)
     with poison_outputs():
-        out = api.attention_numpy(q, k, v, 0.1, None, True, algorithm="flash2", seed=3)
+        out = api.attention_numpy(q, k, v, 0.1, None, True, algorithm="flash2", variant="fast", seed=3)
     assert_error_rule(out, ref.O, naive_attention_float32(q, k, v, causal=True, dropout_p=0.1, seed=3))
 
 
@@ -130,7 +129,7 @@ def test_fa2_rows_that_see_no_key_give_zero_output_and_infinite_lse(rng, variant
     # s_q > s_k with the bottom-right causal mask: the first s_q - s_k rows see no key at all.
     q, k, v = make_qkv(rng, 1, 21, 9, 1, 1, 8)
     with poison_outputs():
-        out, stats = api.attention_numpy(q, k, v, causal=True, algorithm="flash2", block_sizes=(8, 8), return_stats=True)
+        out, stats = api.attention_numpy(q, k, v, causal=True, algorithm="flash2", variant=variant, block_sizes=(8, 8), return_stats=True)
     assert np.all(out[0, :12] == 0.0)
     assert np.all(np.isposinf(stats.lse[0, 0, :12]))
     assert np.all(np.isfinite(stats.lse[0, 0, 12:]))
@@ -142,7 +141,8 @@ def test_fa2_backward_gradients_within_3x_float32_error(rng, bwd_variant, determ
     q, k, v = make_qkv(rng, b, s_q, s_k, h, h_k, d)
     dout = rng.standard_normal(q.shape).astype(np.float32)
     seed = int(rng.integers(0, 2**32))
-    out, stats = api.attention_numpy(q, k, v, p, None, causal, algorithm="flash2", block_sizes=bs, seed=seed, return_stats=True)
+    out, stats = api.attention_numpy(q, k, v, p, None, causal, algorithm="flash2", variant=bwd_variant, block_sizes=bs, seed=seed, return_stats=True)
+    assert stats.backward.variant == bwd_variant
     with poison_outputs():
         grads = api.attention_backward_numpy(dout, q, k, v, out, stats, deterministic=deterministic)
     ref = standard_backward(dout, q, k, v, causal=causal, dropout_p=p, seed=seed)
@@ -152,13 +152,12 @@ def test_fa2_backward_gradients_within_3x_float32_error(rng, bwd_variant, determ
 
 
 @pytest.mark.parametrize("deterministic", [False, True], ids=["atomic-dq", "deterministic"])
-def test_fa2_fast_backward_default_tiling_gradients_within_3x_float32_error(rng, monkeypatch, deterministic):
+def test_fa2_fast_backward_default_tiling_gradients_within_3x_float32_error(rng, deterministic):
     # The fast backward's default tiles (Br = Bc = 64, 256 threads, 4 x 4 register tiles), not a test
     # tiling: GQA (2 query heads per KV head), causal with s_q > s_k (rows that see no key), dropout.
-    monkeypatch.setattr(fa2_backward, "VARIANT", "fast")
     q, k, v = make_qkv(rng, 1, 21, 17, 2, 1, 12)
     dout = rng.standard_normal(q.shape).astype(np.float32)
-    out, stats = api.attention_numpy(q, k, v, 0.1, None, True, algorithm="flash2", seed=5, return_stats=True)
+    out, stats = api.attention_numpy(q, k, v, 0.1, None, True, algorithm="flash2", variant="fast", seed=5, return_stats=True)
     with poison_outputs():
         grads = api.attention_backward_numpy(dout, q, k, v, out, stats, deterministic=deterministic)
     ref = standard_backward(dout, q, k, v, causal=True, dropout_p=0.1, seed=5)
@@ -168,32 +167,27 @@ def test_fa2_fast_backward_default_tiling_gradients_within_3x_float32_error(rng,
         assert_error_rule(g, r, n, mult=3, what=name)
 
 
-def test_fa2_backward_rejects_unknown_variant(rng):
-    from numba_flash._launch import Allocator, ForwardOutput, check_attention_args
-
+def test_fa2_rejects_an_unknown_variant_before_any_launch(rng):
     q, k, v = make_qkv(rng, 1, 8, 8, 1, 1, 4)
-    prob = check_attention_args(q, k, v)
-    with pytest.raises(ValueError, match="variant"):
-        fa2_backward.backward(q, q, k, v, q, ForwardOutput(q, q[..., 0]), prob, Allocator(q), variant="nope")
+    with pytest.raises(ValueError, match="variant must be one of"):
+        api.attention_numpy(q, k, v, algorithm="flash2", variant="nope")
 
 
-def test_fa2_kernels_reject_tiles_that_do_not_fit_in_sram(rng):
+@pytest.mark.parametrize(("variant", "tiles"), [("readable", (256, 256)), ("fast", (128, 1024))])
+def test_fa2_kernels_reject_tiles_that_do_not_fit_in_sram(rng, variant, tiles):
     q, k, v = make_qkv(rng, 1, 16, 16, 1, 1, 128)
     with pytest.raises(ValueError, match="shared memory"):
-        api.attention_numpy(q, k, v, algorithm="flash2", block_sizes=(256, 256))
-    with pytest.raises(ValueError, match="variant"):
-        from numba_flash._launch import Allocator, check_attention_args
-
-        fa2_forward.forward(q, k, v, check_attention_args(q, k, v), Allocator(q), variant="nope")
+        api.attention_numpy(q, k, v, algorithm="flash2", variant=variant, block_sizes=tiles)
 
 
-def test_flash2_is_the_default_algorithm():
-    assert api.DEFAULT_ALGORITHM == "flash2"
-    assert fa2_forward.VARIANT == "auto"
+def test_flash2_is_the_default_algorithm_and_auto_picks_the_fastest_kernel():
     from numba_flash import _backend
 
-    assert fa2_forward.resolve_variant() == ("fast" if _backend.is_simulator() else "tensorcore")
-    assert fa2_backward.VARIANT == "fast"
+    assert api.DEFAULT_ALGORITHM == "flash2"
+    fwd, bwd = registry.resolve_pair(None, "auto")
+    assert fwd.algorithm == bwd.algorithm == "flash2"
+    assert fwd.variant == ("fast" if _backend.is_simulator() else "tensorcore")
+    assert bwd.variant == "fast"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -246,7 +240,7 @@ def test_fa2_forward_equals_standard_attention_on_gpu_shapes(rng, variant, b, s_
     torch.backends.cuda.matmul.allow_tf32 = False
     naive = _torch_attention(tq, tk, tv, causal, p, seed, torch.float32).cpu().numpy()
     with poison_outputs():
-        out = api.flash_attn_func(tq, tk, tv, p, causal=causal, algorithm="flash2", seed=seed)
+        out = api.flash_attn_func(tq, tk, tv, p, causal=causal, algorithm="flash2", variant=variant, seed=seed)
     assert_error_rule(out.cpu().numpy(), ref, naive, what=f"O ({variant})")
 
 
@@ -267,7 +261,7 @@ def test_fa2_backward_gradients_within_3x_float32_error_on_gpu_shapes(rng, bwd_v
     for deterministic in (False, True):
         xs = [x.detach().clone().requires_grad_(True) for x in (tq, tk, tv)]
         with poison_outputs():
-            api.flash_attn_func(*xs, p, causal=causal, algorithm="flash2", seed=seed, deterministic=deterministic).backward(dout)
+            api.flash_attn_func(*xs, p, causal=causal, algorithm="flash2", variant=bwd_variant, seed=seed, deterministic=deterministic).backward(dout)
         for name, x, r, n in zip(("dq", "dk", "dv"), xs, grads[torch.float64], grads[torch.float32]):
             assert_error_rule(x.grad.cpu().numpy(), r, n, mult=3, what=f"{name} ({bwd_variant}, deterministic={deterministic})")
 
@@ -280,13 +274,13 @@ def test_fa2_forward_is_bitwise_reproducible_and_backward_race_free(rng, variant
 
     q, k, v, tq, tk, tv = _cuda_inputs(rng, 2, 1000, 1000, 4, 2, 64)
     dout = torch.randn(2, 1000, 4, 64, device="cuda")
-    outs = [api.flash_attn_func(tq, tk, tv, causal=True, algorithm="flash2", return_attn_probs=True) for _ in range(10)]
+    outs = [api.flash_attn_func(tq, tk, tv, causal=True, algorithm="flash2", variant=variant, return_attn_probs=True) for _ in range(10)]
     for o, lse, _ in outs[1:]:
         assert torch.equal(o, outs[0][0]) and torch.equal(lse, outs[0][1])
 
     def grads(deterministic):
         xs = [x.detach().clone().requires_grad_(True) for x in (tq, tk, tv)]
-        api.flash_attn_func(*xs, causal=True, algorithm="flash2", deterministic=deterministic).backward(dout)
+        api.flash_attn_func(*xs, causal=True, algorithm="flash2", variant=bwd_variant, deterministic=deterministic).backward(dout)
         return [x.grad for x in xs]
 
     det = [grads(True) for _ in range(10)]

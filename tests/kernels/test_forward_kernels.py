@@ -18,20 +18,23 @@ import math
 import numpy as np
 import pytest
 from attn_testing import assert_error_rule, assert_stats_rule, make_qkv, naive_attention_float32, naive_stats_float32
-from numba_flash import _launch
-from numba_flash.alg1_forward import choose_block_sizes, sram_footprint
-from numba_flash.api import attention_numpy
 from numba_flash_reference.alg0_standard import standard_attention
+
+from numba_flash import _launch
+from numba_flash.alg1_forward import paper_block_sizes, sram_footprint
+from numba_flash.api import attention_numpy
 
 ALGORITHMS = ("standard", "flash1")
 
 
-def run_case(rng, algorithm, batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, causal=False, dropout_p=0.0, block_sizes=None, seed=1234):
+def run_case(rng, algorithm, batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, causal=False, dropout_p=0.0, block_sizes=None, seed=1234, variant=None):
     """Run one kernel on fresh inputs (outputs NaN-poisoned) and check O, m, l, L against the oracle."""
     q, k, v = make_qkv(rng, batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim)
     with _launch.poison_outputs():
-        out, stats = attention_numpy(q, k, v, dropout_p=dropout_p, causal=causal, algorithm=algorithm,
+        out, stats = attention_numpy(q, k, v, dropout_p=dropout_p, causal=causal, algorithm=algorithm, variant=variant,
                                      block_sizes=block_sizes, seed=seed, return_stats=True)
+    if variant is not None:
+        assert stats.forward.variant == variant
     ref = standard_attention(q, k, v, causal=causal, dropout_p=dropout_p, seed=seed)
     naive = naive_attention_float32(q, k, v, causal=causal, dropout_p=dropout_p, seed=seed)
     assert out.dtype == np.float32
@@ -112,7 +115,7 @@ M48 = _launch.STATIC_SMEM_BYTES // 4
 @pytest.mark.parametrize("d", [1, 2, 7, 16, 32, 37, 64, 80, 96, 111, 127, 128])
 def test_default_block_sizes_follow_alg1_line1_and_fit_48kb(d):
     for threads, shuffles in (((8, 16), True), ((4, 4), False)):
-        Br, Bc = choose_block_sizes(d, M=M48, threads=threads, shuffles=shuffles)
+        Br, Bc = paper_block_sizes(d, M=M48, threads=threads, shuffles=shuffles)
         bc_paper = math.ceil(M48 / (4 * d))
         assert 1 <= Bc <= min(bc_paper, 128)
         assert 1 <= Br <= min(Bc, d)  # Br = min(Bc, d), shrunk only to fit
@@ -122,15 +125,15 @@ def test_default_block_sizes_follow_alg1_line1_and_fit_48kb(d):
 def test_paper_block_sizes_overflow_48kb_so_br_shrinks_first():
     # Alg.1 L1 gives 48 x 48 at d = 64 and 24 x 24 at d = 128; with five tiles neither fits 48 KB.
     assert sram_footprint(48, 48, 64) > M48 and sram_footprint(24, 24, 128) > M48
-    assert choose_block_sizes(64, M=M48, threads=(8, 16), shuffles=True) == (32, 48)
-    assert choose_block_sizes(128, M=M48, threads=(8, 16), shuffles=True) == (16, 24)
+    assert paper_block_sizes(64, M=M48, threads=(8, 16), shuffles=True) == (32, 48)
+    assert paper_block_sizes(128, M=M48, threads=(8, 16), shuffles=True) == (16, 24)
     # Where the formula's tiles fit, it is used as is: d = 32 gives Bc = ceil(12288 / 128) = 96, Br = 32.
-    assert choose_block_sizes(32, M=M48, threads=(8, 16), shuffles=True) == (32, 96)
+    assert paper_block_sizes(32, M=M48, threads=(8, 16), shuffles=True) == (32, 96)
 
 
 def test_block_size_override_that_does_not_fit_raises_naming_block_sizes():
     with pytest.raises(ValueError, match="block_sizes"):
-        choose_block_sizes(64, M=M48, block_sizes=(128, 128), threads=(8, 16), shuffles=True)
+        paper_block_sizes(64, M=M48, block_sizes=(128, 128), threads=(8, 16), shuffles=True)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -161,9 +164,9 @@ def test_flash1_kernel_fits_48kb_shared_memory_and_does_not_spill_on_gpu(rng, d)
     from numba_flash import _inspect, alg1_forward
 
     q, k, v = make_qkv(rng, 1, 64, 64, 1, 1, d)
-    alg1_forward.forward(q, k, v, _launch.check_attention_args(q, k, v), _launch.Allocator(q), variant="readable")
+    alg1_forward.forward(q, k, v, _launch.check_attention_args(q, k, v), _launch.Allocator(q))
     prob = _launch.check_attention_args(q, k, v)
-    [(_, disp, threads, _)] = alg1_forward.compiled_kernels(prob, variant="readable")
+    [(_, disp, threads, _)] = alg1_forward.compiled_kernels(prob)
     rep = _inspect.kernel_report(disp, threads)
     assert rep["shared_mem_per_block"] <= _launch.STATIC_SMEM_BYTES
     assert rep["local_mem_per_thread"] == 0, rep
@@ -171,17 +174,14 @@ def test_flash1_kernel_fits_48kb_shared_memory_and_does_not_spill_on_gpu(rng, d)
 
 
 # ------------------------------------------------------------------------------------------------
-# FA1, both variants: the readable kernel (alg1_forward) and its fast twin (alg1_forward_fast)
+# FA1, both variants: the readable kernel (alg1_forward) and its fast twin (fast/alg1_forward)
 # ------------------------------------------------------------------------------------------------
 FA1_VARIANTS = ("fast", "readable")
 
 
 @pytest.fixture(params=FA1_VARIANTS)
-def fa1_variant(request, monkeypatch):
+def fa1_variant(request):
     """Run the test with the fast FA1 forward (the default) and with the readable one."""
-    from numba_flash import alg1_forward
-
-    monkeypatch.setattr(alg1_forward, "VARIANT", request.param)
     return request.param
 
 
@@ -198,20 +198,21 @@ FA1_SIM_CASES = {
 @pytest.mark.parametrize("case", list(FA1_SIM_CASES), ids=list(FA1_SIM_CASES))
 def test_flash1_fast_and_readable_kernels_match_float64_reference_within_twice_float32_error(rng, fa1_variant, case):
     b, s_q, s_k, h, h_k, d, causal, p, bs = FA1_SIM_CASES[case]
-    run_case(rng, "flash1", b, s_q, s_k, h, h_k, d, causal, p, bs)
+    run_case(rng, "flash1", b, s_q, s_k, h, h_k, d, causal, p, bs, variant=fa1_variant)
 
 
 def test_flash1_fast_and_readable_kernels_agree_and_keep_empty_rows_empty(rng):
     # Same inputs through both variants (s_q > s_k, causal: the first rows see no key): same O, m, l up
     # to rounding, and the FA1 statistics the backward needs are present in both.
-    from numba_flash import alg1_forward
+    from numba_flash import registry
 
     q, k, v = make_qkv(rng, 1, 24, 13, 1, 1, 8)
     prob = _launch.check_attention_args(q, k, v, causal=True)
     outs = {}
     for variant in FA1_VARIANTS:
+        module = registry.resolve("flash1", "forward", variant).module
         with _launch.poison_outputs():
-            outs[variant] = alg1_forward.forward(q, k, v, prob, _launch.Allocator(q), block_sizes=(8, 8), variant=variant)
+            outs[variant] = module.forward(q, k, v, prob, _launch.Allocator(q), block_sizes=(8, 8))
     fast, readable = outs["fast"], outs["readable"]
     ref = standard_attention(q, k, v, causal=True)
     naive = naive_attention_float32(q, k, v, causal=True)
@@ -223,19 +224,17 @@ def test_flash1_fast_and_readable_kernels_agree_and_keep_empty_rows_empty(rng):
         assert np.all(np.isneginf(m[:, :, :empty])) and np.all(np.isposinf(lse[:, :, :empty]))
 
 
-def test_flash1_forward_rejects_unknown_variant(rng):
-    from numba_flash import alg1_forward
-
+def test_flash1_rejects_a_variant_it_does_not_have_and_lists_what_exists(rng):
     q, k, v = make_qkv(rng, 1, 8, 8, 1, 1, 4)
-    with pytest.raises(ValueError, match="variant"):
-        alg1_forward.forward(q, k, v, _launch.check_attention_args(q, k, v), _launch.Allocator(q), variant="nope")
+    with pytest.raises(ValueError, match=r"variant 'tensorcore' does not exist.*\['readable', 'fast'\]"):
+        attention_numpy(q, k, v, algorithm="flash1", variant="tensorcore")
 
 
 @pytest.mark.parametrize("d", [1, 8, 37, 64, 65, 96, 127, 128])
 def test_fast_flash1_gpu_tiles_use_bc_128_and_fit_the_227kb_opt_in(d):
     # Alg.1 L1 with the real SRAM: the fast kernel's K/V blocks are 128 keys wide at every head dim
     # (the 48 KB readable kernel: 48 at d = 64, 24 at d = 128) and the tiles fit an H100/H200 block.
-    from numba_flash import alg1_forward_fast as fast
+    from numba_flash.fast import alg1_forward as fast
 
     NW, WS, TM, TPR, BCC, NCH, DP = cfg = fast.config_for(d, None, simulator=False)
     assert BCC * NCH == 128 and WS == 32 and DP >= d and DP % (4 * TPR) == 0
@@ -256,19 +255,20 @@ FA1_GPU_CASES = {
 @pytest.mark.parametrize("case", list(FA1_GPU_CASES), ids=list(FA1_GPU_CASES))
 def test_flash1_fast_and_readable_kernels_match_float64_reference_at_real_sizes_on_gpu(rng, fa1_variant, case):
     b, s_q, s_k, h, h_k, d, causal, p = FA1_GPU_CASES[case]
-    run_case(rng, "flash1", b, s_q, s_k, h, h_k, d, causal, p)
+    run_case(rng, "flash1", b, s_q, s_k, h, h_k, d, causal, p, variant=fa1_variant)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("d", [64, 128])
 def test_fast_flash1_kernel_fits_one_block_per_sm_on_gpu(rng, d):
     # One block per (batch, head) and one block per SM: 8 warps of <= 255 registers and the opt-in SRAM.
-    from numba_flash import _inspect, alg1_forward
+    from numba_flash import _inspect
+    from numba_flash.fast import alg1_forward as fast
 
     q, k, v = make_qkv(rng, 1, 64, 64, 1, 1, d)
-    attention_numpy(q, k, v, algorithm="flash1")
+    attention_numpy(q, k, v, algorithm="flash1", variant="fast")
     prob = _launch.check_attention_args(q, k, v)
-    [(name, disp, threads, _)] = alg1_forward.compiled_kernels(prob, variant="fast")
+    [(name, disp, threads, _)] = fast.compiled_kernels(prob)
     rep = _inspect.kernel_report(disp, threads)
     assert threads == 256 and rep["regs_per_thread"] <= 255, (name, rep)
     assert rep["local_mem_per_thread"] <= 128, (name, rep)  # ptxas: at most a few spilled registers

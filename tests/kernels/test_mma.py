@@ -1,4 +1,4 @@
-"""The warp-level tensor-core steps of :mod:`numba_flash._mma` (used by :mod:`numba_flash.fa2_forward_tc`).
+"""The warp-level tensor-core steps of :mod:`numba_flash.fast._mma` (used by :mod:`numba_flash.fast.fa2_forward_tc`).
 
 Claims checked:
 
@@ -20,7 +20,8 @@ import pytest
 from attn_testing import assert_error_rule
 from numba import cuda, float32
 
-from numba_flash import _backend, _mma
+from numba_flash import _backend
+from numba_flash.fast import _mma
 
 split_tf32, mma_3xtf32, quad_max, quad_sum = _mma.make_warp_ops()
 SX = 2 * _mma.SIM_SCRATCH_PER_WARP

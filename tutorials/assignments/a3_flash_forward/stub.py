@@ -33,14 +33,15 @@ from __future__ import annotations
 import functools
 import math  # noqa: F401  (math.exp, math.inf)
 
-import numba_flash  # noqa: F401  (chooses GPU or simulator before numba.cuda is imported)
 from numba import cuda, float32  # noqa: F401
+
+import numba_flash  # noqa: F401  (chooses GPU or simulator before numba.cuda is imported)
 
 BR = 8  # rows of a query tile Q_i = threads per block (the autograder reads it; 2 <= BR <= 64)
 BC = 8  # rows of a key/value tile K_j, V_j (2 <= BC <= 64)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def make_kernel(D):
     """The FA1 forward kernel specialized for head dimension ``D`` (shared tiles need constant shapes)."""
 

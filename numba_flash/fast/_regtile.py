@@ -1,7 +1,7 @@
 """Register-tile steps shared by the fast kernels (FA1 Alg 1/2/4 and FA2 Alg 1/2 twins).
 
-The four fast kernels (:mod:`~numba_flash.alg1_forward_fast`, :mod:`~numba_flash.fa2_forward_fast`,
-:mod:`~numba_flash.alg4_backward_fast`, :mod:`~numba_flash.fa2_backward_fast`) tile the same matrix
+The four fast kernels (:mod:`~numba_flash.fast.alg1_forward`, :mod:`~numba_flash.fast.fa2_forward`,
+:mod:`~numba_flash.fast.alg4_backward`, :mod:`~numba_flash.fast.fa2_backward`) tile the same matrix
 products the same way: a group of ``TPR`` lanes shares ``TM`` query rows (row group ``rg``, lane
 ``tc``), each thread keeps a ``TM x TN`` tile of ``S`` in registers and reads SRAM 16 bytes at a time.
 This module holds those steps once, as device-function factories: each ``make_*`` is cached on its
@@ -38,13 +38,12 @@ from __future__ import annotations
 import functools
 import math
 
-import numpy as np
 from numba import cuda, float32
 
-from ._dropout import keep
+from .._constants import FULL_MASK as _FULL_MASK
+from .._constants import U
+from .._dropout import keep
 
-_FULL_MASK = 0xFFFFFFFF
-U = np.uint64
 U1, U2, U3, U4 = U(1), U(2), U(3), U(4)
 
 
@@ -62,7 +61,7 @@ def _shuffle_offsets(TPR: int):
 # ---------------------------------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def make_qkt_tile(TM: int, TN: int, NK4: int, RG: int, TPR: int, SQ: int):
     """``qkt_tile(smem, qbase, kbase, rg, tc, rS, rq)``: ``rS = Q K^T`` for one thread's register tile.
 
@@ -102,7 +101,7 @@ def make_qkt_tile(TM: int, TN: int, NK4: int, RG: int, TPR: int, SQ: int):
     return qkt_tile
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def make_mask_tile(TM: int, TN: int, RG: int, TPR: int, W: int, CAUSAL: bool):
     """``mask_tile(rS, row0, col0, rg, tc, s_k, causal_offset)``: ``-inf`` where a key is not visible.
 
@@ -125,7 +124,7 @@ def make_mask_tile(TM: int, TN: int, RG: int, TPR: int, W: int, CAUSAL: bool):
     return mask_tile
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def make_row_reductions(TM: int, TN: int, RG: int, TPR: int, SHFL: bool):
     """``(row_max_tile, row_sum_lanes)``: reductions over the ``TPR`` lanes that share a row.
 
@@ -202,23 +201,23 @@ def make_row_reductions(TM: int, TN: int, RG: int, TPR: int, SHFL: bool):
     return row_max_tile, row_sum_lanes
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def make_softmax_p_tile(TM: int, TN: int, RG: int, TPR: int, SPS: int, DROPOUT: bool, SCALE_KEPT: bool):
-    """``softmax_p_tile(smem, pbase, rg, tc, col0, rS, rm, rmax, ralpha, rl, rkey, threshold, inv_keep)``.
+    """``softmax_p_tile(smem, pbase, rg, tc, col0, rS, rm, rmax, ralpha, rl, rkey, threshold, dropout_scale)``.
 
     The online-softmax step of one register tile (S in base 2, the scale folded into Q):
     ``m_new = max(m, rowmax)``; ``ralpha = e^(m_old - m_new)`` (exp2; 0 when ``m_old = -inf``);
     ``P~ = exp2(S - m_new)`` written to the SRAM P tile at ``pbase`` (row stride ``SPS``);
     ``rl = ralpha rl + rowsum P~`` (this lane's partial sum, from the undropped P~). With ``DROPOUT``
     the stored P~ is zero where the counter hash drops the entry, and (``SCALE_KEPT``) the kept ones
-    are scaled by ``inv_keep`` (FA1 Alg.2 L14; FA2 applies the 1/(1-p) once, at the end).
+    are scaled by ``dropout_scale`` (FA1 Alg.2 L14; FA2 applies the 1/(1-p) once, at the end).
     ``rmax`` may be the same array as ``ralpha`` (each ``rmax[a]`` is read before ``ralpha[a]`` is written).
     """
     uRG, uTPR, uSPS = U(RG), U(TPR), U(SPS)
     NEG_INF = float32(-math.inf)
 
     @cuda.jit(device=True, inline="always")
-    def softmax_p_tile(smem, pbase, rg, tc, col0, rS, rm, rmax, ralpha, rl, rkey, threshold, inv_keep):
+    def softmax_p_tile(smem, pbase, rg, tc, col0, rS, rm, rmax, ralpha, rl, rkey, threshold, dropout_scale):
         for a in range(TM):
             m_new = max(rm[a], rmax[a])
             m_safe = m_new if m_new != NEG_INF else float32(0.0)  # Dev: a row with no key yet: no NaN
@@ -233,7 +232,7 @@ def make_softmax_p_tile(TM: int, TN: int, RG: int, TPR: int, SPS: int, DROPOUT: 
                 psum += p  # l from the undropped P~ (FA1 Alg.2 L13)
                 if DROPOUT:
                     if SCALE_KEPT:
-                        p = p * inv_keep if keep(rkey[a], col0 + int(tc) + TPR * bb, threshold) else float32(0.0)
+                        p = p * dropout_scale if keep(rkey[a], col0 + int(tc) + TPR * bb, threshold) else float32(0.0)
                     else:
                         if not keep(rkey[a], col0 + int(tc) + TPR * bb, threshold):
                             p = float32(0.0)
@@ -243,7 +242,7 @@ def make_softmax_p_tile(TM: int, TN: int, RG: int, TPR: int, SPS: int, DROPOUT: 
     return softmax_p_tile
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def make_pv_tile(TM: int, DV: int, NC4: int, RG: int, TPR: int, SQ: int, SPS: int):
     """``pv_tile(smem, pbase, vbase, rg, tc, rO, rp)``: ``rO += P~ V`` for one thread's register tile.
 
@@ -286,10 +285,10 @@ def make_pv_tile(TM: int, DV: int, NC4: int, RG: int, TPR: int, SQ: int, SPS: in
 # ---------------------------------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def make_s_dp_p_ds(TM: int, TN: int, NK4: int, RG: int, TPR: int, SQ: int, SP: int, BC: int,
                    OFF_Q, OFF_DO, OFF_K, OFF_V, OFF_P, OFF_DS, OFF_M, OFF_D, OFF_IL, CAUSAL: bool, DROPOUT: bool):
-    """``s_dp_p_ds(smem, tid, row0, col0, s_k, causal_offset, tau, rkey, threshold, inv_keep, rS, rdP, rq, rdo)``.
+    """``s_dp_p_ds(smem, tid, row0, col0, s_k, causal_offset, tau, rkey, threshold, dropout_scale, rS, rdP, rq, rdo)``.
 
     ``S = Q_i K_j^T`` and ``dP~ = dO_i V_j^T`` as ``TM x TN`` register tiles (one pass over the
     ``4 NK4`` columns, 16-byte loads); then, per entry, ``P = exp(tau S - m_r)`` (times ``1/l_r`` read at
@@ -305,7 +304,7 @@ def make_s_dp_p_ds(TM: int, TN: int, NK4: int, RG: int, TPR: int, SQ: int, SP: i
     ONE = float32(1.0)
 
     @cuda.jit(device=True, inline="always")
-    def s_dp_p_ds(smem, tid, row0, col0, s_k, causal_offset, tau, rkey, threshold, inv_keep, rS, rdP, rq, rdo):
+    def s_dp_p_ds(smem, tid, row0, col0, s_k, causal_offset, tau, rkey, threshold, dropout_scale, rS, rdP, rq, rdo):
         rg = tid // uTPR
         tc = tid % uTPR
         for a in range(TM * TN):
@@ -373,7 +372,7 @@ def make_s_dp_p_ds(TM: int, TN: int, NK4: int, RG: int, TPR: int, SQ: int, SP: i
                 dp = rdP[a * TN + bb]
                 pz = p
                 if DROPOUT:
-                    z = inv_keep if keep(rkey[a], col, threshold) else ZERO
+                    z = dropout_scale if keep(rkey[a], col, threshold) else ZERO
                     pz = p * z
                     dp = dp * z
                 smem[OFF_P + r * uSP + c] = pz
@@ -382,7 +381,7 @@ def make_s_dp_p_ds(TM: int, TN: int, NK4: int, RG: int, TPR: int, SQ: int, SP: i
     return s_dp_p_ds
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def make_dv_dk_update(BR: int, NQC: int, CW: int, CG: int, DVX: int, XT: int, TC: int, SP: int, SQ: int,
                       OFF_P, OFF_DS, OFF_DO, OFF_Q):
     """``dv_dk_update(smem, cy, tx, rp, rds, rov, rqv, rdV, rdK)``: ``dV_j += P~^T dO_i``, ``dK_j += tau dS^T Q_i``.
@@ -417,7 +416,7 @@ def make_dv_dk_update(BR: int, NQC: int, CW: int, CG: int, DVX: int, XT: int, TC
     return dv_dk_update
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def make_store_dk_dv(NQC: int, CW: int, CG: int, DVX: int, XT: int):
     """``store_dk_dv(gdK, gdV, ub, uhead, col0, s_k, d, cy, tx, rdK, rdV)``: the register tiles to HBM.
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from numba import cuda
 
-from . import _backend
+from .. import _backend
 
 #: Dynamic shared memory any kernel may use without the opt-in, in bytes.
 DEFAULT_LIMIT_BYTES = 48 * 1024

@@ -3,7 +3,7 @@
 Paper: Dao, "FlashAttention-2", Algorithm 2 ([FA2-ICLR] Appendix A). Same algorithm, semantics and
 paper tags as the readable kernel :mod:`numba_flash.fa2_backward` (read that one first); this file
 changes *who computes what* so that the arithmetic units are fed, the way
-:mod:`numba_flash.fa2_forward_fast` does for the forward.
+:mod:`numba_flash.fast.fa2_forward` does for the forward.
 
 What changed from the readable kernel, and why
 ----------------------------------------------
@@ -25,7 +25,7 @@ What changed from the readable kernel, and why
 * **Q_i, dO_i prefetched.** The loads of ``Q_{i+1}, dO_{i+1}, L_{i+1}, D_{i+1}`` are issued into
   registers before the compute on ``Q_i, dO_i`` (double buffering in registers, as the forward's
   K/V prefetch), all loads of a tile unrolled (one memory round trip per tile).
-* **More than 48 KB of SRAM** (:mod:`numba_flash._smem`): ``Q_i, dO_i, K_j, V_j`` and ``P_ij, dS_ij``
+* **More than 48 KB of SRAM** (:mod:`numba_flash.fast._smem`): ``Q_i, dO_i, K_j, V_j`` and ``P_ij, dS_ij``
   at 64 x 128, ``d = 64`` are 168.5 KB per block.
 * **The deterministic path is fast too.** ``deterministic=True`` leaves the atomics out of the main
   kernel and runs :func:`fa2_backward_fast_dq_kernel`, one block per *query* block (FA2's forward
@@ -92,14 +92,15 @@ from __future__ import annotations
 import functools
 import math
 
-import numpy as np
 from numba import cuda, float32, uint64
 
-from . import _backend, _regtile, _smem
-from ._dropout import head_key, row_key
-from ._launch import Problem, ceil_div
+from .. import _backend
+from .._constants import LOG2E, U
+from .._dropout import head_key, row_key
+from .._fa2_prepass import row_dot
+from .._launch import KernelLaunch, Problem, ceil_div
+from . import _regtile, _smem
 
-LOG2E = 1.4426950408889634
 
 def _pow2_divisor(n: int, cap: int) -> int:
     """The largest power of two <= cap dividing n."""
@@ -109,7 +110,7 @@ def _pow2_divisor(n: int, cap: int) -> int:
     return p
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def config_for(d: int, block_sizes=None, nt=None):
     """The tiling ``(NT, BR, BC, DP)`` for head dim ``d``.
 
@@ -171,18 +172,13 @@ def _allocate_grads(prob: Problem, alloc, deterministic: bool):
 
 
 def _prepass(out, dout, prob: Problem, alloc):
-    from .fa2_backward import PREPASS_THREADS, preprocess_kernel
-
-    delta = alloc.empty((prob.batch, prob.nheads, prob.seqlen_q))
-    # FA2.2 L4: D_i = rowsum(dO_i o O_i), a separate pre-pass (the readable module's kernel)
-    preprocess_kernel[(ceil_div(prob.seqlen_q, PREPASS_THREADS), prob.batch * prob.nheads), PREPASS_THREADS](out, dout, delta)
-    return delta
+    # FA2.2 L4: D_i = rowsum(dO_i o O_i), a separate pre-pass (numba_flash._fa2_prepass, shared with the readable kernel)
+    return row_dot(out, dout, prob, alloc)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _device_functions(NT, BR, BC, DP, CAUSAL, DROPOUT):
     """The inline device functions shared by the main and the dQ kernel (tile loads, S/dP/P/dS, dQ tile)."""
-    U = np.uint64
     g = derived(NT, BR, BC, DP)
     TPR, RG, TM, TN, TPR2, RG2, TM2, DX2 = (g[k] for k in ("TPR", "RG", "TM", "TN", "TPR2", "RG2", "TM2", "DX2"))
     SQ = DP + 4
@@ -267,13 +263,13 @@ def _device_functions(NT, BR, BC, DP, CAUSAL, DROPOUT):
                 s_dp_p_ds=s_dp_p_ds, dq_tile=dq_tile, offs=offs, g=g)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def fa2_backward_fast_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool, DROPOUT: bool, ATOMIC_DQ: bool, VEC: bool = True, PREFETCH: bool = True, MAXREG=None):
     """The main (column-block) fast backward kernel: dK, dV, and with ``ATOMIC_DQ`` the atomic dQ adds.
 
     Kernel arguments: ``gQ, gdO (b, s_q, h, d)``, ``gK, gV (b, s_k, h_k, d)``, ``gL, gD (b, h, s_q)``,
     outputs ``gdQ`` (zeros; unused without ``ATOMIC_DQ``), ``gdK, gdV (b, s_k, h_k, d)``; ``tau``,
-    ``c1 = tau log2 e`` (unused since the natural-base P, kept for the launch signature), ``group``, ``causal_offset``, dropout ``seed``, ``threshold``, ``inv_keep``.
+    ``c1 = tau log2 e`` (unused since the natural-base P, kept for the launch signature), ``group``, ``causal_offset``, dropout ``seed``, ``threshold``, ``dropout_scale``.
     ``VEC``: 16-byte aligned SRAM (16-byte loads; not in the simulator). ``PREFETCH``: issue the
     loads of ``Q_{i+1}, dO_{i+1}`` before the compute on ``Q_i, dO_i``. ``MAXREG``: register cap (GPU).
 
@@ -291,7 +287,6 @@ def fa2_backward_fast_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool, D
     dQ_i (this step's part)   rdQ                  registers, TM2 x DX2 per thread, then atomics
     ========================  ===================  ==================================================
     """
-    U = np.uint64
     fns = _device_functions(NT, BR, BC, DP, CAUSAL, DROPOUT)
     g = fns["g"]
     TM, TC, CW, DVX, XT, CG, TM2, DX2, RG2, TPR2 = (g[k] for k in ("TM", "TC", "CW", "DVX", "XT", "CG", "TM2", "DX2", "RG2", "TPR2"))
@@ -317,11 +312,11 @@ def fa2_backward_fast_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool, D
 
     # [doc:fa2-fast-bwd-kernel]
     @cuda.jit(fastmath=False, **jit_options)
-    def kernel(gQ, gK, gV, gdO, gL, gD, gdQ, gdK, gdV, tau, c1, group, causal_offset, seed, threshold, inv_keep):
+    def kernel(gQ, gK, gV, gdO, gL, gD, gdQ, gdK, gdV, tau, c1, group, causal_offset, seed, threshold, dropout_scale):
         smem = cuda.shared.array(0, float32, alignment=ALIGN)  # all tiles; offsets OFF_*
         tau = float32(tau)  # Dev: float32 scalars, so no float64 arithmetic creeps into the tile loops
         c1 = float32(c1)
-        inv_keep = float32(inv_keep)
+        dropout_scale = float32(dropout_scale)
         rS = cuda.local.array(NS, float32)  # S_ij tile (registers)
         rdP = cuda.local.array(NS, float32)  # dP_ij tile (registers)
         rq = cuda.local.array(NTM4, float32)
@@ -417,7 +412,7 @@ def fa2_backward_fast_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool, D
             # [doc:fa2-fast-bwd-inner-loop]
             # FA2.2 L10-L11: S_ij = tau Q_i K_j^T (a TM x TN register tile); P_ij = exp(S_ij - L_i), masked
             # FA2.2 L13-L14: dP_ij = (dO_i V_j^T) o Z_ij (same tiling); dS_ij = P_ij o (dP_ij - D_i), times tau, to SRAM
-            s_dp_p_ds(smem, tid, row0, col0, s_k, causal_offset, tau, rkey, threshold, inv_keep, rS, rdP, rq, rdo)
+            s_dp_p_ds(smem, tid, row0, col0, s_k, causal_offset, tau, rkey, threshold, dropout_scale, rS, rdP, rq, rdo)
             cuda.syncthreads()  # Sync: P_ij o Z_ij and tau dS_ij in SRAM before L12, L15, L16 read them
             # FA2.2 L12: dV_j += (P_ij o Z_ij)^T dO_i -- outer products over the Br rows, TC x 4 DVX register tile
             # FA2.2 L16: dK_j += tau dS_ij^T Q_i -- the same loop (tau is already in dS)
@@ -445,7 +440,7 @@ def fa2_backward_fast_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool, D
     return kernel
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def fa2_backward_fast_dq_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool, DROPOUT: bool, VEC: bool = True, PREFETCH: bool = True, MAXREG=None):
     """The deterministic dQ kernel: one block per (query block, batch, head), dQ_i in registers.
 
@@ -455,7 +450,6 @@ def fa2_backward_fast_dq_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool
     prefetched into registers during the compute on ``K_j, V_j``. Symbol table as
     :func:`fa2_backward_fast_kernel`, with ``rdQ`` accumulated over all ``j``.
     """
-    U = np.uint64
     fns = _device_functions(NT, BR, BC, DP, CAUSAL, DROPOUT)
     g = fns["g"]
     TM, TM2, DX2, RG2, TPR2 = (g[k] for k in ("TM", "TM2", "DX2", "RG2", "TPR2"))
@@ -474,11 +468,11 @@ def fa2_backward_fast_dq_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool
     jit_options = {} if MAXREG is None else {"max_registers": MAXREG}
 
     @cuda.jit(fastmath=False, **jit_options)
-    def kernel(gQ, gK, gV, gdO, gL, gD, gdQ, tau, c1, group, causal_offset, seed, threshold, inv_keep):
+    def kernel(gQ, gK, gV, gdO, gL, gD, gdQ, tau, c1, group, causal_offset, seed, threshold, dropout_scale):
         smem = cuda.shared.array(0, float32, alignment=ALIGN)
         tau = float32(tau)  # Dev: float32 scalars (no float64 arithmetic in the tile loops)
         c1 = float32(c1)
-        inv_keep = float32(inv_keep)
+        dropout_scale = float32(dropout_scale)
         rS = cuda.local.array(NS, float32)
         rdP = cuda.local.array(NS, float32)
         rq = cuda.local.array(NTM4, float32)
@@ -534,7 +528,7 @@ def fa2_backward_fast_dq_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool
                 load_k(gK, gV, ub, uhk, col0 + BC, s_k, d, tid, rKn, rVn)  # HBM read: 2 Bc*d (tile j+1)
             # FA2.2 L10-L11: S_ij, P_ij (recomputed, the same tiles as the main kernel)
             # FA2.2 L13-L14: dP_ij, tau dS_ij to SRAM
-            s_dp_p_ds(smem, tid, row0, col0, s_k, causal_offset, tau, rkey, threshold, inv_keep, rS, rdP, rq, rdo)
+            s_dp_p_ds(smem, tid, row0, col0, s_k, causal_offset, tau, rkey, threshold, dropout_scale, rS, rdP, rq, rdo)
             cuda.syncthreads()  # Sync: tau dS_ij in SRAM before L15 reads it
             # FA2.2 L15: dQ_i += tau dS_ij K_j -- Dev: deterministic: each thread sums its tile over j in a fixed order
             dq_tile(smem, tid, rdQ, rds4)
@@ -575,6 +569,27 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None, determinis
     return main, (Tc, prob.batch * prob.nheads_k), dqk, (Tr, prob.batch * prob.nheads), NT, nbytes
 
 
+def choose_block_sizes(prob: Problem, block_sizes=None) -> tuple[int, int]:
+    """(Br, Bc) of the tiles (the kernel contract): :func:`config_for`, which rounds an override up to 16."""
+    _, BR, BC, _ = config_for(prob.headdim, block_sizes)
+    return BR, BC
+
+
+def sram_bytes(prob: Problem, block_sizes=None) -> int:
+    """Dynamic shared memory per block, in bytes (both kernels use the same layout)."""
+    return plan(prob, block_sizes)[5]
+
+
+def compiled_kernels(prob: Problem, block_sizes=None, deterministic=False) -> list[KernelLaunch]:
+    """The main kernel (and the deterministic dQ kernel), compiled for ``prob`` (not launched)."""
+    main, grid, dqk, grid_dq, NT, nbytes = plan(prob, block_sizes, deterministic=deterministic)
+    BR, BC = choose_block_sizes(prob, block_sizes)
+    out = [KernelLaunch(f"FA2 backward fast (Br, Bc) = ({BR}, {BC})", main, NT, grid[0] * grid[1])]
+    if deterministic:
+        out.append(KernelLaunch(f"FA2 backward fast dQ (Br, Bc) = ({BR}, {BC})", dqk, NT, grid_dq[0] * grid_dq[1]))
+    return out
+
+
 def backward(dout, q, k, v, out, fwd, prob: Problem, alloc, block_sizes=None, deterministic=False, config=None, features=None):
     """FA2 Algorithm 2, fast kernels, on kernel arrays: ``(dq, dk, dv)`` (dk, dv summed over each GQA group).
 
@@ -585,10 +600,8 @@ def backward(dout, q, k, v, out, fwd, prob: Problem, alloc, block_sizes=None, de
     main, grid, dqk, grid_dq, NT, nbytes = plan(prob, block_sizes, config, features, deterministic)
     dq, dk, dv = _allocate_grads(prob, alloc, deterministic)
     delta = _prepass(out, dout, prob, alloc)
-    dropout = prob.dropout_p > 0
-    inv_keep = 1.0 / (1.0 - prob.dropout_p) if dropout else 1.0
     tau = prob.softmax_scale
-    opts = (tau, tau * LOG2E, prob.group, prob.causal_offset, prob.seed, prob.threshold, inv_keep)
+    opts = (tau, tau * LOG2E, prob.group, prob.causal_offset, prob.seed, prob.threshold, prob.dropout_scale)
     _smem.launch(main, grid, NT, nbytes, q, k, v, dout, fwd.lse, delta, dq, dk, dv, *opts)
     if deterministic:
         _smem.launch(dqk, grid_dq, NT, nbytes, q, k, v, dout, fwd.lse, delta, dq, *opts)

@@ -2,7 +2,7 @@
 
 Paper: Dao, "FlashAttention-2", Algorithm 1 and section 3.3. Same algorithm, semantics, paper tags
 and launch grid as the readable kernel :mod:`numba_flash.fa2_forward` and the register-blocked
-SIMT kernel :mod:`numba_flash.fa2_forward_fast`; read those first. This file changes *which units
+SIMT kernel :mod:`numba_flash.fast.fa2_forward`; read those first. This file changes *which units
 do the two matrix products* (lines 8 and 10), and says why.
 
 Why tensor cores, and why three of them per product
@@ -28,14 +28,18 @@ What changed from the fast (FFMA) kernel
   lane ``(g, t) = (lane // 4, lane % 4)`` holds rows ``g, g + 8`` and columns ``2t, 2t + 1`` of each
   8-column tile. The rows of a lane are shared with the 3 other lanes of its quad only, so the row
   max / sum of line 9 are two ``shfl_xor`` steps and, as in FA2 section 3.3, no warp waits for another.
-* **P never leaves the registers.** The A operand of ``P V`` needs lane ``(g, t)`` to hold
-  ``P[g, k = t]`` and ``P[g, k = t + 4]``; the S accumulator gives it ``P[g, 2t]`` and ``P[g, 2t + 1]``.
-  Since a matrix product does not care in which order its ``k`` index runs, the kernel *renames* the
-  keys of each 8-key step (``k = t`` is key ``2t``, ``k = t + 4`` is key ``2t + 1``) and reads the
-  rows of ``V_j`` in the same order: the S fragment *is* the P fragment (the SIMT kernels write
-  ``P~`` to SRAM and read it back).
-* **Bank-conflict-free SRAM.** All tiles have row stride ``d + 4`` (``d`` padded to a multiple of 8):
-  the 32 lanes' fragment loads of ``Q_i``, ``K_j`` and the renamed ``V_j`` rows hit 32 different banks.
+* **P~ goes through SRAM, one warp's rows at a time.** The A operand of ``P~ V_j`` needs lane
+  ``(g, t)`` to hold ``P[g, t]`` and ``P[g, t + 4]`` of each 8-key step, but the S accumulator gives
+  it ``P[g, 2t]`` and ``P[g, 2t + 1]``. Each lane therefore writes its ``P~`` values to the warp's
+  own rows of an SRAM tile ``P`` (``OFF_P``, row stride ``Bc + 4``) and the warp reads them back in
+  the A layout after a ``syncwarp`` (no block barrier: no other warp touches those rows). ``V_j`` is
+  read in its natural row order. (A first version renamed the keys of each 8-key step so that the S
+  fragment *is* the A fragment and P~ stayed in registers; offline, LLVM would not fully unroll that
+  P V loop nest, so ``rS`` went to local memory. The performance log has the details.)
+* **Bank-conflict-free SRAM.** ``Q_i`` and ``K_j`` rows have stride ``DP + 4`` and ``P`` rows
+  ``Bc + 4`` (4 mod 8: the A/B fragment loads ``tile[8m + g, 8k + t]`` hit bank ``4g + t``);
+  ``V_j`` rows have a stride that is 8 or 24 mod 32 (``V[8k + t, 8n + g]`` hits bank ``8t + g``):
+  :func:`strides` picks them, and ``d`` is padded to ``DP``, a multiple of 8.
 * Kept from the fast kernel: ``Q_i`` scaled by ``tau log2 e`` at load (``exp2``), K/V tile loads
   unrolled into registers (optionally prefetched one tile ahead), causal block skipping, dropout by
   the counter hash, > 48 KB dynamic SRAM, per-lane row sums reduced once after the loop.
@@ -55,7 +59,7 @@ the log with predictions ``docs/notes/performance-log.md``):
 ==============================================================  ==============  ==============
 forward, d = 64, N = 4096, non-causal                           ms              TFLOP/s
 ==============================================================  ==============  ==============
-fast FFMA kernel (:mod:`numba_flash.fa2_forward_fast`)          17.9            30.7
+fast FFMA kernel (:mod:`numba_flash.fast.fa2_forward`)          17.9            30.7
 tensor cores, accumulating in the mma (fails the error rule)    12.6            43.7
 + staged O                                                      13.4            41.2
 + staged S (the default)                                        14.0            39.3
@@ -66,11 +70,13 @@ torch naive fp32 / SDPA memory-efficient fp32                   24.6 / 15.5     
 
 Launch geometry
 ---------------
-grid ``(Tr, batch * nheads)``, block ``32 NW`` threads, ``Br = 16 MW NW``. SRAM (float32):
-``sQ_i`` Br (DP+4) + ``sK_j, sV_j`` 2 Bc (DP+4) (+ a 192-float exchange scratch per warp in the simulator).
+grid ``(Tr, batch * nheads)``, block ``32 NW`` threads, ``Br = 16 MW NW``. SRAM (float32, one dynamic
+array ``smem`` at offsets ``OFF_*``, :func:`smem_floats`): ``Q_i`` Br (DP+4) + ``K_j`` Bc (DP+4) +
+``V_j`` Bc SV + ``P~`` Br (Bc+4), with ``SV`` the V stride of :func:`strides` (+ a 192-float exchange
+scratch per warp in the simulator).
 
 GPU: compute capability 8.0 or newer (``mma.sync`` TF32). The simulator runs the same source with
-:func:`numba_flash._mma.make_warp_ops`' Python twins of the fragment operations.
+:func:`numba_flash.fast._mma.make_warp_ops`' Python twins of the fragment operations.
 """
 
 from __future__ import annotations
@@ -78,18 +84,16 @@ from __future__ import annotations
 import functools
 import math
 
-import numpy as np
 from numba import cuda, float32, uint32, uint64
 
-from . import _backend, _mma, _smem
-from ._dropout import head_key, keep, row_key
-from ._launch import ForwardOutput, Problem, ceil_div
+from .. import _backend
+from .._constants import LN2, LOG2E, U
+from .._dropout import head_key, keep, row_key
+from .._launch import ForwardOutput, KernelLaunch, Problem, ceil_div
+from . import _mma, _smem
 
-LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453
 
-
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def config_for(d: int, block_sizes=None):
     """The tiling ``(NW, MW, Bc, DP)``: warps per block, m16 tiles per warp, key block, padded d.
 
@@ -128,7 +132,7 @@ def smem_floats(NW: int, MW: int, BC: int, DP: int, simulator: bool = False) -> 
     return n + (NW * _mma.SIM_SCRATCH_PER_WARP if simulator else 0)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROPOUT: bool, PREFETCH: bool, SIM: bool, STAGE_S: bool = True, STAGE_O: bool = True):
     """The 3xTF32 FA2 forward kernel for one specialization (see the module docstring).
 
@@ -137,31 +141,34 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
     ========================  ===================  ==================================================
     Q, K, V, O, L             gQ, gK, gV, gO, gL   HBM
     Q_i (times tau log2 e)    smem[OFF_Q ...]      SRAM (Br, DP+4), loaded once (L4)
-    K_j, V_j                  smem[OFF_K/OFF_V]    SRAM (Bc, DP+4) each, loaded each step (L7)
-    S_i^(j), then P~_i^(j)    rS                   registers: MW x (Bc/8) m16n8 fragments per warp
+    K_j                       smem[OFF_K ...]      SRAM (Bc, DP+4), loaded each step (L7)
+    V_j                       smem[OFF_V ...]      SRAM (Bc, SV), loaded each step (L7)
+    S_i^(j)                   rS                   registers: MW x (Bc/8) m16n8 fragments per warp
+    P~_i^(j)                  smem[OFF_P ...]      SRAM (Br, Bc+4): each warp writes and reads its own rows
     O_i^(j) (un-normalized)   rO                   registers: MW x (DP/8) m16n8 fragments per warp
+    P~_i^(j) V_j (staged)     rT                   registers, like rO (STAGE_O)
     m_i, l_i (base 2)         rm, rl               registers, 2 MW rows per lane (rl: partial sum)
     ========================  ===================  ==================================================
     """
-    U = np.uint64
     NT = 32 * NW
     BR = 16 * MW * NW
     NB = BC // 8  # 8-column tiles of S (and 8-key steps of P V)
     KD = DP // 8  # 8-wide k steps of Q K^T
     ND = DP // 8  # 8-column tiles of O
-    SQ, SV, SP = strides(BC, DP)
+    SQ, SV, SP = strides(BC, DP)  # row strides (floats) of the Q_i/K_j, V_j and P~ tiles
     uSQ, uSV, uSP, uDP, uNT = U(SQ), U(SV), U(SP), U(DP), U(NT)
-    OFF_Q = U(0)
-    OFF_K = U(BR * SQ)
-    OFF_V = U(BR * SQ + BC * SQ)
-    OFF_P = U(BR * SQ + BC * SQ + BC * SV)
-    NS = MW * NB * 4
-    NO = MW * ND * 4
-    NR = MW * 2  # query rows per lane
-    NA = MW * 4
+    # Offsets (floats) of the tiles in the one dynamic SRAM array `smem`:
+    OFF_Q = U(0)  # Q_i: (Br, SQ), rows of d values (tau log2 e applied), zero-padded to DP
+    OFF_K = U(BR * SQ)  # K_j: (Bc, SQ)
+    OFF_V = U(BR * SQ + BC * SQ)  # V_j: (Bc, SV)
+    OFF_P = U(BR * SQ + BC * SQ + BC * SV)  # P~_ij: (Br, SP); warp w owns rows 16 MW w .. 16 MW (w+1) - 1
+    NS = MW * NB * 4  # registers of rS: MW x NB m16n8 fragments, 4 floats per lane each
+    NO = MW * ND * 4  # registers of rO (and rT): MW x ND fragments
+    NR = MW * 2  # query rows per lane (rows g and g + 8 of each m16 tile)
+    NA = MW * 4  # registers of one A operand (4 per m16 tile), for its tf32 big and small parts
     NEG_INF = float32(-math.inf)
-    SXN = NW * _mma.SIM_SCRATCH_PER_WARP if SIM else 1
-    SCR = _mma.SIM_SCRATCH_PER_WARP
+    SXN = NW * _mma.SIM_SCRATCH_PER_WARP if SIM else 1  # simulator lane-exchange scratch (floats)
+    SCR = _mma.SIM_SCRATCH_PER_WARP  # one warp's share of it
 
     NL = (BC * DP + NT - 1) // NT  # K (and V) elements each thread moves per tile
     NL_EXACT = BC * DP % NT == 0
@@ -189,7 +196,7 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
 
     # [doc:fa2-tc-kernel]
     @cuda.jit(fastmath=False)
-    def kernel(gQ, gK, gV, gO, gL, scale_log2, group, causal_offset, seed, threshold, inv_keep):
+    def kernel(gQ, gK, gV, gO, gL, scale_log2, group, causal_offset, seed, threshold, dropout_scale):
         smem = cuda.shared.array(0, float32)  # Q_i, K_j, V_j; offsets OFF_*
         sx = cuda.shared.array(SXN, float32)  # the simulator's lane-exchange scratch (unused on a GPU)
         rS = cuda.local.array(NS, float32)  # S_ij, then P~_ij: MW x NB fragments
@@ -375,7 +382,7 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
                 if l_i > 0:
                     inv_l = float32(1.0) / l_i
                     if DROPOUT:
-                        inv_l *= inv_keep
+                        inv_l *= dropout_scale
                 # FA2.1 L13: L_i = m_i + log(l_i), m_i in base 2: L = m ln 2 + ln l (+inf for a row with no key)
                 L_i = float32(math.inf)
                 if l_i > 0:
@@ -427,13 +434,30 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None):
     return kernel, grid, 32 * NW, nbytes
 
 
+def choose_block_sizes(prob: Problem, block_sizes=None) -> tuple[int, int]:
+    """(Br, Bc) of the tiles (the kernel contract): :func:`config_for` rounds an override to the tiling."""
+    NW, MW, Bc, DP = config_for(prob.headdim, block_sizes)
+    return 16 * MW * NW, Bc
+
+
+def sram_bytes(prob: Problem, block_sizes=None) -> int:
+    """Dynamic shared memory per block, in bytes."""
+    return plan(prob, block_sizes)[3]
+
+
+def compiled_kernels(prob: Problem, block_sizes=None) -> list[KernelLaunch]:
+    """The one launch of :func:`forward`, compiled for ``prob`` (not launched)."""
+    kernel, grid, nt, nbytes = plan(prob, block_sizes)
+    Br, Bc = choose_block_sizes(prob, block_sizes)
+    return [KernelLaunch(f"FA2 forward tensor cores (Br, Bc) = ({Br}, {Bc}), {nbytes // 1024} KB dynamic SRAM", kernel, nt, grid[0] * grid[1])]
+
+
 def forward(q, k, v, prob: Problem, alloc, block_sizes=None, config=None, features=None) -> ForwardOutput:
     """FA2 Algorithm 1 on the tensor cores (3xTF32), on kernel arrays: ``ForwardOutput(out, lse)``."""
     kernel, grid, NT, nbytes = plan(prob, block_sizes, config, features)
     out = alloc.empty((prob.batch, prob.seqlen_q, prob.nheads, prob.headdim))
     lse = alloc.empty((prob.batch, prob.nheads, prob.seqlen_q))
-    inv_keep = 1.0 / (1.0 - prob.dropout_p)
-    args = (q, k, v, out, lse, prob.softmax_scale * LOG2E, prob.group, prob.causal_offset, prob.seed, prob.threshold, inv_keep)
+    args = (q, k, v, out, lse, prob.softmax_scale * LOG2E, prob.group, prob.causal_offset, prob.seed, prob.threshold, prob.dropout_scale)
     _smem.launch(kernel, grid, NT, nbytes, *args)
     # FA2.1 L17: return O, L
     return ForwardOutput(out=out, lse=lse)

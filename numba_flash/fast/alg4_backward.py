@@ -3,7 +3,7 @@
 Paper: Dao et al., "FlashAttention" (NeurIPS 2022), Algorithm 4 (Appendix B.4). Same algorithm,
 semantics, schedule and paper tags as the readable kernel :mod:`numba_flash.alg4_backward` (read that
 one first); this file changes *who computes what* inside a thread block, reusing the tile loaders and
-register tilings of :mod:`numba_flash.fa2_backward_fast`.
+register tilings of :mod:`numba_flash.fast.fa2_backward`.
 
 What stayed (FA1's schedule)
 ----------------------------
@@ -16,12 +16,12 @@ kernel (per-query-head partial ``dK, dV`` + the group-sum kernel).
 
 What changed from the readable kernel, and why
 ----------------------------------------------
-* **Register blocking of all five matmuls** (the tilings of :mod:`numba_flash.fa2_backward_fast`):
+* **Register blocking of all five matmuls** (the tilings of :mod:`numba_flash.fast.fa2_backward`):
   ``S_ij``, ``dP_ij`` as ``TM x TN`` register tiles per thread (16-byte SRAM loads along ``d``);
   ``dV~_j, dK~_j`` as ``TC x 4 DVX`` register tiles held for the whole inner loop, updated by outer
   products over the query rows; the ``dQ_i`` update (``TM2 x DX2`` per thread) added to the old
   ``dQ_i``, which was loaded into registers at line 10 (its HBM latency overlaps lines 11-20).
-* **Bigger tiles through dynamic SRAM > 48 KB** (:mod:`numba_flash._smem`): ``Br x Bc = 64 x 128``
+* **Bigger tiles through dynamic SRAM > 48 KB** (:mod:`numba_flash.fast._smem`): ``Br x Bc = 64 x 128``
   at ``d <= 64`` (169 KB), ``64 x 64`` at ``d = 128``; the readable kernel's 32 x 32 (41.8 KB) meant
   ``Tc = N / 32`` read-modify-write passes over ``dQ``, this one ``N / 128``.
 * **Q_i, dO_i, l_i, m_i, D_i prefetched** into registers during the compute of the previous row block.
@@ -63,7 +63,7 @@ query head ``h`` of batch ``b`` (also the dropout hash's head index). Loops insi
             L21  dQ_i += tau dS K_j, written back to HBM (same threads read and write each element)
         L24  dK_j, dV_j -> HBM (this query head's share; GQA: summed by the group-sum kernel)
 
-Thread maps (``tid`` in ``0..NT-1``) as :mod:`numba_flash.fa2_backward_fast`: S/dP rows
+Thread maps (``tid`` in ``0..NT-1``) as :mod:`numba_flash.fast.fa2_backward`: S/dP rows
 ``rg + RG a``, columns ``tc + TPR b``; dK/dV key rows ``CW cy + CW CG q + u``, columns
 ``4 tx + 4 XT e + w``; dQ rows ``rg2 + RG2 a``, columns ``tc2 + TPR2 e``. ``d`` is padded to ``DP``,
 a multiple of 16 (zero columns).
@@ -96,18 +96,21 @@ import math
 import numpy as np
 from numba import cuda, float32, uint64
 
-from . import _backend, _regtile, _smem
-from ._dropout import head_key, row_key
-from ._launch import Problem, ceil_div
-from . import fa2_backward_fast
-from .fa2_backward_fast import _device_functions, derived
+from .. import _backend
+from .._constants import U
+from .._dropout import head_key, row_key
+from .._gqa import group_sum, per_head_grads
+from .._launch import KernelLaunch, Problem
+from . import _regtile, _smem
+from . import fa2_backward as fa2_backward_fast
+from .fa2_backward import _device_functions, derived
 
 
 def config_for(d: int, block_sizes=None, nt=None):
     """The tiling ``(NT, BR, BC, DP)`` for head dim ``d``: the same choice as the FA2 fast backward.
 
-    This kernel reuses :mod:`numba_flash.fa2_backward_fast`'s register tilings, so it takes its tile
-    sizes from :func:`numba_flash.fa2_backward_fast.config_for` too: 256 threads; ``d <= 64``:
+    This kernel reuses :mod:`numba_flash.fast.fa2_backward`'s register tilings, so it takes its tile
+    sizes from :func:`numba_flash.fast.fa2_backward.config_for` too: 256 threads; ``d <= 64``:
     ``Br = 64, Bc = 128`` (``Tc = N / 128`` passes of line 21's dQ read-modify-write); ``d > 64``:
     ``Br = Bc = 64``. ``block_sizes=(Br, Bc)`` is rounded up to multiples of 16.
     """
@@ -119,7 +122,7 @@ def smem_floats(NT, BR, BC, DP):
     return 2 * BR * (DP + 4) + 2 * BC * (DP + 4) + 2 * BR * (BC + 4) + 3 * BR
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def alg4_backward_fast_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool, DROPOUT: bool, FROM_LSE: bool, VEC: bool = True, MAXREG=None):
     """Compile (once per configuration) the fast Algorithm 4 kernel.
 
@@ -127,7 +130,7 @@ def alg4_backward_fast_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool, 
     (``FROM_LSE``: ``gm`` is the logsumexp ``L`` and ``l = 1``, so line 13's P is ``exp(S - L)``),
     scratch ``gDs (b, h, s_q)`` (D_i), outputs ``gdQ (b, s_q, h, d)``, ``gdK, gdV (b, s_k, h, d)``
     (per query head); ``tau``, ``group``, ``causal_offset``, dropout ``seed``, ``threshold``,
-    ``inv_keep``. ``VEC``: 16-byte aligned SRAM (not in the simulator). ``MAXREG``: register cap (GPU).
+    ``dropout_scale``. ``VEC``: 16-byte aligned SRAM (not in the simulator). ``MAXREG``: register cap (GPU).
 
     Symbol table (paper symbol -> variable -> memory space):
 
@@ -146,7 +149,6 @@ def alg4_backward_fast_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool, 
     R (PRNG state)            seed -> k_bh         kernel argument -> register
     ========================  ===================  ==================================================
     """
-    U = np.uint64
     fns = _device_functions(NT, BR, BC, DP, CAUSAL, DROPOUT)
     g = fns["g"]
     TPR, RG, TM, TN = g["TPR"], g["RG"], g["TM"], g["TN"]
@@ -207,10 +209,10 @@ def alg4_backward_fast_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool, 
 
     # [doc:alg4-fast-kernel]
     @cuda.jit(fastmath=False, **jit_options)
-    def kernel(gQ, gK, gV, gO, gdO, gm, gl, gDs, gdQ, gdK, gdV, tau, group, causal_offset, seed, threshold, inv_keep):
+    def kernel(gQ, gK, gV, gO, gdO, gm, gl, gDs, gdQ, gdK, gdV, tau, group, causal_offset, seed, threshold, dropout_scale):
         smem = cuda.shared.array(0, float32, alignment=ALIGN)  # all tiles; offsets OFF_*
         tau = float32(tau)  # Dev: float32 scalars, so no float64 arithmetic creeps into the tile loops
-        inv_keep = float32(inv_keep)
+        dropout_scale = float32(dropout_scale)
         rS = cuda.local.array(NS, float32)  # S_ij, then P_ij (registers)
         rdP = cuda.local.array(NS, float32)  # dP_ij (registers)
         rq = cuda.local.array(NTM4, float32)
@@ -315,7 +317,7 @@ def alg4_backward_fast_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool, 
                 # exp(S_ij - m_i) (L13); Z_ij from the seed (L14); P~_ij = P_ij o Z_ij to SRAM (L15)
                 # Alg.4 L17-L20: dP~_ij = dO_i V_j^T (L17); dP_ij = dP~_ij o Z_ij (L18); dS_ij = P_ij o (dP_ij - D_i)
                 # (L20), times tau, to SRAM
-                s_dp_p_ds(smem, tid, row0, col0, s_k, causal_offset, tau, rkey, threshold, inv_keep, rS, rdP, rq, rdo)
+                s_dp_p_ds(smem, tid, row0, col0, s_k, causal_offset, tau, rkey, threshold, dropout_scale, rS, rdP, rq, rdo)
                 cuda.syncthreads()  # Sync: all of P~_ij and tau dS_ij in SRAM before lines 16, 21, 22 read other threads' rows
                 # Dev: line 21's read of dQ_i (into registers) is issued here, so that its HBM latency overlaps
                 # lines 16 and 22 (issued at line 10 it would be live across lines 11-20, the register peak: spills)
@@ -371,10 +373,21 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None, from_lse=F
     return kernel, prob.batch * prob.nheads, NT, nbytes, cfg
 
 
-def compiled_kernels(prob: Problem, block_sizes=None):
-    """(name, dispatcher, threads per block, blocks in the grid) of :func:`backward`'s main launch."""
+def choose_block_sizes(prob: Problem, block_sizes=None) -> tuple[int, int]:
+    """(Br, Bc) of the tiles (the kernel contract): :func:`config_for`, which rounds an override up."""
+    _, BR, BC, _ = config_for(prob.headdim, None if block_sizes is None else tuple(block_sizes))
+    return BR, BC
+
+
+def sram_bytes(prob: Problem, block_sizes=None) -> int:
+    """Dynamic shared memory per block, in bytes."""
+    return plan(prob, block_sizes)[3]
+
+
+def compiled_kernels(prob: Problem, block_sizes=None) -> list[KernelLaunch]:
+    """The main launch of :func:`backward`, compiled for ``prob`` (not launched)."""
     kernel, grid, NT, nbytes, (_, BR, BC, _) = plan(prob, block_sizes)
-    return [(f"FA1 backward fast (Br, Bc) = ({BR}, {BC})", kernel, NT, grid)]
+    return [KernelLaunch(f"FA1 backward fast (Br, Bc) = ({BR}, {BC})", kernel, NT, grid)]
 
 
 def backward(dout, q, k, v, out, fwd, prob: Problem, alloc, block_sizes=None, deterministic=False, config=None, features=None):
@@ -384,8 +397,6 @@ def backward(dout, q, k, v, out, fwd, prob: Problem, alloc, block_sizes=None, de
     or the logsumexp ``fwd.lse`` alone). Always deterministic (no atomics). ``config=(NT, Br, Bc, DP)``
     and ``features`` (dict of ``VEC``, ``MAXREG``) override the tiling and kernel features.
     """
-    from .alg4_backward import _group_sum_kernel
-
     from_lse = fwd.m is None or fwd.l is None
     kernel, grid, NT, nbytes, _ = plan(prob, block_sizes, config, features, from_lse)
     b, s_q, s_k, h, h_k, d = prob.batch, prob.seqlen_q, prob.seqlen_k, prob.nheads, prob.nheads_k, prob.headdim
@@ -394,17 +405,13 @@ def backward(dout, q, k, v, out, fwd, prob: Problem, alloc, block_sizes=None, de
     dk = alloc.empty((b, s_k, h_k, d))
     dv = alloc.empty((b, s_k, h_k, d))
     # Dev: under GQA/MQA each query head's block writes its partial dK, dV to an O(N)-per-head scratch
-    # array and the readable module's group-sum kernel adds each group (as the readable kernel).
-    dk_h, dv_h = (dk, dv) if G == 1 else (alloc.empty((b, s_k, h, d)), alloc.empty((b, s_k, h, d)))
+    # array and numba_flash._gqa.group_sum adds each group (as the readable kernel).
+    dk_h, dv_h = per_head_grads(dk, dv, prob, alloc)
     delta = alloc.empty((b, h, s_q))  # D_i scratch: O(N) per head
     m, l = (fwd.lse, fwd.lse) if from_lse else (fwd.m, fwd.l)
-    dropout = prob.dropout_p > 0
-    inv_keep = 1.0 / (1.0 - prob.dropout_p) if dropout else 1.0
     _smem.launch(kernel, grid, NT, nbytes, q, k, v, out, dout, m, l, delta, dq, dk_h, dv_h,
                  np.float32(prob.softmax_scale), G, prob.causal_offset, np.uint32(prob.seed), np.uint32(prob.threshold),
-                 np.float32(inv_keep))
-    if G > 1:
-        nt_sum = 64 if _backend.is_simulator() else 256  # the simulator runs each thread as a Python thread
-        _group_sum_kernel[(ceil_div(s_k * d, nt_sum), b * h_k), nt_sum](dk_h, dv_h, dk, dv, s_k, d, h_k, G)
+                 np.float32(prob.dropout_scale))
+    group_sum(dk_h, dv_h, dk, dv, prob)
     # Alg.4 L26: return dQ, dK, dV
     return dq, dk, dv

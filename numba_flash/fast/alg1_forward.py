@@ -5,7 +5,7 @@ Paper: Dao et al., "FlashAttention" (NeurIPS 2022), Algorithm 1 (section 3.1) an
 readable kernel :mod:`numba_flash.alg1_forward` (read that one first): **outer loop over K/V blocks
 j, inner loop over Q blocks i, O_i, l_i, m_i read from HBM and written back at every inner step, O
 stored normalized, one thread block per (batch, head)**. What changes is *who computes what* inside
-the block, with the machinery of :mod:`numba_flash.fa2_forward_fast`.
+the block, with the machinery of :mod:`numba_flash.fast.fa2_forward`.
 
 What changed from the readable kernel, and why
 ----------------------------------------------
@@ -24,7 +24,7 @@ What changed from the readable kernel, and why
   ``TM x TN`` tile of ``S_ij`` and a ``TM x (d / TPR)`` tile of ``O_i`` in registers, so each value
   loaded from SRAM feeds ``TN`` (or ``TM``) multiply-adds. ``O_i`` is loaded from HBM straight into
   that register tile (its latency hides behind the ``S_ij`` product).
-* **Bigger K/V tiles with > 48 KB of SRAM** (:mod:`numba_flash._smem`): ``Bc = 128`` (the
+* **Bigger K/V tiles with > 48 KB of SRAM** (:mod:`numba_flash.fast._smem`): ``Bc = 128`` (the
   readable kernel: 48 at d = 64, 24 at d = 128), so ``Tc = N / Bc`` (the number of passes that stream
   ``Q, O`` through HBM, Theorem 2) is 2.7x (d = 64) and 5.3x (d = 128) smaller. ``S_ij`` of a
   128-wide block does not fit in registers, so a step computes it in ``Bc / BCC`` column chunks with a
@@ -85,26 +85,21 @@ from __future__ import annotations
 import functools
 import math
 
-import numpy as np
 from numba import cuda, float32, uint64
 
-from . import _backend, _regtile, _smem
-from ._dropout import head_key, row_key
-from ._launch import ForwardOutput, Problem
-
-# Alg.2 L1: the PRNG state R is (seed, threshold, 1/(1-p)): the counter hash needs nothing else
-from .alg1_forward import prng_state
-
-LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453
-_FULL_MASK = 0xFFFFFFFF
+from .. import _backend
+from .._constants import FULL_MASK as _FULL_MASK
+from .._constants import LN2, LOG2E, U
+from .._dropout import head_key, row_key
+from .._launch import ForwardOutput, KernelLaunch, Problem
+from . import _regtile, _smem
 
 
 def _round_up(n: int, m: int) -> int:
     return m * ((n + m - 1) // m)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def config_for(d: int, block_sizes=None, simulator=None):
     """The tiling ``(NW, WS, TM, TPR, BCC, NCH, DP)``: workers, lanes per worker, rows per lane,
     lanes per row, S-chunk width, chunks per K/V block, padded head dim.
@@ -143,7 +138,7 @@ def smem_floats(NW, WS, TM, TPR, BCC, NCH, DP, shfl=True) -> int:
     return n
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def alg1_forward_fast_kernel(NW: int, WS: int, TM: int, TPR: int, BCC: int, NCH: int, DP: int, CAUSAL: bool, DROPOUT: bool, SHFL: bool, VEC: bool, MAXREG=None):
     """The fast FA1 forward kernel for one specialization (see the module docstring).
 
@@ -153,7 +148,7 @@ def alg1_forward_fast_kernel(NW: int, WS: int, TM: int, TPR: int, BCC: int, NCH:
 
     Kernel arguments: ``gQ (b, s_q, h, d)``, ``gK, gV (b, s_k, h_k, d)``, outputs ``gO (b, s_q, h, d)``,
     ``gl, gm, glse (b, h, s_q)``; ``scale_log2 = tau log2 e``, ``group = h // h_k``, ``causal_offset``,
-    dropout ``seed``, ``threshold``, ``inv_keep = 1 / (1 - p)``.
+    dropout ``seed``, ``threshold``, ``dropout_scale = 1 / (1 - p)``.
 
     Symbol table (paper symbol -> variable -> memory space):
 
@@ -170,7 +165,6 @@ def alg1_forward_fast_kernel(NW: int, WS: int, TM: int, TPR: int, BCC: int, NCH:
     e^(m_i - m_new), l_i          ralpha, rf                registers
     ============================  ========================  ============================================
     """
-    U = np.uint64
     RGW = WS // TPR  # row groups per worker
     BR = RGW * TM  # rows of one query block Q_i (one worker's)
     BC = BCC * NCH  # columns of one K/V block K_j
@@ -214,7 +208,7 @@ def alg1_forward_fast_kernel(NW: int, WS: int, TM: int, TPR: int, BCC: int, NCH:
 
     # [doc:alg1-fast-kernel]
     @cuda.jit(fastmath=False, **jit_options)
-    def kernel(gQ, gK, gV, gO, gl, gm, glse, scale_log2, group, causal_offset, seed, threshold, inv_keep):
+    def kernel(gQ, gK, gV, gO, gl, gm, glse, scale_log2, group, causal_offset, seed, threshold, dropout_scale):
         smem = cuda.shared.array(0, float32, alignment=ALIGN)  # all tiles; offsets OFF_*
         rS = cuda.local.array(NS, float32)  # S_ij chunk (registers)
         rO = cuda.local.array(NO, float32)  # O_i (registers)
@@ -363,7 +357,7 @@ def alg1_forward_fast_kernel(NW: int, WS: int, TM: int, TPR: int, BCC: int, NCH:
                     # Alg.1 L11 / Alg.2 L13: m_new = max(m_i, m~_ij); l_new = e^(m_i - m_new) l_i + e^(m~_ij - m_new) l~_ij
                     # Dev: P~_ij e^(m~_ij - m_new) in one exp2 (S - m_new): the beta of L11-L12 folded into P
                     # Alg.2 L14: P~_ij^dropped = dropout(P~_ij), Z from the counter hash, times 1/(1-p) (in the same step)
-                    softmax_p_tile(smem, pbase, rgw, tc, cc0, rS, rm, rmt, ralpha, rl, rkey, threshold, inv_keep)
+                    softmax_p_tile(smem, pbase, rgw, tc, cc0, rS, rm, rmt, ralpha, rl, rkey, threshold, dropout_scale)
                     if SRAM_REDUCE:
                         cuda.syncthreads()  # Sync: (simulator) P_ij rows in SRAM before P_ij V_j reads them
                     else:
@@ -436,11 +430,22 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None):
     return kernel, (prob.batch * prob.nheads,), NW * WS, nbytes, cfg
 
 
-def compiled_kernels(prob: Problem, block_sizes=None):
-    """(name, dispatcher, threads per block, blocks in the grid) of :func:`forward`'s one launch."""
+def choose_block_sizes(prob: Problem, block_sizes=None) -> tuple[int, int]:
+    """(Br, Bc) of the tiles (the kernel contract): :func:`config_for` rounds an override to the tiling."""
+    NW, WS, TM, TPR, BCC, NCH, DP = config_for(prob.headdim, None if block_sizes is None else tuple(block_sizes))
+    return (WS // TPR) * TM, BCC * NCH
+
+
+def sram_bytes(prob: Problem, block_sizes=None) -> int:
+    """Dynamic shared memory per block, in bytes."""
+    return plan(prob, block_sizes)[3]
+
+
+def compiled_kernels(prob: Problem, block_sizes=None) -> list[KernelLaunch]:
+    """The one launch of :func:`forward`, compiled for ``prob`` (not launched)."""
     kernel, grid, nt, nbytes, (NW, WS, TM, TPR, BCC, NCH, DP) = plan(prob, block_sizes)
     name = f"FA1 forward fast (Br, Bc) = ({(WS // TPR) * TM}, {BCC * NCH}), {NW} workers, {nbytes // 1024} KB dynamic SRAM"
-    return [(name, kernel, nt, grid[0])]
+    return [KernelLaunch(name, kernel, nt, grid[0])]
 
 
 def forward(q, k, v, prob: Problem, alloc, block_sizes=None, config=None, features=None) -> ForwardOutput:
@@ -450,14 +455,13 @@ def forward(q, k, v, prob: Problem, alloc, block_sizes=None, config=None, featur
     ``features`` override the tiling and the kernel features (benchmarks and sweeps).
     """
     kernel, grid, nt, nbytes, _ = plan(prob, block_sizes, config, features)
-    seed, threshold, drop_scale = prng_state(prob)
     b, s_q, h, d = prob.batch, prob.seqlen_q, prob.nheads, prob.headdim
     out = alloc.empty((b, s_q, h, d))
     l = alloc.empty((b, h, s_q))
     m = alloc.empty((b, h, s_q))
     lse = alloc.empty((b, h, s_q))
     args = (q, k, v, out, l, m, lse, float32(prob.softmax_scale * LOG2E), prob.group, prob.causal_offset,
-            seed, threshold, float32(drop_scale))
+            prob.seed, prob.threshold, float32(prob.dropout_scale))
     _smem.launch(kernel, grid, nt, nbytes, *args)
     # Alg.1 L16 / Alg.2 L19: return O, l, m (R is the seed in prob); L = m + log l for the API
     return ForwardOutput(out=out, lse=lse, m=m, l=l)

@@ -23,7 +23,7 @@ What changed from the readable kernel, and why
   lanes that need it with only a warp barrier (``syncwarp``), and the row sum is kept per lane and
   reduced once, after the loop (FA2 section 3.1.1's point: fewer non-matmul operations). The
   simulator has no warp intrinsics: there the same steps go through SRAM and ``syncthreads``.
-* **More than 48 KB of SRAM** (:mod:`numba_flash._smem`): a 64 x 64 block at ``d = 64`` needs
+* **More than 48 KB of SRAM** (:mod:`numba_flash.fast._smem`): a 64 x 64 block at ``d = 64`` needs
   about 70 KB.
 * **Heaviest query blocks first** under causal masking (block ``x`` of the grid runs query block
   ``Tr - 1 - x``), so the long rows do not start last.
@@ -71,24 +71,21 @@ from __future__ import annotations
 import functools
 import math
 
-import numpy as np
 from numba import cuda, float32, uint64
 
-from . import _backend, _regtile, _smem
-from ._dropout import head_key, row_key
-from ._launch import ForwardOutput, Problem, ceil_div
-
-
-LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453
-_FULL_MASK = 0xFFFFFFFF
+from .. import _backend
+from .._constants import FULL_MASK as _FULL_MASK
+from .._constants import LN2, LOG2E, U
+from .._dropout import head_key, row_key
+from .._launch import ForwardOutput, KernelLaunch, Problem, ceil_div
+from . import _regtile, _smem
 
 
 def _padded_d(d: int, TPR: int) -> int:
     return 4 * TPR * ((d + 4 * TPR - 1) // (4 * TPR))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def config_for(d: int, block_sizes=None):
     """The tiling ``(NT, TM, TPR, Bc, DP)`` for head dim ``d``.
 
@@ -126,7 +123,7 @@ def smem_floats(NT, TM, TPR, Bc, DP, shfl=True):
     return n
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def fa2_forward_fast_kernel(NT: int, TM: int, TPR: int, BC: int, DP: int, CAUSAL: bool, DROPOUT: bool, SHFL: bool, VEC: bool, REVERSE: bool = True, PREFETCH: bool = True, MAXREG=None):
     """The register-blocked FA2 forward kernel for one specialization (see the module docstring).
 
@@ -149,7 +146,6 @@ def fa2_forward_fast_kernel(NT: int, TM: int, TPR: int, BC: int, DP: int, CAUSAL
     e^(m_old - m_new)         ralpha               registers (first rowmax S, then the rescale factor)
     ========================  ===================  ==================================================
     """
-    U = np.uint64
     RG = NT // TPR  # row groups per block
     BR = RG * TM
     TN = BC // TPR
@@ -209,7 +205,7 @@ def fa2_forward_fast_kernel(NT: int, TM: int, TPR: int, BC: int, DP: int, CAUSAL
 
     # [doc:fa2-fast-kernel]
     @cuda.jit(fastmath=False, **jit_options)
-    def kernel(gQ, gK, gV, gO, gL, scale_log2, group, causal_offset, seed, threshold, inv_keep):
+    def kernel(gQ, gK, gV, gO, gL, scale_log2, group, causal_offset, seed, threshold, dropout_scale):
         smem = cuda.shared.array(0, float32, alignment=ALIGN)  # all tiles; offsets OFF_*
         rS = cuda.local.array(NS, float32)  # S_ij tile (registers)
         rO = cuda.local.array(NO, float32)  # O_i tile (registers)
@@ -295,7 +291,7 @@ def fa2_forward_fast_kernel(NT: int, TM: int, TPR: int, BC: int, DP: int, CAUSAL
             row_max_tile(smem, OFF_R, rg, tc, rS, ralpha)
             # Dev: dropout as FA1 Alg.2 L14 (the 1/(1-p) is applied once, at L12); l_i = e^(m_old - m_new) l_i
             # + rowsum P~ kept per lane, the lanes are summed once, after L11
-            softmax_p_tile(smem, OFF_P, rg, tc, col0, rS, rm, ralpha, ralpha, rl, rkey, threshold, inv_keep)
+            softmax_p_tile(smem, OFF_P, rg, tc, col0, rS, rm, ralpha, ralpha, rl, rkey, threshold, dropout_scale)
             if SRAM_REDUCE:
                 cuda.syncthreads()  # Sync: (no shuffles) P~_ij rows in SRAM before L10 reads them
             else:
@@ -320,7 +316,7 @@ def fa2_forward_fast_kernel(NT: int, TM: int, TPR: int, BC: int, DP: int, CAUSAL
                 if l_i > 0:
                     inv_l = float32(1.0) / l_i
                     if DROPOUT:
-                        inv_l *= inv_keep
+                        inv_l *= dropout_scale
                 # FA2.1 L13: L_i = m_i + log(l_i), m_i in base 2: L = m ln 2 + ln l (+inf for a row with no key)
                 L_i = float32(math.inf)
                 if l_i > 0:
@@ -364,6 +360,24 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None):
     return kernel, grid, NT, nbytes
 
 
+def choose_block_sizes(prob: Problem, block_sizes=None) -> tuple[int, int]:
+    """(Br, Bc) of the tiles (the kernel contract): :func:`config_for` rounds an override to the tiling."""
+    NT, TM, TPR, Bc, DP = config_for(prob.headdim, block_sizes)
+    return (NT // TPR) * TM, Bc
+
+
+def sram_bytes(prob: Problem, block_sizes=None) -> int:
+    """Dynamic shared memory per block, in bytes."""
+    return plan(prob, block_sizes)[3]
+
+
+def compiled_kernels(prob: Problem, block_sizes=None) -> list[KernelLaunch]:
+    """The one launch of :func:`forward`, compiled for ``prob`` (not launched)."""
+    kernel, grid, nt, nbytes = plan(prob, block_sizes)
+    Br, Bc = choose_block_sizes(prob, block_sizes)
+    return [KernelLaunch(f"FA2 forward fast (Br, Bc) = ({Br}, {Bc}), {nbytes // 1024} KB dynamic SRAM", kernel, nt, grid[0] * grid[1])]
+
+
 def forward(q, k, v, prob: Problem, alloc, block_sizes=None, config=None, features=None) -> ForwardOutput:
     """FA2 Algorithm 1, fast kernel, on kernel arrays: ``ForwardOutput(out, lse)``.
 
@@ -374,8 +388,7 @@ def forward(q, k, v, prob: Problem, alloc, block_sizes=None, config=None, featur
     kernel, grid, NT, nbytes = plan(prob, block_sizes, config, features)
     out = alloc.empty((prob.batch, prob.seqlen_q, prob.nheads, prob.headdim))
     lse = alloc.empty((prob.batch, prob.nheads, prob.seqlen_q))
-    inv_keep = 1.0 / (1.0 - prob.dropout_p)
-    args = (q, k, v, out, lse, prob.softmax_scale * LOG2E, prob.group, prob.causal_offset, prob.seed, prob.threshold, inv_keep)
+    args = (q, k, v, out, lse, prob.softmax_scale * LOG2E, prob.group, prob.causal_offset, prob.seed, prob.threshold, prob.dropout_scale)
     _smem.launch(kernel, grid, NT, nbytes, *args)
     # FA2.1 L17: return O, L
     return ForwardOutput(out=out, lse=lse)

@@ -28,7 +28,8 @@ from llvmlite import ir
 from numba import cuda, float32, types, uint32
 from numba.core.extending import intrinsic
 
-from . import _backend
+from .. import _backend
+from .._constants import FULL_MASK as _FULL_MASK
 
 _LLVM = {"f64": ir.DoubleType(), "f32": ir.FloatType(), "b32": ir.IntType(32)}
 _NUMBA = {"f64": types.float64, "f32": types.float32, "b32": types.uint32}
@@ -108,7 +109,6 @@ split_tf32_asm = _split_tf32_asm()
 
 #: registers of the shared-memory scratch each warp needs in the simulator (A 16x8 + B 8x8 of one mma)
 SIM_SCRATCH_PER_WARP = 16 * 8 + 8 * 8
-_FULL_MASK = 0xFFFFFFFF
 
 
 def _tf32_bits_host(x) -> np.uint32:
@@ -134,7 +134,7 @@ def _make_mma_3xtf32(mma_tf32):
     return mma_3xtf32
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def make_warp_ops(simulator: bool | None = None):
     """``(split_tf32, mma_3xtf32, quad_max, quad_sum)`` for the backend (the simulator's when ``simulator``).
 

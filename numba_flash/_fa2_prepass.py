@@ -1,0 +1,39 @@
+"""FlashAttention-2 Algorithm 2 line 4: the D pre-pass, shared by both FA2 backward kernels.
+
+``D_i = rowsum(dO_i o O_i)`` is computed by one small kernel before the main backward kernel, so the
+main loop never loads ``O`` (FA1 Algorithm 4 recomputed ``D_i`` inside every pass, line 19).
+"""
+
+from __future__ import annotations
+
+from numba import cuda, float32
+
+from ._launch import Problem, ceil_div
+
+#: Threads per block of the pre-pass: one per query row.
+PREPASS_THREADS = 128
+
+
+@cuda.jit
+def preprocess_kernel(gO, gdO, gD):
+    """D = rowsum(dO o O): thread per row; grid (ceil(N_q / 128), b h). gD is (b, h, N_q)."""
+    nheads = gO.shape[2]
+    b = cuda.blockIdx.y // nheads
+    h = cuda.blockIdx.y % nheads
+    row = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    if row < gO.shape[1]:
+        # [doc:fa2-bwd-preprocess]
+        # FA2.2 L4: D_i = rowsum(dO_i o O_i), written to HBM (a separate pre-pass)
+        acc = float32(0.0)
+        for x in range(gO.shape[3]):
+            acc += gdO[b, row, h, x] * gO[b, row, h, x]  # HBM read: 2d per row
+        gD[b, h, row] = acc  # HBM write: 1 per row
+        # [/doc:fa2-bwd-preprocess]
+
+
+def row_dot(out, dout, prob: Problem, alloc):
+    """D (b, h, N_q) float32: launches :func:`preprocess_kernel` and returns its output."""
+    delta = alloc.empty((prob.batch, prob.nheads, prob.seqlen_q))
+    grid = (ceil_div(prob.seqlen_q, PREPASS_THREADS), prob.batch * prob.nheads)
+    preprocess_kernel[grid, PREPASS_THREADS](out, dout, delta)
+    return delta
