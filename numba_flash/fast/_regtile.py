@@ -17,7 +17,8 @@ vectorizer and turns each 16-byte load into four scalar ones (``docs/notes/perfo
 "Offline inspection"). ``tests/benchmarks/offline_resources.py`` checks that registers, spills and
 the SASS instruction count of every default fast kernel are what they were before the factoring.
 
-Paper tags stay in the kernels, on the line that calls a step; the function names say which step:
+Paper tags stay in the kernels, on the line that calls a step; the function names say which step
+(the HBM -> SRAM tile moves and causal block counts are in :mod:`numba_flash.fast._tiles`):
 
 ===================  ====================================================  ==================
 factory              step                                                  used by

@@ -92,7 +92,7 @@ from .._constants import FULL_MASK as _FULL_MASK
 from .._constants import LN2, LOG2E, U
 from .._dropout import head_key, row_key
 from .._launch import ForwardOutput, KernelLaunch, Problem
-from . import _regtile, _smem
+from . import _regtile, _smem, _tiles
 
 
 def _round_up(n: int, m: int) -> int:
@@ -168,32 +168,34 @@ def alg1_forward_fast_kernel(NW: int, WS: int, TM: int, TPR: int, BCC: int, NCH:
     RGW = WS // TPR  # row groups per worker
     BR = RGW * TM  # rows of one query block Q_i (one worker's)
     BC = BCC * NCH  # columns of one K/V block K_j
-    TN = BCC // TPR
+    TN = BCC // TPR  # key columns of an S chunk per lane
     DV = DP // (4 * TPR)  # 4-float vectors of O per row per lane
-    NT = NW * WS
+    NT = NW * WS  # threads per block
     SQ = DP + 4  # row stride of the Q, K, V tiles (floats)
     SPS = BCC + TPR  # row stride of the P tile
-    uTPR, uSQ, uDP, uWS, uNT = U(TPR), U(SQ), U(DP), U(WS), U(NT)
-    OFF_K = U(0)
-    OFF_V = U(BC * SQ)
-    OFF_Q = U(2 * BC * SQ)
-    OFF_P = U(2 * BC * SQ + NW * BR * SQ)
-    OFF_R = U(2 * BC * SQ + NW * BR * SQ + NW * BR * SPS)  # without SHFL: reduction scratch (NW Br, TPR)
-    SRAM_REDUCE = not SHFL
+    uTPR, uSQ, uDP, uWS = U(TPR), U(SQ), U(DP), U(WS)
+    # Offsets (floats) of the tiles in the one dynamic SRAM array `smem`:
+    OFF_K = U(0)  # K_j: (Bc, SQ), zero-padded to DP columns and past N_k
+    OFF_V = U(BC * SQ)  # V_j: (Bc, SQ)
+    OFF_Q = U(2 * BC * SQ)  # Q_i of worker w at OFF_Q + w Br SQ: NW x (Br, SQ), times tau log2 e
+    OFF_P = U(2 * BC * SQ + NW * BR * SQ)  # P~_ij chunk of worker w at OFF_P + w Br SPS: NW x (Br, SPS)
+    OFF_R = U(2 * BC * SQ + NW * BR * SQ + NW * BR * SPS)  # without SHFL: reduction scratch NW x (Br, TPR)
+    SRAM_REDUCE = not SHFL  # the simulator has no warp shuffles
     U0 = U(0)
     ALIGN = 16 if VEC else None
-    NS = TM * TN
-    NO = TM * DV * 4
-    NQ = TM * 4
-    NK4 = DP // 4
-    NC4 = BCC // 4
+    # Register-array sizes (local-array sizes must be plain constants for Numba):
+    NS = TM * TN  # rS: the TM x TN tile of an S_ij chunk
+    NO = TM * DV * 4  # rO: the TM x (DP / TPR) tile of O_i
+    NQ = TM * 4  # rq, rp: one 4-column step of Q_i (or P~) for the TM rows
+    NK4 = DP // 4  # 4-column steps of Q K^T (16-byte loads)
+    NC4 = BCC // 4  # 4-key steps of P~ V (one chunk)
     NEG_INF = float32(-math.inf)
     F_LOG2E = float32(LOG2E)
     F_LN2 = float32(LN2)
 
-    NLKV = (BC * DP + NT - 1) // NT  # K (and V) elements each thread moves per outer step
-    NLKV_EXACT = BC * DP % NT == 0
-    uBCDP = U(BC * DP)
+    # K_j, V_j: HBM -> registers (NLKV floats each per thread) -> SRAM, by the whole block
+    NLKV, load_kv, store_kv = _tiles.make_pair_loader(BC, DP, NT, SQ, STEP_ROWS=False)
+    n_key_blocks, _ = _tiles.make_block_counts(BR, BC, CAUSAL)
     NLQ = (BR * DP + WS - 1) // WS  # Q elements each lane of a worker moves per inner step
     NLQ_EXACT = BR * DP % WS == 0
     uBRDP = U(BR * DP)
@@ -252,32 +254,15 @@ def alg1_forward_fast_kernel(NW: int, WS: int, TM: int, TPR: int, BCC: int, NCH:
         cuda.syncthreads()  # Sync: O, l, m initialized in HBM before any thread reads them back (L8)
         # Alg.1 L3-L4 / Alg.2 L4-L5: split Q, O, l, m into Tr blocks of Br rows, K, V into Tc blocks of Bc
         Tr = (s_q + BR - 1) // BR
-        Tc = (s_k + BC - 1) // BC
-        if CAUSAL:  # Dev: key blocks past the last query row's horizon are never loaded
-            Tc = (min(s_k, max(0, s_q + causal_offset)) + BC - 1) // BC
+        Tc = n_key_blocks(s_q, s_k, causal_offset)  # Dev: causal: key blocks past the last query row's horizon are never loaded
 
         # Alg.1 L5 / Alg.2 L6: for 1 <= j <= Tc
         for j in range(Tc):
             c0 = j * BC
             cuda.syncthreads()  # Sync: every worker is done with K_{j-1}, V_{j-1} before they are overwritten
             # Alg.1 L6 / Alg.2 L7: load K_j, V_j from HBM to SRAM (all loads in flight, then stored; ragged rows zero)
-            for it in range(NLKV):
-                e = tid + uNT * U(it)
-                c = e // uDP
-                x = e % uDP
-                kval = float32(0.0)
-                vval = float32(0.0)
-                if (NLKV_EXACT or e < uBCDP) and x < U(d) and U(c0) + c < U(s_k):
-                    kval = gK[ub, U(c0) + c, uhk, x]  # HBM read: Bc*d
-                    vval = gV[ub, U(c0) + c, uhk, x]  # HBM read: Bc*d
-                rKn[it] = kval
-                rVn[it] = vval
-            for it in range(NLKV):
-                e = tid + uNT * U(it)
-                if NLKV_EXACT or e < uBCDP:
-                    a_kv = (e // uDP) * uSQ + e % uDP
-                    smem[OFF_K + a_kv] = rKn[it]
-                    smem[OFF_V + a_kv] = rVn[it]
+            load_kv(gK, gV, ub, uhk, c0, s_k, d, tid, rKn, rVn)  # HBM read: 2 Bc*d
+            store_kv(smem, OFF_K, OFF_V, tid, rKn, rVn)
             cuda.syncthreads()  # Sync: K_j, V_j in SRAM before any worker's L9 and L12 read them
 
             # Dev: causal: query blocks whose last row sees no key of K_j skip the step (a no-op)

@@ -101,7 +101,7 @@ from .._constants import U
 from .._dropout import head_key, row_key
 from .._gqa import group_sum, per_head_grads
 from .._launch import KernelLaunch, Problem
-from . import _regtile, _smem
+from . import _plan, _regtile, _smem
 from . import fa2_backward as fa2_backward_fast
 from .fa2_backward import _device_functions, derived
 
@@ -155,19 +155,22 @@ def alg4_backward_fast_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool, 
     TC, CW, DVX, XT, CG, TM2, DX2, RG2, TPR2 = (g[k] for k in ("TC", "CW", "DVX", "XT", "CG", "TM2", "DX2", "RG2", "TPR2"))
     NLQ, NLK = fns["NLQ"], fns["NLK"]
     load_q, store_q, load_k, store_k, dq_tile = fns["load_q"], fns["store_q"], fns["load_k"], fns["store_k"], fns["dq_tile"]
+    first_row_block = fns["first_row_block"]
     o = fns["offs"]
     OFF_Q, OFF_DO, OFF_K, OFF_V, OFF_P, OFF_DS = (o[k] for k in ("OFF_Q", "OFF_DO", "OFF_K", "OFF_V", "OFF_P", "OFF_DS"))
-    OFF_M, OFF_D = o["OFF_L"], o["OFF_D"]  # m_i takes FA2's L_i slot
-    OFF_IL = OFF_D + U(BR)  # 1/l_i
-    SQ = DP + 4
-    SP = BC + 4
+    # SRAM layout of :mod:`numba_flash.fast.fa2_backward` (Q_i, dO_i, K_j, V_j, P~_ij, tau dS_ij), plus one vector:
+    OFF_M, OFF_D = o["OFF_L"], o["OFF_D"]  # m_i: (Br,), in FA2's L_i slot; D_i: (Br,)
+    OFF_IL = OFF_D + U(BR)  # 1/l_i: (Br,) (0 on rows that see no key)
+    SQ = DP + 4  # row stride (floats) of the Q_i, dO_i, K_j, V_j tiles
+    SP = BC + 4  # row stride of the P~ and dS tiles
     uXT, uTPR, uTPR2, uRG2, uBR = U(XT), U(TPR), U(TPR2), U(RG2), U(BR)
-    NK4 = DP // 4
-    NQC = TC // CW
-    NS = TM * TN
-    NTM4, NDV4, NTM24 = TM * 4, DVX * 4, TM2 * 4  # local-array sizes must be plain constants
-    NKV = TC * DVX * 4
-    NQ2 = TM2 * DX2
+    NK4 = DP // 4  # 4-column steps of Q K^T and dO V^T (16-byte loads)
+    NQC = TC // CW  # chunks of CW key rows per thread in the dK/dV map
+    # Register-array sizes (local-array sizes must be plain constants):
+    NS = TM * TN  # rS, rdP: the TM x TN tiles of S_ij, dP_ij
+    NTM4, NDV4, NTM24 = TM * 4, DVX * 4, TM2 * 4  # rq/rdo: a 4-column step of TM rows; rov/rqv: 4 DVX columns; rds4
+    NKV = TC * DVX * 4  # rdK, rdV: TC key rows x 4 DVX columns of dK~_j, dV~_j
+    NQ2 = TM2 * DX2  # rdQ, rdQo: TM2 rows x DX2 columns of dQ_i
     ALIGN = 16 if VEC else None
     ZERO = float32(0.0)
     ONE = float32(1.0)
@@ -258,7 +261,7 @@ def alg4_backward_fast_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool, 
         # output element is written by the kernel (a NaN-poisoned output catches a missed one)
         i_first0 = 0
         if CAUSAL:
-            i_first0 = min(Tr, max(0, -causal_offset) // BR)
+            i_first0 = min(Tr, first_row_block(0, causal_offset))
         n_zero = U(i_first0 * BR) * U(d)
         e = tid
         while e < n_zero:
@@ -271,7 +274,7 @@ def alg4_backward_fast_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool, 
             # Dev: causal block skipping: row blocks before the first row that sees key col0 are fully masked
             i_first = 0
             if CAUSAL:
-                i_first = min(Tr, max(0, col0 - causal_offset) // BR)
+                i_first = min(Tr, first_row_block(col0, causal_offset))
             cuda.syncthreads()  # Sync: every thread is done with K_{j-1}, V_{j-1} (line 21 reads K) before line 7 overwrites them
             # Alg.4 L7: load K_j, V_j from HBM to SRAM (all loads in flight, then stored; ragged rows and padded columns zero)
             load_k(gK, gV, ub, uhk, col0, s_k, d, tid, rKn, rVn)  # HBM read: 2 Bc*d
@@ -367,8 +370,7 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None, from_lse=F
     feats.update(features or {})
     maxreg = feats["MAXREG"] if not _backend.is_simulator() else None
     nbytes = 4 * smem_floats(NT, BR, BC, DP)
-    if nbytes > _smem.max_optin_bytes():
-        raise ValueError(f"tiles (Br={BR}, Bc={BC}, d={prob.headdim}) need {nbytes} bytes of shared memory; the device allows {_smem.max_optin_bytes()}")
+    _plan.check_sram(nbytes, BR, BC, prob.headdim)
     kernel = alg4_backward_fast_kernel(NT, BR, BC, DP, bool(prob.causal), prob.dropout_p > 0, bool(from_lse), feats["VEC"], maxreg)
     return kernel, prob.batch * prob.nheads, NT, nbytes, cfg
 

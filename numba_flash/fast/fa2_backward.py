@@ -99,7 +99,7 @@ from .._constants import LOG2E, U
 from .._dropout import head_key, row_key
 from .._fa2_prepass import row_dot
 from .._launch import KernelLaunch, Problem, ceil_div
-from . import _regtile, _smem
+from . import _plan, _regtile, _smem, _tiles
 
 
 def _pow2_divisor(n: int, cap: int) -> int:
@@ -181,59 +181,26 @@ def _device_functions(NT, BR, BC, DP, CAUSAL, DROPOUT):
     """The inline device functions shared by the main and the dQ kernel (tile loads, S/dP/P/dS, dQ tile)."""
     g = derived(NT, BR, BC, DP)
     TPR, RG, TM, TN, TPR2, RG2, TM2, DX2 = (g[k] for k in ("TPR", "RG", "TM", "TN", "TPR2", "RG2", "TM2", "DX2"))
-    SQ = DP + 4
-    SP = BC + 4
-    uNT, uDP, uSQ, uSP, uRG2, uTPR2 = U(NT), U(DP), U(SQ), U(SP), U(RG2), U(TPR2)
+    SQ = DP + 4  # row stride (floats) of the Q_i, dO_i, K_j, V_j tiles
+    SP = BC + 4  # row stride of the P and dS tiles
+    uSQ, uSP, uRG2, uTPR2 = U(SQ), U(SP), U(RG2), U(TPR2)
     U1, U2, U3, U4 = U(1), U(2), U(3), U(4)
-    OFF_Q = U(0)
-    OFF_DO = U(BR * SQ)
-    OFF_K = U(2 * BR * SQ)
-    OFF_V = U(2 * BR * SQ + BC * SQ)
-    OFF_P = U(2 * BR * SQ + 2 * BC * SQ)
-    OFF_DS = U(2 * BR * SQ + 2 * BC * SQ + BR * SP)
-    OFF_L = U(2 * BR * SQ + 2 * BC * SQ + 2 * BR * SP)
-    OFF_D = U(2 * BR * SQ + 2 * BC * SQ + 2 * BR * SP + BR)
-    NK4 = DP // 4
-    NC4 = BC // 4
+    # Offsets (floats) of the tiles in the one dynamic SRAM array `smem` (both kernels):
+    OFF_Q = U(0)  # Q_i: (Br, SQ), zero-padded to DP columns and past N_q
+    OFF_DO = U(BR * SQ)  # dO_i: (Br, SQ)
+    OFF_K = U(2 * BR * SQ)  # K_j: (Bc, SQ)
+    OFF_V = U(2 * BR * SQ + BC * SQ)  # V_j: (Bc, SQ)
+    OFF_P = U(2 * BR * SQ + 2 * BC * SQ)  # P_ij o Z_ij: (Br, SP)
+    OFF_DS = U(2 * BR * SQ + 2 * BC * SQ + BR * SP)  # tau dS_ij: (Br, SP)
+    OFF_L = U(2 * BR * SQ + 2 * BC * SQ + 2 * BR * SP)  # L_i: (Br,) (+inf past N_q: P = 0)
+    OFF_D = U(2 * BR * SQ + 2 * BC * SQ + 2 * BR * SP + BR)  # D_i: (Br,)
+    NK4 = DP // 4  # 4-column steps of Q K^T and dO V^T (16-byte loads)
+    NC4 = BC // 4  # 4-key steps of dS K (line 15)
 
-    def make_loader(NROWS):
-        NL = (NROWS * DP + NT - 1) // NT
-        EXACT = NROWS * DP % NT == 0
-        STEP_ROWS = NT % DP == 0
-        RSTEP = NT // DP
-        uTOT = U(NROWS * DP)
-
-        @cuda.jit(device=True, inline="always")
-        def load(gA, gB, ub, uh, row0, n_rows, d, tid, rA, rB):
-            """Issue the loads of rows row0..row0+NROWS of gA, gB (all d columns) into registers; zero outside."""
-            x = tid % uDP
-            r0 = tid // uDP
-            for it in range(NL):
-                e = tid + uNT * U(it)
-                r = r0 + U(RSTEP * it) if STEP_ROWS else e // uDP
-                xc = x if STEP_ROWS else e % uDP
-                va = float32(0.0)
-                vb = float32(0.0)
-                if (EXACT or e < uTOT) and xc < U(d) and U(row0) + r < U(n_rows):
-                    va = gA[ub, U(row0) + r, uh, xc]
-                    vb = gB[ub, U(row0) + r, uh, xc]
-                rA[it] = va
-                rB[it] = vb
-
-        @cuda.jit(device=True, inline="always")
-        def store(smem, off_a, off_b, tid, rA, rB):
-            """Store the registers of :func:`load` to the SRAM tiles at off_a, off_b (row stride DP+4)."""
-            for it in range(NL):
-                e = tid + uNT * U(it)
-                if EXACT or e < uTOT:
-                    a = (e // uDP) * uSQ + e % uDP
-                    smem[off_a + a] = rA[it]
-                    smem[off_b + a] = rB[it]
-
-        return NL, load, store
-
-    NLQ, load_q, store_q = make_loader(BR)
-    NLK, load_k, store_k = make_loader(BC)
+    # Q_i, dO_i (Br rows) and K_j, V_j (Bc rows): HBM -> registers (NLQ / NLK floats each per thread) -> SRAM
+    NLQ, load_q, store_q = _tiles.make_pair_loader(BR, DP, NT, SQ)
+    NLK, load_k, store_k = _tiles.make_pair_loader(BC, DP, NT, SQ)
+    n_key_blocks, first_row_block = _tiles.make_block_counts(BR, BC, CAUSAL)
 
     # S, dP, P (from L_i: no 1/l), P o Z and tau dS of one (i, j) step; shared with the FA1 backward twin
     s_dp_p_ds = _regtile.make_s_dp_p_ds(TM, TN, NK4, RG, TPR, SQ, SP, BC, OFF_Q, OFF_DO, OFF_K, OFF_V, OFF_P, OFF_DS,
@@ -260,7 +227,8 @@ def _device_functions(NT, BR, BC, DP, CAUSAL, DROPOUT):
 
     offs = dict(OFF_Q=OFF_Q, OFF_DO=OFF_DO, OFF_K=OFF_K, OFF_V=OFF_V, OFF_P=OFF_P, OFF_DS=OFF_DS, OFF_L=OFF_L, OFF_D=OFF_D)
     return dict(NLQ=NLQ, NLK=NLK, load_q=load_q, store_q=store_q, load_k=load_k, store_k=store_k,
-                s_dp_p_ds=s_dp_p_ds, dq_tile=dq_tile, offs=offs, g=g)
+                n_key_blocks=n_key_blocks, first_row_block=first_row_block, s_dp_p_ds=s_dp_p_ds, dq_tile=dq_tile,
+                offs=offs, g=g)
 
 
 @functools.cache
@@ -292,7 +260,7 @@ def fa2_backward_fast_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool, D
     TM, TC, CW, DVX, XT, CG, TM2, DX2, RG2, TPR2 = (g[k] for k in ("TM", "TC", "CW", "DVX", "XT", "CG", "TM2", "DX2", "RG2", "TPR2"))
     NLQ, NLK = fns["NLQ"], fns["NLK"]
     load_q, store_q, load_k, store_k = fns["load_q"], fns["store_q"], fns["load_k"], fns["store_k"]
-    s_dp_p_ds, dq_tile = fns["s_dp_p_ds"], fns["dq_tile"]
+    s_dp_p_ds, dq_tile, first_row_block = fns["s_dp_p_ds"], fns["dq_tile"], fns["first_row_block"]
     o = fns["offs"]
     OFF_Q, OFF_DO, OFF_K, OFF_V, OFF_P, OFF_DS, OFF_L, OFF_D = (o[k] for k in ("OFF_Q", "OFF_DO", "OFF_K", "OFF_V", "OFF_P", "OFF_DS", "OFF_L", "OFF_D"))
     SQ = DP + 4
@@ -301,11 +269,12 @@ def fa2_backward_fast_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool, D
     NQC = TC // CW  # chunks of CW key rows per thread in the dK/dV map
     dv_dk_update = _regtile.make_dv_dk_update(BR, NQC, CW, CG, DVX, XT, TC, SP, SQ, OFF_P, OFF_DS, OFF_DO, OFF_Q)
     store_dk_dv = _regtile.make_store_dk_dv(NQC, CW, CG, DVX, XT)
-    NS = g["TM"] * g["TN"]
-    TPR_, RG_ = g["TPR"], g["RG"]
-    NTM4, NDV4, NTM24 = TM * 4, DVX * 4, TM2 * 4  # local-array sizes must be plain constants
-    NKV = TC * DVX * 4
-    NQ2 = TM2 * DX2
+    TPR_, RG_ = g["TPR"], g["RG"]  # S/dP map: lanes per row group, row groups
+    # Register-array sizes (local-array sizes must be plain constants):
+    NS = g["TM"] * g["TN"]  # rS, rdP: the TM x TN tiles of S_ij, dP_ij
+    NTM4, NDV4, NTM24 = TM * 4, DVX * 4, TM2 * 4  # rq/rdo: a 4-column step of TM rows; rov/rqv: 4 DVX columns; rds4
+    NKV = TC * DVX * 4  # rdK, rdV: TC key rows x 4 DVX columns of dK_j, dV_j
+    NQ2 = TM2 * DX2  # rdQ: TM2 rows x DX2 columns of dQ_i
     ALIGN = 16 if VEC else None
     INF = float32(math.inf)
     jit_options = {} if MAXREG is None else {"max_registers": MAXREG}
@@ -357,9 +326,7 @@ def fa2_backward_fast_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool, D
             rdK[a] = float32(0.0)
             rdV[a] = float32(0.0)
         # Dev: causal block skipping: row blocks before the first row that sees key col0 are fully masked
-        i_first = 0
-        if CAUSAL:
-            i_first = max(0, col0 - causal_offset) // BR
+        i_first = first_row_block(col0, causal_offset)
         n_i = (s_q + BR - 1) // BR - i_first
         if n_i < 0:
             n_i = 0
@@ -455,14 +422,15 @@ def fa2_backward_fast_dq_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool
     TM, TM2, DX2, RG2, TPR2 = (g[k] for k in ("TM", "TM2", "DX2", "RG2", "TPR2"))
     NLQ, NLK = fns["NLQ"], fns["NLK"]
     load_q, store_q, load_k, store_k = fns["load_q"], fns["store_q"], fns["load_k"], fns["store_k"]
-    s_dp_p_ds, dq_tile = fns["s_dp_p_ds"], fns["dq_tile"]
+    s_dp_p_ds, dq_tile, n_key_blocks = fns["s_dp_p_ds"], fns["dq_tile"], fns["n_key_blocks"]
     o = fns["offs"]
     OFF_Q, OFF_DO, OFF_K, OFF_V, OFF_L, OFF_D = (o[k] for k in ("OFF_Q", "OFF_DO", "OFF_K", "OFF_V", "OFF_L", "OFF_D"))
     uTPR2, uRG2, uBR = U(TPR2), U(RG2), U(BR)
-    NS = g["TM"] * g["TN"]
-    TPR_, RG_ = g["TPR"], g["RG"]
-    NTM4, NTM24 = TM * 4, TM2 * 4  # local-array sizes must be plain constants
-    NQ2 = TM2 * DX2
+    TPR_, RG_ = g["TPR"], g["RG"]  # S/dP map: lanes per row group, row groups
+    # Register-array sizes (local-array sizes must be plain constants):
+    NS = g["TM"] * g["TN"]  # rS, rdP: the TM x TN tiles of S_ij, dP_ij
+    NTM4, NTM24 = TM * 4, TM2 * 4  # rq/rdo: a 4-column step of TM rows; rds4: of TM2 rows
+    NQ2 = TM2 * DX2  # rdQ: TM2 rows x DX2 columns of dQ_i
     ALIGN = 16 if VEC else None
     INF = float32(math.inf)
     jit_options = {} if MAXREG is None else {"max_registers": MAXREG}
@@ -512,9 +480,7 @@ def fa2_backward_fast_dq_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool
             k_bh = head_key(seed, b * nheads + h)
             for a in range(TM):
                 rkey[a] = row_key(k_bh, row0 + int(tid // U(TPR_)) + RG_ * a)
-        n_blocks = (s_k + BC - 1) // BC
-        if CAUSAL:
-            n_blocks = (min(s_k, max(0, row0 + BR + causal_offset)) + BC - 1) // BC
+        n_blocks = n_key_blocks(row0 + BR, s_k, causal_offset)
         if n_blocks > 0:
             load_k(gK, gV, ub, uhk, 0, s_k, d, tid, rKn, rVn)
         for j in range(n_blocks):
@@ -560,8 +526,7 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None, determinis
     feats.update(features or {})
     maxreg = feats["MAXREG"] if not _backend.is_simulator() else None
     nbytes = 4 * smem_floats(NT, BR, BC, DP)
-    if nbytes > _smem.max_optin_bytes():
-        raise ValueError(f"tiles (Br={BR}, Bc={BC}, d={prob.headdim}) need {nbytes} bytes of shared memory; the device allows {_smem.max_optin_bytes()}")
+    _plan.check_sram(nbytes, BR, BC, prob.headdim)
     dropout = prob.dropout_p > 0
     Tr, Tc = _split(prob, cfg)
     main = fa2_backward_fast_kernel(NT, BR, BC, DP, prob.causal, dropout, not deterministic, feats["VEC"], feats["PREFETCH"], maxreg)

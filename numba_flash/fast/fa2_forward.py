@@ -75,10 +75,10 @@ from numba import cuda, float32, uint64
 
 from .. import _backend
 from .._constants import FULL_MASK as _FULL_MASK
-from .._constants import LN2, LOG2E, U
+from .._constants import LN2, U
 from .._dropout import head_key, row_key
 from .._launch import ForwardOutput, KernelLaunch, Problem, ceil_div
-from . import _regtile, _smem
+from . import _plan, _regtile, _tiles
 
 
 def _padded_d(d: int, TPR: int) -> int:
@@ -146,54 +146,34 @@ def fa2_forward_fast_kernel(NT: int, TM: int, TPR: int, BC: int, DP: int, CAUSAL
     e^(m_old - m_new)         ralpha               registers (first rowmax S, then the rescale factor)
     ========================  ===================  ==================================================
     """
-    RG = NT // TPR  # row groups per block
-    BR = RG * TM
-    TN = BC // TPR
+    RG = NT // TPR  # row groups per block (TPR lanes each)
+    BR = RG * TM  # query rows of the block (Br)
+    TN = BC // TPR  # key columns of S per lane
     DV = DP // (4 * TPR)  # 4-float vectors of O per row per thread
     SQ = DP + 4  # row stride of the Q, K, V tiles (floats)
     SPS = BC + TPR  # row stride of the P tile
-    uTPR, uSQ, uDP, uNT = U(TPR), U(SQ), U(DP), U(NT)
-    OFF_Q = U(0)
-    OFF_K = U(BR * SQ)
-    OFF_V = U(BR * SQ + BC * SQ)
-    OFF_P = U(BR * SQ + 2 * BC * SQ)
+    uTPR = U(TPR)
+    # Offsets (floats) of the tiles in the one dynamic SRAM array `smem`:
+    OFF_Q = U(0)  # Q_i: (Br, SQ), rows of d values times tau log2 e, zero-padded to DP
+    OFF_K = U(BR * SQ)  # K_j: (Bc, SQ)
+    OFF_V = U(BR * SQ + BC * SQ)  # V_j: (Bc, SQ)
+    OFF_P = U(BR * SQ + 2 * BC * SQ)  # P~_ij: (Br, SPS); row group rg's rows are read by its own warp only
     OFF_R = U(BR * SQ + 2 * BC * SQ + BR * SPS)  # without SHFL: reduction scratch (Br, TPR)
     SRAM_REDUCE = not SHFL  # the simulator has no warp shuffles
     U0 = U(0)
     ALIGN = 16 if VEC else None
-    NS = TM * TN  # local-array sizes must be plain constants for Numba
-    NO = TM * DV * 4
-    NQ = TM * 4
-    NK4 = DP // 4
-    NC4 = BC // 4
+    # Register-array sizes (local-array sizes must be plain constants for Numba):
+    NS = TM * TN  # rS: the TM x TN tile of S_ij
+    NO = TM * DV * 4  # rO: the TM x (DP / TPR) tile of O_i
+    NQ = TM * 4  # rq, rp: one 4-column step of Q_i (or P~) for the TM rows
+    NK4 = DP // 4  # 4-column steps of Q K^T (16-byte loads)
+    NC4 = BC // 4  # 4-key steps of P~ V
     NEG_INF = float32(-math.inf)
 
-    NL = (BC * DP + NT - 1) // NT  # K (and V) elements each thread moves per tile
-    NL_EXACT = BC * DP % NT == 0
-    uBCDP = U(BC * DP)
-    NT_STEPS_ROWS = NT % DP == 0
-    RSTEP = NT // DP
-    NLQ = (BR * DP + NT - 1) // NT
-    NLQ_EXACT = BR * DP % NT == 0
-    uBRDP = U(BR * DP)
-
-    @cuda.jit(device=True, inline="always")
-    def load_kv(gK, gV, ub, uhk, col0, s_k, d, tid, rK, rV):
-        """Issue the loads of tile K_j, V_j (rows col0..col0+Bc) into registers; zero outside."""
-        x = tid % uDP  # Dev: with NT a multiple of DP each thread keeps one column x and steps rows
-        c0 = tid // uDP
-        xin = x < U(d)
-        for it in range(NL):
-            e = tid + uNT * U(it)
-            c = c0 + U(RSTEP * it) if NT_STEPS_ROWS else e // uDP
-            xc = x if NT_STEPS_ROWS else e % uDP
-            kval = float32(0.0)
-            vval = float32(0.0)
-            if (NL_EXACT or e < uBCDP) and (xin if NT_STEPS_ROWS else xc < U(d)) and U(col0) + c < U(s_k):
-                kval = gK[ub, U(col0) + c, uhk, xc]
-                vval = gV[ub, U(col0) + c, uhk, xc]
-            rK[it] = kval
-            rV[it] = vval
+    # K_j, V_j: HBM -> registers (NL floats each per thread) -> SRAM; Q_i: HBM -> SRAM, times tau log2 e
+    NL, load_kv, store_kv = _tiles.make_pair_loader(BC, DP, NT, SQ)
+    load_q = _tiles.make_scaled_q_loader(BR, DP, NT, SQ)
+    n_key_blocks, _ = _tiles.make_block_counts(BR, BC, CAUSAL)
 
     qkt_tile = _regtile.make_qkt_tile(TM, TN, NK4, RG, TPR, SQ)
     mask_tile = _regtile.make_mask_tile(TM, TN, RG, TPR, BC, CAUSAL)
@@ -234,15 +214,7 @@ def fa2_forward_fast_kernel(NT: int, TM: int, TPR: int, BC: int, DP: int, CAUSAL
         row0 = i * BR
 
         # FA2.1 L4: load Q_i (times tau log2 e: exp2 later) from HBM to SRAM; rows past N_q and columns past d are zero
-        for it in range(NLQ):  # Dev: unrolled, so all loads are in flight before the first store
-            e = tid + uNT * U(it)
-            r = int(e // uDP)
-            x = int(e % uDP)
-            val = float32(0.0)
-            if (NLQ_EXACT or e < uBRDP) and row0 + r < s_q and x < d:
-                val = float32(gQ[ub, U(row0 + r), uh, U(x)] * scale_log2)  # HBM read: Br*d
-            if NLQ_EXACT or e < uBRDP:
-                smem[OFF_Q + U(r) * uSQ + U(x)] = val
+        load_q(gQ, smem, OFF_Q, ub, uh, row0, s_q, d, tid, scale_log2)  # HBM read: Br*d (Dev: unrolled, all in flight)
         # FA2.1 L5: on chip, O_i = 0, l_i = 0, m_i = -inf
         for a in range(TM * DV * 4):
             rO[a] = float32(0.0)
@@ -254,10 +226,7 @@ def fa2_forward_fast_kernel(NT: int, TM: int, TPR: int, BC: int, DP: int, CAUSAL
                 rkey[a] = row_key(head_key(seed, b * nheads + h), row0 + int(rg) + RG * a)
 
         # Dev: causal block skipping: key blocks past the last row's horizon are never visited
-        n_blocks = (s_k + BC - 1) // BC
-        if CAUSAL:
-            visible_cols = min(s_k, max(0, row0 + BR + causal_offset))
-            n_blocks = (visible_cols + BC - 1) // BC
+        n_blocks = n_key_blocks(row0 + BR, s_k, causal_offset)
 
         # Dev: K_j, V_j travel HBM -> registers -> SRAM. All NL loads of a thread are issued before the
         # first store (one memory round trip per tile); with PREFETCH the loads of tile j+1 are issued
@@ -271,12 +240,7 @@ def fa2_forward_fast_kernel(NT: int, TM: int, TPR: int, BC: int, DP: int, CAUSAL
             # FA2.1 L7: load K_j, V_j from HBM to SRAM (coalesced along d; ragged rows and padded columns zero)
             if not PREFETCH and j > 0:
                 load_kv(gK, gV, ub, uhk, col0, s_k, d, tid, rKn, rVn)  # HBM read: 2 Bc*d
-            for it in range(NL):
-                e = tid + uNT * U(it)
-                if NL_EXACT or e < uBCDP:
-                    a_kv = (e // uDP) * uSQ + e % uDP
-                    smem[OFF_K + a_kv] = rKn[it]
-                    smem[OFF_V + a_kv] = rVn[it]
+            store_kv(smem, OFF_K, OFF_V, tid, rKn, rVn)
             cuda.syncthreads()  # Sync: K_j, V_j in SRAM before L8 and L10 read them
             if PREFETCH and j + 1 < n_blocks:
                 load_kv(gK, gV, ub, uhk, col0 + BC, s_k, d, tid, rKn, rVn)  # HBM read: 2 Bc*d (tile j+1)
@@ -353,8 +317,7 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None):
     feats.update(features or {})
     Br = (NT // TPR) * TM
     nbytes = 4 * smem_floats(NT, TM, TPR, Bc, DP, feats["SHFL"])
-    if nbytes > _smem.max_optin_bytes():
-        raise ValueError(f"tiles (Br={Br}, Bc={Bc}, d={d}) need {nbytes} bytes of shared memory; the device allows {_smem.max_optin_bytes()}")
+    _plan.check_sram(nbytes, Br, Bc, d)
     kernel = fa2_forward_fast_kernel(NT, TM, TPR, Bc, DP, prob.causal, prob.dropout_p > 0, feats["SHFL"], feats["VEC"], feats["REVERSE"], feats["PREFETCH"], feats["MAXREG"] if gpu_only_ok() else None)
     grid = (ceil_div(prob.seqlen_q, Br), prob.batch * prob.nheads)
     return kernel, grid, NT, nbytes
@@ -373,9 +336,7 @@ def sram_bytes(prob: Problem, block_sizes=None) -> int:
 
 def compiled_kernels(prob: Problem, block_sizes=None) -> list[KernelLaunch]:
     """The one launch of :func:`forward`, compiled for ``prob`` (not launched)."""
-    kernel, grid, nt, nbytes = plan(prob, block_sizes)
-    Br, Bc = choose_block_sizes(prob, block_sizes)
-    return [KernelLaunch(f"FA2 forward fast (Br, Bc) = ({Br}, {Bc}), {nbytes // 1024} KB dynamic SRAM", kernel, nt, grid[0] * grid[1])]
+    return _plan.one_launch("FA2 forward fast", plan(prob, block_sizes), *choose_block_sizes(prob, block_sizes))
 
 
 def forward(q, k, v, prob: Problem, alloc, block_sizes=None, config=None, features=None) -> ForwardOutput:
@@ -385,10 +346,6 @@ def forward(q, k, v, prob: Problem, alloc, block_sizes=None, config=None, featur
     ``REVERSE``) the kernel features (the sweep in tests/benchmarks/fa2_sweep.py uses both);
     otherwise :func:`config_for` picks the tiling from ``d`` and ``block_sizes``.
     """
-    kernel, grid, NT, nbytes = plan(prob, block_sizes, config, features)
-    out = alloc.empty((prob.batch, prob.seqlen_q, prob.nheads, prob.headdim))
-    lse = alloc.empty((prob.batch, prob.nheads, prob.seqlen_q))
-    args = (q, k, v, out, lse, prob.softmax_scale * LOG2E, prob.group, prob.causal_offset, prob.seed, prob.threshold, prob.dropout_scale)
-    _smem.launch(kernel, grid, NT, nbytes, *args)
+    fwd = _plan.run_fa2_forward(plan(prob, block_sizes, config, features), q, k, v, prob, alloc)
     # FA2.1 L17: return O, L
-    return ForwardOutput(out=out, lse=lse)
+    return fwd

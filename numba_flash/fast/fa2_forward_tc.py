@@ -87,10 +87,10 @@ import math
 from numba import cuda, float32, uint32, uint64
 
 from .. import _backend
-from .._constants import LN2, LOG2E, U
+from .._constants import LN2, U
 from .._dropout import head_key, keep, row_key
 from .._launch import ForwardOutput, KernelLaunch, Problem, ceil_div
-from . import _mma, _smem
+from . import _mma, _plan, _tiles
 
 
 @functools.cache
@@ -156,7 +156,7 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
     KD = DP // 8  # 8-wide k steps of Q K^T
     ND = DP // 8  # 8-column tiles of O
     SQ, SV, SP = strides(BC, DP)  # row strides (floats) of the Q_i/K_j, V_j and P~ tiles
-    uSQ, uSV, uSP, uDP, uNT = U(SQ), U(SV), U(SP), U(DP), U(NT)
+    uSQ, uSV, uSP = U(SQ), U(SV), U(SP)
     # Offsets (floats) of the tiles in the one dynamic SRAM array `smem`:
     OFF_Q = U(0)  # Q_i: (Br, SQ), rows of d values (tau log2 e applied), zero-padded to DP
     OFF_K = U(BR * SQ)  # K_j: (Bc, SQ)
@@ -170,29 +170,12 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
     SXN = NW * _mma.SIM_SCRATCH_PER_WARP if SIM else 1  # simulator lane-exchange scratch (floats)
     SCR = _mma.SIM_SCRATCH_PER_WARP  # one warp's share of it
 
-    NL = (BC * DP + NT - 1) // NT  # K (and V) elements each thread moves per tile
-    NL_EXACT = BC * DP % NT == 0
-    uBCDP = U(BC * DP)
-    NLQ = (BR * DP + NT - 1) // NT
-    NLQ_EXACT = BR * DP % NT == 0
-    uBRDP = U(BR * DP)
+    # K_j, V_j: HBM -> registers (NL floats each per thread) -> SRAM (V with its own stride SV); Q_i: times tau log2 e
+    NL, load_kv, store_kv = _tiles.make_pair_loader(BC, DP, NT, SQ, SV, STEP_ROWS=False)
+    load_q = _tiles.make_scaled_q_loader(BR, DP, NT, SQ)
+    n_key_blocks, _ = _tiles.make_block_counts(BR, BC, CAUSAL)
 
     split, mma3, quad_max, quad_sum = _mma.make_warp_ops(SIM)
-
-    @cuda.jit(device=True, inline="always")
-    def load_kv(gK, gV, ub, uhk, col0, s_k, d, tid, rK, rV):
-        """Issue the loads of tile K_j, V_j (rows col0..col0+Bc) into registers; zero outside."""
-        for it in range(NL):
-            e = tid + uNT * U(it)
-            c = e // uDP
-            x = e % uDP
-            kval = float32(0.0)
-            vval = float32(0.0)
-            if (NL_EXACT or e < uBCDP) and x < U(d) and U(col0) + c < U(s_k):
-                kval = gK[ub, U(col0) + c, uhk, x]
-                vval = gV[ub, U(col0) + c, uhk, x]
-            rK[it] = kval
-            rV[it] = vval
 
     # [doc:fa2-tc-kernel]
     @cuda.jit(fastmath=False)
@@ -230,15 +213,7 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
         wrow = U(16 * MW) * U(warp)  # this warp's first row within the block
 
         # FA2.1 L4: load Q_i (times tau log2 e: exp2 later) from HBM to SRAM; rows past N_q and columns past d are zero
-        for it in range(NLQ):
-            e = tid + uNT * U(it)
-            r = int(e // uDP)
-            x = int(e % uDP)
-            val = float32(0.0)
-            if (NLQ_EXACT or e < uBRDP) and row0 + r < s_q and x < d:
-                val = float32(gQ[ub, U(row0 + r), uh, U(x)] * scale_log2)  # HBM read: Br*d
-            if NLQ_EXACT or e < uBRDP:
-                smem[OFF_Q + U(r) * uSQ + U(x)] = val
+        load_q(gQ, smem, OFF_Q, ub, uh, row0, s_q, d, tid, scale_log2)  # HBM read: Br*d (Dev: unrolled, all in flight)
         # FA2.1 L5: on chip, O_i = 0, l_i = 0, m_i = -inf
         for a in range(NO):
             rO[a] = float32(0.0)
@@ -250,9 +225,7 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
                 rkey[r] = row_key(head_key(seed, b * nheads + h), row0 + int(wrow) + 16 * (r // 2) + 8 * (r % 2) + int(g))
 
         # Dev: causal block skipping: key blocks past the last row's horizon are never visited
-        n_blocks = (s_k + BC - 1) // BC
-        if CAUSAL:
-            n_blocks = (min(s_k, max(0, row0 + BR + causal_offset)) + BC - 1) // BC
+        n_blocks = n_key_blocks(row0 + BR, s_k, causal_offset)
 
         if n_blocks > 0:
             load_kv(gK, gV, ub, uhk, 0, s_k, d, tid, rKn, rVn)
@@ -263,11 +236,7 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
             # FA2.1 L7: load K_j, V_j from HBM to SRAM (coalesced along d; ragged rows and padded columns zero)
             if not PREFETCH and j > 0:
                 load_kv(gK, gV, ub, uhk, col0, s_k, d, tid, rKn, rVn)  # HBM read: 2 Bc*d
-            for it in range(NL):
-                e = tid + uNT * U(it)
-                if NL_EXACT or e < uBCDP:
-                    smem[OFF_K + (e // uDP) * uSQ + e % uDP] = rKn[it]
-                    smem[OFF_V + (e // uDP) * uSV + e % uDP] = rVn[it]
+            store_kv(smem, OFF_K, OFF_V, tid, rKn, rVn)
             cuda.syncthreads()  # Sync: K_j, V_j in SRAM before L8 and L10 read them
             if PREFETCH and j + 1 < n_blocks:
                 load_kv(gK, gV, ub, uhk, col0 + BC, s_k, d, tid, rKn, rVn)  # HBM read: 2 Bc*d (tile j+1)
@@ -427,8 +396,7 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None):
     sim = _backend.is_simulator()
     Br = 16 * MW * NW
     nbytes = 4 * smem_floats(NW, MW, Bc, DP, sim)
-    if nbytes > _smem.max_optin_bytes():
-        raise ValueError(f"tiles (Br={Br}, Bc={Bc}, d={d}) need {nbytes} bytes of shared memory; the device allows {_smem.max_optin_bytes()}")
+    _plan.check_sram(nbytes, Br, Bc, d)
     kernel = fa2_forward_tc_kernel(NW, MW, Bc, DP, prob.causal, prob.dropout_p > 0, bool(prefetch), sim, bool(feats["STAGE_S"]), bool(feats["STAGE_O"]))
     grid = (ceil_div(prob.seqlen_q, Br), prob.batch * prob.nheads)
     return kernel, grid, 32 * NW, nbytes
@@ -447,17 +415,11 @@ def sram_bytes(prob: Problem, block_sizes=None) -> int:
 
 def compiled_kernels(prob: Problem, block_sizes=None) -> list[KernelLaunch]:
     """The one launch of :func:`forward`, compiled for ``prob`` (not launched)."""
-    kernel, grid, nt, nbytes = plan(prob, block_sizes)
-    Br, Bc = choose_block_sizes(prob, block_sizes)
-    return [KernelLaunch(f"FA2 forward tensor cores (Br, Bc) = ({Br}, {Bc}), {nbytes // 1024} KB dynamic SRAM", kernel, nt, grid[0] * grid[1])]
+    return _plan.one_launch("FA2 forward tensor cores", plan(prob, block_sizes), *choose_block_sizes(prob, block_sizes))
 
 
 def forward(q, k, v, prob: Problem, alloc, block_sizes=None, config=None, features=None) -> ForwardOutput:
     """FA2 Algorithm 1 on the tensor cores (3xTF32), on kernel arrays: ``ForwardOutput(out, lse)``."""
-    kernel, grid, NT, nbytes = plan(prob, block_sizes, config, features)
-    out = alloc.empty((prob.batch, prob.seqlen_q, prob.nheads, prob.headdim))
-    lse = alloc.empty((prob.batch, prob.nheads, prob.seqlen_q))
-    args = (q, k, v, out, lse, prob.softmax_scale * LOG2E, prob.group, prob.causal_offset, prob.seed, prob.threshold, prob.dropout_scale)
-    _smem.launch(kernel, grid, NT, nbytes, *args)
+    fwd = _plan.run_fa2_forward(plan(prob, block_sizes, config, features), q, k, v, prob, alloc)
     # FA2.1 L17: return O, L
-    return ForwardOutput(out=out, lse=lse)
+    return fwd

@@ -1,0 +1,38 @@
+"""Host side shared by the fast kernel modules: checking a launch plan, naming it, running an FA2 forward.
+
+A fast module's ``plan(prob, block_sizes, config, features)`` returns ``(kernel, grid, threads,
+dynamic SRAM bytes)`` without launching; :func:`check_sram` is the one check of its SRAM against the
+device's opt-in limit, :func:`one_launch` its entry for ``compiled_kernels`` (the kernel contract of
+:class:`numba_flash._launch.KernelModule`), and :func:`run_fa2_forward` the launch of the two FA2
+forward kernels (FFMA and tensor cores), which take the same arguments and return the same outputs.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .._constants import LOG2E
+from .._launch import ForwardOutput, KernelLaunch, Problem
+from . import _smem
+
+
+def check_sram(nbytes: int, Br: int, Bc: int, d: int) -> None:
+    """Raise ValueError (naming the tiles) when ``nbytes`` of dynamic SRAM exceed the device's opt-in limit."""
+    if nbytes > _smem.max_optin_bytes():
+        raise ValueError(f"tiles (Br={Br}, Bc={Bc}, d={d}) need {nbytes} bytes of shared memory; the device allows {_smem.max_optin_bytes()}")
+
+
+def one_launch(what: str, plan, Br: int, Bc: int) -> list[KernelLaunch]:
+    """``compiled_kernels`` of a module that launches one kernel: ``[KernelLaunch]`` named with its tiles and SRAM."""
+    kernel, grid, threads, nbytes = plan
+    return [KernelLaunch(f"{what} (Br, Bc) = ({Br}, {Bc}), {nbytes // 1024} KB dynamic SRAM", kernel, threads, math.prod(grid))]
+
+
+def run_fa2_forward(plan, q, k, v, prob: Problem, alloc) -> ForwardOutput:
+    """Launch an FA2 forward ``plan`` on kernel arrays: ``ForwardOutput(out, lse)``."""
+    kernel, grid, threads, nbytes = plan
+    out = alloc.empty((prob.batch, prob.seqlen_q, prob.nheads, prob.headdim))
+    lse = alloc.empty((prob.batch, prob.nheads, prob.seqlen_q))
+    args = (q, k, v, out, lse, prob.softmax_scale * LOG2E, prob.group, prob.causal_offset, prob.seed, prob.threshold, prob.dropout_scale)
+    _smem.launch(kernel, grid, threads, nbytes, *args)
+    return ForwardOutput(out=out, lse=lse)

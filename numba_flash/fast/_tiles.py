@@ -1,0 +1,141 @@
+"""HBM -> SRAM tile moves and causal block counts shared by the fast kernels.
+
+Every fast kernel moves row tiles of two ``(b, s, h, d)`` arrays at once (``K_j, V_j`` in the
+forwards, ``Q_i, dO_i`` and ``K_j, V_j`` in the backwards) the same way: all loads of a thread are
+issued into registers first (one HBM round trip per tile, and the loads of the *next* tile can be in
+flight while the current one is used: double buffering in registers, as Numba has no ``cp.async``),
+then stored to SRAM after a barrier. And every kernel whose blocks own query rows counts the key
+blocks those rows can see the same way. This module holds those pieces once, as device-function
+factories cached on their compile-time constants (``inline="always"``, unsigned indices: see
+:mod:`numba_flash.fast._regtile` for why that changes nothing in the machine code).
+
+=====================  ==========================================================  ====================
+factory                what                                                        used by
+=====================  ==========================================================  ====================
+make_pair_loader       (NROWS, d) rows of two HBM arrays -> registers -> SRAM      all fast kernels
+make_scaled_q_loader   Q_i times tau log2 e, HBM -> SRAM (zero rows past N_q)      FA2 forward, fast/tc
+make_block_counts      key blocks visible from query rows < row_end (causal)       FA1/FA2 fast kernels
+=====================  ==========================================================  ====================
+
+``tests/benchmarks/offline_resources.py`` checks that the kernels' machine code is what it was when
+these loops were written out in each kernel.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from numba import cuda, float32
+
+from .._constants import U
+
+
+@functools.cache
+def make_pair_loader(NROWS: int, DP: int, NT: int, SA: int, SB: int | None = None, STEP_ROWS: bool | None = None):
+    """``(NL, load, store)``: move rows ``row0 .. row0 + NROWS - 1`` of two arrays, HBM -> registers -> SRAM.
+
+    ``load(gA, gB, ub, uh, row0, n_rows, d, tid, rA, rB)`` issues the loads of the ``NROWS x DP``
+    elements of ``gA[b, row0 + r, h, x]`` and ``gB[...]`` (zero for rows ``>= n_rows`` and columns
+    ``x >= d``) into the ``NL``-float register arrays ``rA``, ``rB`` of thread ``tid`` (``NT``
+    threads, element ``e = tid + NT it`` is row ``e // DP``, column ``e % DP``: consecutive threads
+    on consecutive columns, coalesced). ``store(smem, off_a, off_b, tid, rA, rB)`` writes them to the
+    SRAM tiles at ``off_a`` (row stride ``SA`` floats) and ``off_b`` (row stride ``SB``, default ``SA``).
+
+    ``STEP_ROWS`` (default: when ``NT`` is a multiple of ``DP``): each thread keeps one column
+    ``x = tid % DP`` and steps ``NT / DP`` rows per load, so the column test and the index division
+    are done once instead of per load (the FA2 fast kernels). The FA1 forward and the tensor-core
+    kernel pass ``False``: they keep the per-element index form they were measured with.
+    """
+    NL = (NROWS * DP + NT - 1) // NT  # elements of each array per thread
+    EXACT = NROWS * DP % NT == 0
+    STEP = NT % DP == 0 if STEP_ROWS is None else bool(STEP_ROWS)
+    RSTEP = NT // DP  # rows per load step (STEP)
+    SB = SA if SB is None else SB
+    uNT, uDP, uSA, uSB, uTOT = U(NT), U(DP), U(SA), U(SB), U(NROWS * DP)
+    SAME_STRIDE = SA == SB
+
+    @cuda.jit(device=True, inline="always")
+    def load(gA, gB, ub, uh, row0, n_rows, d, tid, rA, rB):
+        """Issue the loads of rows row0..row0+NROWS of gA, gB (all d columns) into registers; zero outside."""
+        x = tid % uDP
+        r0 = tid // uDP
+        for it in range(NL):
+            e = tid + uNT * U(it)
+            r = r0 + U(RSTEP * it) if STEP else e // uDP
+            xc = x if STEP else e % uDP
+            va = float32(0.0)
+            vb = float32(0.0)
+            if (EXACT or e < uTOT) and xc < U(d) and U(row0) + r < U(n_rows):
+                va = gA[ub, U(row0) + r, uh, xc]
+                vb = gB[ub, U(row0) + r, uh, xc]
+            rA[it] = va
+            rB[it] = vb
+
+    @cuda.jit(device=True, inline="always")
+    def store(smem, off_a, off_b, tid, rA, rB):
+        """Store the registers of :func:`load` to the SRAM tiles at off_a (row stride SA), off_b (SB)."""
+        for it in range(NL):
+            e = tid + uNT * U(it)
+            if EXACT or e < uTOT:
+                if SAME_STRIDE:
+                    a = (e // uDP) * uSA + e % uDP
+                    smem[off_a + a] = rA[it]
+                    smem[off_b + a] = rB[it]
+                else:
+                    smem[off_a + (e // uDP) * uSA + e % uDP] = rA[it]
+                    smem[off_b + (e // uDP) * uSB + e % uDP] = rB[it]
+
+    return NL, load, store
+
+
+@functools.cache
+def make_scaled_q_loader(BR: int, DP: int, NT: int, SQ: int):
+    """``load_q(gQ, smem, qbase, ub, uh, row0, s_q, d, tid, scale)``: ``Q_i`` times ``scale`` to SRAM.
+
+    Rows ``row0 .. row0 + BR - 1`` of ``gQ[b, :, h, :]`` times ``scale`` (``tau log2 e``: the forward
+    then uses ``exp2``) to the SRAM tile at ``qbase`` (row stride ``SQ``); rows past ``s_q`` and
+    columns past ``d`` are zero. Unrolled: all loads of a thread are in flight before its first store.
+    """
+    NLQ = (BR * DP + NT - 1) // NT  # elements per thread
+    EXACT = BR * DP % NT == 0
+    uNT, uDP, uSQ, uTOT = U(NT), U(DP), U(SQ), U(BR * DP)
+
+    @cuda.jit(device=True, inline="always")
+    def load_q(gQ, smem, qbase, ub, uh, row0, s_q, d, tid, scale):
+        for it in range(NLQ):
+            e = tid + uNT * U(it)
+            r = int(e // uDP)
+            x = int(e % uDP)
+            val = float32(0.0)
+            if (EXACT or e < uTOT) and row0 + r < s_q and x < d:
+                val = float32(gQ[ub, U(row0 + r), uh, U(x)] * scale)  # HBM read: Br*d
+            if EXACT or e < uTOT:
+                smem[qbase + U(r) * uSQ + U(x)] = val
+
+    return load_q
+
+
+@functools.cache
+def make_block_counts(BR: int, BC: int, CAUSAL: bool):
+    """``(n_key_blocks, first_row_block)``: the causal block skipping of the fast kernels.
+
+    ``n_key_blocks(row_end, s_k, causal_offset)``: how many key blocks of ``BC`` columns the query
+    rows ``< row_end`` see: all ``ceil(s_k / BC)``, or (``CAUSAL``) those up to the last row's horizon
+    ``row_end - 1 + causal_offset`` (0 when no row sees a key). ``first_row_block(col0, causal_offset)``:
+    the first block of ``BR`` query rows whose last row sees key ``col0`` (0 when not ``CAUSAL``);
+    the blocks before it are fully masked.
+    """
+
+    @cuda.jit(device=True, inline="always")
+    def n_key_blocks(row_end, s_k, causal_offset):
+        if CAUSAL:
+            return (min(s_k, max(0, row_end + causal_offset)) + BC - 1) // BC
+        return (s_k + BC - 1) // BC
+
+    @cuda.jit(device=True, inline="always")
+    def first_row_block(col0, causal_offset):
+        if CAUSAL:
+            return max(0, col0 - causal_offset) // BR
+        return 0
+
+    return n_key_blocks, first_row_block
