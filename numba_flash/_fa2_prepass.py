@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from numba import cuda, float32
 
-from ._launch import Problem, ceil_div
+from ._launch import Problem, bh_grid, ceil_div
 
 #: Threads per block of the pre-pass: one per query row.
 PREPASS_THREADS = 128
@@ -18,10 +18,11 @@ PREPASS_THREADS = 128
 def preprocess_kernel(gO, gdO, gD):
     """D = rowsum(dO o O): thread per row; grid (ceil(N_q / 128), b h). gD is (b, h, N_q)."""
     nheads = gO.shape[2]
-    b = cuda.blockIdx.y // nheads
-    h = cuda.blockIdx.y % nheads
+    bh = cuda.blockIdx.y + cuda.gridDim.y * cuda.blockIdx.z  # Dev: b*h folded over grid y, z (y <= 65535)
+    b = bh // nheads
+    h = bh % nheads
     row = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-    if row < gO.shape[1]:
+    if row < gO.shape[1] and b < gO.shape[0]:
         # [doc:fa2-bwd-preprocess]
         # FA2.2 L4: D_i = rowsum(dO_i o O_i), written to HBM (a separate pre-pass)
         acc = float32(0.0)
@@ -34,6 +35,6 @@ def preprocess_kernel(gO, gdO, gD):
 def row_dot(out, dout, prob: Problem, alloc):
     """D (b, h, N_q) float32: launches :func:`preprocess_kernel` and returns its output."""
     delta = alloc.empty((prob.batch, prob.nheads, prob.seqlen_q))
-    grid = (ceil_div(prob.seqlen_q, PREPASS_THREADS), prob.batch * prob.nheads)
+    grid = bh_grid(ceil_div(prob.seqlen_q, PREPASS_THREADS), prob.batch * prob.nheads)
     preprocess_kernel[grid, PREPASS_THREADS](out, dout, delta)
     return delta

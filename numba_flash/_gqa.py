@@ -11,16 +11,17 @@ from __future__ import annotations
 from numba import cuda, float32
 
 from . import _backend
-from ._launch import Problem, ceil_div
+from ._launch import Problem, bh_grid, ceil_div
 
 
 @cuda.jit
 def group_sum_kernel(gdK_h, gdV_h, gdK, gdV, s_k, d, nheads_k, group):
     """dK[b, :, hk] = sum_g dK_h[b, :, hk*G + g] (and dV): the GQA/MQA reduction over a group."""
     idx = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-    bi = cuda.blockIdx.y // nheads_k
-    hk = cuda.blockIdx.y - bi * nheads_k
-    if idx < s_k * d:
+    bhk = cuda.blockIdx.y + cuda.gridDim.y * cuda.blockIdx.z  # b*h_k folded over grid y, z (y <= 65535)
+    bi = bhk // nheads_k
+    hk = bhk - bi * nheads_k
+    if idx < s_k * d and bi < gdK.shape[0]:
         col = idx // d
         c = idx - col * d
         acc_k = float32(0.0)
@@ -45,5 +46,5 @@ def group_sum(dk_h, dv_h, dk, dv, prob: Problem) -> None:
     if prob.group == 1:
         return
     nt = 64 if _backend.is_simulator() else 256  # the simulator runs each thread as a Python thread
-    grid = (ceil_div(prob.seqlen_k * prob.headdim, nt), prob.batch * prob.nheads_k)
+    grid = bh_grid(ceil_div(prob.seqlen_k * prob.headdim, nt), prob.batch * prob.nheads_k)
     group_sum_kernel[grid, nt](dk_h, dv_h, dk, dv, prob.seqlen_k, prob.headdim, prob.nheads_k, prob.group)

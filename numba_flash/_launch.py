@@ -309,6 +309,21 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
+#: CUDA's limit on grid y (and z). Kernels with one block per (batch, head) along y fold the excess into
+#: z (:func:`bh_grid`); the tests lower it to run the folded path on tiny shapes in the simulator.
+MAX_GRID_Y = 65535
+
+
+def bh_grid(n_x: int, bh: int) -> tuple[int, int, int]:
+    """Grid ``(n_x, y, z)`` with ``bh`` (batch * heads) blocks along y and z: ``y = min(bh, MAX_GRID_Y)``.
+
+    The kernel's (batch, head) index is ``blockIdx.y + gridDim.y * blockIdx.z``; blocks at or past
+    ``bh`` (in the last z slab) return at once. Up to 65535 the grid is ``(n_x, bh, 1)``, as before the fold.
+    """
+    y = max(1, min(bh, MAX_GRID_Y))
+    return n_x, y, ceil_div(bh, y)
+
+
 # ----------------------------------------------------------------------------------------------
 # The kernel-module contract
 # ----------------------------------------------------------------------------------------------

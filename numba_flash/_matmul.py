@@ -56,7 +56,8 @@ The products of the two standard passes (``tau`` = softmax scale, ``o = s_k - s_
 
 Launch geometry
 ---------------
-Grid ``(ceil(N / BN), ceil(M / BM), batch * heads_of_C)``; block ``TY x TX`` threads (flattened).
+Grid ``(ceil(N / BN) ceil(M / BM), batch * heads_of_C)``, the second dimension folded over grid y and z
+when it exceeds 65535 (:func:`numba_flash._launch.bh_grid`); block ``TY x TX`` threads (flattened).
 Thread ``(ty, tx)`` owns the ``RM x RN`` entries ``C[m0 + ty + TY*i, n0 + tx + TX*j]``: strided, so a
 warp's stores are coalesced and its shared-memory reads are conflict-free or broadcasts. ``BM = TY*RM``,
 ``BN = TX*RN``. On a GPU the tile is 64 x 64 x 16 with 16 x 16 threads and 4 x 4 outputs per thread;
@@ -90,7 +91,7 @@ from numba_flash_reference.common import dropout_threshold
 
 from . import _backend
 from ._dropout import head_key, keep, row_key
-from ._launch import ceil_div
+from ._launch import bh_grid, ceil_div
 
 LAYOUTS = ("bshd", "bhst")
 
@@ -193,10 +194,14 @@ def matmul_kernel(a_layout, trans_a, b_layout, trans_b, c_layout, accumulate, ca
         tid = cuda.threadIdx.x
         ty = tid // TX
         tx = tid % TX
-        m0 = cuda.blockIdx.y * BM
-        n0 = cuda.blockIdx.x * BN
-        bi = cuda.blockIdx.z // heads_c
-        hc = cuda.blockIdx.z % heads_c
+        n_tiles = (N + BN - 1) // BN  # output tiles along N: grid x walks them fastest, then the M tiles
+        m0 = (cuda.blockIdx.x // n_tiles) * BM
+        n0 = (cuda.blockIdx.x % n_tiles) * BN
+        bhc = cuda.blockIdx.y + cuda.gridDim.y * cuda.blockIdx.z  # (batch, head of C), folded over grid y, z (y <= 65535)
+        bi = bhc // heads_c
+        hc = bhc % heads_c
+        if bi >= gC.shape[0]:
+            return  # past batch * heads_c in the last z slab of the fold
         for i in range(RM):
             for j in range(RN):
                 rC[i, j] = 0.0
@@ -306,7 +311,7 @@ def matmul(a, b, c, *, a_layout, b_layout, c_layout, trans_a=False, trans_b=Fals
         seed, threshold, dropout_scale, use_dropout = 0, 0, np.float32(1.0), False
     tiles = default_tiles() if tiles is None else tiles
     kernel = matmul_kernel(a_layout, bool(trans_a), b_layout, bool(trans_b), c_layout, bool(accumulate), causal_offset is not None, use_dropout, tiles)
-    grid = (ceil_div(N, tiles.BN), ceil_div(M, tiles.BM), batch * heads_c)
+    grid = bh_grid(ceil_div(N, tiles.BN) * ceil_div(M, tiles.BM), batch * heads_c)
     kernel[grid, tiles.threads](
         a, b, c, M, N, K, heads_c, G,
         kv_group if a_kv else 1, kv_group if b_kv else 1,

@@ -42,7 +42,7 @@ import math
 from numba import cuda, float32
 
 from . import _backend
-from ._launch import ForwardOutput, KernelLaunch, Problem
+from ._launch import ForwardOutput, KernelLaunch, Problem, bh_grid
 from ._matmul import default_tiles, matmul, matmul_kernel
 
 #: Softmax block: SOFTMAX_THREADS threads along a row x SOFTMAX_ROWS rows. The simulator runs each
@@ -85,8 +85,11 @@ def row_softmax_kernel(threads: int, rows: int):
         y = cuda.threadIdx.y
         r = cuda.blockIdx.x * R + y  # the row of S this thread works on
         nheads = gS.shape[1]
-        bi = cuda.blockIdx.y // nheads
-        hi = cuda.blockIdx.y % nheads
+        bh = cuda.blockIdx.y + cuda.gridDim.y * cuda.blockIdx.z  # Dev: b*h folded over grid y, z (y <= 65535)
+        bi = bh // nheads
+        hi = bh % nheads
+        if bi >= gS.shape[0]:
+            return  # Dev: past b*h in the last z slab of the fold
         n = gS.shape[3]
         inside = r < gS.shape[2]  # the last block may have rows past s_q
         # Pass 1: one read of the row, an online (max, sum) per thread.
@@ -175,7 +178,7 @@ def forward(q, k, v, prob: Problem, alloc, block_sizes=None) -> ForwardOutput:
     m = alloc.empty((b, h, s_q))
     l = alloc.empty((b, h, s_q))
     lse = alloc.empty((b, h, s_q))
-    grid = (-(-s_q // SOFTMAX_ROWS), b * h)
+    grid = bh_grid(-(-s_q // SOFTMAX_ROWS), b * h)
     row_softmax_kernel(SOFTMAX_THREADS, SOFTMAX_ROWS)[grid, (SOFTMAX_THREADS, SOFTMAX_ROWS)](S, m, l, lse)
     # Alg.0 L3: O = P V, written to HBM (Dev: Alg.2 L14's dropout applied to P's tiles as they are loaded)
     out = alloc.empty((b, s_q, h, prob.headdim))

@@ -57,7 +57,7 @@ from numba import cuda, float32
 
 from . import _backend
 from ._dropout import head_key, keep, row_key
-from ._launch import KernelLaunch
+from ._launch import KernelLaunch, bh_grid
 from ._matmul import default_tiles, matmul, matmul_kernel
 
 
@@ -80,8 +80,11 @@ def softmax_kernel(nt: int, from_lse: bool):
     def kernel(gS_P, gm, gl, s_k, nheads):
         """Block (row, bh): NT threads stride over the row's columns. gS_P: (b, h, s_q, s_k) HBM."""
         row = cuda.blockIdx.x
-        bi = cuda.blockIdx.y // nheads
-        hi = cuda.blockIdx.y - bi * nheads
+        bh = cuda.blockIdx.y + cuda.gridDim.y * cuda.blockIdx.z  # Dev: b*h folded over grid y, z (y <= 65535)
+        bi = bh // nheads
+        hi = bh - bi * nheads
+        if bi >= gS_P.shape[0]:
+            return  # Dev: past b*h in the last z slab of the fold
         m_r = gm[bi, hi, row]  # HBM read: 1 (L when FROM_LSE)
         l_r = float32(1.0)
         if FROM_LSE:
@@ -112,9 +115,11 @@ def ds_kernel(nt: int, dropout: bool):
         sRed = cuda.shared.array(NT, float32)  # (NT,) SRAM: partial sums of D_i
         t = cuda.threadIdx.x
         row = cuda.blockIdx.x
-        bh = cuda.blockIdx.y
+        bh = cuda.blockIdx.y + cuda.gridDim.y * cuda.blockIdx.z  # Dev: b*h folded over grid y, z (y <= 65535)
         bi = bh // nheads
         hi = bh - bi * nheads
+        if bi >= gP.shape[0]:
+            return  # Dev: past b*h in the last z slab of the fold
         k_row = row_key(head_key(seed, bh), row)
         acc = ZERO
         for col in range(t, s_k, NT):
@@ -218,7 +223,7 @@ def backward(dout, q, k, v, out, fwd, prob, alloc, block_sizes=None, determinist
            alpha=tau, causal_offset=prob.causal_offset if prob.causal else None)
     from_lse = fwd.m is None or fwd.l is None
     m, l = (fwd.lse, fwd.lse) if from_lse else (fwd.m, fwd.l)
-    softmax_kernel(nt, from_lse)[(s_q, b * h), nt](S_P, m, l, s_k, h)
+    softmax_kernel(nt, from_lse)[bh_grid(s_q, b * h), nt](S_P, m, l, s_k, h)
 
     # [doc:alg3-backward]
     # Alg.3 L1: load P, dO; dV = (P o Z)^T dO (Z regenerated from the seed as P is loaded), summed over
@@ -229,7 +234,7 @@ def backward(dout, q, k, v, out, fwd, prob, alloc, block_sizes=None, determinist
     matmul(dout, v, dP, a_layout="bshd", b_layout="bshd", c_layout="bhst", trans_b=True, b_kv=True, kv_group=G)
     # Alg.3 L3: read P, dP; dS_ij = P_ij (dP_ij Z_ij - D_i), D_i = sum_l P_il dP_il Z_il; write dS (N x N)
     dS = alloc.empty((b, h, s_q, s_k))  # (b, h, N, N) HBM
-    ds_kernel(nt, use_dropout)[(s_q, b * h), nt](S_P, dP, dS, s_k, h, np.uint32(prob.seed), np.uint32(prob.threshold), dropout_scale)
+    ds_kernel(nt, use_dropout)[bh_grid(s_q, b * h), nt](S_P, dP, dS, s_k, h, np.uint32(prob.seed), np.uint32(prob.threshold), dropout_scale)
     # Alg.3 L4: load dS, K; dQ = tau dS K; write dQ
     matmul(dS, k, dq, a_layout="bhst", b_layout="bshd", c_layout="bshd", b_kv=True, kv_group=G, alpha=tau)
     # Alg.3 L5: load dS, Q; dK = tau dS^T Q, summed over each GQA group inside the product; write dK

@@ -46,7 +46,7 @@ from numba import cuda, float32, uint64
 
 from ._dropout import head_key, keep, row_key
 from ._fa2_prepass import row_dot
-from ._launch import STATIC_SMEM_BYTES, KernelLaunch, Problem, ceil_div
+from ._launch import STATIC_SMEM_BYTES, KernelLaunch, Problem, bh_grid, ceil_div
 
 
 def tile_sram_bytes(Br: int, Bc: int, d: int) -> int:
@@ -136,8 +136,11 @@ def fa2_backward_kernel(BR: int, BC: int, D: int, CAUSAL: bool, DROPOUT: bool, A
         nheads_k = gK.shape[2]
         s_q = gQ.shape[1]
         s_k = gK.shape[1]
-        b = cuda.blockIdx.y // nheads_k
-        hk = cuda.blockIdx.y % nheads_k
+        bhk = cuda.blockIdx.y + cuda.gridDim.y * cuda.blockIdx.z  # Dev: b*h_k folded over grid y, z (y <= 65535)
+        b = bhk // nheads_k
+        hk = bhk % nheads_k
+        if b >= gQ.shape[0]:
+            return  # Dev: past b*h_k in the last z slab of the fold
         # FA2.2 L5: for j = 1..Tc -- this thread block is one j; thread t owns key row `col`
         col0 = cuda.blockIdx.x * BC
         col = col0 + t
@@ -255,8 +258,11 @@ def fa2_dq_kernel(BR: int, BC: int, D: int, CAUSAL: bool, DROPOUT: bool):
         nheads = gQ.shape[2]
         s_q = gQ.shape[1]
         s_k = gK.shape[1]
-        b = cuda.blockIdx.y // nheads
-        h = cuda.blockIdx.y % nheads
+        bh = cuda.blockIdx.y + cuda.gridDim.y * cuda.blockIdx.z  # Dev: b*h folded over grid y, z (y <= 65535)
+        b = bh // nheads
+        h = bh % nheads
+        if b >= gQ.shape[0]:
+            return  # Dev: past b*h in the last z slab of the fold
         hk = h // group
         row0 = cuda.blockIdx.x * BR
         row = row0 + t
@@ -351,9 +357,9 @@ def backward(dout, q, k, v, out, fwd, prob: Problem, alloc, block_sizes=None, de
     dropout = prob.dropout_p > 0
     opts = (prob.softmax_scale, prob.group, prob.causal_offset, prob.seed, prob.threshold, prob.dropout_scale)
     main = fa2_backward_kernel(Br, Bc, d, prob.causal, dropout, not deterministic)
-    main[(Tc, prob.batch * prob.nheads_k), Bc](q, k, v, dout, fwd.lse, delta, dq, dk, dv, *opts)
+    main[bh_grid(Tc, prob.batch * prob.nheads_k), Bc](q, k, v, dout, fwd.lse, delta, dq, dk, dv, *opts)
     if deterministic:
         dqk = fa2_dq_kernel(Br, Bc, d, prob.causal, dropout)
-        dqk[(Tr, bh), Br](q, k, v, dout, fwd.lse, delta, dq, *opts)
+        dqk[bh_grid(Tr, bh), Br](q, k, v, dout, fwd.lse, delta, dq, *opts)
     # FA2.2 L20: return dQ, dK, dV
     return dq, dk, dv

@@ -50,7 +50,7 @@ from numba import cuda, float32, uint64
 from numba_flash_reference.common import block_sizes as fa1_block_sizes
 
 from ._dropout import head_key, keep, row_key
-from ._launch import STATIC_SMEM_BYTES, ForwardOutput, KernelLaunch, Problem, ceil_div
+from ._launch import STATIC_SMEM_BYTES, ForwardOutput, KernelLaunch, Problem, bh_grid, ceil_div
 
 
 def tile_sram_bytes(Br: int, Bc: int, d: int) -> int:
@@ -113,8 +113,11 @@ def fa2_forward_kernel(BR: int, BC: int, D: int, CAUSAL: bool, DROPOUT: bool):
         nheads = gQ.shape[2]
         s_q = gQ.shape[1]
         s_k = gK.shape[1]
-        b = cuda.blockIdx.y // nheads
-        h = cuda.blockIdx.y % nheads
+        bh = cuda.blockIdx.y + cuda.gridDim.y * cuda.blockIdx.z  # Dev: b*h folded over grid y, z (y <= 65535)
+        b = bh // nheads
+        h = bh % nheads
+        if b >= gQ.shape[0]:
+            return  # Dev: past b*h in the last z slab of the fold
         hk = h // group  # GQA/MQA: the key/value head of query head h (indexed, never copied)
         # FA2.1 L3: for i = 1..Tr -- this thread block is one i; thread t owns query row `row`
         i = cuda.blockIdx.x
@@ -229,7 +232,7 @@ def forward(q, k, v, prob: Problem, alloc, block_sizes=None) -> ForwardOutput:
     out = alloc.empty((prob.batch, prob.seqlen_q, prob.nheads, prob.headdim))
     lse = alloc.empty((prob.batch, prob.nheads, prob.seqlen_q))
     kernel = fa2_forward_kernel(Br, Bc, prob.headdim, prob.causal, prob.dropout_p > 0)
-    kernel[(Tr, prob.batch * prob.nheads), Br](
+    kernel[bh_grid(Tr, prob.batch * prob.nheads), Br](
         q, k, v, out, lse, prob.softmax_scale, prob.group, prob.causal_offset, prob.seed, prob.threshold, prob.dropout_scale
     )
     # FA2.1 L17: return O, L

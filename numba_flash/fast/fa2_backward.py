@@ -98,7 +98,7 @@ from .. import _backend
 from .._constants import LOG2E, U
 from .._dropout import head_key, row_key
 from .._fa2_prepass import row_dot
-from .._launch import KernelLaunch, Problem, ceil_div
+from .._launch import KernelLaunch, Problem, bh_grid, ceil_div
 from . import _plan, _regtile, _smem, _tiles
 
 
@@ -310,8 +310,11 @@ def fa2_backward_fast_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool, D
         s_q = gQ.shape[1]
         s_k = gK.shape[1]
         d = gQ.shape[3]
-        b = cuda.blockIdx.y // nheads_k
-        hk = cuda.blockIdx.y % nheads_k
+        bhk = cuda.blockIdx.y + cuda.gridDim.y * cuda.blockIdx.z  # Dev: b*h_k folded over grid y, z (y <= 65535)
+        b = bhk // nheads_k
+        hk = bhk % nheads_k
+        if b >= gQ.shape[0]:
+            return  # Dev: past b*h_k in the last z slab of the fold
         ub, uhk = U(b), U(hk)
         cy = tid // uXT
         tx = tid % uXT
@@ -458,8 +461,11 @@ def fa2_backward_fast_dq_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool
         s_q = gQ.shape[1]
         s_k = gK.shape[1]
         d = gQ.shape[3]
-        b = cuda.blockIdx.y // nheads
-        h = cuda.blockIdx.y % nheads
+        bh = cuda.blockIdx.y + cuda.gridDim.y * cuda.blockIdx.z  # Dev: b*h folded over grid y, z (y <= 65535)
+        b = bh // nheads
+        h = bh % nheads
+        if b >= gQ.shape[0]:
+            return  # Dev: past b*h in the last z slab of the fold
         hk = h // group
         ub, uh, uhk = U(b), U(h), U(hk)
         row0 = cuda.blockIdx.x * BR
@@ -531,7 +537,7 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None, determinis
     Tr, Tc = _split(prob, cfg)
     main = fa2_backward_fast_kernel(NT, BR, BC, DP, prob.causal, dropout, not deterministic, feats["VEC"], feats["PREFETCH"], maxreg)
     dqk = fa2_backward_fast_dq_kernel(NT, BR, BC, DP, prob.causal, dropout, feats["VEC"], feats["PREFETCH"], maxreg) if deterministic else None
-    return main, (Tc, prob.batch * prob.nheads_k), dqk, (Tr, prob.batch * prob.nheads), NT, nbytes
+    return main, bh_grid(Tc, prob.batch * prob.nheads_k), dqk, bh_grid(Tr, prob.batch * prob.nheads), NT, nbytes
 
 
 def choose_block_sizes(prob: Problem, block_sizes=None) -> tuple[int, int]:
@@ -549,9 +555,9 @@ def compiled_kernels(prob: Problem, block_sizes=None, deterministic=False) -> li
     """The main kernel (and the deterministic dQ kernel), compiled for ``prob`` (not launched)."""
     main, grid, dqk, grid_dq, NT, nbytes = plan(prob, block_sizes, deterministic=deterministic)
     BR, BC = choose_block_sizes(prob, block_sizes)
-    out = [KernelLaunch(f"FA2 backward fast (Br, Bc) = ({BR}, {BC})", main, NT, grid[0] * grid[1])]
+    out = [KernelLaunch(f"FA2 backward fast (Br, Bc) = ({BR}, {BC})", main, NT, math.prod(grid))]
     if deterministic:
-        out.append(KernelLaunch(f"FA2 backward fast dQ (Br, Bc) = ({BR}, {BC})", dqk, NT, grid_dq[0] * grid_dq[1]))
+        out.append(KernelLaunch(f"FA2 backward fast dQ (Br, Bc) = ({BR}, {BC})", dqk, NT, math.prod(grid_dq)))
     return out
 
 

@@ -77,7 +77,7 @@ from .. import _backend
 from .._constants import FULL_MASK as _FULL_MASK
 from .._constants import LN2, U
 from .._dropout import head_key, row_key
-from .._launch import ForwardOutput, KernelLaunch, Problem, ceil_div
+from .._launch import ForwardOutput, KernelLaunch, Problem, bh_grid, ceil_div
 from . import _plan, _regtile, _tiles
 
 
@@ -205,8 +205,11 @@ def fa2_forward_fast_kernel(NT: int, TM: int, TPR: int, BC: int, DP: int, CAUSAL
         s_q = gQ.shape[1]
         s_k = gK.shape[1]
         d = gQ.shape[3]
-        b = cuda.blockIdx.y // nheads
-        h = cuda.blockIdx.y % nheads
+        bh = cuda.blockIdx.y + cuda.gridDim.y * cuda.blockIdx.z  # Dev: b*h folded over grid y, z (y <= 65535)
+        b = bh // nheads
+        h = bh % nheads
+        if b >= gQ.shape[0]:
+            return  # Dev: past b*h in the last z slab of the fold
         hk = h // group
         ub, uh, uhk = U(b), U(h), U(hk)  # Dev: unsigned HBM indices: no negative-index wrap-around code per load
         # FA2.1 L3: for i = 1..Tr -- one thread block per i; Dev: the heaviest (causal) blocks first
@@ -319,7 +322,7 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None):
     nbytes = 4 * smem_floats(NT, TM, TPR, Bc, DP, feats["SHFL"])
     _plan.check_sram(nbytes, Br, Bc, d)
     kernel = fa2_forward_fast_kernel(NT, TM, TPR, Bc, DP, prob.causal, prob.dropout_p > 0, feats["SHFL"], feats["VEC"], feats["REVERSE"], feats["PREFETCH"], feats["MAXREG"] if gpu_only_ok() else None)
-    grid = (ceil_div(prob.seqlen_q, Br), prob.batch * prob.nheads)
+    grid = bh_grid(ceil_div(prob.seqlen_q, Br), prob.batch * prob.nheads)
     return kernel, grid, NT, nbytes
 
 

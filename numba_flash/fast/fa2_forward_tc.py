@@ -89,7 +89,7 @@ from numba import cuda, float32, uint32, uint64
 from .. import _backend
 from .._constants import LN2, U
 from .._dropout import head_key, keep, row_key
-from .._launch import ForwardOutput, KernelLaunch, Problem, ceil_div
+from .._launch import ForwardOutput, KernelLaunch, Problem, bh_grid, ceil_div
 from . import _mma, _plan, _tiles
 
 
@@ -204,8 +204,11 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
         s_q = gQ.shape[1]
         s_k = gK.shape[1]
         d = gQ.shape[3]
-        b = cuda.blockIdx.y // nheads
-        h = cuda.blockIdx.y % nheads
+        bh = cuda.blockIdx.y + cuda.gridDim.y * cuda.blockIdx.z  # Dev: b*h folded over grid y, z (y <= 65535)
+        b = bh // nheads
+        h = bh % nheads
+        if b >= gQ.shape[0]:
+            return  # Dev: past b*h in the last z slab of the fold
         ub, uh, uhk = U(b), U(h), U(h // group)
         # FA2.1 L3: for i = 1..Tr -- one thread block per i; Dev: the heaviest (causal) blocks first
         i = cuda.gridDim.x - 1 - cuda.blockIdx.x
@@ -398,7 +401,7 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None):
     nbytes = 4 * smem_floats(NW, MW, Bc, DP, sim)
     _plan.check_sram(nbytes, Br, Bc, d)
     kernel = fa2_forward_tc_kernel(NW, MW, Bc, DP, prob.causal, prob.dropout_p > 0, bool(prefetch), sim, bool(feats["STAGE_S"]), bool(feats["STAGE_O"]))
-    grid = (ceil_div(prob.seqlen_q, Br), prob.batch * prob.nheads)
+    grid = bh_grid(ceil_div(prob.seqlen_q, Br), prob.batch * prob.nheads)
     return kernel, grid, 32 * NW, nbytes
 
 
