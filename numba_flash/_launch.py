@@ -33,8 +33,8 @@ from numba_flash_reference.common import dropout_threshold
 
 from . import _backend
 
-#: Largest supported head dimension (the kernels keep a d-long row per thread block tile).
-MAX_HEADDIM = 128
+#: Largest supported head dimension (flash-attn's: 256; the kernels keep a d-long row per thread block tile).
+MAX_HEADDIM = 256
 #: numba-cuda's static shared-memory limit per block, in bytes.
 STATIC_SMEM_BYTES = 48 * 1024
 

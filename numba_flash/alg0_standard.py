@@ -55,7 +55,7 @@ def merge_max_sum(m1, l1, m2, l2):
     """Merge two online-softmax summaries (max, sum of exp(x - max)); -inf means 'saw nothing'."""
     m = max(m1, m2)
     if m == -math.inf:
-        return m, float32(0.0)
+        return m, l1 + l2  # 0, or NaN from a NaN score
     return m, l1 * math.exp(m1 - m) + l2 * math.exp(m2 - m)
 
 
@@ -103,6 +103,8 @@ def row_softmax_kernel(threads: int, rows: int):
                     m_t = s
                 elif s > -math.inf:
                     l_t += math.exp(s - m_t)
+                elif s != s:
+                    l_t = s  # Dev: a NaN score makes the row NaN (as softmax does), never an ignored entry
         sMax[y, t] = m_t
         sSum[y, t] = l_t
         cuda.syncthreads()  # Sync: every thread's (max, sum) in SRAM before the tree merges them
@@ -118,11 +120,11 @@ def row_softmax_kernel(threads: int, rows: int):
             if t == 0:
                 gm[bi, hi, r] = m  # HBM write: 1
                 gl[bi, hi, r] = l
-                glse[bi, hi, r] = m + math.log(l) if l > 0 else math.inf  # +inf: the row sees no key
+                glse[bi, hi, r] = m + math.log(l) if l != 0 else math.inf  # +inf: the row sees no key (NaN stays NaN)
             # Pass 2: P = exp(S - m) / l, over S in place (a fully masked row gives P = 0).
             for j in range(t, n, T):
                 s = gS[bi, hi, r, j]  # HBM read: N (often an L2 hit: the row was just read)
-                gS[bi, hi, r, j] = math.exp(s - m) / l if l > 0 else float32(0.0)  # HBM write: N
+                gS[bi, hi, r, j] = math.exp(s - m) / l if l != 0 else float32(0.0)  # HBM write: N
 
     # [/doc:alg0-row-softmax]
     return kernel

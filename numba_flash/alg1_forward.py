@@ -430,7 +430,7 @@ def forward_kernel(BR: int, BC: int, D: int, CAUSAL: bool, DROPOUT: bool, TY: in
                             x = tx + TX * c
                             if x < D:
                                 o = scale_O * sO_i[r, x] + r_beta[a] * rPV[a, c]
-                                gO[bi, row, hi, x] = o / l_new if l_new > 0 else float32(0.0)  # HBM write: Br*d
+                                gO[bi, row, hi, x] = o / l_new if l_new != 0 else float32(0.0)  # HBM write: Br*d (NaN stays NaN)
                         # Alg.1 L13 / Alg.2 L16: l_i <- l_new, m_i <- m_new, to HBM
                         if tx == 0:
                             gl[bi, hi, row] = l_new  # HBM write: Br
@@ -442,7 +442,7 @@ def forward_kernel(BR: int, BC: int, D: int, CAUSAL: bool, DROPOUT: bool, TY: in
         # Dev: also write L = m + log l (flash-attn's softmax_lse; +inf where a row saw no key)
         for r in range(tid, s_q, NT):
             l_r = gl[bi, hi, r]
-            glse[bi, hi, r] = gm[bi, hi, r] + math.log(l_r) if l_r > 0 else math.inf
+            glse[bi, hi, r] = gm[bi, hi, r] + math.log(l_r) if l_r != 0 else math.inf
 
     return kernel
 

@@ -94,7 +94,7 @@ def softmax_kernel(nt: int, from_lse: bool):
             l_r = gl[bi, hi, row]  # HBM read: 1
         for col in range(cuda.threadIdx.x, s_k, NT):
             p = ZERO
-            if l_r > ZERO:
+            if l_r != ZERO:  # l = 0: the row sees no key; NaN statistics give NaN
                 s = gS_P[bi, hi, row, col]  # HBM read: N
                 p = math.exp(s - m_r) / l_r
             gS_P[bi, hi, row, col] = p  # HBM write: N

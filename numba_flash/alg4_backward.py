@@ -109,7 +109,8 @@ def _pow2_floor(n: int) -> int:
 
 
 def default_block_sizes(d: int) -> tuple[int, int]:
-    """(Br, Bc) used when none are given: (32, 32) up to d = 64, (16, 24) up to d = 128.
+    """(Br, Bc) used when none are given: (32, 32) up to d = 64, (16, 24) up to d = 128, (16, 16) up to
+    d = 160, (8, 16) up to d = 240, (8, 12) up to d = 256.
 
     Both fit 48 KB (:func:`tile_sram_bytes`); a larger ``Bc`` means fewer passes of line 21's dQ
     read-modify-write (``Tc = N / Bc``), which is why the d = 128 tile is wider than it is tall
@@ -119,7 +120,9 @@ def default_block_sizes(d: int) -> tuple[int, int]:
     pass can keep about 2.5 M elements on chip; this kernel keeps the budget of :func:`tile_sram_bytes`
     under numba-cuda's 48 KB static limit instead.
     """
-    return (32, 32) if d <= 64 else (16, 24)
+    if d <= 128:
+        return (32, 32) if d <= 64 else (16, 24)
+    return (16, 16) if d <= 160 else (8, 16) if d <= 240 else (8, 12)
 
 
 def default_threads(Br: int, Bc: int, d: int) -> int:

@@ -7,8 +7,10 @@ What a reader learns
 --------------------
 * **A D pre-pass (FA2.2 L4).** ``D = rowsum(dO o O)`` is one small kernel before the main one, so the
   main loop never loads ``O`` (FA1 recomputed ``D_i`` on every pass).
-* **P from the logsumexp alone (L11).** ``P_ij = exp(S_ij - L_i)``; ``L_i = +inf`` on a row that saw no
-  key gives ``P = 0`` without any guard.
+* **P from the row statistics (L11).** ``P_ij = exp(S_ij - L_i)`` in the paper; here
+  ``exp(S_ij - m_i) / l_i`` with the forward's ``m, l`` kept apart, because the rounding of
+  ``L = m + log l`` (``eps |L|``) is inherited by every recomputed ``P`` and large logits magnify it past
+  the error rule (:func:`row_stats_fn`, ``docs/backward.rst``). A row that saw no key gets ``P = 0``.
 * **Column blocks are independent (L5).** One thread block per (batch, KV head, ``K_j, V_j``) block,
   ``dK_j`` and ``dV_j`` accumulated on chip. Each thread owns one key row ``c`` of the block, so
   ``dV_j += P^T dO_i`` (L12) and ``dK_j += dS^T Q_i`` (L16) are sums *down a column* of ``P`` and
@@ -30,7 +32,7 @@ pre-pass: grid ``(ceil(N_q / 128), b h)``, 128 threads, one per row. Main: grid 
 ``Br`` threads (thread ``t`` owns query row ``i Br + t``).
 
 SRAM budget of the main kernel (float32 elements): ``sK_j, sV_j`` 2 Bc (d+1); ``sQ_i, sdO_i``
-2 Br d; ``sL_i, sD_i`` 2 Br; ``sdS_ij`` Br Bc. ``dK_j, dV_j`` rows are per-thread local arrays.
+2 Br d; ``sm_i, sil_i, sD_i`` 3 Br; ``sdS_ij`` Br Bc. ``dK_j, dV_j`` rows are per-thread local arrays.
 
 This is the *readable* kernel (variant ``"readable"``). Its register-blocked twin is
 :mod:`numba_flash.fast.fa2_backward` (variant ``"fast"``, the default); its docstring says what changed
@@ -51,7 +53,7 @@ from ._launch import STATIC_SMEM_BYTES, KernelLaunch, Problem, bh_grid, ceil_div
 
 def tile_sram_bytes(Br: int, Bc: int, d: int) -> int:
     """Static SRAM of the main kernel (the larger of the two)."""
-    main = 2 * Bc * (d + 1) + 2 * Br * d + 2 * Br + Br * Bc
+    main = 2 * Bc * (d + 1) + 2 * Br * d + 3 * Br + Br * Bc
     dq = 2 * Br * (d + 1) + 2 * Bc * d + 2 * Br
     return 4 * max(main, dq)
 
@@ -97,35 +99,67 @@ def _row_dot(out, dout, prob: Problem, alloc):
 
 
 @functools.cache
-def fa2_backward_kernel(BR: int, BC: int, D: int, CAUSAL: bool, DROPOUT: bool, ATOMIC_DQ: bool):
+def row_stats_fn(FROM_LSE: bool):
+    """``row_stats(gm, gl, b, h, row, s_q) -> (m_i, 1/l_i)``: the row statistics of ``P = exp(S - m) / l``.
+
+    Line 11 writes ``P = exp(S - L)``; the kernels use the forward's ``m`` and ``l`` apart, because
+    ``L = m + log l`` is rounded to ``ulp(L) ~ eps |L|``, an error every recomputed ``P`` inherits and
+    that sharp softmaxes magnify past the error rule (``docs/backward.rst``, "Large logits").
+    ``FROM_LSE``: only ``L`` was saved (passed as ``gm``): ``(L, 1)``. ``(0, 0)`` past ``N_q`` and on
+    rows that see no key (``l = 0``, ``L = +inf``): ``P = 0``, no NaN.
+    """
+    ZERO = float32(0.0)
+    ONE = float32(1.0)
+
+    @cuda.jit(device=True, inline="always")
+    def row_stats(gm, gl, b, h, row, s_q):
+        m_r = ZERO
+        il_r = ZERO
+        if row < s_q:
+            if FROM_LSE:
+                if gm[b, h, row] < math.inf:
+                    m_r = gm[b, h, row]
+                    il_r = ONE
+            elif gl[b, h, row] > ZERO:
+                m_r = gm[b, h, row]
+                il_r = ONE / gl[b, h, row]
+        return m_r, il_r
+
+    return row_stats
+
+
+@functools.cache
+def fa2_backward_kernel(BR: int, BC: int, D: int, CAUSAL: bool, DROPOUT: bool, ATOMIC_DQ: bool, FROM_LSE: bool = False):
     """The main (column-block) kernel: dK, dV, and with ``ATOMIC_DQ`` the atomic dQ adds.
 
-    Kernel arguments: ``gQ, gdO (b, s_q, h, d)``, ``gK, gV (b, s_k, h_k, d)``, ``gL, gD (b, h, s_q)``,
-    outputs ``gdQ`` (zeros; unused without ``ATOMIC_DQ``), ``gdK, gdV (b, s_k, h_k, d)``; ``tau``,
+    Kernel arguments: ``gQ, gdO (b, s_q, h, d)``, ``gK, gV (b, s_k, h_k, d)``, ``gm, gl, gD (b, h, s_q)``
+    (the forward's ``m, l``: :func:`row_stats_fn`; with ``FROM_LSE`` its ``L``, passed as both), outputs ``gdQ`` (zeros; unused without ``ATOMIC_DQ``), ``gdK, gdV (b, s_k, h_k, d)``; ``tau``,
     ``group``, ``causal_offset``, dropout ``seed``, ``threshold``, ``dropout_scale``.
 
     Symbol table (paper symbol -> variable -> memory space):
 
     ========================  ==================  ==========================================
-    Q, K, V, dO, L, D         gQ, gK, .., gD      HBM
+    Q, K, V, dO, m, l, D      gQ, gK, .., gD      HBM
     dQ, dK, dV                gdQ, gdK, gdV       HBM
     K_j, V_j                  sK_j, sV_j          SRAM (Bc, d+1), loaded once (L6)
     dK_j, dV_j                rdK_j, rdV_j        registers/local: row c per thread (L7)
     Q_i, dO_i                 sQ_i, sdO_i         SRAM (Br, d), per inner step (L9)
-    L_i, D_i                  sL_i, sD_i          SRAM (Br,)
+    L_i (as m_i, 1/l_i), D_i  sm_i, sil_i, sD_i   SRAM (Br,)
     S, P, dP (one entry)      s, P, dP            registers: thread c handles column c
     dS_ij                     sdS_ij              SRAM (Br, Bc): shared for the dQ sum (L15)
     ========================  ==================  ==========================================
     """
     DK = D + 1  # Dev: +1 pad: thread c reads row c of K_j, V_j; rows of 32 floats would share one bank
+    row_stats = row_stats_fn(FROM_LSE)
 
     @cuda.jit
-    def kernel(gQ, gK, gV, gdO, gL, gD, gdQ, gdK, gdV, tau, group, causal_offset, seed, threshold, dropout_scale):
+    def kernel(gQ, gK, gV, gdO, gm, gl, gD, gdQ, gdK, gdV, tau, group, causal_offset, seed, threshold, dropout_scale):
         sK_j = cuda.shared.array((BC, DK), float32)  # (Bc, d) SRAM
         sV_j = cuda.shared.array((BC, DK), float32)  # (Bc, d) SRAM
         sQ_i = cuda.shared.array((BR, D), float32)  # (Br, d) SRAM
         sdO_i = cuda.shared.array((BR, D), float32)  # (Br, d) SRAM
-        sL_i = cuda.shared.array(BR, float32)  # (Br,) SRAM
+        sm_i = cuda.shared.array(BR, float32)  # (Br,) SRAM
+        sil_i = cuda.shared.array(BR, float32)  # (Br,) SRAM
         sD_i = cuda.shared.array(BR, float32)  # (Br,) SRAM
         sdS_ij = cuda.shared.array((BR, BC), float32)  # (Br, Bc) SRAM
         rdK_j = cuda.local.array(D, float32)  # this thread's row of dK_j
@@ -177,7 +211,10 @@ def fa2_backward_kernel(BR: int, BC: int, D: int, CAUSAL: bool, DROPOUT: bool, A
                     sdO_i[r, x] = gdO[b, row0 + r, h, x] if inside else float32(0.0)  # HBM read: Br*d
                 for r in range(t, BR, BC):
                     inside = row0 + r < s_q
-                    sL_i[r] = gL[b, h, row0 + r] if inside else float32(math.inf)  # HBM read: Br (+inf: P = 0)
+                    # Dev: L_i as the forward's m_i and 1/l_i, kept apart (see row_stats_fn); 1/l = 0: P = 0
+                    m_r, il_r = row_stats(gm, gl, b, h, row0 + r, s_q)  # HBM read: 2 Br
+                    sm_i[r] = m_r
+                    sil_i[r] = il_r
                     sD_i[r] = gD[b, h, row0 + r] if inside else float32(0.0)  # HBM read: Br
                 cuda.syncthreads()  # Sync: Q_i, dO_i, L_i, D_i in SRAM before L10 reads them
 
@@ -190,10 +227,10 @@ def fa2_backward_kernel(BR: int, BC: int, D: int, CAUSAL: bool, DROPOUT: bool, A
                     for x in range(D):
                         acc += sQ_i[r, x] * sK_j[t, x]
                     s = float32(tau * acc)
-                    # FA2.2 L11: P_ij = exp(S_ij - L_i) (the causal mask and ragged columns give P = 0)
+                    # FA2.2 L11: P_ij = exp(S_ij - L_i) = exp(S_ij - m_i) / l_i (the causal mask and ragged columns give P = 0)
                     P = float32(0.0)
                     if not (masked and (col >= s_k or (CAUSAL and col > row + causal_offset))):
-                        P = math.exp(s - sL_i[r])
+                        P = math.exp(s - sm_i[r]) * sil_i[r]
                     # Dev: dropout: Z_ij regenerated from the counter hash (FA1 Alg.4 L14-L15)
                     Z = float32(1.0)
                     if DROPOUT:
@@ -236,7 +273,7 @@ def fa2_backward_kernel(BR: int, BC: int, D: int, CAUSAL: bool, DROPOUT: bool, A
 
 
 @functools.cache
-def fa2_dq_kernel(BR: int, BC: int, D: int, CAUSAL: bool, DROPOUT: bool):
+def fa2_dq_kernel(BR: int, BC: int, D: int, CAUSAL: bool, DROPOUT: bool, FROM_LSE: bool = False):
     """The deterministic dQ kernel: one thread block per query block, one thread per query row.
 
     It re-runs lines 10-15 with the loops swapped (query block outer, key blocks inner, as the FA2
@@ -245,9 +282,10 @@ def fa2_dq_kernel(BR: int, BC: int, D: int, CAUSAL: bool, DROPOUT: bool):
     thread's row of dQ_i).
     """
     DQ = D + 1  # Dev: +1 pad: thread t reads row t of Q_i, dO_i
+    row_stats = row_stats_fn(FROM_LSE)
 
     @cuda.jit
-    def kernel(gQ, gK, gV, gdO, gL, gD, gdQ, tau, group, causal_offset, seed, threshold, dropout_scale):
+    def kernel(gQ, gK, gV, gdO, gm, gl, gD, gdQ, tau, group, causal_offset, seed, threshold, dropout_scale):
         sQ_i = cuda.shared.array((BR, DQ), float32)  # (Br, d) SRAM
         sdO_i = cuda.shared.array((BR, DQ), float32)  # (Br, d) SRAM
         sK_j = cuda.shared.array((BC, D), float32)  # (Bc, d) SRAM
@@ -272,7 +310,7 @@ def fa2_dq_kernel(BR: int, BC: int, D: int, CAUSAL: bool, DROPOUT: bool):
             inside = row0 + r < s_q
             sQ_i[r, x] = gQ[b, row0 + r, h, x] if inside else float32(0.0)  # HBM read: Br*d
             sdO_i[r, x] = gdO[b, row0 + r, h, x] if inside else float32(0.0)  # HBM read: Br*d
-        L_r = gL[b, h, row] if row < s_q else float32(math.inf)
+        m_r, il_r = row_stats(gm, gl, b, h, row, s_q)  # L_r as m_r, 1/l_r (see row_stats_fn)
         D_r = gD[b, h, row] if row < s_q else float32(0.0)
         for x in range(D):
             rdQ_i[x] = float32(0.0)
@@ -299,8 +337,8 @@ def fa2_dq_kernel(BR: int, BC: int, D: int, CAUSAL: bool, DROPOUT: bool):
                 acc = float32(0.0)
                 for x in range(D):
                     acc += sQ_i[t, x] * sK_j[c, x]
-                # FA2.2 L11: P_ij = exp(S_ij - L_i)
-                P = math.exp(float32(tau * acc) - L_r)
+                # FA2.2 L11: P_ij = exp(S_ij - L_i) = exp(S_ij - m_i) / l_i
+                P = math.exp(float32(tau * acc) - m_r) * il_r
                 # FA2.2 L13: dP_ij = (dO_i V_j^T) o Z_ij
                 acc = float32(0.0)
                 for x in range(D):
@@ -356,10 +394,12 @@ def backward(dout, q, k, v, out, fwd, prob: Problem, alloc, block_sizes=None, de
     bh = prob.batch * prob.nheads
     dropout = prob.dropout_p > 0
     opts = (prob.softmax_scale, prob.group, prob.causal_offset, prob.seed, prob.threshold, prob.dropout_scale)
-    main = fa2_backward_kernel(Br, Bc, d, prob.causal, dropout, not deterministic)
-    main[bh_grid(Tc, prob.batch * prob.nheads_k), Bc](q, k, v, dout, fwd.lse, delta, dq, dk, dv, *opts)
+    from_lse = fwd.m is None or fwd.l is None  # only L was saved: P = exp(S - L)
+    m, l = (fwd.lse, fwd.lse) if from_lse else (fwd.m, fwd.l)
+    main = fa2_backward_kernel(Br, Bc, d, prob.causal, dropout, not deterministic, from_lse)
+    main[bh_grid(Tc, prob.batch * prob.nheads_k), Bc](q, k, v, dout, m, l, delta, dq, dk, dv, *opts)
     if deterministic:
-        dqk = fa2_dq_kernel(Br, Bc, d, prob.causal, dropout)
-        dqk[bh_grid(Tr, bh), Br](q, k, v, dout, fwd.lse, delta, dq, *opts)
+        dqk = fa2_dq_kernel(Br, Bc, d, prob.causal, dropout, from_lse)
+        dqk[bh_grid(Tr, bh), Br](q, k, v, dout, m, l, delta, dq, *opts)
     # FA2.2 L20: return dQ, dK, dV
     return dq, dk, dv

@@ -10,7 +10,8 @@ What a reader learns
   never talk to each other, so the sequence dimension parallelizes (FA2 section 3.2).
 * **Un-normalized accumulator (L9-L10, L12).** ``O_i`` stays in registers for the whole inner loop and
   is only rescaled by ``exp(m_old - m_new) <= 1``; the one division by ``l_i`` happens at the end.
-* **Only L = m + log l is stored (L13, L15).**
+* **L = m + log l is stored (L13, L15)**, and here also ``m`` and ``l`` apart (O(N) more): with
+  large logits the backward's ``exp(S - L)`` would inherit the rounding of ``L`` (``docs/backward.rst``).
 * **Warps split over query rows (section 3.3).** Here each *thread* owns one query row: its ``m_i``,
   ``l_i`` and the ``d`` numbers of its ``O_i`` row live in its registers, and the row max / row sum of
   line 9 are loops in one thread, so no warp ever waits for another except to share ``K_j, V_j``.
@@ -78,7 +79,7 @@ def fa2_forward_kernel(BR: int, BC: int, D: int, CAUSAL: bool, DROPOUT: bool):
     """The readable FA2 forward kernel for one (Br, Bc, d, causal, dropout) specialization.
 
     Kernel arguments: ``gQ (b, s_q, h, d)``, ``gK, gV (b, s_k, h_k, d)``, outputs ``gO (b, s_q, h, d)``,
-    ``gL (b, h, s_q)``; ``tau``, ``group = h // h_k``, ``causal_offset = s_k - s_q``, dropout ``seed``,
+    ``gL, gm, gl (b, h, s_q)``; ``tau``, ``group = h // h_k``, ``causal_offset = s_k - s_q``, dropout ``seed``,
     ``threshold`` and ``dropout_scale = 1 / (1 - p)``.
 
     Symbol table (paper symbol -> variable -> memory space):
@@ -92,6 +93,7 @@ def fa2_forward_kernel(BR: int, BC: int, D: int, CAUSAL: bool, DROPOUT: bool):
     m_i^(j), l_i^(j)          m_i, l_i            registers (one row per thread)
     e^(m^(j-1) - m^(j))       alpha               register
     L_i                       L_i                 register until L15
+    m_i, l_i (saved apart)    gm, gl              HBM (b, h, s_q), for the backward's P
     ========================  ==================  ============================================
     """
 
@@ -102,7 +104,7 @@ def fa2_forward_kernel(BR: int, BC: int, D: int, CAUSAL: bool, DROPOUT: bool):
 
     # [doc:fa2-kernel]
     @cuda.jit
-    def kernel(gQ, gK, gV, gO, gL, tau, group, causal_offset, seed, threshold, dropout_scale):
+    def kernel(gQ, gK, gV, gO, gL, gm, gl, tau, group, causal_offset, seed, threshold, dropout_scale):
         sQ_i = cuda.shared.array((BR, DQ), float32)  # (Br, d) SRAM
         sK_j = cuda.shared.array((BC, D), float32)  # (Bc, d) SRAM
         sV_j = cuda.shared.array((BC, D), float32)  # (Bc, d) SRAM
@@ -203,6 +205,9 @@ def fa2_forward_kernel(BR: int, BC: int, D: int, CAUSAL: bool, DROPOUT: bool):
                 gO[b, row, h, x] = rO_i[x] * inv_l  # HBM write: Br*d
             # FA2.1 L15: write L_i to HBM
             gL[b, h, row] = L_i  # HBM write: Br
+            # Dev: m_i and l_i too (2 Br): the backward's P = exp(S - m) / l; exp(S - L) loses ulp(L) per entry
+            gm[b, h, row] = m_i
+            gl[b, h, row] = l_i
 
     # [/doc:fa2-kernel]
     return kernel
@@ -227,13 +232,13 @@ def compiled_kernels(prob: Problem, block_sizes=None) -> list[KernelLaunch]:
 
 
 def forward(q, k, v, prob: Problem, alloc, block_sizes=None) -> ForwardOutput:
-    """FA2 Algorithm 1 on kernel arrays (see :mod:`numba_flash._launch`): ``ForwardOutput(out, lse)``."""
+    """FA2 Algorithm 1 on kernel arrays (see :mod:`numba_flash._launch`): ``ForwardOutput(out, lse, m, l)``."""
     Br, Bc, Tr, Tc = _split(prob, block_sizes)
     out = alloc.empty((prob.batch, prob.seqlen_q, prob.nheads, prob.headdim))
-    lse = alloc.empty((prob.batch, prob.nheads, prob.seqlen_q))
+    lse, m, l = (alloc.empty((prob.batch, prob.nheads, prob.seqlen_q)) for _ in range(3))
     kernel = fa2_forward_kernel(Br, Bc, prob.headdim, prob.causal, prob.dropout_p > 0)
     kernel[bh_grid(Tr, prob.batch * prob.nheads), Br](
-        q, k, v, out, lse, prob.softmax_scale, prob.group, prob.causal_offset, prob.seed, prob.threshold, prob.dropout_scale
+        q, k, v, out, lse, m, l, prob.softmax_scale, prob.group, prob.causal_offset, prob.seed, prob.threshold, prob.dropout_scale
     )
-    # FA2.1 L17: return O, L
-    return ForwardOutput(out=out, lse=lse)
+    # FA2.1 L17: return O, L (and m, l: see L15)
+    return ForwardOutput(out=out, lse=lse, m=m, l=l)

@@ -73,9 +73,9 @@ class TestEveryBadArgumentIsNamed:
         q, k, v = qkv(rng, h=3, h_k=2)
         expect(ValueError, r"nheads of q \(3\) must be a multiple of nheads of k and v \(2\)", both_apis(q, k, v))
 
-    def test_headdim_above_128_is_refused(self, rng):
-        q, k, v = qkv(rng, s_q=2, s_k=2, d=129)
-        expect(ValueError, r"headdim 129 is larger than the supported maximum 128", both_apis(q, k, v))
+    def test_headdim_above_256_is_refused(self, rng):
+        q, k, v = qkv(rng, s_q=2, s_k=2, d=257)
+        expect(ValueError, r"headdim 257 is larger than the supported maximum 256", both_apis(q, k, v))
 
     def test_dtype_mismatch_names_the_dtypes(self, rng):
         q, k, v = qkv(rng)

@@ -29,10 +29,15 @@ def one_launch(what: str, plan, Br: int, Bc: int) -> list[KernelLaunch]:
 
 
 def run_fa2_forward(plan, q, k, v, prob: Problem, alloc) -> ForwardOutput:
-    """Launch an FA2 forward ``plan`` on kernel arrays: ``ForwardOutput(out, lse)``."""
+    """Launch an FA2 forward ``plan`` on kernel arrays: ``ForwardOutput(out, lse, m, l)``.
+
+    ``m, l`` (natural units, ``l`` relative to ``m``) are saved besides ``L`` for the backward's
+    ``P = exp(S - m) / l``: recomputing ``exp(S - L)`` loses ``ulp(L)`` in every exponent, which breaks
+    the error rule for sharp softmaxes (:func:`numba_flash.fast._regtile.make_natural_stats`).
+    """
     kernel, grid, threads, nbytes = plan
     out = alloc.empty((prob.batch, prob.seqlen_q, prob.nheads, prob.headdim))
-    lse = alloc.empty((prob.batch, prob.nheads, prob.seqlen_q))
-    args = (q, k, v, out, lse, prob.softmax_scale * LOG2E, prob.group, prob.causal_offset, prob.seed, prob.threshold, prob.dropout_scale)
+    lse, m, l = (alloc.empty((prob.batch, prob.nheads, prob.seqlen_q)) for _ in range(3))
+    args = (q, k, v, out, lse, m, l, prob.softmax_scale * LOG2E, prob.group, prob.causal_offset, prob.seed, prob.threshold, prob.dropout_scale)
     _smem.launch(kernel, grid, threads, nbytes, *args)
-    return ForwardOutput(out=out, lse=lse)
+    return ForwardOutput(out=out, lse=lse, m=m, l=l)

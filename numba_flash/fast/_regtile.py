@@ -28,7 +28,9 @@ make_mask_tile       S masked: -inf past N_k or above the causal diagonal  FA1 /
 make_row_reductions  rowmax S and rowsum P~ over the TPR lanes of a row    FA1 / FA2 forward
 make_softmax_p_tile  m_new, e^(m_old - m_new), P~ = exp2(S - m_new), l     FA1 / FA2 forward
 make_pv_tile         O_i += P~ V_j (TM x DP/TPR register tile)             FA1 / FA2 forward
+make_natural_stats   base-2 m, l -> the saved m, l (natural units), L         FA1 / FA2 forward
 make_s_dp_p_ds       S, dP~ (register tiles); P, P o Z, tau dS to SRAM     FA1 / FA2 backward
+make_row_stats       the saved m, l (or L) -> M, 1/l for P = exp2(S - M)/l  FA1 / FA2 backward
 make_dv_dk_update    dV_j += P~^T dO_i and dK_j += tau dS^T Q_i            FA1 / FA2 backward
 make_store_dk_dv     write dK_j, dV_j to HBM                               FA1 / FA2 backward
 ===================  ====================================================  ==================
@@ -42,7 +44,7 @@ import math
 from numba import cuda, float32
 
 from .._constants import FULL_MASK as _FULL_MASK
-from .._constants import U
+from .._constants import LN2, LOG2E, U
 from .._dropout import keep
 
 U1, U2, U3, U4 = U(1), U(2), U(3), U(4)
@@ -281,6 +283,39 @@ def make_pv_tile(TM: int, DV: int, NC4: int, RG: int, TPR: int, SQ: int, SPS: in
     return pv_tile
 
 
+@functools.cache
+def make_natural_stats():
+    """``natural_stats(m2, l) -> (m, l_m, L)``: a forward's base-2 row statistics as the kernels save them.
+
+    A fast forward works in base 2 (``Q`` scaled by ``tau log2 e``): its row max ``m2`` and sum
+    ``l = sum exp2(S - m2)``. It saves ``m = m2 ln 2`` (natural units, float32), the logsumexp
+    ``L = m2 ln 2 + ln l`` and ``l_m``, the sum relative to ``M = m log2 e`` (the float32 product the
+    backward forms, :func:`make_row_stats`): ``l_m = l 2^(m2 - M)``. ``M`` differs from ``m2`` by the
+    rounding of the two products (``|m2 - M| <~ ulp(m2)``), so ``2^(m2 - M)`` is 1 to a few ulp at
+    ordinary logits, and the pair ``(M, l_m)`` reproduces the forward's ``P`` exactly where it
+    matters: ``exp2(S - M) / l_m = exp2(S - m2) / l``. Beyond ``|m2 - M| > 64`` (logits past ~1e9,
+    where float32 cannot carry ``m2`` through natural units at all) ``l`` is saved as is. A row that
+    saw no key (``l = 0``) gives ``(-inf, 0, +inf)``.
+    """
+    F_LN2 = float32(LN2)
+    F_LOG2E = float32(LOG2E)
+    INF = float32(math.inf)
+    ZERO = float32(0.0)
+
+    @cuda.jit(device=True, inline="always")
+    def natural_stats(m2, l):
+        if not (l > ZERO):
+            return -INF, ZERO, INF
+        m = m2 * F_LN2
+        e = m2 - m * F_LOG2E
+        l_m = l
+        if e >= float32(-64.0) and e <= float32(64.0):
+            l_m = l * math.exp2(e)
+        return m, l_m, m2 * F_LN2 + math.log(l)
+
+    return natural_stats
+
+
 # ---------------------------------------------------------------------------------------------
 # Backward (FA1 Alg.4 L11-L24, FA2 Alg.2 L10-L18)
 # ---------------------------------------------------------------------------------------------
@@ -289,23 +324,26 @@ def make_pv_tile(TM: int, DV: int, NC4: int, RG: int, TPR: int, SQ: int, SPS: in
 @functools.cache
 def make_s_dp_p_ds(TM: int, TN: int, NK4: int, RG: int, TPR: int, SQ: int, SP: int, BC: int,
                    OFF_Q, OFF_DO, OFF_K, OFF_V, OFF_P, OFF_DS, OFF_M, OFF_D, OFF_IL, CAUSAL: bool, DROPOUT: bool):
-    """``s_dp_p_ds(smem, tid, row0, col0, s_k, causal_offset, tau, rkey, threshold, dropout_scale, rS, rdP, rq, rdo)``.
+    """``s_dp_p_ds(smem, tid, row0, col0, s_k, causal_offset, tau, c, rkey, threshold, dropout_scale, rS, rdP, rq, rdo)``.
 
-    ``S = Q_i K_j^T`` and ``dP~ = dO_i V_j^T`` as ``TM x TN`` register tiles (one pass over the
-    ``4 NK4`` columns, 16-byte loads); then, per entry, ``P = exp(tau S - m_r)`` (times ``1/l_r`` read at
-    ``OFF_IL`` when ``OFF_IL`` is not None: FA1's ``diag(l)^-1``; FA2 passes ``m_r = L_r`` and no ``1/l``),
+    ``S = (c Q_i) K_j^T`` (base 2: ``c = tau log2 e``, each ``Q`` element scaled as it is read, exactly
+    as the forward scaled it on load) and ``dP~ = dO_i V_j^T`` as ``TM x TN`` register tiles (one pass
+    over the ``4 NK4`` columns, 16-byte loads); then, per entry, ``P = exp2(S - M_r) / l_r`` with the
+    row's ``M_r`` and ``1/l_r`` read from SRAM at ``OFF_M`` and ``OFF_IL`` (:func:`make_row_stats`),
     zero where masked; ``P o Z`` to SRAM at ``OFF_P`` and ``tau dS = tau P o (dP~ o Z - D_r)`` at
-    ``OFF_DS`` (row stride ``SP``). Row statistics ``m_r`` (or ``L_r``) and ``D_r`` are read from SRAM at
-    ``OFF_M`` and ``OFF_D``.
+    ``OFF_DS`` (row stride ``SP``), ``D_r`` read at ``OFF_D``.
+
+    Why base 2 and the forward's scaling (not ``exp(S tau - L)``): with a sharp softmax the error rule
+    needs ``P`` at a row's dominant key to reproduce the forward's normalization to a few ulp. ``S``
+    recomputed with the forward's roundings (bitwise: the same products and FMA chain) and the
+    forward's ``M, l`` give exactly that; ``exp(S tau - L)`` is off by ``ulp(L)`` and by the rounding
+    differences between ``S tau`` and the forward's base-2 ``S`` (``docs/backward.rst``, "Large logits").
     """
     uRG, uTPR, uSQ, uSP = U(RG), U(TPR), U(SQ), U(SP)
-    INV_L = OFF_IL is not None
-    OFF_IL = OFF_IL if INV_L else U(0)
     ZERO = float32(0.0)
-    ONE = float32(1.0)
 
     @cuda.jit(device=True, inline="always")
-    def s_dp_p_ds(smem, tid, row0, col0, s_k, causal_offset, tau, rkey, threshold, dropout_scale, rS, rdP, rq, rdo):
+    def s_dp_p_ds(smem, tid, row0, col0, s_k, causal_offset, tau, c, rkey, threshold, dropout_scale, rS, rdP, rq, rdo):
         rg = tid // uTPR
         tc = tid % uTPR
         for a in range(TM * TN):
@@ -315,10 +353,10 @@ def make_s_dp_p_ds(TM: int, TN: int, NK4: int, RG: int, TPR: int, SQ: int, SP: i
             kk = U(k4) * U4
             for a in range(TM):
                 qa = (rg + uRG * U(a)) * uSQ + kk
-                rq[4 * a] = smem[OFF_Q + qa]
-                rq[4 * a + 1] = smem[OFF_Q + qa + U1]
-                rq[4 * a + 2] = smem[OFF_Q + qa + U2]
-                rq[4 * a + 3] = smem[OFF_Q + qa + U3]
+                rq[4 * a] = smem[OFF_Q + qa] * c  # Dev: Q_i times tau log2 e, rounded as the forward's Q load
+                rq[4 * a + 1] = smem[OFF_Q + qa + U1] * c
+                rq[4 * a + 2] = smem[OFF_Q + qa + U2] * c
+                rq[4 * a + 3] = smem[OFF_Q + qa + U3] * c
                 rdo[4 * a] = smem[OFF_DO + qa]
                 rdo[4 * a + 1] = smem[OFF_DO + qa + U1]
                 rdo[4 * a + 2] = smem[OFF_DO + qa + U2]
@@ -351,10 +389,8 @@ def make_s_dp_p_ds(TM: int, TN: int, NK4: int, RG: int, TPR: int, SQ: int, SP: i
         for a in range(TM):
             r = rg + uRG * U(a)
             row = row0 + int(r)
-            m_r = smem[OFF_M + r]  # m_i (FA1) or L_i (FA2); L_i = +inf on rows that see no key or lie past N_q
-            il = ONE
-            if INV_L:
-                il = smem[OFF_IL + r]  # 1/l_i; 0 on rows that see no key or lie past N_q (then P = 0, no NaN)
+            M_r = smem[OFF_M + r]  # the forward's base-2 row max (0 on rows that see no key or lie past N_q)
+            il = smem[OFF_IL + r]  # 1/l_i; 0 on rows that see no key or lie past N_q (then P = 0, no NaN)
             D_r = smem[OFF_D + r]
             horizon = s_k - 1
             if CAUSAL:
@@ -362,13 +398,10 @@ def make_s_dp_p_ds(TM: int, TN: int, NK4: int, RG: int, TPR: int, SQ: int, SP: i
             if not masked:
                 horizon = col0 + BC
             for bb in range(TN):
-                c = tc + uTPR * U(bb)
-                col = col0 + int(c)
-                # Dev: natural base, S tau - m in one FMA (P to ~2 ulp, as the readable kernels);
-                # min(., 64): no overflow on masked entries (exp overflow, then inf * 0 = NaN)
-                p = math.exp(min(rS[a * TN + bb] * tau - m_r, float32(64.0)))
-                if INV_L:
-                    p = p * il
+                cc = tc + uTPR * U(bb)
+                col = col0 + int(cc)
+                # Dev: min(., 64): no overflow on masked entries (exp2 overflow, then inf * 0 = NaN)
+                p = math.exp2(min(rS[a * TN + bb] - M_r, float32(64.0))) * il
                 p = p if col <= horizon else ZERO
                 dp = rdP[a * TN + bb]
                 pz = p
@@ -376,10 +409,45 @@ def make_s_dp_p_ds(TM: int, TN: int, NK4: int, RG: int, TPR: int, SQ: int, SP: i
                     z = dropout_scale if keep(rkey[a], col, threshold) else ZERO
                     pz = p * z
                     dp = dp * z
-                smem[OFF_P + r * uSP + c] = pz
-                smem[OFF_DS + r * uSP + c] = tau * (p * (dp - D_r))
+                smem[OFF_P + r * uSP + cc] = pz
+                smem[OFF_DS + r * uSP + cc] = tau * (p * (dp - D_r))
 
     return s_dp_p_ds
+
+
+@functools.cache
+def make_row_stats(FROM_LSE: bool):
+    """``row_stats(gm, gl, b, h, row, s_q) -> (M, 1/l)``: one row's statistics as the backward's P needs them.
+
+    ``M = m log2 e`` (float32 product) is the base-2 row max the forward used, recovered from the
+    natural-unit ``m`` it saved: the forward stored ``m`` and adjusted ``l`` so that the pair is exact
+    for this very product (:func:`make_natural_stats`). ``FROM_LSE``: only the logsumexp ``L`` was
+    saved (passed as ``gm``), ``M = L log2 e`` and ``1/l = 1``. Rows past ``s_q`` or that see no key
+    (``l = 0``, ``L = +inf``) give ``(0, 0)``: ``P = 0``, never NaN.
+    """
+    ZERO = float32(0.0)
+    ONE = float32(1.0)
+    INF = float32(math.inf)
+    F_LOG2E = float32(LOG2E)
+
+    @cuda.jit(device=True, inline="always")
+    def row_stats(gm, gl, b, h, row, s_q):
+        M = ZERO
+        il = ZERO
+        if row < s_q:
+            if FROM_LSE:
+                L_r = gm[b, h, row]
+                if L_r < INF:
+                    M = L_r * F_LOG2E
+                    il = ONE
+            else:
+                l_r = gl[b, h, row]
+                if l_r > ZERO:
+                    M = gm[b, h, row] * F_LOG2E
+                    il = ONE / l_r
+        return M, il
+
+    return row_stats
 
 
 @functools.cache

@@ -30,8 +30,9 @@ What changed from the readable kernel, and why
   128-wide block does not fit in registers, so a step computes it in ``Bc / BCC`` column chunks with a
   running row max (``# Dev:`` in the code; the result is the same merge as lines 10-12).
 * **16-byte SRAM loads** (1-D aligned dynamic array, unsigned indices, padded row strides) and
-  **exp2 with the scale folded in** (``Q_i`` times ``tau log2 e`` on load; ``m`` converted to natural
-  units on every store and back on every load, with ``l`` adjusted so the pair stays exact).
+  **exp2 with the scale folded in** (``Q_i`` times ``tau log2 e`` on load; ``m_i`` kept in base 2 in
+  HBM during the loop and converted to natural units once, after it, with ``l`` relative to the
+  ``m log2 e`` the backward forms: :func:`numba_flash.fast._regtile.make_natural_stats`).
 * **Causal block skipping**: query blocks that see no key of ``K_j`` skip the step (it would read
   ``O_i, l_i, m_i`` and write them back unchanged), and chunks past a block's diagonal are not computed.
 
@@ -73,6 +74,7 @@ SRAM budget (float32 elements, one dynamic array)::
 
 d = 64: Bc = 128, Br = 32, BCC = 64, 8 workers: 17408 + 8 (2176 + 2304) = 53248 floats = 208 KB.
 d = 128: Bc = 128, Br = 16, BCC = 32, 8 workers: 33792 + 8 (2112 + 640) = 55808 floats = 218 KB.
+d = 256 (every d > 128: Bc = 64, Br = 8, BCC = 32): 33280 + 8 (2080 + 320) = 52480 floats = 205 KB.
 (H100/H200 opt-in limit: 227 KB per block.)
 
 Run it::
@@ -89,7 +91,7 @@ from numba import cuda, float32, uint64
 
 from .. import _backend
 from .._constants import FULL_MASK as _FULL_MASK
-from .._constants import LN2, LOG2E, U
+from .._constants import LOG2E, U
 from .._dropout import head_key, row_key
 from .._launch import ForwardOutput, KernelLaunch, Problem
 from . import _regtile, _smem, _tiles
@@ -113,9 +115,12 @@ def config_for(d: int, block_sizes=None, simulator=None):
     elif d <= 64:
         NW, WS, TPR, TM, BCC, NCH = 8, 32, 8, 8, 64, 2
         TM_MAX, BCC_MAX = 8, 64
-    else:
+    elif d <= 128:
         NW, WS, TPR, TM, BCC, NCH = 8, 32, 8, 4, 32, 4
         TM_MAX, BCC_MAX = 4, 32
+    else:  # Dev: d > 128 (not measured on a GPU yet): Br = 8, Bc = 64 fit the 227 KB (205 KB at d = 256)
+        NW, WS, TPR, TM, BCC, NCH = 8, 32, 8, 2, 32, 2
+        TM_MAX, BCC_MAX = 2, 32
     if block_sizes is not None:
         # Dev: an override (Br, Bc) is honoured up to the register tiling: Br rounds up to a multiple
         # of WS/TPR (at most WS/TPR * TM_MAX rows per worker), Bc to a multiple of the chunk step
@@ -154,7 +159,7 @@ def alg1_forward_fast_kernel(NW: int, WS: int, TM: int, TPR: int, BCC: int, NCH:
 
     ============================  ========================  ============================================
     Q, K, V, O                    gQ, gK, gV, gO            HBM (b, s, h, d), any strides
-    l, m (natural units), L       gl, gm, glse              HBM (b, h, s_q)
+    l, m, L                       gl, gm, glse              HBM (b, h, s_q); m in base 2 until the end
     K_j, V_j                      smem[OFF_K/OFF_V ...]     SRAM (Bc, DP+4) each, once per outer step
     Q_i (times tau log2 e)        smem[qbase ...]           SRAM (Br, DP+4), one per worker w
     O_i (from HBM, then updated)  rO                        registers, TM x (DP/TPR) per lane
@@ -190,8 +195,6 @@ def alg1_forward_fast_kernel(NW: int, WS: int, TM: int, TPR: int, BCC: int, NCH:
     NK4 = DP // 4  # 4-column steps of Q K^T (16-byte loads)
     NC4 = BCC // 4  # 4-key steps of P~ V (one chunk)
     NEG_INF = float32(-math.inf)
-    F_LOG2E = float32(LOG2E)
-    F_LN2 = float32(LN2)
 
     # K_j, V_j: HBM -> registers (NLKV floats each per thread) -> SRAM, by the whole block
     NLKV, load_kv, store_kv = _tiles.make_pair_loader(BC, DP, NT, SQ, STEP_ROWS=False)
@@ -205,6 +208,7 @@ def alg1_forward_fast_kernel(NW: int, WS: int, TM: int, TPR: int, BCC: int, NCH:
     row_max_tile, row_sum_lanes = _regtile.make_row_reductions(TM, TN, RGW, TPR, not SRAM_REDUCE)
     softmax_p_tile = _regtile.make_softmax_p_tile(TM, TN, RGW, TPR, SPS, DROPOUT, True)
     pv_tile = _regtile.make_pv_tile(TM, DV, NC4, RGW, TPR, SQ, SPS)
+    natural_stats = _regtile.make_natural_stats()
 
     jit_options = {} if MAXREG is None else {"max_registers": MAXREG}
 
@@ -306,7 +310,7 @@ def alg1_forward_fast_kernel(NW: int, WS: int, TM: int, TPR: int, BCC: int, NCH:
                     if row < s_q:
                         l_i = gl[b, h, row]  # HBM read: Br
                         m_i = gm[b, h, row]  # HBM read: Br
-                    rm[a] = m_i * F_LOG2E  # m_i in base 2
+                    rm[a] = m_i  # Dev: m_i is kept in base 2 in HBM during the loop (converted after it)
                     rf[a] = l_i  # diag(l_i): un-normalizes O_i at the first rescale
                     rl[a] = l_i if tc == U0 else float32(0.0)  # Dev: l kept as per-lane partial sums, lane 0 holds l_i
                     if DROPOUT:
@@ -364,29 +368,28 @@ def alg1_forward_fast_kernel(NW: int, WS: int, TM: int, TPR: int, BCC: int, NCH:
                     if row < s_q:
                         l_new = rl[a]
                         inv_l = float32(1.0) / l_new if l_new > 0 else float32(0.0)
-                        # Dev: m is stored in natural units; l is adjusted to the m the next step will read
-                        # back (m ln2 log2e rounds), so the pair (m_i, l_i) in HBM stays exactly consistent
-                        m_nat = rm[a] * F_LN2
-                        l_store = float32(0.0)
-                        if l_new > 0:
-                            l_store = l_new * math.exp2(rm[a] - m_nat * F_LOG2E)
                         for ev in range(DV):
                             for x4 in range(4):
                                 x = 4 * int(tc) + 4 * TPR * ev + x4
                                 if x < d:
                                     gO[ub, U(row), uh, U(x)] = rO[(a * DV + ev) * 4 + x4] * inv_l  # HBM write: Br*d
                         # Alg.1 L13 / Alg.2 L16: l_i <- l_new, m_i <- m_new, to HBM
+                        # Dev: m_i in base 2, exactly as the next step uses it: a natural-unit m read back as
+                        # m log2 e rounds (by ~ulp(m): at logits ~1e10 that is 2^10, and exp2 of it overflows)
                         if tc == U0:
-                            gl[b, h, row] = l_store  # HBM write: Br
-                            gm[b, h, row] = m_nat  # HBM write: Br
+                            gl[b, h, row] = l_new  # HBM write: Br
+                            gm[b, h, row] = rm[a]  # HBM write: Br
                 # [/doc:alg1-fast-write-back]
             # [/doc:alg1-fast-inner-loop]
 
         cuda.syncthreads()  # Sync: every worker's last l, m are in HBM before the L pass reads them
-        # Dev: also write L = m + log l (flash-attn's softmax_lse; +inf where a row saw no key)
+        # Dev: m to natural units with l relative to it as the backward reads it back (_regtile.make_natural_stats),
+        # and L = m + log l (flash-attn's softmax_lse; +inf where a row saw no key)
         for r in range(int(tid), s_q, NT):
-            l_r = gl[b, h, r]
-            glse[b, h, r] = gm[b, h, r] + math.log(l_r) if l_r > 0 else float32(math.inf)
+            m_nat, l_m, L_r = natural_stats(gm[b, h, r], gl[b, h, r])
+            gm[b, h, r] = m_nat  # HBM write: N
+            gl[b, h, r] = l_m  # HBM write: N
+            glse[b, h, r] = L_r  # HBM write: N
 
     # [/doc:alg1-fast-kernel]
     return kernel

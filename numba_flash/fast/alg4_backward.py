@@ -91,13 +91,12 @@ Tests: ``python -m pytest tests/kernels/test_backward_kernels.py -k "flash1 or v
 from __future__ import annotations
 
 import functools
-import math
 
 import numpy as np
 from numba import cuda, float32, uint64
 
 from .. import _backend
-from .._constants import U
+from .._constants import LOG2E, U
 from .._dropout import head_key, row_key
 from .._gqa import group_sum, per_head_grads
 from .._launch import KernelLaunch, Problem
@@ -118,8 +117,8 @@ def config_for(d: int, block_sizes=None, nt=None):
 
 
 def smem_floats(NT, BR, BC, DP):
-    """Dynamic SRAM in float32 elements (see the module docstring)."""
-    return 2 * BR * (DP + 4) + 2 * BC * (DP + 4) + 2 * BR * (BC + 4) + 3 * BR
+    """Dynamic SRAM in float32 elements (see the module docstring): the FA2 fast backward's layout."""
+    return fa2_backward_fast.smem_floats(NT, BR, BC, DP)
 
 
 @functools.cache
@@ -158,13 +157,12 @@ def alg4_backward_fast_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool, 
     first_row_block = fns["first_row_block"]
     o = fns["offs"]
     OFF_Q, OFF_DO, OFF_K, OFF_V, OFF_P, OFF_DS = (o[k] for k in ("OFF_Q", "OFF_DO", "OFF_K", "OFF_V", "OFF_P", "OFF_DS"))
-    # SRAM layout of :mod:`numba_flash.fast.fa2_backward` (Q_i, dO_i, K_j, V_j, P~_ij, tau dS_ij), plus one vector:
-    OFF_M, OFF_D = o["OFF_L"], o["OFF_D"]  # m_i: (Br,), in FA2's L_i slot; D_i: (Br,)
-    OFF_IL = OFF_D + U(BR)  # 1/l_i: (Br,) (0 on rows that see no key)
+    # SRAM layout of :mod:`numba_flash.fast.fa2_backward` (Q_i, dO_i, K_j, V_j, P~_ij, tau dS_ij, m_i log2 e, D_i, 1/l_i)
+    OFF_M, OFF_D, OFF_IL = o["OFF_M"], o["OFF_D"], o["OFF_IL"]  # (Br,) each
+    stats = _regtile.make_row_stats(FROM_LSE)
     SQ = DP + 4  # row stride (floats) of the Q_i, dO_i, K_j, V_j tiles
     SP = BC + 4  # row stride of the P~ and dS tiles
     uXT, uTPR, uTPR2, uRG2, uBR = U(XT), U(TPR), U(TPR2), U(RG2), U(BR)
-    NK4 = DP // 4  # 4-column steps of Q K^T and dO V^T (16-byte loads)
     NQC = TC // CW  # chunks of CW key rows per thread in the dK/dV map
     # Register-array sizes (local-array sizes must be plain constants):
     NS = TM * TN  # rS, rdP: the TM x TN tiles of S_ij, dP_ij
@@ -173,40 +171,29 @@ def alg4_backward_fast_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool, 
     NQ2 = TM2 * DX2  # rdQ, rdQo: TM2 rows x DX2 columns of dQ_i
     ALIGN = 16 if VEC else None
     ZERO = float32(0.0)
-    ONE = float32(1.0)
-    INF = float32(math.inf)
     jit_options = {} if MAXREG is None else {"max_registers": MAXREG}
 
     @cuda.jit(device=True, inline="always")
     def row_stats(gm, gl, gO, gdO, gDs, b, h, row, s_q, d, first_pass):
-        """(m_r, l_r, D_r) of one row: (0, 0, 0) past N_q; l = 0 (and m = 0) on a row that sees no key.
+        """(M_r, 1/l_r, D_r) of one row: (0, 0, 0) past N_q; (0, 0, D_r) on a row that sees no key.
 
+        ``M_r = m_r log2 e``, the forward's base-2 row max (:func:`numba_flash.fast._regtile.make_row_stats`).
         D_r = rowsum(dO o O) is formed from HBM in the first pass and stored to gDs; later passes read it.
         """
-        m_r = ZERO
-        l_r = ZERO
+        M_r, il_r = stats(gm, gl, b, h, row, s_q)  # HBM read: 2 per row
         D_r = ZERO
         if row < s_q:
-            if FROM_LSE:
-                L_r = gm[b, h, row]
-                if L_r < INF:
-                    m_r = L_r
-                    l_r = ONE
-            else:
-                l_r = gl[b, h, row]
-                if l_r > ZERO:
-                    m_r = gm[b, h, row]
             if first_pass:
                 for c in range(d):  # Dev: a runtime loop (not unrolled): once per row, few registers
                     D_r += gdO[b, row, h, c] * gO[b, row, h, c]  # HBM read: 2 d per row, once
                 gDs[b, h, row] = D_r  # HBM write: 1 per row, once (O(N) scratch)
             else:
                 D_r = gDs[b, h, row]
-        return m_r, l_r, D_r
+        return M_r, il_r, D_r
 
-    # S, dP, P = diag(l_i)^-1 exp(tau S - m_i), P o Z and tau dS of one (i, j) step; shared with the FA2 backward twin
-    s_dp_p_ds = _regtile.make_s_dp_p_ds(TM, TN, NK4, RG, TPR, SQ, SP, BC, OFF_Q, OFF_DO, OFF_K, OFF_V, OFF_P, OFF_DS,
-                                        OFF_M, OFF_D, OFF_IL, CAUSAL, DROPOUT)
+    # S, dP, P = diag(l_i)^-1 exp2(S - m_i log2 e) (S in base 2, as the forward), P o Z and tau dS of one (i, j)
+    # step: the FA2 fast backward's (same SRAM layout)
+    s_dp_p_ds = fns["s_dp_p_ds"]
     dv_dk_update = _regtile.make_dv_dk_update(BR, NQC, CW, CG, DVX, XT, TC, SP, SQ, OFF_P, OFF_DS, OFF_DO, OFF_Q)
     store_dk_dv = _regtile.make_store_dk_dv(NQC, CW, CG, DVX, XT)
 
@@ -214,6 +201,7 @@ def alg4_backward_fast_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool, 
     @cuda.jit(fastmath=False, **jit_options)
     def kernel(gQ, gK, gV, gO, gdO, gm, gl, gDs, gdQ, gdK, gdV, tau, group, causal_offset, seed, threshold, dropout_scale):
         smem = cuda.shared.array(0, float32, alignment=ALIGN)  # all tiles; offsets OFF_*
+        c = float32(tau * LOG2E)  # Dev: the forward's Q scale tau log2 e, rounded as the host rounded it for the forward
         tau = float32(tau)  # Dev: float32 scalars, so no float64 arithmetic creeps into the tile loops
         dropout_scale = float32(dropout_scale)
         rS = cuda.local.array(NS, float32)  # S_ij, then P_ij (registers)
@@ -286,12 +274,12 @@ def alg4_backward_fast_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool, 
             # Dev: the loads of the first row block (Q_i, dO_i, m_i, l_i, D_i) are issued here, the later
             # ones one inner step ahead (prefetch into registers)
             mval = ZERO
-            lval = ZERO
+            ilval = ZERO
             Dval = ZERO
             if i_first < Tr:
                 load_q(gQ, gdO, ub, uh, i_first * BR, s_q, d, tid, rQn, rdOn)  # HBM read: 2 Br*d
                 if tid < uBR:
-                    mval, lval, Dval = row_stats(gm, gl, gO, gdO, gDs, b, h, i_first * BR + int(tid), s_q, d, j == 0)
+                    mval, ilval, Dval = row_stats(gm, gl, gO, gdO, gDs, b, h, i_first * BR + int(tid), s_q, d, j == 0)
 
             # [doc:alg4-fast-inner-loop]
             # Alg.4 L9: for i = 1..Tr (inner loop over the row blocks that see a key of K_j)
@@ -302,7 +290,7 @@ def alg4_backward_fast_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool, 
                 store_q(smem, OFF_Q, OFF_DO, tid, rQn, rdOn)
                 if tid < uBR:
                     smem[OFF_M + tid] = mval
-                    smem[OFF_IL + tid] = ONE / lval if lval > ZERO else ZERO  # 1/l_i; 0 if the row sees no key
+                    smem[OFF_IL + tid] = ilval  # 1/l_i; 0 if the row sees no key
                     smem[OFF_D + tid] = Dval
                 cuda.syncthreads()  # Sync: Q_i, dO_i, m_i, 1/l_i, D_i in SRAM before lines 11-20 read them
                 # Dev: prefetch Q_{i+1}, dO_{i+1} and the row statistics into registers
@@ -312,15 +300,16 @@ def alg4_backward_fast_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool, 
                     if tid < uBR:
                         # Alg.4 L19: D_i = rowsum(dO_i o O_i). Dev: formed once per row in the first pass
                         # (j = 0) and kept in an O(N) scratch array; the later passes read it back
-                        mval, lval, Dval = row_stats(gm, gl, gO, gdO, gDs, b, h, rown + int(tid), s_q, d, j == 0)
+                        mval, ilval, Dval = row_stats(gm, gl, gO, gdO, gDs, b, h, rown + int(tid), s_q, d, j == 0)
                 if DROPOUT:
                     for a in range(TM):
                         rkey[a] = row_key(k_bh, row0 + int(tid // uTPR) + RG * a)
-                # Alg.4 L11-L15: S_ij = tau Q_i K_j^T (TM x TN register tile); masked (L12); P_ij = diag(l_i)^-1
-                # exp(S_ij - m_i) (L13); Z_ij from the seed (L14); P~_ij = P_ij o Z_ij to SRAM (L15)
+                # Alg.4 L11-L15: S_ij = tau Q_i K_j^T (TM x TN register tile, base 2 as the forward); masked (L12);
+                # P_ij = diag(l_i)^-1 exp(S_ij - m_i) (L13, as exp2(S - m_i log2 e) / l_i); Z_ij from the seed (L14);
+                # P~_ij = P_ij o Z_ij to SRAM (L15)
                 # Alg.4 L17-L20: dP~_ij = dO_i V_j^T (L17); dP_ij = dP~_ij o Z_ij (L18); dS_ij = P_ij o (dP_ij - D_i)
                 # (L20), times tau, to SRAM
-                s_dp_p_ds(smem, tid, row0, col0, s_k, causal_offset, tau, rkey, threshold, dropout_scale, rS, rdP, rq, rdo)
+                s_dp_p_ds(smem, tid, row0, col0, s_k, causal_offset, tau, c, rkey, threshold, dropout_scale, rS, rdP, rq, rdo)
                 cuda.syncthreads()  # Sync: all of P~_ij and tau dS_ij in SRAM before lines 16, 21, 22 read other threads' rows
                 # Dev: line 21's read of dQ_i (into registers) is issued here, so that its HBM latency overlaps
                 # lines 16 and 22 (issued at line 10 it would be live across lines 11-20, the register peak: spills)
@@ -412,7 +401,7 @@ def backward(dout, q, k, v, out, fwd, prob: Problem, alloc, block_sizes=None, de
     delta = alloc.empty((b, h, s_q))  # D_i scratch: O(N) per head
     m, l = (fwd.lse, fwd.lse) if from_lse else (fwd.m, fwd.l)
     _smem.launch(kernel, grid, NT, nbytes, q, k, v, out, dout, m, l, delta, dq, dk_h, dv_h,
-                 np.float32(prob.softmax_scale), G, prob.causal_offset, np.uint32(prob.seed), np.uint32(prob.threshold),
+                 prob.softmax_scale, G, prob.causal_offset, np.uint32(prob.seed), np.uint32(prob.threshold),
                  np.float32(prob.dropout_scale))
     group_sum(dk_h, dv_h, dk, dv, prob)
     # Alg.4 L26: return dQ, dK, dV

@@ -19,10 +19,14 @@ What changed from the readable kernel, and why
   - ``dQ_i += dS K_j`` (L15): a ``TM2 x DX2`` tile per thread, then one atomic add per element,
     16 lanes on 16 consecutive floats of a row (coalesced atomics).
 * **No row reductions, no shuffles.** Unlike the forward, the backward needs no row max or row sum:
-  ``P = exp(S tau - L)`` from the stored logsumexp (one FFMA + libdevice ``expf``), and
-  ``D_i`` comes from the pre-pass (L4). The scale ``tau`` is folded into ``dS`` once, so line 15 and
-  line 16 need no extra multiply.
-* **Q_i, dO_i prefetched.** The loads of ``Q_{i+1}, dO_{i+1}, L_{i+1}, D_{i+1}`` are issued into
+  ``P = exp2(S' - M_i) / l_i`` from the forward's saved ``m_i`` (``M_i = m_i log2 e``) and ``l_i``,
+  with ``S'`` recomputed in base 2 exactly as the forward computed it (``Q`` times ``tau log2 e``, one
+  FMUL per Q value read, the forward's order of FMAs): ``exp(S tau - L)`` inherits the rounding of
+  ``L`` and of the other units, which sharp softmaxes magnify past the error rule
+  (:func:`numba_flash.fast._regtile.make_s_dp_p_ds`, docs/backward.rst "Large logits"). ``D_i``
+  comes from the pre-pass (L4). The scale ``tau`` is folded into ``dS`` once, so line 15 and line 16
+  need no extra multiply.
+* **Q_i, dO_i prefetched.** The loads of ``Q_{i+1}, dO_{i+1}, m_{i+1}, l_{i+1}, D_{i+1}`` are issued into
   registers before the compute on ``Q_i, dO_i`` (double buffering in registers, as the forward's
   K/V prefetch), all loads of a tile unrolled (one memory round trip per tile).
 * **More than 48 KB of SRAM** (:mod:`numba_flash.fast._smem`): ``Q_i, dO_i, K_j, V_j`` and ``P_ij, dS_ij``
@@ -51,8 +55,8 @@ Forward + backward (fast forward + this backward, committed run ``docs/results/f
 fp32 66.1 ms and SDPA memory-efficient fp32 54.6 ms: **0.83x SDPA** (0.81x at N = 2048, 0.78x at
 N = 1024). d = 128 (64 x 64, 253 regs, 1 block/SM): 52.0 ms, 26.4 TFLOP/s. Levers that did *not* pay:
 the Q/dO register prefetch (no change once two blocks share an SM). These numbers were measured with
-``P = exp2(S tau log2 e - L log2 e)``; P is now ``exp(fma(S, tau, -L))`` (accuracy, see the log),
-not yet re-timed.
+``P = exp2(S tau log2 e - L log2 e)``; P is now ``exp2(S' - M) / l`` with ``S'`` from ``Q tau log2 e``
+(accuracy with large logits, see the log), not yet re-timed.
 
 Launch geometry
 ---------------
@@ -73,8 +77,8 @@ Thread maps (``tid`` in ``0..NT-1``):
 ``d`` is padded to ``DP``, a multiple of 16 (zero columns).
 
 SRAM budget (float32 elements, one dynamic array): ``sQ_i, sdO_i`` 2 Br (DP+4) + ``sK_j, sV_j``
-2 Bc (DP+4) + ``sP_ij, sdS_ij`` 2 Br (Bc+4) + ``sL_i, sD_i`` 2 Br. Defaults: d <= 64, 64 x 128:
-43,136 floats = 168.5 KB (1 block of 8 warps per SM, 248 registers); d = 128, 64 x 64: 166.5 KB
+2 Bc (DP+4) + ``sP_ij, sdS_ij`` 2 Br (Bc+4) + ``m_i log2 e, D_i, 1/l_i`` 3 Br. Defaults: d <= 64, 64 x 128:
+43,200 floats = 168.8 KB (1 block of 8 warps per SM, 248 registers); d = 128, 64 x 64: 166.5 KB
 (1 block/SM, 253 registers). 64 x 64 at d = 64 is 102.5 KB (2 blocks/SM if capped at 128 registers).
 
 Run it::
@@ -117,13 +121,16 @@ def config_for(d: int, block_sizes=None, nt=None):
     Defaults (chosen by the sweep tests/benchmarks/fa2_bwd_sweep.py on an H200, see
     docs/notes/performance-log.md): 256 threads; ``d <= 64``: ``Br = 64, Bc = 128`` (a 4 x 8 S/dP
     tile and an 8 x 4 dK/dV tile per thread, half the dQ atomics and Q_i/dO_i loads per FLOP of
-    64 x 64); ``d > 64``: ``Br = Bc = 64`` (``Bc = 128`` does not fit the SRAM at d = 128). ``block_sizes=(Br, Bc)`` is rounded up to multiples of 16;
+    64 x 64); ``64 < d <= 128``: ``Br = Bc = 64`` (``Bc = 128`` does not fit the SRAM at d = 128);
+    ``d > 128`` (not measured on a GPU yet): ``Br = Bc = 32``, so the registers a thread holds (the Q/dO
+    prefetch, the dQ tile, the dK/dV tiles) stay about those of d = 128 (139 KB of SRAM at d = 256;
+    64 x 64 would need 290 KB). ``block_sizes=(Br, Bc)`` is rounded up to multiples of 16;
     the thread count is then ``min(256, max(64, Br Bc / 16))`` (so each thread holds 16 entries of S)
-    unless ``nt`` is given. ``DP`` = ``d`` rounded up to a multiple of 16.
+    unless ``nt`` is given. ``DP`` = ``d`` rounded up to a multiple of 16 (of 32 above ``d = 128``).
     """
-    DP = 16 * ((d + 15) // 16)
+    DP = 16 * ((d + 15) // 16) if d <= 128 else 32 * ((d + 31) // 32)  # Dev: above 128, the 32 x 32 thread maps need DP / 4 % 8 == 0
     if block_sizes is None:
-        BR, BC = (64, 128) if DP <= 64 else (64, 64)
+        BR, BC = (64, 128) if DP <= 64 else (64, 64) if DP <= 128 else (32, 32)
         NT = 256 if nt is None else nt
     else:
         BR, BC = (16 * ((int(n) + 15) // 16) for n in block_sizes)
@@ -150,7 +157,7 @@ def derived(NT, BR, BC, DP):
 
 def smem_floats(NT, BR, BC, DP):
     """Dynamic SRAM of the main (and the dQ) kernel in float32 elements."""
-    return 2 * BR * (DP + 4) + 2 * BC * (DP + 4) + 2 * BR * (BC + 4) + 2 * BR
+    return 2 * BR * (DP + 4) + 2 * BC * (DP + 4) + 2 * BR * (BC + 4) + 3 * BR
 
 
 def _split(prob: Problem, cfg):
@@ -192,8 +199,9 @@ def _device_functions(NT, BR, BC, DP, CAUSAL, DROPOUT):
     OFF_V = U(2 * BR * SQ + BC * SQ)  # V_j: (Bc, SQ)
     OFF_P = U(2 * BR * SQ + 2 * BC * SQ)  # P_ij o Z_ij: (Br, SP)
     OFF_DS = U(2 * BR * SQ + 2 * BC * SQ + BR * SP)  # tau dS_ij: (Br, SP)
-    OFF_L = U(2 * BR * SQ + 2 * BC * SQ + 2 * BR * SP)  # L_i: (Br,) (+inf past N_q: P = 0)
+    OFF_M = U(2 * BR * SQ + 2 * BC * SQ + 2 * BR * SP)  # M_i: (Br,), the forward's base-2 row max (row_stats)
     OFF_D = U(2 * BR * SQ + 2 * BC * SQ + 2 * BR * SP + BR)  # D_i: (Br,)
+    OFF_IL = U(2 * BR * SQ + 2 * BC * SQ + 2 * BR * SP + 2 * BR)  # 1/l_i: (Br,) (0 past N_q or with no key: P = 0)
     NK4 = DP // 4  # 4-column steps of Q K^T and dO V^T (16-byte loads)
     NC4 = BC // 4  # 4-key steps of dS K (line 15)
 
@@ -202,9 +210,9 @@ def _device_functions(NT, BR, BC, DP, CAUSAL, DROPOUT):
     NLK, load_k, store_k = _tiles.make_pair_loader(BC, DP, NT, SQ)
     n_key_blocks, first_row_block = _tiles.make_block_counts(BR, BC, CAUSAL)
 
-    # S, dP, P (from L_i: no 1/l), P o Z and tau dS of one (i, j) step; shared with the FA1 backward twin
+    # S, dP, P = exp2(S - M_i) / l_i, P o Z and tau dS of one (i, j) step; shared with the FA1 backward twin
     s_dp_p_ds = _regtile.make_s_dp_p_ds(TM, TN, NK4, RG, TPR, SQ, SP, BC, OFF_Q, OFF_DO, OFF_K, OFF_V, OFF_P, OFF_DS,
-                                        OFF_L, OFF_D, None, CAUSAL, DROPOUT)
+                                        OFF_M, OFF_D, OFF_IL, CAUSAL, DROPOUT)
 
     @cuda.jit(device=True, inline="always")
     def dq_tile(smem, tid, rdQ, rds):
@@ -225,31 +233,34 @@ def _device_functions(NT, BR, BC, DP, CAUSAL, DROPOUT):
                     for a in range(TM2):
                         rdQ[a * DX2 + e] += rds[4 * a + cx] * kv
 
-    offs = dict(OFF_Q=OFF_Q, OFF_DO=OFF_DO, OFF_K=OFF_K, OFF_V=OFF_V, OFF_P=OFF_P, OFF_DS=OFF_DS, OFF_L=OFF_L, OFF_D=OFF_D)
+    offs = dict(OFF_Q=OFF_Q, OFF_DO=OFF_DO, OFF_K=OFF_K, OFF_V=OFF_V, OFF_P=OFF_P, OFF_DS=OFF_DS, OFF_M=OFF_M, OFF_D=OFF_D,
+                OFF_IL=OFF_IL)
     return dict(NLQ=NLQ, NLK=NLK, load_q=load_q, store_q=store_q, load_k=load_k, store_k=store_k,
                 n_key_blocks=n_key_blocks, first_row_block=first_row_block, s_dp_p_ds=s_dp_p_ds, dq_tile=dq_tile,
                 offs=offs, g=g)
 
 
 @functools.cache
-def fa2_backward_fast_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool, DROPOUT: bool, ATOMIC_DQ: bool, VEC: bool = True, PREFETCH: bool = True, MAXREG=None):
+def fa2_backward_fast_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool, DROPOUT: bool, ATOMIC_DQ: bool, VEC: bool = True, PREFETCH: bool = True, MAXREG=None, FROM_LSE: bool = False):
     """The main (column-block) fast backward kernel: dK, dV, and with ``ATOMIC_DQ`` the atomic dQ adds.
 
-    Kernel arguments: ``gQ, gdO (b, s_q, h, d)``, ``gK, gV (b, s_k, h_k, d)``, ``gL, gD (b, h, s_q)``,
-    outputs ``gdQ`` (zeros; unused without ``ATOMIC_DQ``), ``gdK, gdV (b, s_k, h_k, d)``; ``tau``,
-    ``c1 = tau log2 e`` (unused since the natural-base P, kept for the launch signature), ``group``, ``causal_offset``, dropout ``seed``, ``threshold``, ``dropout_scale``.
+    Kernel arguments: ``gQ, gdO (b, s_q, h, d)``, ``gK, gV (b, s_k, h_k, d)``, ``gm, gl, gD (b, h, s_q)``
+    (the forward's ``m, l``; with ``FROM_LSE`` only ``L``, passed as ``gm``), outputs ``gdQ`` (zeros;
+    unused without ``ATOMIC_DQ``), ``gdK, gdV (b, s_k, h_k, d)``; ``tau``, ``c1 = tau log2 e`` (the
+    forward's Q scale: S is recomputed in base 2 as the forward computed it), ``group``,
+    ``causal_offset``, dropout ``seed``, ``threshold``, ``dropout_scale``.
     ``VEC``: 16-byte aligned SRAM (16-byte loads; not in the simulator). ``PREFETCH``: issue the
     loads of ``Q_{i+1}, dO_{i+1}`` before the compute on ``Q_i, dO_i``. ``MAXREG``: register cap (GPU).
 
     Symbol table (paper symbol -> variable -> memory space):
 
     ========================  ===================  ==================================================
-    Q, K, V, dO, L, D         gQ, gK, .., gD       HBM
+    Q, K, V, dO, m, l, D      gQ, gK, .., gD       HBM (m, l from the forward; L alone with FROM_LSE)
     dQ, dK, dV                gdQ, gdK, gdV        HBM
     K_j, V_j                  smem[OFF_K/OFF_V]    SRAM (Bc, DP+4), loaded once (L6)
     dK_j, dV_j                rdK, rdV             registers, TC x 4 DVX per thread, whole kernel (L7)
     Q_i, dO_i                 smem[OFF_Q/OFF_DO]   SRAM (Br, DP+4), per inner step (L9); rQn, rdOn: next
-    L_i, D_i                  smem[OFF_L/OFF_D]    SRAM (Br,)
+    m_i log2 e, 1/l_i, D_i    smem[OFF_M/IL/D]     SRAM (Br,); Mval, ILval, Dval: next block (registers)
     S_ij, dP_ij               rS, rdP              registers, TM x TN per thread
     P_ij o Z_ij, tau dS_ij    smem[OFF_P/OFF_DS]   SRAM (Br, Bc+4)
     dQ_i (this step's part)   rdQ                  registers, TM2 x DX2 per thread, then atomics
@@ -262,7 +273,8 @@ def fa2_backward_fast_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool, D
     load_q, store_q, load_k, store_k = fns["load_q"], fns["store_q"], fns["load_k"], fns["store_k"]
     s_dp_p_ds, dq_tile, first_row_block = fns["s_dp_p_ds"], fns["dq_tile"], fns["first_row_block"]
     o = fns["offs"]
-    OFF_Q, OFF_DO, OFF_K, OFF_V, OFF_P, OFF_DS, OFF_L, OFF_D = (o[k] for k in ("OFF_Q", "OFF_DO", "OFF_K", "OFF_V", "OFF_P", "OFF_DS", "OFF_L", "OFF_D"))
+    OFF_Q, OFF_DO, OFF_K, OFF_V, OFF_P, OFF_DS, OFF_M, OFF_D, OFF_IL = (o[k] for k in ("OFF_Q", "OFF_DO", "OFF_K", "OFF_V", "OFF_P", "OFF_DS", "OFF_M", "OFF_D", "OFF_IL"))
+    row_stats = _regtile.make_row_stats(FROM_LSE)
     SQ = DP + 4
     SP = BC + 4
     uXT, uTPR2, uRG2, uBR = U(XT), U(TPR2), U(RG2), U(BR)
@@ -276,12 +288,12 @@ def fa2_backward_fast_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool, D
     NKV = TC * DVX * 4  # rdK, rdV: TC key rows x 4 DVX columns of dK_j, dV_j
     NQ2 = TM2 * DX2  # rdQ: TM2 rows x DX2 columns of dQ_i
     ALIGN = 16 if VEC else None
-    INF = float32(math.inf)
+    ZERO = float32(0.0)
     jit_options = {} if MAXREG is None else {"max_registers": MAXREG}
 
     # [doc:fa2-fast-bwd-kernel]
     @cuda.jit(fastmath=False, **jit_options)
-    def kernel(gQ, gK, gV, gdO, gL, gD, gdQ, gdK, gdV, tau, c1, group, causal_offset, seed, threshold, dropout_scale):
+    def kernel(gQ, gK, gV, gdO, gm, gl, gD, gdQ, gdK, gdV, tau, c1, group, causal_offset, seed, threshold, dropout_scale):
         smem = cuda.shared.array(0, float32, alignment=ALIGN)  # all tiles; offsets OFF_*
         tau = float32(tau)  # Dev: float32 scalars, so no float64 arithmetic creeps into the tile loops
         c1 = float32(c1)
@@ -336,15 +348,16 @@ def fa2_backward_fast_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool, D
         # Dev: GQA/MQA: the G query heads sharing K_j, V_j and their row blocks are one flat loop of steps
         # (head-major), so dK_j, dV_j are summed over the group in a fixed order and the prefetch crosses heads.
         n_steps = group * n_i
-        Lval = INF
-        Dval = float32(0.0)
+        Mval = ZERO
+        ILval = ZERO
+        Dval = ZERO
         if n_steps > 0:
             h0 = hk * group
             load_q(gQ, gdO, ub, U(h0), i_first * BR, s_q, d, tid, rQn, rdOn)  # HBM read: 2 Br*d (first step)
             if tid < uBR:
                 row = i_first * BR + int(tid)
+                Mval, ILval = row_stats(gm, gl, b, h0, row, s_q)  # HBM read: 2 Br
                 if row < s_q:
-                    Lval = gL[b, h0, row]
                     Dval = gD[b, h0, row]
         # FA2.2 L8: for i = 1..Tr (times the G query heads of the group)
         for t in range(n_steps):
@@ -352,37 +365,40 @@ def fa2_backward_fast_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool, D
             i = i_first + t % n_i
             row0 = i * BR
             cuda.syncthreads()  # Sync: K_j, V_j stored (first step); Q, dO, P, dS of the previous step read by all before overwriting
-            # FA2.2 L9: load Q_i, dO_i, L_i, D_i from HBM to SRAM (Dev: from the registers the previous step prefetched; not O_i)
+            # FA2.2 L9: load Q_i, dO_i, L_i, D_i from HBM to SRAM (Dev: from the registers the previous step prefetched; not O_i;
+            # Dev: L_i as the forward's m_i log2 e and 1/l_i, kept apart: exp2(S - M) / l is the forward's P to a few ulp, exp(S - L) is not)
             if not PREFETCH and t > 0:
                 load_q(gQ, gdO, ub, U(h), row0, s_q, d, tid, rQn, rdOn)  # HBM read: 2 Br*d
-                Lval = INF
-                Dval = float32(0.0)
-                if tid < uBR and row0 + int(tid) < s_q:
-                    Lval = gL[b, h, row0 + int(tid)]
-                    Dval = gD[b, h, row0 + int(tid)]
+                Dval = ZERO
+                if tid < uBR:
+                    Mval, ILval = row_stats(gm, gl, b, h, row0 + int(tid), s_q)  # HBM read: 2 Br
+                    if row0 + int(tid) < s_q:
+                        Dval = gD[b, h, row0 + int(tid)]
             store_q(smem, OFF_Q, OFF_DO, tid, rQn, rdOn)
             if tid < uBR:
-                smem[OFF_L + tid] = Lval
+                smem[OFF_M + tid] = Mval
+                smem[OFF_IL + tid] = ILval
                 smem[OFF_D + tid] = Dval
             cuda.syncthreads()  # Sync: Q_i, dO_i, L_i, D_i in SRAM before L10-L16 read them
             if PREFETCH and t + 1 < n_steps:
                 hn = hk * group + (t + 1) // n_i
                 rown = (i_first + (t + 1) % n_i) * BR
                 load_q(gQ, gdO, ub, U(hn), rown, s_q, d, tid, rQn, rdOn)  # HBM read: 2 Br*d (step t+1)
-                Lval = INF
-                Dval = float32(0.0)
-                if tid < uBR and rown + int(tid) < s_q:
-                    Lval = gL[b, hn, rown + int(tid)]
-                    Dval = gD[b, hn, rown + int(tid)]
+                Dval = ZERO
+                if tid < uBR:
+                    Mval, ILval = row_stats(gm, gl, b, hn, rown + int(tid), s_q)  # HBM read: 2 Br
+                    if rown + int(tid) < s_q:
+                        Dval = gD[b, hn, rown + int(tid)]
             if DROPOUT:
                 k_bh = head_key(seed, b * nheads + h)
                 for a in range(TM):
                     rkey[a] = row_key(k_bh, row0 + int(tid // U(TPR_)) + RG_ * a)
 
             # [doc:fa2-fast-bwd-inner-loop]
-            # FA2.2 L10-L11: S_ij = tau Q_i K_j^T (a TM x TN register tile); P_ij = exp(S_ij - L_i), masked
+            # FA2.2 L10-L11: S_ij = tau Q_i K_j^T (a TM x TN register tile, base 2 as the forward); P_ij = exp(S_ij - L_i)
+            # as exp2(S - m_i log2 e) / l_i, masked
             # FA2.2 L13-L14: dP_ij = (dO_i V_j^T) o Z_ij (same tiling); dS_ij = P_ij o (dP_ij - D_i), times tau, to SRAM
-            s_dp_p_ds(smem, tid, row0, col0, s_k, causal_offset, tau, rkey, threshold, dropout_scale, rS, rdP, rq, rdo)
+            s_dp_p_ds(smem, tid, row0, col0, s_k, causal_offset, tau, c1, rkey, threshold, dropout_scale, rS, rdP, rq, rdo)
             cuda.syncthreads()  # Sync: P_ij o Z_ij and tau dS_ij in SRAM before L12, L15, L16 read them
             # FA2.2 L12: dV_j += (P_ij o Z_ij)^T dO_i -- outer products over the Br rows, TC x 4 DVX register tile
             # FA2.2 L16: dK_j += tau dS_ij^T Q_i -- the same loop (tau is already in dS)
@@ -411,7 +427,7 @@ def fa2_backward_fast_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool, D
 
 
 @functools.cache
-def fa2_backward_fast_dq_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool, DROPOUT: bool, VEC: bool = True, PREFETCH: bool = True, MAXREG=None):
+def fa2_backward_fast_dq_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool, DROPOUT: bool, VEC: bool = True, PREFETCH: bool = True, MAXREG=None, FROM_LSE: bool = False):
     """The deterministic dQ kernel: one block per (query block, batch, head), dQ_i in registers.
 
     It re-runs lines 10-15 with the loops swapped (query block outer, key blocks inner, as the FA2
@@ -427,7 +443,8 @@ def fa2_backward_fast_dq_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool
     load_q, store_q, load_k, store_k = fns["load_q"], fns["store_q"], fns["load_k"], fns["store_k"]
     s_dp_p_ds, dq_tile, n_key_blocks = fns["s_dp_p_ds"], fns["dq_tile"], fns["n_key_blocks"]
     o = fns["offs"]
-    OFF_Q, OFF_DO, OFF_K, OFF_V, OFF_L, OFF_D = (o[k] for k in ("OFF_Q", "OFF_DO", "OFF_K", "OFF_V", "OFF_L", "OFF_D"))
+    OFF_Q, OFF_DO, OFF_K, OFF_V, OFF_M, OFF_D, OFF_IL = (o[k] for k in ("OFF_Q", "OFF_DO", "OFF_K", "OFF_V", "OFF_M", "OFF_D", "OFF_IL"))
+    row_stats = _regtile.make_row_stats(FROM_LSE)
     uTPR2, uRG2, uBR = U(TPR2), U(RG2), U(BR)
     TPR_, RG_ = g["TPR"], g["RG"]  # S/dP map: lanes per row group, row groups
     # Register-array sizes (local-array sizes must be plain constants):
@@ -435,11 +452,10 @@ def fa2_backward_fast_dq_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool
     NTM4, NTM24 = TM * 4, TM2 * 4  # rq/rdo: a 4-column step of TM rows; rds4: of TM2 rows
     NQ2 = TM2 * DX2  # rdQ: TM2 rows x DX2 columns of dQ_i
     ALIGN = 16 if VEC else None
-    INF = float32(math.inf)
     jit_options = {} if MAXREG is None else {"max_registers": MAXREG}
 
     @cuda.jit(fastmath=False, **jit_options)
-    def kernel(gQ, gK, gV, gdO, gL, gD, gdQ, tau, c1, group, causal_offset, seed, threshold, dropout_scale):
+    def kernel(gQ, gK, gV, gdO, gm, gl, gD, gdQ, tau, c1, group, causal_offset, seed, threshold, dropout_scale):
         smem = cuda.shared.array(0, float32, alignment=ALIGN)
         tau = float32(tau)  # Dev: float32 scalars (no float64 arithmetic in the tile loops)
         c1 = float32(c1)
@@ -473,12 +489,12 @@ def fa2_backward_fast_dq_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool
         store_q(smem, OFF_Q, OFF_DO, tid, rQn, rdOn)
         if tid < uBR:
             row = row0 + int(tid)
-            Lval = INF
+            Mval, ILval = row_stats(gm, gl, b, h, row, s_q)
             Dval = float32(0.0)
             if row < s_q:
-                Lval = gL[b, h, row]
                 Dval = gD[b, h, row]
-            smem[OFF_L + tid] = Lval
+            smem[OFF_M + tid] = Mval
+            smem[OFF_IL + tid] = ILval
             smem[OFF_D + tid] = Dval
         for a in range(NQ2):
             rdQ[a] = float32(0.0)
@@ -500,7 +516,7 @@ def fa2_backward_fast_dq_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool
                 load_k(gK, gV, ub, uhk, col0 + BC, s_k, d, tid, rKn, rVn)  # HBM read: 2 Bc*d (tile j+1)
             # FA2.2 L10-L11: S_ij, P_ij (recomputed, the same tiles as the main kernel)
             # FA2.2 L13-L14: dP_ij, tau dS_ij to SRAM
-            s_dp_p_ds(smem, tid, row0, col0, s_k, causal_offset, tau, rkey, threshold, dropout_scale, rS, rdP, rq, rdo)
+            s_dp_p_ds(smem, tid, row0, col0, s_k, causal_offset, tau, c1, rkey, threshold, dropout_scale, rS, rdP, rq, rdo)
             cuda.syncthreads()  # Sync: tau dS_ij in SRAM before L15 reads it
             # FA2.2 L15: dQ_i += tau dS_ij K_j -- Dev: deterministic: each thread sums its tile over j in a fixed order
             dq_tile(smem, tid, rdQ, rds4)
@@ -523,8 +539,11 @@ def default_features() -> dict:
     return {"VEC": gpu, "PREFETCH": True, "MAXREG": None}
 
 
-def plan(prob: Problem, block_sizes=None, config=None, features=None, deterministic=False):
-    """(main kernel, main grid, dQ kernel or None, dQ grid, threads, dynamic SRAM bytes), without launching."""
+def plan(prob: Problem, block_sizes=None, config=None, features=None, deterministic=False, from_lse=False):
+    """(main kernel, main grid, dQ kernel or None, dQ grid, threads, dynamic SRAM bytes), without launching.
+
+    ``from_lse``: the forward saved only the logsumexp (no ``m, l``): P = exp2(S - L log2 e).
+    """
     cfg = config if config is not None else config_for(prob.headdim, block_sizes)
     NT, BR, BC, DP = cfg
     derived(NT, BR, BC, DP)
@@ -535,8 +554,8 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None, determinis
     _plan.check_sram(nbytes, BR, BC, prob.headdim)
     dropout = prob.dropout_p > 0
     Tr, Tc = _split(prob, cfg)
-    main = fa2_backward_fast_kernel(NT, BR, BC, DP, prob.causal, dropout, not deterministic, feats["VEC"], feats["PREFETCH"], maxreg)
-    dqk = fa2_backward_fast_dq_kernel(NT, BR, BC, DP, prob.causal, dropout, feats["VEC"], feats["PREFETCH"], maxreg) if deterministic else None
+    main = fa2_backward_fast_kernel(NT, BR, BC, DP, prob.causal, dropout, not deterministic, feats["VEC"], feats["PREFETCH"], maxreg, bool(from_lse))
+    dqk = fa2_backward_fast_dq_kernel(NT, BR, BC, DP, prob.causal, dropout, feats["VEC"], feats["PREFETCH"], maxreg, bool(from_lse)) if deterministic else None
     return main, bh_grid(Tc, prob.batch * prob.nheads_k), dqk, bh_grid(Tr, prob.batch * prob.nheads), NT, nbytes
 
 
@@ -568,13 +587,15 @@ def backward(dout, q, k, v, out, fwd, prob: Problem, alloc, block_sizes=None, de
     bitwise reproducible. ``config=(NT, Br, Bc, DP)`` and ``features`` (dict of ``VEC``, ``PREFETCH``,
     ``MAXREG``) override the tiling and kernel features (the sweep uses them).
     """
-    main, grid, dqk, grid_dq, NT, nbytes = plan(prob, block_sizes, config, features, deterministic)
+    from_lse = fwd.m is None or fwd.l is None
+    main, grid, dqk, grid_dq, NT, nbytes = plan(prob, block_sizes, config, features, deterministic, from_lse)
     dq, dk, dv = _allocate_grads(prob, alloc, deterministic)
     delta = _prepass(out, dout, prob, alloc)
     tau = prob.softmax_scale
     opts = (tau, tau * LOG2E, prob.group, prob.causal_offset, prob.seed, prob.threshold, prob.dropout_scale)
-    _smem.launch(main, grid, NT, nbytes, q, k, v, dout, fwd.lse, delta, dq, dk, dv, *opts)
+    m, l = (fwd.lse, fwd.lse) if from_lse else (fwd.m, fwd.l)
+    _smem.launch(main, grid, NT, nbytes, q, k, v, dout, m, l, delta, dq, dk, dv, *opts)
     if deterministic:
-        _smem.launch(dqk, grid_dq, NT, nbytes, q, k, v, dout, fwd.lse, delta, dq, *opts)
+        _smem.launch(dqk, grid_dq, NT, nbytes, q, k, v, dout, m, l, delta, dq, *opts)
     # FA2.2 L20: return dQ, dK, dV
     return dq, dk, dv

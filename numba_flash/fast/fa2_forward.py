@@ -75,7 +75,7 @@ from numba import cuda, float32, uint64
 
 from .. import _backend
 from .._constants import FULL_MASK as _FULL_MASK
-from .._constants import LN2, U
+from .._constants import U
 from .._dropout import head_key, row_key
 from .._launch import ForwardOutput, KernelLaunch, Problem, bh_grid, ceil_div
 from . import _plan, _regtile, _tiles
@@ -92,13 +92,19 @@ def config_for(d: int, block_sizes=None):
     Defaults (chosen by the sweep in tests/benchmarks/fa2_sweep.py on an H200, see
     docs/notes/performance-log.md): 128 threads, ``TPR = 8`` lanes per row group; for ``d <= 64``
     ``TM = 8`` rows per thread (``Br = 128``, ``Bc = 64``, an 8 x 8 S tile per thread), above it
-    ``TM = 4`` (``Br = 64``, ``Bc = 32``: SRAM and the 4 x 16 O tile bound it). ``block_sizes=(Br, Bc)`` is honoured up to the tiling's granularity: ``Bc`` is
+    ``TM = 4`` (``Br = 64``, ``Bc = 32``: SRAM and the 4 x 16 O tile bound it). Above ``d = 128``
+    (not measured on a GPU yet): 256 threads, ``TM = 2`` (``Br = 64``, ``Bc = 32``), so a thread's O
+    tile (``TM x DP / 8``) and K/V prefetch registers stay those of ``d = 128`` (64 floats each at
+    ``d = 256``); SRAM ``Br (DP+4) + 2 Bc (DP+4) + Br (Bc+8)`` = 140 KB at ``d = 256``.
+    ``block_sizes=(Br, Bc)`` is honoured up to the tiling's granularity: ``Bc`` is
     rounded up to a multiple of ``max(4, TPR)`` and ``Br`` up to a multiple of ``TM``.
     """
     if block_sizes is None:
         if d <= 64:
             return 128, 8, 8, 64, _padded_d(d, 8)  # Br = 128: an 8 x 8 S tile per thread
-        return 128, 4, 8, 32, _padded_d(d, 8)  # Br = 64, Bc = 32: O is 4 x 16 per thread at d = 128
+        if d <= 128:
+            return 128, 4, 8, 32, _padded_d(d, 8)  # Br = 64, Bc = 32: O is 4 x 16 per thread at d = 128
+        return 256, 2, 8, 32, _padded_d(d, 8)  # Br = 64, Bc = 32: O is 2 x 32 per thread at d = 256
     Br, Bc = (int(n) for n in block_sizes)
     TPR = 8
     while TPR > 1 and TPR > Bc:
@@ -142,7 +148,7 @@ def fa2_forward_fast_kernel(NT: int, TM: int, TPR: int, BC: int, DP: int, CAUSAL
     S_i^(j) (base 2)          rS                   registers, TM x TN per thread
     P~_i^(j)                  smem[OFF_P ...]      SRAM (Br, Bc+TPR); rows shared by one warp only
     O_i^(j) (un-normalized)   rO                   registers, TM x (DP / TPR) per thread
-    m_i, l_i (base 2)         rm, rl               registers (rl: this lane's partial sum)
+    m_i, l_i (base 2)         rm, rl               registers (rl: this lane's partial sum); saved as gm, gl
     e^(m_old - m_new)         ralpha               registers (first rowmax S, then the rescale factor)
     ========================  ===================  ==================================================
     """
@@ -180,13 +186,15 @@ def fa2_forward_fast_kernel(NT: int, TM: int, TPR: int, BC: int, DP: int, CAUSAL
     row_max_tile, row_sum_lanes = _regtile.make_row_reductions(TM, TN, RG, TPR, not SRAM_REDUCE)
     softmax_p_tile = _regtile.make_softmax_p_tile(TM, TN, RG, TPR, SPS, DROPOUT, False)
     pv_tile = _regtile.make_pv_tile(TM, DV, NC4, RG, TPR, SQ, SPS)
+    natural_stats = _regtile.make_natural_stats()
 
     jit_options = {} if MAXREG is None else {"max_registers": MAXREG}
 
     # [doc:fa2-fast-kernel]
     @cuda.jit(fastmath=False, **jit_options)
-    def kernel(gQ, gK, gV, gO, gL, scale_log2, group, causal_offset, seed, threshold, dropout_scale):
+    def kernel(gQ, gK, gV, gO, gL, gm, gl, scale_log2, group, causal_offset, seed, threshold, dropout_scale):
         smem = cuda.shared.array(0, float32, alignment=ALIGN)  # all tiles; offsets OFF_*
+        scale_log2 = float32(scale_log2)  # Dev: float32, so the backward rounds tau log2 e Q exactly as here
         rS = cuda.local.array(NS, float32)  # S_ij tile (registers)
         rO = cuda.local.array(NO, float32)  # O_i tile (registers)
         rm = cuda.local.array(TM, float32)
@@ -284,10 +292,9 @@ def fa2_forward_fast_kernel(NT: int, TM: int, TPR: int, BC: int, DP: int, CAUSAL
                     inv_l = float32(1.0) / l_i
                     if DROPOUT:
                         inv_l *= dropout_scale
-                # FA2.1 L13: L_i = m_i + log(l_i), m_i in base 2: L = m ln 2 + ln l (+inf for a row with no key)
-                L_i = float32(math.inf)
-                if l_i > 0:
-                    L_i = rm[a] * float32(LN2) + math.log(l_i)
+                # FA2.1 L13: L_i = m_i + log(l_i), m_i in base 2: L = m ln 2 + ln l (+inf for a row with no key);
+                # Dev: m_i (natural units) and l_i are saved too, apart, for the backward's P (make_natural_stats)
+                m_nat, l_m, L_i = natural_stats(rm[a], l_i)
                 # FA2.1 L14: write O_i to HBM (4 consecutive floats per lane, lanes consecutive)
                 for ev in range(DV):
                     for x4 in range(4):
@@ -297,6 +304,8 @@ def fa2_forward_fast_kernel(NT: int, TM: int, TPR: int, BC: int, DP: int, CAUSAL
                 # FA2.1 L15: write L_i to HBM (one lane per row)
                 if tc == U0:
                     gL[b, h, row] = L_i  # HBM write: Br
+                    gm[b, h, row] = m_nat  # HBM write: Br
+                    gl[b, h, row] = l_m  # HBM write: Br
 
     # [/doc:fa2-fast-kernel]
     return kernel

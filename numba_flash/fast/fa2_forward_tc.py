@@ -51,6 +51,12 @@ What changed from the fast (FFMA) kernel
   of ``S`` (``STAGE_S``) and each ``P~ V_j`` of line 10 (``STAGE_O``) runs into a zeroed accumulator
   that is then added with IEEE float32 adds (CUTLASS's "staging"). Errors then measured 0.5-1.05x
   float32's; the time cost 3-10 %.
+* **Not enough for sharp softmaxes in training.** The split keeps ~22 bits of each input, so ``S`` carries
+  4-12x the rounding of a float32 ``S``. The forward's own outputs stay within the error rule, but with
+  scores of standard deviation >= 16 (one-hot rows) the FFMA backward, which recomputes ``P`` from
+  ``S`` in float32, meets this kernel's ``P`` through ``D = rowsum(dO o O)`` and ``l``, and its gradients
+  exceed the rule (4-13x the float32 error in the simulator; docs/backward.rst "Large logits").
+  ``variant="fast"`` (the FFMA forward, which the backward reproduces exactly) does not.
 
 What it bought (one H200, fp32, FA2 convention ``b * N = 16k``, CUDA-synchronized medians; the
 committed benchmark is ``docs/results/fa2_h200.json``, the sweeps ``docs/results/sweeps/sweep_tc*``,
@@ -87,10 +93,17 @@ import math
 from numba import cuda, float32, uint32, uint64
 
 from .. import _backend
-from .._constants import LN2, U
+from .._constants import U
 from .._dropout import head_key, keep, row_key
 from .._launch import ForwardOutput, KernelLaunch, Problem, bh_grid, ceil_div
-from . import _mma, _plan, _tiles
+from . import _mma, _plan, _regtile, _tiles
+from . import fa2_forward as fa2_forward_fast
+
+#: Largest head dim the tensor-core kernel runs. Its lane holds 2 x 4 (d / 8) floats of O (O and the staged
+#: P~ V_j), 256 registers at d = 256; at d = 128 it already uses 250. Above it this module runs the FFMA
+#: kernel (:mod:`numba_flash.fast.fa2_forward`, named so in :func:`compiled_kernels`), so ``variant="auto"``
+#: and ``variant="tensorcore"`` still run at every head dim up to 256.
+TC_MAX_HEADDIM = 128
 
 
 @functools.cache
@@ -176,11 +189,13 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
     n_key_blocks, _ = _tiles.make_block_counts(BR, BC, CAUSAL)
 
     split, mma3, quad_max, quad_sum = _mma.make_warp_ops(SIM)
+    natural_stats = _regtile.make_natural_stats()
 
     # [doc:fa2-tc-kernel]
     @cuda.jit(fastmath=False)
-    def kernel(gQ, gK, gV, gO, gL, scale_log2, group, causal_offset, seed, threshold, dropout_scale):
+    def kernel(gQ, gK, gV, gO, gL, gm, gl, scale_log2, group, causal_offset, seed, threshold, dropout_scale):
         smem = cuda.shared.array(0, float32)  # Q_i, K_j, V_j; offsets OFF_*
+        scale_log2 = float32(scale_log2)  # Dev: float32, as the FFMA kernels and the backward round tau log2 e Q
         sx = cuda.shared.array(SXN, float32)  # the simulator's lane-exchange scratch (unused on a GPU)
         rS = cuda.local.array(NS, float32)  # S_ij, then P~_ij: MW x NB fragments
         rO = cuda.local.array(NO, float32)  # O_i: MW x ND fragments
@@ -355,10 +370,9 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
                     inv_l = float32(1.0) / l_i
                     if DROPOUT:
                         inv_l *= dropout_scale
-                # FA2.1 L13: L_i = m_i + log(l_i), m_i in base 2: L = m ln 2 + ln l (+inf for a row with no key)
-                L_i = float32(math.inf)
-                if l_i > 0:
-                    L_i = rm[r] * float32(LN2) + math.log(l_i)
+                # FA2.1 L13: L_i = m_i + log(l_i), m_i in base 2: L = m ln 2 + ln l (+inf for a row with no key);
+                # Dev: m_i (natural units) and l_i are saved too, apart, for the backward's P (make_natural_stats)
+                m_nat, l_m, L_i = natural_stats(rm[r], l_i)
                 # FA2.1 L14: write O_i to HBM (lane (g, t): columns 8 dn + 2t, 8 dn + 2t + 1)
                 for dn in range(ND):
                     for cc in range(2):
@@ -368,6 +382,8 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
                 # FA2.1 L15: write L_i to HBM (one lane per row)
                 if t == U(0):
                     gL[b, h, row] = L_i  # HBM write: Br
+                    gm[b, h, row] = m_nat  # HBM write: Br
+                    gl[b, h, row] = l_m  # HBM write: Br
 
     # [/doc:fa2-tc-kernel]
     return kernel
@@ -387,8 +403,15 @@ def default_features() -> dict:
     return {"PREFETCH": None, "STAGE_S": True, "STAGE_O": True}
 
 
+def _ffma_fallback(prob: Problem, config=None) -> bool:
+    """Whether this module runs the FFMA kernel for ``prob`` (head dims past :data:`TC_MAX_HEADDIM`)."""
+    return config is None and prob.headdim > TC_MAX_HEADDIM
+
+
 def plan(prob: Problem, block_sizes=None, config=None, features=None):
-    """(kernel, grid, threads, dynamic SRAM bytes) of one launch, without launching."""
+    """(kernel, grid, threads, dynamic SRAM bytes) of one launch, without launching (the FFMA kernel's above d = 128)."""
+    if _ffma_fallback(prob, config):
+        return fa2_forward_fast.plan(prob, block_sizes)
     if not available():
         raise ValueError("variant='tensorcore' needs mma.sync TF32 (compute capability >= 8.0); use variant='fast'")
     d = prob.headdim
@@ -407,6 +430,8 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None):
 
 def choose_block_sizes(prob: Problem, block_sizes=None) -> tuple[int, int]:
     """(Br, Bc) of the tiles (the kernel contract): :func:`config_for` rounds an override to the tiling."""
+    if _ffma_fallback(prob):
+        return fa2_forward_fast.choose_block_sizes(prob, block_sizes)
     NW, MW, Bc, DP = config_for(prob.headdim, block_sizes)
     return 16 * MW * NW, Bc
 
@@ -418,11 +443,15 @@ def sram_bytes(prob: Problem, block_sizes=None) -> int:
 
 def compiled_kernels(prob: Problem, block_sizes=None) -> list[KernelLaunch]:
     """The one launch of :func:`forward`, compiled for ``prob`` (not launched)."""
-    return _plan.one_launch("FA2 forward tensor cores", plan(prob, block_sizes), *choose_block_sizes(prob, block_sizes))
+    what = f"FA2 forward fast (the tensor-core module above d = {TC_MAX_HEADDIM})" if _ffma_fallback(prob) else "FA2 forward tensor cores"
+    return _plan.one_launch(what, plan(prob, block_sizes), *choose_block_sizes(prob, block_sizes))
 
 
 def forward(q, k, v, prob: Problem, alloc, block_sizes=None, config=None, features=None) -> ForwardOutput:
-    """FA2 Algorithm 1 on the tensor cores (3xTF32), on kernel arrays: ``ForwardOutput(out, lse)``."""
+    """FA2 Algorithm 1 on the tensor cores (3xTF32), on kernel arrays: ``ForwardOutput(out, lse, m, l)``.
+
+    Above ``d = 128`` (:data:`TC_MAX_HEADDIM`) the FFMA kernel runs instead (same outputs).
+    """
     fwd = _plan.run_fa2_forward(plan(prob, block_sizes, config, features), q, k, v, prob, alloc)
     # FA2.1 L17: return O, L
     return fwd

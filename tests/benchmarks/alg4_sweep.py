@@ -25,7 +25,6 @@ import sys
 import time
 
 import bench_utils as bu
-import numpy as np
 
 D64 = [(32, 32, 256), (16, 48, 256), (32, 32, 512)]
 D128 = [(16, 24, 256), (16, 16, 256), (16, 24, 512)]
@@ -44,8 +43,9 @@ def main(argv=None):
     ap.add_argument("--dims", default="64,128")
     args = ap.parse_args(argv)
     import torch
+
     from numba_flash import alg0_standard, alg1_forward, alg3_backward, alg4_backward
-    from numba_flash._launch import Allocator, ForwardOutput, check_attention_args
+    from numba_flash._launch import Allocator, check_attention_args
 
     torch.backends.cuda.matmul.allow_tf32 = False
     rows = []

@@ -23,6 +23,7 @@ import platform
 import time
 
 import numpy as np
+
 from numba_flash import _backend
 
 ON_GPU = not _backend.is_simulator()
@@ -151,7 +152,7 @@ def peak_extra_memory(fn, io_bytes: int = 0):
     return max(0, int(peak - base - io_bytes))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def sgemm_tflops(n: int = 4096, repeats: int = 10) -> float | None:
     """cuBLAS SGEMM rate (torch.mm, fp32, TF32 off) measured now: the ceiling for pct_sgemm."""
     torch = torch_or_none()
@@ -213,7 +214,7 @@ def provenance() -> dict:
         "backend": _backend.BACKEND,
         "device": device_name(),
         "describe": _backend.describe(),
-        "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "python": platform.python_version(),
         "numba": numba.__version__,
         "numpy": numpy.__version__,

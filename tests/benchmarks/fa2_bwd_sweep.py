@@ -34,10 +34,10 @@ import traceback
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-import bench_utils as bu  # noqa: E402
+import bench_utils as bu
 
-from numba_flash import _inspect, fa2_backward, fa2_backward_fast, fa2_forward  # noqa: E402
-from numba_flash._launch import Allocator, check_attention_args, poison_outputs  # noqa: E402
+from numba_flash import _inspect, fa2_backward, fa2_backward_fast, fa2_forward
+from numba_flash._launch import Allocator, check_attention_args, poison_outputs
 
 #: name -> (config (NT, Br, Bc) or None for the default, or "readable"; features; deterministic)
 VARIANTS_D64 = {
@@ -99,7 +99,6 @@ def resources(cfg, feats, det, q, k, v, causal):
 
 def torch_grads(q, k, v, dout, causal, dtype):
     import torch
-
     from numba_flash_reference.common import causal_mask
 
     b, s_q, h, d = q.shape

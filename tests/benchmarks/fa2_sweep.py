@@ -31,11 +31,11 @@ import traceback
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-import bench_utils as bu  # noqa: E402
-import numpy as np  # noqa: E402
+import bench_utils as bu
+import numpy as np
 
-from numba_flash import _inspect, fa2_forward, fa2_forward_fast, fa2_forward_tc  # noqa: E402
-from numba_flash._launch import Allocator, check_attention_args, poison_outputs  # noqa: E402
+from numba_flash import _inspect, fa2_forward, fa2_forward_fast, fa2_forward_tc
+from numba_flash._launch import Allocator, check_attention_args, poison_outputs
 
 #: name -> (config (NT, TM, TPR, Bc) or None for the default / "readable", features)
 VARIANTS_D64 = {
@@ -134,7 +134,6 @@ def kernel_resources(name, cfg, feats, q, k, v, causal):
 
 def torch_reference(q, k, v, causal, dropout_p, seed, dtype):
     import torch
-
     from numba_flash_reference.common import causal_mask, dropout_scale_matrix
 
     b, s_q, h, d = q.shape

@@ -18,10 +18,10 @@ import sys
 os.environ.setdefault("NUMBA_FLASH_BACKEND", "gpu")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import numpy as np  # noqa: E402
-from numba import cuda, float32, float64, uint32  # noqa: E402
+import numpy as np
+from numba import cuda, float32, float64, uint32
 
-from numba_flash import _mma  # noqa: E402
+from numba_flash import _mma
 
 ITERS = 4096
 THREADS = 256

@@ -19,9 +19,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import bench_utils as bu  # noqa: E402
-from numba_flash import _inspect, alg1_forward, alg1_forward_fast  # noqa: E402
-from numba_flash._launch import Allocator, check_attention_args  # noqa: E402
+import bench_utils as bu
+
+from numba_flash import _inspect, alg1_forward, alg1_forward_fast
+from numba_flash._launch import Allocator, check_attention_args
 
 #: (label, config (NW, WS, TM, TPR, BCC, NCH, DP without DP), MAXREG); None config = the default.
 CANDIDATES = {

@@ -20,10 +20,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import bench_utils as bu  # noqa: E402
-from numba_flash import _inspect, alg0_standard, alg1_forward  # noqa: E402
-from numba_flash._launch import Allocator, check_attention_args  # noqa: E402
-from numba_flash._matmul import MatmulTiles, matmul, matmul_kernel  # noqa: E402
+import bench_utils as bu
+
+from numba_flash import _inspect, alg0_standard, alg1_forward
+from numba_flash._launch import Allocator, check_attention_args
+from numba_flash._matmul import MatmulTiles, matmul, matmul_kernel
 
 #: (Br, Bc, (TY, TX), shuffles) candidates per head dim; the default rule's choice comes first.
 CANDIDATES = {

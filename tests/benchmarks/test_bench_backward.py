@@ -34,6 +34,7 @@ import os
 import bench_utils as bu
 import numpy as np
 import pytest
+
 from numba_flash import _inspect, registry
 from numba_flash._launch import check_attention_args
 
@@ -63,6 +64,7 @@ def _fwd_and_step(impl, q, k, v, g):
     if impl in NUMBA_IMPLS:
         if bu.ON_GPU:
             import torch
+
             from numba_flash import flash_attn_func
 
             def fwd():

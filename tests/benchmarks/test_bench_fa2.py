@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import bench_utils as bu
 import pytest
+
 from numba_flash import _inspect, registry
 from numba_flash._launch import check_attention_args
 
@@ -121,6 +122,7 @@ def test_bench_fa2_forward_backward(benchmark, impl, seqlen, sgemm_tflops):
                                 device=bu.device_name(), functional_only=not bu.ON_GPU)
     if not bu.ON_GPU:
         import numpy as np
+
         from numba_flash import attention_backward_numpy, attention_numpy
 
         q, k, v = bu.make_inputs(b, h, n, d)

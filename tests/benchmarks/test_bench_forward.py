@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import bench_utils as bu
 import pytest
+
 from numba_flash import _inspect, registry
 from numba_flash._launch import check_attention_args
 

@@ -20,7 +20,7 @@ import pytest
 from attn_testing import assert_error_rule, assert_stats_rule, make_qkv, naive_attention_float32, naive_stats_float32
 from numba_flash_reference.alg0_standard import standard_attention
 
-from numba_flash import _launch
+from numba_flash import _launch, registry
 from numba_flash.alg1_forward import paper_block_sizes, sram_footprint
 from numba_flash.api import attention_numpy
 
@@ -272,3 +272,46 @@ def test_fast_flash1_kernel_fits_one_block_per_sm_on_gpu(rng, d):
     rep = _inspect.kernel_report(disp, threads)
     assert threads == 256 and rep["regs_per_thread"] <= 255, (name, rep)
     assert rep["local_mem_per_thread"] <= 128, (name, rep)  # ptxas: at most a few spilled registers
+
+
+# ------------------------------------------------------------------------------------------------
+# Non-finite inputs and extreme logits, every forward kernel
+# ------------------------------------------------------------------------------------------------
+FWD_PAIRS = sorted({(k.algorithm, k.variant) for k in registry.variants() if k.pass_ == "forward"})
+#: Small tiles in the simulator (the standard path has no (Br, Bc)).
+TILES = {"standard": None, "flash1": (8, 8), "flash2": (8, 8)}
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the simulator's inf - inf
+@pytest.mark.parametrize(("algorithm", "variant"), FWD_PAIRS)
+def test_a_nan_or_inf_in_a_query_row_makes_exactly_that_output_row_nan(rng, algorithm, variant):
+    """softmax semantics (and flash-attn's, SDPA's): a NaN score makes its row NaN, it is never skipped.
+    Row 3 holds a NaN; row 6 is +inf everywhere (scores inf - inf = NaN); row 8 has one +inf entry
+    (scores +-inf: the +inf key gives e^(inf - inf) = NaN). The other rows are exact."""
+    q, k, v = make_qkv(rng, 1, 10, 12, 1, 1, 8)
+    q[0, 3, 0, 2] = np.nan
+    q[0, 6, 0, :] = np.inf
+    q[0, 8, 0, 1] = np.inf
+    with _launch.poison_outputs():
+        out = attention_numpy(q, k, v, algorithm=algorithm, variant=variant, block_sizes=TILES[algorithm])
+    bad = [3, 6, 8]
+    assert np.all(np.isnan(out[0, bad])), np.isnan(out[0, bad]).sum(axis=-1)
+    good = [i for i in range(10) if i not in bad]
+    qg = q[:, good]
+    assert_error_rule(out[:, good], standard_attention(qg, k, v).O, naive_attention_float32(qg, k, v))
+
+
+@pytest.mark.parametrize(("algorithm", "variant"), FWD_PAIRS)
+def test_logits_around_1e10_give_the_one_hot_attention_without_overflow(rng, algorithm, variant):
+    """Scores ~1e10: every row is one-hot (the gaps are ~1e9, the float32 rounding of S ~1e3), so O is the
+    value row of the largest score, exactly. Online softmax only ever exponentiates S - m <= 0; the fast
+    FA1 forward used to carry m between its steps through natural units, and exp2 of the rounding of
+    m log2 e (~2^10 at 1e10) overflowed (OverflowError in the simulator, inf on a GPU)."""
+    q, k, v = make_qkv(rng, 1, 12, 20, 2, 2, 8)
+    q, k = (x * np.float32(1e5) for x in (q, k))
+    with _launch.poison_outputs():
+        out, st = attention_numpy(q, k, v, causal=True, algorithm=algorithm, variant=variant, block_sizes=TILES[algorithm], return_stats=True)
+    ref = standard_attention(q, k, v, causal=True, return_matrices=True)
+    assert np.max(np.abs(ref.S[np.isfinite(ref.S)])) > 1e9
+    assert_error_rule(out, ref.O, naive_attention_float32(q, k, v, causal=True))
+    assert np.all(np.isfinite(st.lse)) and np.max(np.abs(st.lse / ref.L - 1)) < 1e-5

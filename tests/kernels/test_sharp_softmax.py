@@ -1,0 +1,73 @@
+"""Claims about sharp softmaxes: large logits keep every backward within the gradient error rule.
+
+With scores of standard deviation 16 or more (``q`` scaled by 16 at ``tau = 1/sqrt(d)``) most rows
+are almost one-hot. A float32 standard backward then gets its dominant probabilities almost exactly
+(``P = exp(S - max) / l`` with ``S - max = 0`` and ``l ~ 1``), so the error rule's baseline is tiny.
+A recomputation backward matches it only if its ``P`` at the dominant entry reproduces the
+forward's normalization to a few ulp: recomputing ``exp(S - L)`` with the rounded logsumexp ``L``
+(an error of ``ulp(L) ~ eps |L|`` in every exponent), or recomputing ``S`` with other roundings than
+the forward (natural units against the forward's base 2), breaks the rule by up to 10x. The kernels
+therefore save ``m`` and ``l`` apart and recompute ``S`` exactly as their forward did
+(``docs/backward.rst``, "Large logits").
+
+Each case runs a forward and its backward through the API (the backward gets the statistics its own
+forward saved), for every (algorithm, variant), and checks dQ, dK, dV against the float64 oracle.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from attn_testing import assert_error_rule, make_qkv, naive_attention_backward_float32
+from numba_flash_reference.alg3_backward import standard_backward
+
+from numba_flash import attention_backward_numpy, attention_numpy, registry
+from numba_flash._launch import poison_outputs
+
+#: The tensor-core forward (3xTF32) rounds Q and K to ~22 bits before its products, so its S, hence its O and l,
+#: carry ~4-12x the rounding of a float32 S; the backward meets them in D = rowsum(dO o O) and l, and one-hot rows
+#: magnify the mismatch past the rule (docs/backward.rst, "Large logits"). A known limitation, not fixed here.
+TC_LIMIT = pytest.mark.xfail(reason="3xTF32 forward: S to ~22 bits; sharp softmaxes exceed the gradient rule", strict=False)
+
+#: Every (algorithm, variant): the backward runs on its own forward's statistics (the tensor-core forward with
+#: the fast backward).
+PAIRS = [pytest.param(a, v, marks=TC_LIMIT) if v == "tensorcore" else (a, v)
+         for a, v in sorted({(k.algorithm, k.variant) for k in registry.variants()})]
+
+
+def sharp_problem(rng, b, n, h, d, scale):
+    """q scaled by ``scale``: scores tau q.k of standard deviation ``scale`` (tau = 1/sqrt(d))."""
+    q, k, v = make_qkv(rng, b, n, n, h, h, d)
+    q = (q * np.float32(scale)).astype(np.float32)
+    dout = rng.standard_normal(q.shape).astype(np.float32)
+    return dout, q, k, v
+
+
+def gradients(dout, q, k, v, algorithm, variant, causal=False):
+    with poison_outputs():
+        out, st = attention_numpy(q, k, v, causal=causal, algorithm=algorithm, variant=variant, return_stats=True)
+        return attention_backward_numpy(dout, q, k, v, out, st)
+
+
+@pytest.mark.parametrize(("algorithm", "variant"), PAIRS)
+@pytest.mark.parametrize("scale", [16.0])
+def test_backward_follows_the_error_rule_for_sharp_softmaxes(rng, algorithm, variant, scale):
+    dout, q, k, v = sharp_problem(rng, 1, 24, 2, 32, scale)
+    got = gradients(dout, q, k, v, algorithm, variant, causal=True)
+    ref = standard_backward(dout, q, k, v, causal=True)
+    naive = naive_attention_backward_float32(dout, q, k, v, causal=True)
+    for name, g, r, n in zip(("dq", "dk", "dv"), got, ref, naive):
+        assert_error_rule(g, r, n, mult=3.0, what=f"{algorithm}/{variant} {name} at logit scale {scale:g}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("algorithm", "variant"), PAIRS)
+@pytest.mark.parametrize("scale", [16.0])
+@pytest.mark.parametrize("d", [64, 128])
+def test_backward_follows_the_error_rule_for_sharp_softmaxes_at_realistic_shapes(rng, algorithm, variant, scale, d):
+    dout, q, k, v = sharp_problem(rng, 2, 1000, 4, d, scale)
+    got = gradients(dout, q, k, v, algorithm, variant)
+    ref = standard_backward(dout, q, k, v)
+    naive = naive_attention_backward_float32(dout, q, k, v)
+    for name, g, r, n in zip(("dq", "dk", "dv"), got, ref, naive):
+        assert_error_rule(g, r, n, mult=3.0, what=f"{algorithm}/{variant} {name} at logit scale {scale:g}, d={d}")
