@@ -10,8 +10,8 @@ locked copy as soon as the simulator is imported. The report with measurements i
 How the race is made to show: ``sys.setswitchinterval(1e-6)`` asks the interpreter to switch threads
 every microsecond (restored after each test), so threads get preempted inside the window; and a
 trace function that sleeps right after a failed lookup is the worst-case preemption, every time.
-Each claim is checked with upstream's allocator (``_simfix.without_patch()``) too, so the tests show
-that the lock is what makes the difference, not luck.
+The race is also run with upstream's allocator (``_simfix.without_patch()``), so the tests show that
+the lock is what makes the difference, not luck.
 """
 
 from __future__ import annotations
@@ -276,6 +276,8 @@ class _PauseAfterFailedLookup:
 @pytest.mark.simulator_only
 @pytest.mark.parametrize("allocator", ["upstream", "locked"])
 def test_a_thread_preempted_after_a_failed_lookup_breaks_the_kernel_only_without_the_lock(allocator):
+    """Deterministic: every thread sleeps 20 ms right after finding no array. Upstream, the others miss
+    too meanwhile and each makes its own array; with the lock they wait, then find the one array."""
     with _simfix.without_patch() if allocator == "upstream" else contextlib.nullcontext():
         threading.settrace(_PauseAfterFailedLookup(0.02))
         try:
@@ -283,7 +285,6 @@ def test_a_thread_preempted_after_a_failed_lookup_breaks_the_kernel_only_without
         finally:
             threading.settrace(None)
     assert exact == (allocator == "locked")
-
 
 
 # ----------------------------------------------------------------------------------------------
