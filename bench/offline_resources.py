@@ -70,8 +70,8 @@ def _nvdisasm() -> str | None:
 def _toolchain() -> str:
     """The nvdisasm path, after a trivial kernel went through NVVM, nvJitLink and nvdisasm; else skip."""
     try:
-        from numba import cuda, float32
         from cuda.core import Linker, LinkerOptions, ObjectCode
+        from numba import cuda, float32
     except Exception as exc:  # pragma: no cover - depends on the machine
         _skip(f"numba-cuda / cuda.core not importable: {exc}")
     nvd = _nvdisasm()
@@ -115,7 +115,10 @@ def _signatures():
 
 def _kernel(name: str, d: int, causal: bool):
     """The dispatcher of ``name`` in its default configuration at head dim ``d`` (dropout off)."""
-    from numba_flash.fast import alg1_forward as A1, alg4_backward as A4, fa2_backward as B2, fa2_forward as F2
+    from numba_flash.fast import alg1_forward as A1
+    from numba_flash.fast import alg4_backward as A4
+    from numba_flash.fast import fa2_backward as B2
+    from numba_flash.fast import fa2_forward as F2
 
     if name == "alg1_forward_fast":
         f = A1.default_features()
@@ -136,8 +139,8 @@ def _kernel(name: str, d: int, causal: bool):
 
 def resources(name: str, d: int, causal: bool, nvdisasm: str) -> dict:
     """Compile, link and disassemble one kernel: ``{regs, spill_st, spill_ld, stack, sass, v4}``."""
-    from numba import cuda
     from cuda.core import Linker, LinkerOptions, ObjectCode
+    from numba import cuda
 
     k = _kernel(name, d, causal)
     ptx, _ = cuda.compile_ptx(k.py_func, _signatures()[name], cc=(9, 0), fastmath=False)
