@@ -52,14 +52,14 @@ saving needs ``M >> d^2``.
 Performance: what FA1's parallelism costs
 -----------------------------------------
 Measured results: ``docs/results/forward_h200.json`` (plot beside it; produced by
-``tests/gpu/run_benchmarks.sh``). One block per (batch, head) gives the FA2 benchmark shapes
+``bench/gpu/run_benchmarks.sh``). One block per (batch, head) gives the FA2 benchmark shapes
 (16k tokens, hidden 2048) ``b*h = 2048`` blocks at ``N = 256`` but 128 at ``N = 4096`` and 32 at
 ``N = 16384``: at most one 4-warp block per SM, whose inner step is a serial chain (HBM load of
 ``Q_i, O_i``, barrier, ``S_ij`` from SRAM, shuffles, barrier, ``P_ij V_j``, HBM store of ``O_i``) with
 no other warps to hide its latencies. So this kernel matches the standard path only at small N and
 falls behind it as N grows, while its extra memory stays O(N) (the statistics) against the standard
 path's O(N^2). FlashAttention-2 (:mod:`numba_flash.fa2_forward`) removes exactly this limit by
-parallelizing over row blocks too. ``tests/benchmarks/sweep_forward_tiles.py`` sweeps tiles and thread
+parallelizing over row blocks too. ``bench/sweep_forward_tiles.py`` sweeps tiles and thread
 layouts (128, 256 and 512 threads) on a GPU.
 
 This is the *readable* kernel (variant ``"readable"``). The default (variant ``"fast"``) is its twin

@@ -14,7 +14,7 @@ CUTLASS kernel) does not use FFMA on sm_80+: its ``DefaultGemmType<float>`` is
 into ``big = tf32(x)`` (10 mantissa bits) and ``small = tf32(x - big)``, and
 ``a b ~ a_big b_big + a_big b_small + a_small b_big`` (the dropped ``a_small b_small`` is about
 ``2^-22 |a b|``):
-three TF32 ``mma`` per product, accumulated in float32. ``tests/benchmarks/mma_peak.py`` measured the
+three TF32 ``mma`` per product, accumulated in float32. ``bench/mma_peak.py`` measured the
 rates available from Numba on an H200: TF32 ``mma.m16n8k8`` 245 TFLOP/s (so ~80 for 3xTF32), FP64
 ``mma.m16n8k8`` 62.5, FP64 ``m8n8k4`` 32.7. Accuracy: the split keeps ~21-22 bits of each input and
 the products are exact in float32, so the error rule of the tests (at most 2x the error of a plain

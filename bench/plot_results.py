@@ -1,8 +1,8 @@
 """Turn pytest-benchmark JSON from the benchmark files into a PNG plot (committed with the JSON).
 
-Usage::
+Usage (from the repository root; needs matplotlib, ``pip install -e ".[plot]"``)::
 
-    python tests/benchmarks/plot_results.py docs/results/forward_h100.json -o docs/results/forward_h100.png
+    python -m bench.plot_results docs/results/forward_h200.json -o docs/results/forward_h200.png
 
 One column per head dimension; top row TFLOP/s against N (with the SGEMM rate measured in the same run
 as a dashed line), bottom row peak extra device memory against N (log scale). Every implementation
@@ -29,7 +29,7 @@ STYLE = {
 def load(paths):
     rows, machine = [], {}
     for p in paths:
-        if str(p).endswith(".jsonl"):  # the incremental record of bench_utils.record_jsonl
+        if str(p).endswith(".jsonl"):  # the incremental record of bench._utils.record_jsonl
             lines = [json.loads(line) for line in Path(p).read_text().splitlines() if line.strip()]
             for rec in lines:
                 if "provenance" in rec:
@@ -92,12 +92,17 @@ def plot(rows, machine, out, what="forward"):
     return out
 
 
-def main(argv=None):
+def parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m bench.plot_results``."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("json", nargs="+", help="pytest-benchmark JSON file(s) or the .jsonl record of a run")
     ap.add_argument("-o", "--output", required=True, help="PNG to write")
     ap.add_argument("--title", default="forward", help="what the plot shows (forward, backward, ...)")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None):
+    args = parser().parse_args(argv)
     rows, machine = load(args.json)
     if not rows:
         raise SystemExit("no benchmarks in the JSON")

@@ -1,6 +1,14 @@
-"""Shared helpers of the benchmark files: shapes, FLOPs, timing, memory, ceilings, provenance.
+"""Shared helpers of the benchmarks: shapes, FLOPs, timing, memory, ceilings, provenance.
 
-Every benchmark in this folder follows the FlashAttention-2 convention (FA2 paper, section 4.1):
+Used by the pytest-benchmark suites (``tests/benchmarks/test_bench_*.py`` and their conftest) and by
+the tools of this package (``python -m bench.fa2_sweep`` ...). It lives here, in the repository's
+``bench`` package, rather than in ``numba_flash`` (it is measurement tooling, not part of the
+installed library) or in ``tests/`` (the tools are not tests). Both sides import it as
+``from bench import _utils``: the tools run as ``python -m bench.<tool>`` from the repository root,
+which puts the root on ``sys.path``; pytest puts it there through ``pythonpath = ["."]`` in
+``pyproject.toml``'s ``[tool.pytest.ini_options]`` (declared once, no ``sys.path`` edits in code).
+
+Every benchmark follows the FlashAttention-2 convention (FA2 paper, section 4.1):
 ``batch * seqlen = 16384`` tokens and hidden size 2048, so ``nheads = 2048 // headdim`` (32 heads at
 d = 64, 16 at d = 128). Forward FLOPs are ``4 * b * h * N^2 * d`` (halved when causal); the backward
 is 2.5x the forward.
@@ -9,8 +17,6 @@ On a GPU the timed function runs on torch CUDA tensors (zero-copy into the Numba
 with a device synchronize, so pytest-benchmark's wall-clock rounds measure device time; the median is
 reported. Warm-up rounds absorb JIT compilation. In the simulator every benchmark runs one tiny shape
 once, labelled ``functional only``: the numbers mean nothing there.
-
-Used by ``test_bench_forward.py`` and the backward / FA2 benchmark files.
 """
 
 from __future__ import annotations
@@ -20,9 +26,12 @@ import functools
 import math
 import os
 import platform
+import shlex
+import sys
 import time
 
 import numpy as np
+
 from numba_flash import _backend
 
 ON_GPU = not _backend.is_simulator()
@@ -41,6 +50,17 @@ def fa2_shape(seqlen: int, headdim: int) -> dict:
     if not ON_GPU:
         return dict(SIM_SHAPE)
     return dict(batch=max(1, TOKENS // seqlen), nheads=HIDDEN // headdim, seqlen=seqlen, headdim=headdim)
+
+
+def fa2_problem(seqlen: int, headdim: int, causal: bool = False):
+    """The checked :class:`~numba_flash._launch.Problem` of the FA2 convention's GPU shape, without inputs.
+
+    On any backend (no arrays are allocated): what a tool's ``--dry-run`` plans its kernels for.
+    """
+    from numba_flash._launch import Problem
+
+    b, h = max(1, TOKENS // seqlen), HIDDEN // headdim
+    return Problem(b, seqlen, seqlen, h, h, headdim, 1.0 / math.sqrt(headdim), bool(causal), 0.0, 0)
 
 
 def flops_forward(batch: int, nheads: int, seqlen_q: int, seqlen_k: int, headdim: int, causal: bool = False) -> float:
@@ -151,7 +171,7 @@ def peak_extra_memory(fn, io_bytes: int = 0):
     return max(0, int(peak - base - io_bytes))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def sgemm_tflops(n: int = 4096, repeats: int = 10) -> float | None:
     """cuBLAS SGEMM rate (torch.mm, fp32, TF32 off) measured now: the ceiling for pct_sgemm."""
     torch = torch_or_none()
@@ -204,6 +224,13 @@ def device_name() -> str:
     return name.decode() if isinstance(name, bytes) else str(name)
 
 
+def command_line() -> str:
+    """This process's command line as typed: ``python -m bench.fa2_sweep --seqlens 4096``, ``python -m pytest ...``."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    prog = f"python -m {spec.name.removesuffix('.__main__')}" if spec is not None and spec.name else f"python {sys.argv[0]}"
+    return " ".join([prog, *(shlex.quote(a) for a in sys.argv[1:])])
+
+
 def provenance() -> dict:
     """Device, driver, versions, date and command, for the results JSON."""
     import numba
@@ -213,11 +240,11 @@ def provenance() -> dict:
         "backend": _backend.BACKEND,
         "device": device_name(),
         "describe": _backend.describe(),
-        "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "python": platform.python_version(),
         "numba": numba.__version__,
         "numpy": numpy.__version__,
-        "command": os.environ.get("NUMBA_FLASH_BENCH_COMMAND", ""),
+        "command": os.environ.get("NUMBA_FLASH_BENCH_COMMAND") or command_line(),
     }
     torch = torch_or_none()
     if torch is not None:

@@ -1,8 +1,8 @@
 """Plot the FA2 benchmark JSON (tests/benchmarks/test_bench_fa2.py) as one PNG.
 
-Usage::
+Usage (from the repository root; needs matplotlib, ``pip install -e ".[plot]"``)::
 
-    python tests/benchmarks/plot_fa2.py docs/results/fa2_h200.json -o docs/results/fa2_h200.png
+    python -m bench.plot_fa2 docs/results/fa2_h200.json -o docs/results/fa2_h200.png
 
 Panels: forward TFLOP/s against N for (d = 64, 128) x (non-causal, causal), and forward + backward at
 d = 64. Each implementation (``extra_info["algorithm"]``) is a line; the dashed line is the cuBLAS
@@ -24,11 +24,16 @@ STYLE = {
 }
 
 
-def main(argv=None):
+def parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m bench.plot_fa2``."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("json")
     ap.add_argument("-o", "--out", required=True)
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None):
+    args = parser().parse_args(argv)
     import matplotlib
 
     matplotlib.use("Agg")

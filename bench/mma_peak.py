@@ -2,26 +2,25 @@
 
 Before writing a tensor-core attention kernel, measure what each instruction can give from Numba:
 ``mma.sync`` through inline PTX (:mod:`numba_flash.fast._mma`) for the FP64 tensor-core shapes and TF32,
-against plain FP32 FFMA. Each warp runs ``CHAINS`` independent accumulator chains (so the loop is
+against plain FP32 FFMA. Each warp runs 2 to 8 independent accumulator chains (so the loop is
 throughput-bound, not latency-bound) for ``ITERS`` iterations; 8 warps per block, 8 blocks per SM.
 Prints one JSON line per instruction (TFLOP/s counting 2 FLOPs per multiply-add), with the device.
+The committed output of one H200 run is ``docs/results/sweeps/mma_peak_h200.jsonl``.
 
-    python tests/benchmarks/mma_peak.py            # GPU only
+    python3 -m bench.mma_peak > mma_peak.jsonl            # GPU only, from the repository root
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-import os
 import sys
 
-os.environ.setdefault("NUMBA_FLASH_BACKEND", "gpu")
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import numpy as np
+from numba import cuda, float32, float64, uint32
 
-import numpy as np  # noqa: E402
-from numba import cuda, float32, float64, uint32  # noqa: E402
-
-from numba_flash import _mma  # noqa: E402
+from numba_flash import _backend
+from numba_flash.fast import _mma
 
 ITERS = 4096
 THREADS = 256
@@ -96,7 +95,18 @@ CASES = {
 }
 
 
-def main() -> int:
+def parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m bench.mma_peak``."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--iters", type=int, default=ITERS, help=f"loop iterations per timed launch (default {ITERS})")
+    return ap
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    if _backend.is_simulator():
+        print("mma_peak needs a GPU: the simulator cannot execute inline PTX")
+        return 1
     dev = cuda.get_current_device()
     sms = dev.MULTIPROCESSOR_COUNT
     blocks = sms * 8
@@ -109,12 +119,12 @@ def main() -> int:
         times = []
         for _ in range(5):
             start.record()
-            kern[blocks, THREADS](x, out, ITERS)
+            kern[blocks, THREADS](x, out, args.iters)
             stop.record()
             stop.synchronize()
             times.append(cuda.event_elapsed_time(start, stop))
         ms = sorted(times)[len(times) // 2]
-        flops = 2.0 * fma_per_warp_iter * ITERS * blocks * THREADS // 32
+        flops = 2.0 * fma_per_warp_iter * args.iters * blocks * THREADS // 32
         print(json.dumps({"instr": name, "ms": round(ms, 3), "tflops": round(flops / ms / 1e9, 1),
                           "device": dev.name.decode() if isinstance(dev.name, bytes) else dev.name, "sms": sms}))
     return 0

@@ -1,6 +1,8 @@
-"""FA2 variant sweep for one GPU call: build, check and time several kernel variants and sizes, print a table.
+"""FA2 forward variant sweep for one GPU call: build, check and time kernel variants and sizes, print a table.
 
-For each variant of the FA2 forward (the readable kernel and tilings / features of the fast one) it
+For each variant of the FA2 forward (the readable kernel, tilings / features of the fast FFMA kernel
+:mod:`numba_flash.fast.fa2_forward` and of the tensor-core kernel :mod:`numba_flash.fast.fa2_forward_tc`)
+it
 
 1. checks correctness on a few ragged shapes against torch float64 (the error rule: at most 2x the
    error of torch float32 with TF32 off), NaN-poisoned outputs;
@@ -12,10 +14,13 @@ For each variant of the FA2 forward (the readable kernel and tilings / features 
 
 Run on a GPU machine from the repository root::
 
-    source tests/gpu/setup_env.sh
-    python3 tests/benchmarks/fa2_sweep.py --seqlens 4096 --headdims 64 128 --out $OUT/fa2_sweep.json
+    source bench/gpu/setup_env.sh
+    python3 -m bench.fa2_sweep --seqlens 4096 --headdims 64 128 --out $OUT/fa2_sweep.json
 
-The JSON holds every row plus provenance; the table printed last is the summary.
+The JSON holds every row plus provenance; the table printed last is the summary. ``--dry-run``
+lists each variant's tiling, threads and shared memory without running anything (works in the
+simulator). The committed sweeps are ``docs/results/sweeps/fa2_sweep_h200_*.json`` and
+``sweep_tc*_h200.json``; ``bench/README.md`` says which variant produced which documented number.
 """
 
 from __future__ import annotations
@@ -28,23 +33,27 @@ import sys
 import time
 import traceback
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import numpy as np
 
-import bench_utils as bu  # noqa: E402
-import numpy as np  # noqa: E402
+from bench import _utils as bu
+from numba_flash import _inspect, fa2_forward
+from numba_flash._launch import Allocator, check_attention_args, poison_outputs
+from numba_flash.fast import fa2_forward as fa2_forward_fast
+from numba_flash.fast import fa2_forward_tc
 
-from numba_flash import _inspect, fa2_forward, fa2_forward_fast, fa2_forward_tc  # noqa: E402
-from numba_flash._launch import Allocator, check_attention_args, poison_outputs  # noqa: E402
-
+# Variant names describe today's code: the defaults changed between the committed sweeps, and a
+# name there meant "the default at the time" (e.g. ``fast`` was 64 x 64 in fa2_sweep_h200_run1/2.json,
+# ``tc`` staged only O in sweep_tc2_h200.json). bench/README.md maps those rows to the names below.
 #: name -> (config (NT, TM, TPR, Bc) or None for the default / "readable", features)
 VARIANTS_D64 = {
     "readable": ("readable", {}),
-    "fast": (None, {}),
+    "fast": (None, {}),  # Br 128 x Bc 64, TM 8, 128 threads
     "fast-noprefetch": (None, {"PREFETCH": False}),
     "fast-novec": (None, {"VEC": False}),
     "fast-noshfl": (None, {"SHFL": False}),
     "fast-noreverse": (None, {"REVERSE": False}),
+    "fast-64x64": ((128, 4, 8, 64), {}),  # the default of sweep run 2 ("fast" there)
+    "fast-64x64-noprefetch": ((128, 4, 8, 64), {"PREFETCH": False}),  # "fast-noprefetch" of run 2
     "fast-Br128-nt256": ((256, 4, 8, 64), {}),
     "fast-Br128-nt256-r128": ((256, 4, 8, 64), {"MAXREG": 128}),
     "fast-Br128-nt256-nopf-r128": ((256, 4, 8, 64), {"MAXREG": 128, "PREFETCH": False}),
@@ -54,9 +63,9 @@ VARIANTS_D64 = {
     "fast-Br128-Bc32-r128": ((256, 4, 8, 32), {"MAXREG": 128}),
     "fast-TM8-Br128": ((128, 8, 8, 64), {}),
     # tensor cores (3xTF32, numba_flash.fast.fa2_forward_tc): ("tc", (NW, MW, Bc)) or ("tc", None) = its default
-    "tc": (("tc", None), {}),
-    "tc-nostageO": (("tc", None), {"STAGE_O": False}),
-    "tc-stageS": (("tc", None), {"STAGE_S": True}),
+    "tc": (("tc", None), {}),  # S and O staged (the default; "tc-stageS" of sweep_tc2)
+    "tc-stageO": (("tc", None), {"STAGE_S": False}),  # O staged only ("tc" of sweep_tc2)
+    "tc-unstaged": (("tc", None), {"STAGE_S": False, "STAGE_O": False}),  # accumulate in the mma ("tc-nostageO" of sweep_tc2)
     "tc-noprefetch": (("tc", None), {"PREFETCH": False}),
     "tc-MW1": (("tc", (4, 1, 64)), {}),
     "tc-Bc32": (("tc", (4, 2, 32)), {}),
@@ -64,17 +73,17 @@ VARIANTS_D64 = {
 }
 VARIANTS_D128 = {
     "readable": ("readable", {}),
-    "fast": (None, {}),
+    "fast": (None, {}),  # Br 64 x Bc 32, TM 4, 128 threads
     "fast-TM2-nt256": ((256, 2, 8, 32), {}),
     "fast-TM2-nt256-r128": ((256, 2, 8, 32), {"MAXREG": 128}),
     "fast-Br128-nt256-r128": ((256, 4, 8, 32), {"MAXREG": 128}),
     "fast-nt128-r168": ((128, 4, 8, 32), {"MAXREG": 168}),
-    "tc": (("tc", None), {}),
-    "tc-stageS": (("tc", None), {"STAGE_S": True}),
-    "tc-Bc32": (("tc", (4, 1, 32)), {}),
-    "tc-Bc32-stageS": (("tc", (4, 1, 32)), {"STAGE_S": True}),
-    "tc-MW2-Bc32": (("tc", (4, 2, 32)), {}),
-    "tc-NW8-Bc32": (("tc", (8, 1, 32)), {}),
+    "tc": (("tc", None), {}),  # 8 warps, Br 128 x Bc 32 ("tc-NW8-Bc32" of sweep_tc2)
+    "tc-stageO": (("tc", None), {"STAGE_S": False}),
+    "tc-64x64": (("tc", (4, 1, 64)), {"STAGE_S": False}),  # the d = 128 default of sweep_tc2 ("tc" there)
+    "tc-Bc32": (("tc", (4, 1, 32)), {}),  # "tc-Bc32-stageS" of sweep_tc2
+    "tc-Bc32-stageO": (("tc", (4, 1, 32)), {"STAGE_S": False}),  # "tc-Bc32" of sweep_tc2
+    "tc-MW2-Bc32": (("tc", (4, 2, 32)), {"STAGE_S": False}),  # as in sweep_tc2
 }
 
 
@@ -93,13 +102,29 @@ def _config(cfg, d):
     return (NT, TM, TPR, Bc, fa2_forward_fast._padded_d(d, TPR))
 
 
+def plan_variant(cfg, feats, prob):
+    """(compiled kernel, tile "BrxBc", threads per block, dynamic SRAM bytes) of a variant, not launched."""
+    d = prob.headdim
+    if cfg == "readable":
+        launch = fa2_forward.compiled_kernels(prob)[0]
+        Br, Bc = fa2_forward.choose_block_sizes(prob)
+        return launch.dispatcher, f"{Br}x{Bc}", launch.threads, 0
+    if _is_tc(cfg):
+        kernel, grid, NT, nbytes = fa2_forward_tc.plan(prob, config=_tc_config(cfg, d), features=feats)
+        NW, MW, Bc, _ = _tc_config(cfg, d) or fa2_forward_tc.config_for(d)
+        return kernel, f"{16 * MW * NW}x{Bc}", NT, nbytes
+    kernel, grid, NT, nbytes = fa2_forward_fast.plan(prob, config=_config(cfg, d), features=feats)
+    c = _config(cfg, d) or fa2_forward_fast.config_for(d)
+    return kernel, f"{(c[0] // c[2]) * c[1]}x{c[3]}", NT, nbytes
+
+
 def run_variant(name, cfg, feats, q, k, v, causal=False, dropout_p=0.0, seed=0):
     """One forward of a variant on torch CUDA tensors; returns (out, lse) torch tensors."""
     prob = check_attention_args(q, k, v, dropout_p, None, causal, seed)
     alloc = Allocator(q)
     kq, kk, kv = (alloc.to_kernel(x) for x in (q, k, v))
     if cfg == "readable":
-        fwd = fa2_forward.forward(kq, kk, kv, prob, alloc, variant="readable")
+        fwd = fa2_forward.forward(kq, kk, kv, prob, alloc)
     elif _is_tc(cfg):
         fwd = fa2_forward_tc.forward(kq, kk, kv, prob, alloc, config=_tc_config(cfg, prob.headdim), features=feats)
     else:
@@ -108,33 +133,39 @@ def run_variant(name, cfg, feats, q, k, v, causal=False, dropout_p=0.0, seed=0):
 
 
 def kernel_resources(name, cfg, feats, q, k, v, causal):
-    """regs / smem / local / occupancy of the variant's compiled kernel (after it ran once)."""
+    """regs / smem (static + dynamic) / local / occupancy of the variant's compiled kernel (after it ran once)."""
     prob = check_attention_args(q, k, v, 0.0, None, causal, 0)
-    if cfg == "readable":
-        Br, Bc, Tr, Tc = fa2_forward._split(prob, None)
-        disp = fa2_forward.fa2_forward_kernel(Br, Bc, prob.headdim, causal, False)
-        res = _inspect.kernel_resources(disp)
-        occ = _inspect.theoretical_occupancy(res["regs_per_thread"], res["shared_mem_per_block"], Br)
-        return dict(tile=f"{Br}x{Bc}", threads=Br, regs=res["regs_per_thread"], smem=res["shared_mem_per_block"], local=res["local_mem_per_thread"], **occ)
-    if _is_tc(cfg):
-        kernel, grid, NT, nbytes = fa2_forward_tc.plan(prob, config=_tc_config(cfg, prob.headdim), features=feats)
-        res = _inspect.kernel_resources(kernel)
-        smem = (res["shared_mem_per_block"] or 0) + nbytes
-        occ = _inspect.theoretical_occupancy(res["regs_per_thread"], smem, NT)
-        NW, MW, Bc, _ = _tc_config(cfg, prob.headdim) or fa2_forward_tc.config_for(prob.headdim)
-        return dict(tile=f"{16 * MW * NW}x{Bc}", threads=NT, regs=res["regs_per_thread"], smem=smem, local=res["local_mem_per_thread"], **occ)
-    kernel, grid, NT, nbytes = fa2_forward_fast.plan(prob, config=_config(cfg, prob.headdim), features=feats)
+    kernel, tile, threads, nbytes = plan_variant(cfg, feats, prob)
     res = _inspect.kernel_resources(kernel)
     smem = (res["shared_mem_per_block"] or 0) + nbytes
-    occ = _inspect.theoretical_occupancy(res["regs_per_thread"], smem, NT)
-    c = _config(cfg, prob.headdim) or fa2_forward_fast.config_for(prob.headdim)
-    Br = (c[0] // c[2]) * c[1]
-    return dict(tile=f"{Br}x{c[3]}", threads=NT, regs=res["regs_per_thread"], smem=smem, local=res["local_mem_per_thread"], **occ)
+    occ = _inspect.theoretical_occupancy(res["regs_per_thread"], smem, threads)
+    return dict(tile=tile, threads=threads, regs=res["regs_per_thread"], smem=smem, local=res["local_mem_per_thread"], **occ)
+
+
+def dry_run(headdims, seqlens, causals, names):
+    """Each variant's tiling, threads and dynamic SRAM on this backend, without launching anything."""
+    for d in headdims:
+        for name, (cfg, feats) in _select(d, names).items():
+            for n in seqlens:
+                for causal in causals:
+                    prob = bu.fa2_problem(n, d, causal)
+                    _, tile, threads, nbytes = plan_variant(cfg, feats, prob)
+                    print(f"d={d} N={n} causal={int(causal)} {name:28} tile {tile:>7} threads {threads:>4} dynamic SRAM {nbytes / 1024:6.1f} KB")
+    return 0
+
+
+def _select(d, names):
+    variants = dict(VARIANTS_D64 if d <= 64 else VARIANTS_D128)
+    if names:
+        unknown = sorted(set(names) - set(variants))
+        if unknown:
+            raise SystemExit(f"unknown variant(s) at d={d}: {unknown}; known: {sorted(variants)}")
+        variants = {k: v for k, v in variants.items() if k in names}
+    return variants
 
 
 def torch_reference(q, k, v, causal, dropout_p, seed, dtype):
     import torch
-
     from numba_flash_reference.common import causal_mask, dropout_scale_matrix
 
     b, s_q, h, d = q.shape
@@ -190,75 +221,87 @@ def check(variants, d, log):
 
 
 def time_forward(variants, seqlens, d, causals, repeats, sgemm, rows, log, baselines=True):
-    import torch
-
     for n in seqlens:
         shape = bu.fa2_shape(n, d)
         b, h = shape["batch"], shape["nheads"]
         q, k, v = bu.make_inputs(b, h, n, d, seed=n + d)
         for causal in causals:
-            flops = bu.flops_forward(b, h, n, n, d, causal)
-            impls = {name: (lambda cfg=cfg, feats=feats, name=name: run_variant(name, cfg, feats, q, k, v, causal)) for name, (cfg, feats) in variants.items()}
-            if baselines:
-                impls["torch_naive"] = lambda: bu.torch_naive_attention(q, k, v, causal=causal)
-                impls["sdpa_mem_efficient"] = lambda: bu.torch_sdpa_mem_efficient(q, k, v, causal=causal)
-            for name, fn in impls.items():
-                row = dict(pass_="forward", impl=name, N=n, d=d, batch=b, nheads=h, causal=causal)
-                try:
-                    torch.backends.cuda.matmul.allow_tf32 = False
-                    reps = repeats if name != "readable" else max(3, repeats // 3)
-                    med, lo, hi = bu.cuda_time_ms(fn, warmup=2, repeats=reps)
-                    rate = bu.tflops(flops, med * 1e-3)
-                    row.update(ms=med, ms_min=lo, ms_max=hi, tflops=rate, pct_sgemm=100 * rate / sgemm)
-                    if name in variants:
-                        cfg, feats = variants[name]
-                        row.update(kernel_resources(name, cfg, feats, q, k, v, causal))
-                except Exception as exc:
-                    row.update(error=f"{type(exc).__name__}: {str(exc)[:300]}")
-                    log.append(f"{name} N={n} d={d} causal={causal}: {traceback.format_exc()[-1500:]}")
-                rows.append(row)
-                bu.free_memory()
+            _time_forward_one(variants, q, k, v, causal, repeats, sgemm, rows, log, baselines)
         del q, k, v
         bu.free_memory()
 
 
-def time_fwd_bwd(seqlens, d, causals, repeats, sgemm, rows, log):
+def _time_forward_one(variants, q, k, v, causal, repeats, sgemm, rows, log, baselines):
+    """Time every variant (and the torch baselines) on one input and one mask; append the rows."""
     import torch
 
-    from numba_flash import flash_attn_func
+    b, n, h, d = q.shape
+    flops = bu.flops_forward(b, h, n, n, d, causal)
+    impls = {name: (lambda cfg=cfg, feats=feats, name=name: run_variant(name, cfg, feats, q, k, v, causal)) for name, (cfg, feats) in variants.items()}
+    if baselines:
+        impls["torch_naive"] = lambda: bu.torch_naive_attention(q, k, v, causal=causal)
+        impls["sdpa_mem_efficient"] = lambda: bu.torch_sdpa_mem_efficient(q, k, v, causal=causal)
+    for name, fn in impls.items():
+        row = dict(pass_="forward", impl=name, N=n, d=d, batch=b, nheads=h, causal=causal)
+        try:
+            torch.backends.cuda.matmul.allow_tf32 = False
+            reps = repeats if name != "readable" else max(3, repeats // 3)
+            med, lo, hi = bu.cuda_time_ms(fn, warmup=2, repeats=reps)
+            rate = bu.tflops(flops, med * 1e-3)
+            row.update(ms=med, ms_min=lo, ms_max=hi, tflops=rate, pct_sgemm=100 * rate / sgemm)
+            if name in variants:
+                cfg, feats = variants[name]
+                row.update(kernel_resources(name, cfg, feats, q, k, v, causal))
+        except Exception as exc:
+            row.update(error=f"{type(exc).__name__}: {str(exc)[:300]}")
+            log.append(f"{name} N={n} d={d} causal={causal}: {traceback.format_exc()[-1500:]}")
+        rows.append(row)
+        bu.free_memory()
 
+
+def time_fwd_bwd(seqlens, d, causals, repeats, sgemm, rows, log):
     for n in seqlens:
         shape = bu.fa2_shape(n, d)
         b, h = shape["batch"], shape["nheads"]
         q, k, v = bu.make_inputs(b, h, n, d, seed=n + d, requires_grad=True)
-        dout = torch.randn_like(q)
         for causal in causals:
-            flops = bu.flops_forward(b, h, n, n, d, causal) * 3.5
-            impls = {
-                "flash2": lambda: flash_attn_func(q, k, v, causal=causal, algorithm="flash2"),
-                "flash2-deterministic": lambda: flash_attn_func(q, k, v, causal=causal, algorithm="flash2", deterministic=True),
-                "torch_naive": lambda: bu.torch_naive_attention(q, k, v, causal=causal),
-                "sdpa_mem_efficient": lambda: bu.torch_sdpa_mem_efficient(q, k, v, causal=causal),
-            }
-            for name, f in impls.items():
-                row = dict(pass_="fwd+bwd", impl=name, N=n, d=d, batch=b, nheads=h, causal=causal)
-
-                def step(f=f):
-                    for x in (q, k, v):
-                        x.grad = None
-                    f().backward(dout)
-
-                try:
-                    torch.backends.cuda.matmul.allow_tf32 = False
-                    med, lo, hi = bu.cuda_time_ms(step, warmup=1, repeats=max(3, repeats // 3))
-                    rate = bu.tflops(flops, med * 1e-3)
-                    row.update(ms=med, ms_min=lo, ms_max=hi, tflops=rate, pct_sgemm=100 * rate / sgemm)
-                except Exception as exc:
-                    row.update(error=f"{type(exc).__name__}: {str(exc)[:300]}")
-                    log.append(f"fwd+bwd {name} N={n}: {traceback.format_exc()[-1500:]}")
-                rows.append(row)
-                bu.free_memory()
+            _time_fwd_bwd_one(q, k, v, causal, repeats, sgemm, rows, log)
         del q, k, v
+        bu.free_memory()
+
+
+def _time_fwd_bwd_one(q, k, v, causal, repeats, sgemm, rows, log):
+    """flash2 (variant "auto"), deterministic flash2 and the torch baselines, forward + backward."""
+    import torch
+
+    from numba_flash import flash_attn_func
+
+    b, n, h, d = q.shape
+    dout = torch.randn_like(q)
+    flops = bu.flops_forward(b, h, n, n, d, causal) * 3.5
+    impls = {
+        "flash2": lambda: flash_attn_func(q, k, v, causal=causal, algorithm="flash2"),
+        "flash2-deterministic": lambda: flash_attn_func(q, k, v, causal=causal, algorithm="flash2", deterministic=True),
+        "torch_naive": lambda: bu.torch_naive_attention(q, k, v, causal=causal),
+        "sdpa_mem_efficient": lambda: bu.torch_sdpa_mem_efficient(q, k, v, causal=causal),
+    }
+    for name, f in impls.items():
+        row = dict(pass_="fwd+bwd", impl=name, N=n, d=d, batch=b, nheads=h, causal=causal)
+
+        def step(f=f):
+            for x in (q, k, v):
+                x.grad = None
+            f().backward(dout)
+
+        try:
+            torch.backends.cuda.matmul.allow_tf32 = False
+            med, lo, hi = bu.cuda_time_ms(step, warmup=1, repeats=max(3, repeats // 3))
+            rate = bu.tflops(flops, med * 1e-3)
+            row.update(ms=med, ms_min=lo, ms_max=hi, tflops=rate, pct_sgemm=100 * rate / sgemm)
+        except Exception as exc:
+            row.update(error=f"{type(exc).__name__}: {str(exc)[:300]}")
+            log.append(f"fwd+bwd {name} N={n}: {traceback.format_exc()[-1500:]}")
+        rows.append(row)
         bu.free_memory()
 
 
@@ -277,34 +320,41 @@ def table(rows):
     return "\n".join(lines)
 
 
-def main(argv=None):
+def parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m bench.fa2_sweep``."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seqlens", type=int, nargs="+", default=[4096])
     ap.add_argument("--headdims", type=int, nargs="+", default=[64, 128])
     ap.add_argument("--causal", choices=["both", "no", "yes"], default="both")
-    ap.add_argument("--variants", nargs="*", default=None, help="names to keep (default: all)")
+    ap.add_argument("--variants", nargs="*", default=None, help="names to keep (default: all; see VARIANTS_D64 / VARIANTS_D128)")
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--no-check", action="store_true")
+    ap.add_argument("--no-baselines", action="store_true", help="do not time torch's naive attention and SDPA beside the variants")
     ap.add_argument("--fwdbwd", type=int, nargs="*", default=[], help="seqlens for flash2 fwd+bwd at d=64")
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "fa2_sweep.json"))
-    args = ap.parse_args(argv)
+    ap.add_argument("--dry-run", action="store_true", help="list each variant's tiling, threads and SRAM; run nothing")
+    return ap
+
+
+def main(argv=None):
+    args = parser().parse_args(argv)
+    causals = {"both": (False, True), "no": (False,), "yes": (True,)}[args.causal]
+    if args.dry_run:
+        return dry_run(args.headdims, args.seqlens, causals, args.variants)
     if not bu.ON_GPU:
-        print("fa2_sweep needs a GPU")
+        print("fa2_sweep needs a GPU (or --dry-run)")
         return 1
     t0 = time.time()
     sgemm = bu.sgemm_tflops()
     print(f"device: {bu.device_name()}  SGEMM fp32 (4096^3, TF32 off): {sgemm:.1f} TFLOP/s", flush=True)
-    causals = {"both": (False, True), "no": (False,), "yes": (True,)}[args.causal]
     rows, log, checks = [], [], {}
     for d in args.headdims:
-        variants = dict(VARIANTS_D64 if d <= 64 else VARIANTS_D128)
-        if args.variants:
-            variants = {k: v for k, v in variants.items() if k in args.variants}
+        variants = _select(d, args.variants)
         if not args.no_check:
             checks[d] = check(variants, d, log)
             for name, res in checks[d].items():
                 print(f"check d={d} {name:20} " + " ".join(("ok" if r["ok"] else "FAIL") + f"({r['err']:.1e}/{r['naive32_err']:.1e})" for r in res), flush=True)
-        time_forward(variants, args.seqlens, d, causals, args.repeats, sgemm, rows, log)
+        time_forward(variants, args.seqlens, d, causals, args.repeats, sgemm, rows, log, baselines=not args.no_baselines)
         print(f"[{time.time() - t0:.0f}s] d={d} timed", flush=True)
     if args.fwdbwd:
         time_fwd_bwd(args.fwdbwd, 64, (False,), args.repeats, sgemm, rows, log)

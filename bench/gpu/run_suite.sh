@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The whole test suite on a GPU machine (gpu- and slow-marked tests included), plus the demo.
-# Usage, from the repository root: bash tests/gpu/run_suite.sh [OUTDIR]
+# Usage, from the repository root: bash bench/gpu/run_suite.sh [OUTDIR]
 # Writes OUTDIR/gpu_suite.log (pytest's report with the device in its header) and OUTDIR/gpu_demo.log.
+# Exit status: pytest's.
 set -uo pipefail
 out="${1:-${OUT:-.}}"
-source tests/gpu/setup_env.sh
+mkdir -p "$out"
+source bench/gpu/setup_env.sh || exit 1
 {
   echo "# $(date -u +%Y-%m-%dT%H:%M:%SZ) commit ${NUMBA_FLASH_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader

@@ -1,8 +1,9 @@
 """Offline sm_90 resource report of the fast kernels: registers, spills, local memory, SASS size.
 
 No GPU is needed. Each fast kernel is compiled for its DEFAULT configuration (``config_for(d)``, the
-GPU's default features: shuffles, 16-byte loads, prefetch, no register cap, dropout off) at d = 64
-and d = 128, causal and not:
+GPU's default features: shuffles, 16-byte loads, prefetch, no register cap, dropout off; for the
+tensor-core forward ``fa2_forward_tc_kernel`` with ``SIM=False`` and its default staging and
+prefetch) at d = 64 and d = 128, causal and not:
 
 1. ``cuda.compile_ptx(kernel.py_func, sig, cc=(9, 0))`` (NVVM 13) gives the PTX;
 2. cuda.core's ``Linker`` (nvJitLink, verbose) runs ptxas and reports registers, spill stores / loads
@@ -15,23 +16,28 @@ and d = 128, causal and not:
 A refactor that must not change what the GPU executes (for example moving register-tile code into
 the device-function factories of :mod:`numba_flash.fast._regtile`) must leave every row of this table
 identical (the hash column makes that an exact check, not only a count). Run it before and after and
-``diff`` the outputs; for "before" without touching the working tree, put a copy of the old
-``numba_flash`` package first on ``PYTHONPATH`` and run from outside the repository::
+``diff`` the outputs. From the repository root::
 
-    PYTHONPATH=/tmp/cu13site LD_LIBRARY_PATH=/tmp/cu13site/nvidia/cu13/lib \\
-        /tmp/venv/bin/python tests/benchmarks/offline_resources.py > after.txt
-    cd /tmp && PYTHONPATH=/tmp/old_pkg:/tmp/cu13site LD_LIBRARY_PATH=/tmp/cu13site/nvidia/cu13/lib \\
-        /tmp/venv/bin/python /work/main/tests/benchmarks/offline_resources.py > before.txt
+    PYTHONPATH=/tmp/cu13site LD_LIBRARY_PATH=/tmp/cu13site/nvidia/cu13/lib \
+        NVDISASM=/tmp/cu13site/nvidia/cu13/bin/nvdisasm .venv/bin/python -m bench.offline_resources > after.txt
 
-A full run (20 compiles) takes about 5 minutes on 2 cores.
+For "before" without touching the working tree, this file also runs by path (it imports nothing from
+the ``bench`` package): put a copy of the old ``numba_flash`` package first on ``PYTHONPATH`` and run
+it from outside the repository::
+
+    cd /tmp && PYTHONPATH=/tmp/old_pkg:/tmp/cu13site LD_LIBRARY_PATH=/tmp/cu13site/nvidia/cu13/lib \
+        /path/to/.venv/bin/python /path/to/repo/bench/offline_resources.py > before.txt
+
+A full run (24 compiles, one process each) takes about 5-6 minutes on 2 cores.
 
 Toolchain (CPU only, pip packages installed to private ``--target`` directories): ``nvidia-nvvm``,
 ``nvidia-nvjitlink`` and ``cuda-toolkit`` runtime bits on ``PYTHONPATH``/``LD_LIBRARY_PATH``, ``cuda-core``
 importable, ``nvdisasm`` (``nvidia-cuda-nvdisasm``) found through ``$NVDISASM``, ``PATH`` or the
 default ``/tmp/cu13b/nvidia/cu13/bin/nvdisasm``. When any piece is missing the script prints why and
 exits with status 0 (a skip, not a failure). ``--kernel NAME`` (repeatable) restricts the report to
-``alg1_forward_fast``, ``fa2_forward_fast``, ``alg4_backward_fast``, ``fa2_backward_fast`` or
-``fa2_backward_fast_dq``; ``--d`` picks head dims.
+``alg1_forward_fast``, ``fa2_forward_fast``, ``fa2_forward_tc``, ``alg4_backward_fast``,
+``fa2_backward_fast`` or ``fa2_backward_fast_dq`` (the names of the table; the modules are
+``numba_flash/fast/alg1_forward.py`` ...); ``--d`` picks head dims.
 """
 
 from __future__ import annotations
@@ -47,10 +53,13 @@ import subprocess
 import sys
 import tempfile
 
-os.environ.setdefault("NUMBA_FLASH_BACKEND", "gpu")
-os.environ["NUMBA_ENABLE_CUDASIM"] = "0"
+KERNELS = ("alg1_forward_fast", "fa2_forward_fast", "fa2_forward_tc", "alg4_backward_fast", "fa2_backward_fast", "fa2_backward_fast_dq")
 
-KERNELS = ("alg1_forward_fast", "fa2_forward_fast", "alg4_backward_fast", "fa2_backward_fast", "fa2_backward_fast_dq")
+
+def _gpu_backend() -> None:
+    """Compile for the GPU even without one: set before anything imports ``numba.cuda`` (see numba_flash._backend)."""
+    os.environ.setdefault("NUMBA_FLASH_BACKEND", "gpu")
+    os.environ["NUMBA_ENABLE_CUDASIM"] = "0"
 
 
 def _skip(why: str) -> None:
@@ -70,8 +79,8 @@ def _nvdisasm() -> str | None:
 def _toolchain() -> str:
     """The nvdisasm path, after a trivial kernel went through NVVM, nvJitLink and nvdisasm; else skip."""
     try:
-        from numba import cuda, float32
         from cuda.core import Linker, LinkerOptions, ObjectCode
+        from numba import cuda, float32
     except Exception as exc:  # pragma: no cover - depends on the machine
         _skip(f"numba-cuda / cuda.core not importable: {exc}")
     nvd = _nvdisasm()
@@ -104,6 +113,8 @@ def _signatures():
         "alg1_forward_fast": (a4,) * 4 + (a3,) * 3 + (f32, i64, i64, i64, i64, f32),
         # gQ, gK, gV, gO, gL, scale_log2, group, causal_offset, seed, threshold, dropout_scale
         "fa2_forward_fast": (a4,) * 4 + (a3,) + (f64, i64, i64, i64, i64, f64),
+        # gQ, gK, gV, gO, gL, scale_log2, group, causal_offset, seed, threshold, dropout_scale (as the FFMA kernel)
+        "fa2_forward_tc": (a4,) * 4 + (a3,) + (f64, i64, i64, i64, i64, f64),
         # gQ, gK, gV, gO, gdO, gm, gl, gDs, gdQ, gdK, gdV, tau, group, causal_offset, seed, threshold, dropout_scale
         "alg4_backward_fast": (a4,) * 5 + (a3,) * 3 + (a4,) * 3 + (f32, i64, i64, u32, u32, f32),
         # gQ, gK, gV, gdO, gL, gD, gdQ, gdK, gdV, tau, c1, group, causal_offset, seed, threshold, dropout_scale
@@ -115,7 +126,11 @@ def _signatures():
 
 def _kernel(name: str, d: int, causal: bool):
     """The dispatcher of ``name`` in its default configuration at head dim ``d`` (dropout off)."""
-    from numba_flash.fast import alg1_forward as A1, alg4_backward as A4, fa2_backward as B2, fa2_forward as F2
+    from numba_flash.fast import alg1_forward as A1
+    from numba_flash.fast import alg4_backward as A4
+    from numba_flash.fast import fa2_backward as B2
+    from numba_flash.fast import fa2_forward as F2
+    from numba_flash.fast import fa2_forward_tc as TC
 
     if name == "alg1_forward_fast":
         f = A1.default_features()
@@ -123,6 +138,11 @@ def _kernel(name: str, d: int, causal: bool):
     if name == "fa2_forward_fast":
         f = F2.default_features()
         return F2.fa2_forward_fast_kernel(*F2.config_for(d), causal, False, f["SHFL"], f["VEC"], f["REVERSE"], f["PREFETCH"], f["MAXREG"])
+    if name == "fa2_forward_tc":
+        f = TC.default_features()
+        NW, MW, BC, DP = TC.config_for(d)
+        prefetch = f["PREFETCH"] if f["PREFETCH"] is not None else DP <= 64  # as TC.plan
+        return TC.fa2_forward_tc_kernel(NW, MW, BC, DP, causal, False, bool(prefetch), False, f["STAGE_S"], f["STAGE_O"])
     if name == "alg4_backward_fast":
         f = A4.default_features()
         return A4.alg4_backward_fast_kernel(*A4.config_for(d), causal, False, False, f["VEC"], f["MAXREG"])
@@ -136,8 +156,8 @@ def _kernel(name: str, d: int, causal: bool):
 
 def resources(name: str, d: int, causal: bool, nvdisasm: str) -> dict:
     """Compile, link and disassemble one kernel: ``{regs, spill_st, spill_ld, stack, sass, v4}``."""
-    from numba import cuda
     from cuda.core import Linker, LinkerOptions, ObjectCode
+    from numba import cuda
 
     k = _kernel(name, d, causal)
     ptx, _ = cuda.compile_ptx(k.py_func, _signatures()[name], cc=(9, 0), fastmath=False)
@@ -172,7 +192,9 @@ def _one(name: str, d: int, causal: bool, nvd: str) -> dict:
     (Numba's mangled names and ptxas' tie-breaking depend on the process history: in one process, a
     kernel compiled after others can get a different but equivalent register assignment.)
     """
-    cmd = [sys.executable, os.path.abspath(__file__), "--one", name, str(d), "1" if causal else "0"]
+    # the same way this process was started: ``-m bench.offline_resources`` from the root, or by path
+    how = ["-m", __spec__.name] if __spec__ is not None and __spec__.name else [os.path.abspath(__file__)]
+    cmd = [sys.executable, *how, "--one", name, str(d), "1" if causal else "0"]
     env = dict(os.environ, NVDISASM=nvd)
     out = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if out.returncode != 0:
@@ -180,13 +202,19 @@ def _one(name: str, d: int, causal: bool, nvd: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def main(argv=None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m bench.offline_resources``."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kernel", action="append", choices=KERNELS, help="kernel(s) to report (default: all)")
     ap.add_argument("--d", type=int, action="append", help="head dim(s) (default: 64 and 128)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="compiles at once (one process each)")
     ap.add_argument("--one", nargs=3, metavar=("KERNEL", "D", "CAUSAL"), help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    _gpu_backend()
     if args.one:
         name, d, causal = args.one
         print(json.dumps(resources(name, int(d), causal == "1", os.environ["NVDISASM"])))
