@@ -23,7 +23,6 @@ from __future__ import annotations
 import functools
 import math
 
-import numba_flash  # noqa: F401  (chooses GPU or simulator before numba.cuda is imported)
 from numba import cuda, float32
 
 BR = 8  # rows of a query tile Q_i = threads per block (one thread per row)

@@ -16,7 +16,6 @@ Kept by course staff: ``stub.py`` is the student's copy.
 
 from __future__ import annotations
 
-import numba_flash  # noqa: F401  (chooses GPU or simulator before numba.cuda is imported)
 from numba import cuda, float32
 
 TILE = 8
