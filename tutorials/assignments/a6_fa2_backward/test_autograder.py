@@ -78,6 +78,7 @@ def test_gradients_of_a_one_tile_wide_head(impl, rng):
 
 
 _COUNTED = {}
+_RACES = {}
 
 
 def counted_launch(impl, deterministic):
@@ -89,8 +90,9 @@ def counted_launch(impl, deterministic):
         BR, BC = tiles(impl)
         N, d = 3 * max(BR, BC) + 2, 5
         p, tau = problem(np.random.default_rng(20226), N, d)
-        with grading.record_shared_memory() as smem:
+        with grading.record_shared_memory() as smem, grading.shared_memory_races() as races:
             g = run(impl, p, tau, deterministic, wrap=grading.CountingArray)
+        _RACES[key] = list(races)
         check(g, p, tau)
         _COUNTED[key] = (g, max(smem, default=0), dict(N=N, d=d, BR=BR, BC=BC, Tc=math.ceil(N / BC), Tr=math.ceil(N / BR)))
     return _COUNTED[key]
@@ -156,6 +158,19 @@ def test_shared_memory_fits_the_tiles_of_fa2_backward(impl):
     BR, BC, D = s["BR"], s["BC"], s["d"]
     budget = 4 * ((2 * BC + 2 * BR) * D + BR * BC + 8 * (BR + BC))
     assert 0 < smem <= budget, f"shared memory per block: {smem} bytes; budget {budget} bytes (BR={BR}, BC={BC}, D={D})"
+
+
+@pytest.mark.simulator_only
+def test_no_shared_memory_races(impl):
+    """Every barrier where it must be: no two threads touch one shared element between the same two barriers.
+
+    The counted launch runs with every shared array watched (:func:`grading.shared_memory_races`): a
+    missing ``cuda.syncthreads()`` is caught even when the simulator's threads happen to run in a
+    harmless order (on a GPU: ``compute-sanitizer --tool racecheck``).
+    """
+    counted_launch(impl, deterministic=False)
+    races = _RACES[(id(impl), False)]
+    assert not races, "shared-memory races (a barrier is missing or misplaced):\n" + "\n".join(races[:5])
 
 
 def test_kernel_source_follows_the_house_rules(impl):

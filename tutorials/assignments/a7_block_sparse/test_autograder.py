@@ -86,6 +86,7 @@ def test_query_tiles_with_no_nonzero_block_output_zero(impl, rng):
 
 
 _COUNTED = {}
+_RACES = {}
 
 
 def counted_launch(impl, density):
@@ -100,8 +101,9 @@ def counted_launch(impl, density):
         rng = np.random.default_rng(20227)
         M = np.ones((Tr, Tc), np.int32) if density == 1.0 else block_mask(rng, Tr, Tc, density)
         Q, K, V = (rng.standard_normal((N, d)).astype(f32) for _ in range(3))
-        with grading.record_shared_memory() as smem:
+        with grading.record_shared_memory() as smem, grading.shared_memory_races() as races:
             g = run(impl, Q, K, V, M, 0.5, wrap=grading.CountingArray)
+        _RACES[key] = list(races)
         check(g["O"].data, g["l"].data, g["m"].data, Q, K, V, M, 0.5, BR, BC)
         nnz_row = np.repeat((M != 0).sum(axis=1), BR)[:N]  # non-zero tiles in each row's query tile
         col_used = np.repeat((M != 0).any(axis=0), BC)[:N]  # key rows whose tile column is used
@@ -170,6 +172,19 @@ def test_shared_memory_fits_the_tiles_of_alg5(impl):
     BR, BC, D = s["BR"], s["BC"], s["d"]
     budget = 4 * ((2 * BC + 2 * BR) * D + BR * BC + 8 * BR)
     assert 0 < smem <= budget, f"shared memory per block: {smem} bytes; budget {budget} bytes (BR={BR}, BC={BC}, D={D})"
+
+
+@pytest.mark.simulator_only
+def test_no_shared_memory_races(impl):
+    """Every barrier where it must be: no two threads touch one shared element between the same two barriers.
+
+    The counted launch runs with every shared array watched (:func:`grading.shared_memory_races`): a
+    missing ``cuda.syncthreads()`` is caught even when the simulator's threads happen to run in a
+    harmless order (on a GPU: ``compute-sanitizer --tool racecheck``).
+    """
+    counted_launch(impl, density=0.4)
+    races = _RACES[(id(impl), 0.4)]
+    assert not races, "shared-memory races (a barrier is missing or misplaced):\n" + "\n".join(races[:5])
 
 
 def test_kernel_source_follows_the_house_rules(impl):
