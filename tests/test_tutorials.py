@@ -85,6 +85,15 @@ def test_every_assignment_is_listed_here_and_has_its_files():
         assert not list((ASSIGNMENTS / name).glob("*solution*")), f"{name}: a solution sits beside the stub"
 
 
+def test_perf_lab_script_skips_cleanly_without_a_gpu():
+    """a10's lab needs a GPU for its measurements; in the simulator it says so, names the commands, and exits 0."""
+    if not __import__("numba_flash").is_simulator():
+        pytest.skip("on a GPU the lab measures; the autograder's GPU test runs it")
+    proc, log = _run([sys.executable, str(ASSIGNMENTS / "a10_perf_lab" / "lab.py")])
+    assert proc.returncode == 0, log
+    assert "skipped" in proc.stdout and "ncu --csv" in proc.stdout, log
+
+
 # ------------------------------------------------------------------------------------------------
 # Grading runs
 # ------------------------------------------------------------------------------------------------
