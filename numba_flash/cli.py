@@ -1,10 +1,11 @@
-"""Command line: ``python -m numba_flash {demo,io,info} ...``.
+"""Command line: ``python -m numba_flash {demo,io,info,handout} ...``.
 
 * ``demo``: run the main job on the current backend (GPU if present, else the simulator) and print a
   table of error against the float64 reference, time and memory.
 * ``io``: print the HBM-access table of the IO model (Theorem 2, Theorem 5, Proposition 4).
 * ``info``: say which backend runs and with which versions.
 * ``variants``: list every kernel (algorithm, pass, variant), its module, and what ``auto`` picks here.
+* ``handout``: write the course's student handout (:mod:`numba_flash.handout`).
 """
 
 from __future__ import annotations
@@ -45,12 +46,18 @@ def _cmd_demo(args) -> int:
     return demo.run(args)
 
 
+def _cmd_handout(args) -> int:
+    from . import handout
+
+    return handout.main(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m numba_flash",
         description="FlashAttention as readable Numba CUDA kernels, on a GPU or in the CUDA simulator.",
     )
-    sub = p.add_subparsers(dest="command", metavar="{demo,io,info,variants}")
+    sub = p.add_subparsers(dest="command", metavar="{demo,io,info,variants,handout}")
     sub.required = True
 
     d = sub.add_parser("demo", help="standard vs tiled attention on the current backend: error, time, memory")
@@ -78,6 +85,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     var = sub.add_parser("variants", help="every kernel: algorithm, pass, variant, module, and auto's pick")
     var.set_defaults(func=_cmd_variants)
+
+    ho = sub.add_parser("handout", help="write the course's student handout (tutorials, stubs, autograders; no solutions) to DIR")
+    ho.add_argument("dir", help="folder to write DIR/tutorials and DIR/README.md into")
+    ho.add_argument("--source", default=None, help="the tutorials/ folder to copy (default: the one of this checkout)")
+    ho.add_argument("--force", action="store_true", help="replace DIR/tutorials if it exists")
+    ho.set_defaults(func=_cmd_handout)
     return p
 
 

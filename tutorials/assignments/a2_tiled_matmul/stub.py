@@ -18,7 +18,8 @@ Graded (``python -m pytest tutorials/assignments/a2_tiled_matmul``):
 * house style: one ``cuda.shared.array`` per source line (two on one line alias in the simulator) and a
   ``# Sync: <what it protects>`` comment on every ``cuda.syncthreads()``.
 
-Keep ``cuda`` a module-level global (the simulator swaps it) and keep ``import numba_flash`` first.
+Keep ``cuda`` a module-level global (the simulator swaps it). Do not import numba-flash: the autograder
+chooses the backend before it loads this file, and a submission that imports the package is rejected.
 """
 
 from __future__ import annotations
