@@ -30,9 +30,9 @@ import shlex
 import sys
 import time
 
-import numpy as np
-
 from numba_flash import _backend
+
+import numpy as np
 
 ON_GPU = not _backend.is_simulator()
 TOKENS = 16384

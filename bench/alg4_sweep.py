@@ -29,9 +29,10 @@ import json
 import sys
 import time
 
-from bench import _utils as bu
 from numba_flash import _inspect, alg0_standard, alg1_forward, alg3_backward, alg4_backward
 from numba_flash._launch import STATIC_SMEM_BYTES, Allocator, check_attention_args
+
+from bench import _utils as bu
 
 #: (Br, Bc, threads) candidates of the readable Algorithm 4 kernel per head dimension.
 D64 = [(32, 32, 256), (16, 48, 256), (32, 32, 512)]

@@ -36,11 +36,12 @@ import sys
 import time
 import traceback
 
-from bench import _utils as bu
 from numba_flash import _inspect, fa2_backward
 from numba_flash._launch import Allocator, check_attention_args, poison_outputs
 from numba_flash.fast import fa2_backward as fa2_backward_fast
 from numba_flash.fast import fa2_forward as fa2_forward_fast
+
+from bench import _utils as bu
 
 # Names describe today's code: in run B1 the d <= 64 default was 64 x 64, so B1's "fast", "fast-det",
 # "fast-r128" are "fast-64x64", "fast-64x64-det", "fast-64x64-r128" here, and B1's "fast-Bc128" is
@@ -133,8 +134,9 @@ def resources(cfg, feats, det, q, k, v, causal):
 
 
 def torch_grads(q, k, v, dout, causal, dtype):
-    import torch
     from numba_flash_reference.common import causal_mask
+
+    import torch
 
     b, s_q, h, d = q.shape
     s_k, h_k = k.shape[1], k.shape[2]
@@ -237,9 +239,9 @@ def time_fwd_bwd(seqlens, d, repeats, sgemm, rows, log):
 
 
 def _time_fwd_bwd_one(q, k, v, repeats, sgemm, rows, log):
-    import torch
-
     from numba_flash import flash_attn_func
+
+    import torch
 
     b, n, h, d = q.shape
     dout = torch.randn_like(q)

@@ -33,13 +33,14 @@ import sys
 import time
 import traceback
 
-import numpy as np
-
-from bench import _utils as bu
 from numba_flash import _inspect, fa2_forward
 from numba_flash._launch import Allocator, check_attention_args, poison_outputs
 from numba_flash.fast import fa2_forward as fa2_forward_fast
 from numba_flash.fast import fa2_forward_tc
+
+import numpy as np
+
+from bench import _utils as bu
 
 # Variant names describe today's code: the defaults changed between the committed sweeps, and a
 # name there meant "the default at the time" (e.g. ``fast`` was 64 x 64 in fa2_sweep_h200_run1/2.json,
@@ -165,8 +166,9 @@ def _select(d, names):
 
 
 def torch_reference(q, k, v, causal, dropout_p, seed, dtype):
-    import torch
     from numba_flash_reference.common import causal_mask, dropout_scale_matrix
+
+    import torch
 
     b, s_q, h, d = q.shape
     s_k, h_k = k.shape[1], k.shape[2]
@@ -272,9 +274,9 @@ def time_fwd_bwd(seqlens, d, causals, repeats, sgemm, rows, log):
 
 def _time_fwd_bwd_one(q, k, v, causal, repeats, sgemm, rows, log):
     """flash2 (variant "auto"), deterministic flash2 and the torch baselines, forward + backward."""
-    import torch
-
     from numba_flash import flash_attn_func
+
+    import torch
 
     b, n, h, d = q.shape
     dout = torch.randn_like(q)

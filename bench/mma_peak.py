@@ -16,11 +16,11 @@ import argparse
 import json
 import sys
 
-import numpy as np
-from numba import cuda, float32, float64, uint32
-
 from numba_flash import _backend
 from numba_flash.fast import _mma
+
+import numpy as np
+from numba import cuda, float32, float64, uint32
 
 ITERS = 4096
 THREADS = 256

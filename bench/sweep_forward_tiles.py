@@ -22,10 +22,11 @@ import json
 import sys
 from pathlib import Path
 
-from bench import _utils as bu
 from numba_flash import _inspect, alg0_standard, alg1_forward
 from numba_flash._launch import Allocator, check_attention_args
 from numba_flash._matmul import MatmulTiles, matmul, matmul_kernel
+
+from bench import _utils as bu
 
 #: (Br, Bc, (TY, TX), shuffles) candidates per head dim; the default rule's choice comes first.
 CANDIDATES = {

@@ -27,9 +27,10 @@ import os
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
+from numba_flash_reference.common import dropout_threshold
+
 import numpy as np
 from numba import cuda
-from numba_flash_reference.common import dropout_threshold
 
 from . import _backend
 

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
 from numba_flash_reference.alg0_standard import standard_attention
+
+import numpy as np
 
 from . import _backend, _launch, describe, registry
 from ._launch import Allocator, check_attention_args

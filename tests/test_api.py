@@ -8,13 +8,13 @@ the error rule of :mod:`attn_testing` against the float64 oracle. Shapes are sma
 
 from __future__ import annotations
 
+from numba_flash import _launch, attention_numpy, flash_attn_func
+from numba_flash_reference.alg0_standard import standard_attention
+
 import numpy as np
 import pytest
 import torch
 from attn_testing import assert_error_rule, assert_stats_rule, make_qkv, naive_attention_float32, naive_stats_float32
-from numba_flash_reference.alg0_standard import standard_attention
-
-from numba_flash import _launch, attention_numpy, flash_attn_func
 
 ALGORITHMS = ("standard", "flash1")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

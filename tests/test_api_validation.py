@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import math
 
+from numba_flash import api
+from numba_flash.api import attention_numpy, flash_attn_func
+
 import numpy as np
 import pytest
 import torch
-
-from numba_flash import api
-from numba_flash.api import attention_numpy, flash_attn_func
 
 
 @pytest.fixture

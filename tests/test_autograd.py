@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-import pytest
-from attn_testing import assert_error_rule, make_qkv, max_err, naive_attention_backward_float32
+from numba_flash import attention_backward_numpy, attention_numpy, flash_attn_func
+from numba_flash._launch import poison_outputs
 from numba_flash_reference.alg3_backward import standard_backward
 from numba_flash_reference.common import causal_mask, dropout_scale_matrix
 
-from numba_flash import attention_backward_numpy, attention_numpy, flash_attn_func
-from numba_flash._launch import poison_outputs
+import numpy as np
+import pytest
+from attn_testing import assert_error_rule, make_qkv, max_err, naive_attention_backward_float32
 
 torch = pytest.importorskip("torch")
 

@@ -24,14 +24,14 @@ import threading
 import time
 import types
 
+from numba_flash import _simfix, attention_backward_numpy, attention_numpy
+from numba_flash._launch import poison_outputs
+from numba_flash_reference.alg3_backward import standard_backward
+
 import numpy as np
 import pytest
 from attn_testing import assert_error_rule, make_qkv, naive_attention_backward_float32
 from numba import cuda, float32
-from numba_flash_reference.alg3_backward import standard_backward
-
-from numba_flash import _simfix, attention_backward_numpy, attention_numpy
-from numba_flash._launch import poison_outputs
 
 TINY_SWITCH_INTERVAL = 1e-6  # seconds: the interpreter switches threads about every microsecond
 

@@ -176,7 +176,7 @@ def test_handout_check_catches_a_solution_under_another_name(handout, tmp_path):
     (leaky / "notes.py").write_text((SOLUTIONS / "a5_fa2_forward" / "solution.py").read_text())
     stub = (ASSIGNMENTS / "a4_recompute_backward" / "stub.py").read_text()
     answer = (SOLUTIONS / "a4_recompute_backward" / "solution.py").read_text()
-    (leaky / "a4_hint.py").write_text(stub + "\n" + answer[answer.index("@functools.lru_cache") :])
+    (leaky / "a4_hint.py").write_text(stub + "\n" + answer[answer.index("@functools.cache") :])
     (leaky / "solution_key.txt").write_text("42")
     problems = "\n".join(ho.leaks(leaky, TUTORIALS))
     assert "notes.py: the same content as the solution of a5_fa2_forward" in problems, problems

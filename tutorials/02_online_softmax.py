@@ -21,10 +21,10 @@ Read alongside: ``reference/online_softmax.py``. Next: ``03_first_numba_kernel.p
 ``assignments/a1_online_softmax``.
 """
 
-import numpy as np
+import numba_flash  # backend choice first, as everywhere in numba-flash (this tutorial runs no kernel)
 from numba_flash_reference.online_softmax import identity_state, merge, merge_states, softmax_state
 
-import numba_flash  # backend choice first, as everywhere in numba-flash (this tutorial runs no kernel)
+import numpy as np
 
 
 def section(title):

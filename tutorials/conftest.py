@@ -24,7 +24,8 @@ import sys
 import zlib
 from pathlib import Path
 
-import numba_flash  # noqa: F401  (chooses the backend before numba.cuda is imported)
+import numba_flash
+
 import numpy as np
 import pytest
 

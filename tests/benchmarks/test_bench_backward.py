@@ -32,12 +32,13 @@ from __future__ import annotations
 
 import os
 
+from numba_flash import _inspect, registry
+from numba_flash._launch import check_attention_args
+
 import numpy as np
 import pytest
 
 from bench import _utils as bu
-from numba_flash import _inspect, registry
-from numba_flash._launch import check_attention_args
 
 NUMBA_IMPLS = ("standard", "flash1")
 TORCH_IMPLS = ("torch_naive", "sdpa_mem_efficient") if bu.ON_GPU else ()
@@ -64,9 +65,9 @@ def _fwd_and_step(impl, q, k, v, g):
     """(forward only, forward + backward) callables for one implementation (without the synchronize)."""
     if impl in NUMBA_IMPLS:
         if bu.ON_GPU:
-            import torch
-
             from numba_flash import flash_attn_func
+
+            import torch
 
             def fwd():
                 return flash_attn_func(q, k, v, algorithm=impl)

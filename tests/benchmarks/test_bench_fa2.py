@@ -25,11 +25,12 @@ which runs ``python3 -m pytest tests/benchmarks/test_bench_fa2.py -p no:xdist --
 
 from __future__ import annotations
 
+from numba_flash import _inspect, registry
+from numba_flash._launch import check_attention_args
+
 import pytest
 
 from bench import _utils as bu
-from numba_flash import _inspect, registry
-from numba_flash._launch import check_attention_args
 
 TORCH_IMPLS = ("torch_naive", "sdpa_mem_efficient") if bu.ON_GPU else ()
 #: the Numba FA2 implementations and the forward kernel variant each one runs
@@ -125,9 +126,9 @@ def test_bench_fa2_forward_backward(benchmark, impl, seqlen, sgemm_tflops):
     benchmark.extra_info.update(algorithm=impl, pass_="fwd+bwd", N=n, d=d, batch=b, nheads=h, causal=False,
                                 device=bu.device_name(), functional_only=not bu.ON_GPU)
     if not bu.ON_GPU:
-        import numpy as np
-
         from numba_flash import attention_backward_numpy, attention_numpy
+
+        import numpy as np
 
         q, k, v = bu.make_inputs(b, h, n, d)
         dout = np.ones_like(q)

@@ -15,11 +15,12 @@ Run (GPU, from the repository root; produces the committed results ``docs/result
 
 from __future__ import annotations
 
+from numba_flash import _inspect, registry
+from numba_flash._launch import check_attention_args
+
 import pytest
 
 from bench import _utils as bu
-from numba_flash import _inspect, registry
-from numba_flash._launch import check_attention_args
 
 NUMBA_IMPLS = ("standard", "flash1")
 TORCH_IMPLS = ("torch_naive", "sdpa_mem_efficient") if bu.ON_GPU else ()

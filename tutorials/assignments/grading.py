@@ -424,7 +424,7 @@ def simulator() -> bool:
     return numba_flash.is_simulator()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _mask_kernel(keep):
     @cuda.jit
     def mask_kernel(seed, threshold, out):
@@ -533,10 +533,10 @@ def install_simulator_patches() -> None:
     global _PATCHED
     if _PATCHED or not simulator():
         return
+    from numba.core import types
     from numba.cuda.simulator import kernel as simkernel
     from numba.cuda.simulator import kernelapi
     from numba.np import numpy_support
-    from numba.core import types
 
     def shared_array(self, shape, dtype, alignment=None):
         # numba-cuda 0.30's FakeCUDAShared.array, with a lock around the allocation and an optional watch

@@ -38,7 +38,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numba_flash  # noqa: F401  (chooses the backend before numba.cuda is imported)
+import numba_flash
+
 import numpy as np
 
 HERE = Path(__file__).resolve().parent

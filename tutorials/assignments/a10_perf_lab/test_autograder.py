@@ -16,9 +16,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from numba_flash_reference import io_model
+
 import numpy as np
 import pytest
-from numba_flash_reference import io_model
 
 from .. import grading
 

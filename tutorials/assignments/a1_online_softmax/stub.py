@@ -25,7 +25,7 @@ Grade yourself with::
 
 from __future__ import annotations
 
-import numpy as np  # noqa: F401  (you will need it)
+import numpy as np
 
 
 def init_state(rows, d, dtype=np.float32):

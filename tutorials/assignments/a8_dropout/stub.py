@@ -49,7 +49,7 @@ def dropout_keep(seed, row, col, threshold):
     raise NotImplementedError("a8: dropout_keep")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def make_forward(D):
     """FA2 forward (non-causal) with dropout on P~ before P~ V_j."""
 
@@ -61,7 +61,7 @@ def make_forward(D):
     return dropout_forward_kernel
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def make_preprocess(D):
     """FA2.2 L3-L4: ``D_vec = rowsum(dO o O)`` and ``dQ = 0``; one thread per row."""
 
@@ -73,7 +73,7 @@ def make_preprocess(D):
     return preprocess_kernel
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def make_backward(D):
     """FA2 backward (atomic dQ) with the forward's mask regenerated from the seed (Alg.4 L14-L18)."""
 

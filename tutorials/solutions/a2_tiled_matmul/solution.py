@@ -18,8 +18,6 @@ from __future__ import annotations
 
 from numba import cuda, float32
 
-import numba_flash  # noqa: F401  (chooses GPU or simulator before numba.cuda is imported)
-
 TILE = 8
 
 

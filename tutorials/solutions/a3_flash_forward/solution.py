@@ -25,8 +25,6 @@ import math
 
 from numba import cuda, float32
 
-import numba_flash  # noqa: F401  (chooses GPU or simulator before numba.cuda is imported)
-
 BR = 8  # rows of a query tile Q_i = threads per block (one thread per row)
 BC = 8  # rows of a key/value tile K_j, V_j
 

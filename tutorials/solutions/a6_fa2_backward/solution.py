@@ -35,7 +35,7 @@ BR = 8  # rows of a query tile Q_i
 BC = 8  # rows of a key/value tile K_j = threads per block of the main kernel
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def make_preprocess(D):
     """FA2.2 L3-L4: ``D_vec = rowsum(dO o O)``; ``dQ = 0`` when ``zero_dQ``. One thread per row."""
 
@@ -56,7 +56,7 @@ def make_preprocess(D):
     return preprocess_kernel
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def make_kernel(D, deterministic):
     """The FA2 backward kernel for head dimension ``D``; ``deterministic`` chooses how line 15 accumulates dQ."""
 
@@ -155,7 +155,7 @@ def make_kernel(D, deterministic):
     return flash2_backward_kernel
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def make_reduce(D):
     """Deterministic variant: ``dQ = sum_j dQ_partial[j]``, in the fixed order ``j = 0..Tc-1``."""
 
