@@ -306,8 +306,7 @@ def forward_kernel(BR: int, BC: int, D: int, CAUSAL: bool, DROPOUT: bool, TY: in
         # [doc:alg5-outer-loop]
         # Alg.5 L5: for 1 <= j <= Tc
         for j in range(Tc):
-            # Dev: a column with no non-zero tile is skipped whole: K_j, V_j are not even loaded
-            if gcol[mb, mh, j] == 0:
+            if gcol[mb, mh, j] == 0:  # Dev: no non-zero tile in column j: skipped whole, K_j, V_j are not even loaded
                 continue
             c0 = j * BC
             # Alg.5 L6: load K_j, V_j from HBM to on-chip SRAM
@@ -325,11 +324,9 @@ def forward_kernel(BR: int, BC: int, D: int, CAUSAL: bool, DROPOUT: bool, TY: in
                     sV_j[c, x] = vx
             # Alg.5 L7: for 1 <= i <= Tr
             for i in range(Tr):
-                # [doc:alg5-block-skip]
                 # Alg.5 L8: if M_ij != 0: a zero tile costs no FLOP, no barrier and no HBM access
                 if gmask[mb, mh, i, j] == 0:
                     continue
-                # [/doc:alg5-block-skip]
                 r0 = i * BR
                 first = j == gspan[mb, mh, i, 0]  # the first non-zero tile of row block i
                 last = j == gspan[mb, mh, i, 1]  # the last one
@@ -632,8 +629,7 @@ def backward_kernel(cfg: Alg4Config, causal: bool, dropout: bool):
             # [doc:alg5-backward-inner-loop]
             # Alg.4 L9: for i = 1..Tr
             for i in range(Tr):
-                # Dev: Alg.5 L8's test around Algorithm 4's inner step: a zero tile is skipped whole
-                if gmask[mb, mh, i, j] == 0:
+                if gmask[mb, mh, i, j] == 0:  # Dev: Alg.5 L8's test around Algorithm 4's inner step: a zero tile is skipped whole
                     continue
                 row0 = i * BR
                 first = j == gspan[mb, mh, i, 0]

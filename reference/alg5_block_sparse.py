@@ -318,11 +318,8 @@ def flash_backward_alg5(
                     bh = bi * h + hi
                     # Alg.4 L9: inner loop over the Q blocks
                     for i, rows in enumerate(row_blocks):
-                        # [doc:ref-alg5-backward-skip]
-                        # Dev: Alg.5 L8's test around Algorithm 4's inner step: a zero tile costs nothing
-                        if not mask[bi, hi, i, j]:
+                        if not mask[bi, hi, i, j]:  # Dev: Alg.5 L8's test around Algorithm 4's inner step
                             continue
-                        # [/doc:ref-alg5-backward-skip]
                         ri = slice(rows.start, rows.stop)
                         # Alg.4 L10: load Q_i, O_i, dO_i, dQ_i, l_i, m_i into SRAM
                         Q_i = gQ[bi, ri, hi]  # HBM read: Br*d
