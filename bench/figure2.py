@@ -17,6 +17,7 @@ timed).
 Run (from the repository root)::
 
     python -m bench.figure2 --out docs/results/figure2          # on a GPU: minutes (see the docs page)
+    python -m bench.figure2 --panels left --out docs/results/figure2   # one panel; the others in the folder are kept
     python -m bench.figure2 --tiny --out /tmp/fig2              # anywhere, simulator sizes, no ncu: seconds
 
 ``--tiny`` runs the same code on tiny shapes (no ncu, timings meaningless) so that the script can be
@@ -179,7 +180,7 @@ def plot(data: dict, out: Path) -> list[str]:
     except ImportError:
         print("  matplotlib not installed: no plots (pip install matplotlib)")
         return []
-    label = data["provenance"].get("device", "?") + (" (simulator, tiny: functional only)" if data["tiny"] else "")
+    label = "simulator, tiny run (functional only)" if data["tiny"] else data["provenance"].get("device", "?")
     written = []
 
     left = data.get("left")
@@ -215,10 +216,11 @@ def plot(data: dict, out: Path) -> list[str]:
             ax.set_xlabel("block size Bc")
             ax.set_ylabel("HBM GB (forward)")
             ax2 = ax.twinx()
-            ax2.plot(bc, [r["runtime_ms"] for r in rows], "s-", color="tab:green", label="runtime")
+            ax2.plot(bc, [r["runtime_ms"] for r in rows], "s-", color="tab:green", label="forward runtime (right axis)")
             ax2.set_ylabel("forward runtime (ms)")
-            fig.legend(fontsize=7, loc="upper right")
-            ax.set_title(f"Figure 2 middle: FA1 forward, Br = {rows[0]['Br']}, {label}", fontsize=8)
+            handles = ax.get_legend_handles_labels()[0] + ax2.get_legend_handles_labels()[0]
+            ax.legend(handles, [h.get_label() for h in handles], fontsize=7, loc="upper right")
+            ax.set_title(f"Figure 2 middle: FA1 forward, Br = {rows[0]['Br']}\n{label}", fontsize=8)
             fig.tight_layout()
             written.append(_save(fig, out / "figure2_middle.png", plt))
 
@@ -242,10 +244,21 @@ def plot(data: dict, out: Path) -> list[str]:
             ax.set_xlabel("fraction of non-zero blocks")
             ax.set_ylabel("runtime (ms)")
             ax.legend(fontsize=7)
-            ax.set_title(f"Figure 2 right: block-sparse, N = {right['shape']['N']}, {label}", fontsize=8)
+            ax.set_title(f"Figure 2 right: block-sparse, N = {right['shape']['N']}\n{label}", fontsize=8)
             fig.tight_layout()
             written.append(_save(fig, out / "figure2_right.png", plt))
     return written
+
+
+def _previous(path: Path, tiny: bool) -> dict:
+    """An earlier results file in the same folder (same kind, same tiny-ness), else {}."""
+    import json
+
+    try:
+        old = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return old if old.get("kind") == "numba_flash.figure2" and bool(old.get("tiny")) == bool(tiny) else {}
 
 
 def _save(fig, path: Path, plt) -> str:
@@ -279,6 +292,10 @@ def main(argv=None) -> int:
             "not_measured": run.why_not_measured, "dtype": "float32"}
     if run.ncu:
         data["provenance"]["ncu"] = run._ncu_mod.ncu_version(run.ncu)
+    old = _previous(out / "figure2.json", args.tiny)
+    for name in ("left", "middle", "right"):
+        if name not in panels and name in old:  # panels run earlier into the same folder are kept
+            data[name] = old[name]
     if "left" in panels:
         data["left"] = left_panel(run, TINY["left"] if args.tiny else GPT2)
     if "middle" in panels:
@@ -287,6 +304,8 @@ def main(argv=None) -> int:
     if "right" in panels:
         data["right"] = right_panel(run, TINY["right"] if args.tiny else RIGHT, TINY["right_tiles"] if args.tiny else RIGHT_TILES,
                                     TINY["right_densities"] if args.tiny else RIGHT_DENSITIES)
+    for name in panels:  # each panel says where and when it was measured (panels may come from separate runs)
+        data[name]["provenance"] = {k: data["provenance"].get(k) for k in ("device", "date_utc", "commit", "command")}
     data["elapsed_s"] = round(time.time() - t0, 1)
     data["plots"] = []
     common.write_json(out / "figure2.json", data)

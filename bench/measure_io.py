@@ -36,13 +36,15 @@ from pathlib import Path
 from . import common
 
 GPT2 = {"batch": 64, "nheads": 16, "N": 1024, "d": 64}
-#: The forward sweep: 16k tokens at 16 heads up to N = 16384, then one N = 65536 point at 4 heads (K, V of
-#: one head: 32 MiB, about the size of the L2).
+#: The forward sweep: 16k tokens at 16 heads up to N = 16384 (K, V of one head: 0.5 to 8 MiB), then
+#: N = 65536 at 4 heads and N = 131072 at 2 heads (32 and 64 MiB per head: about and above an H100's or
+#: H200's 50 MB L2).
 SWEEP = [
     {"batch": 16, "nheads": 16, "N": 1024, "d": 64},
     {"batch": 4, "nheads": 16, "N": 4096, "d": 64},
     {"batch": 1, "nheads": 16, "N": 16384, "d": 64},
     {"batch": 1, "nheads": 4, "N": 65536, "d": 64},
+    {"batch": 1, "nheads": 2, "N": 131072, "d": 64},
 ]
 #: Largest N at which the sweep runs standard attention (N x N matrices) and FA1 (one block per head).
 SWEEP_MAX_N = {"standard": 16384, "flash1": 16384}

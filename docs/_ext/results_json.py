@@ -188,6 +188,10 @@ class Figure2Panel(_ResultsDirective):
             dense = p.get("flash1_dense") or {}
             rows.append([f"FlashAttention, dense ({dense.get('variant')})", "1", "–", "–", fmt(dense.get("forward_ms")), fmt(dense.get("runtime_ms"))])
         out.append(table(title, header, rows))
+        prov = p.get("provenance") or {}
+        if prov.get("device"):
+            text = f"Measured on {prov['device']}, {prov.get('date_utc') or '?'}, commit {str(prov.get('commit') or '?')[:12]}."
+            out.append(nodes.paragraph(text, text))
         if data.get("not_measured"):
             text = f"HBM bytes not measured in this file: {data['not_measured']}."
             out.append(nodes.paragraph(text, text))
