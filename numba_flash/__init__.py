@@ -16,6 +16,9 @@ _LAZY = {
     "flash_attn_func": ("numba_flash.api", "flash_attn_func"),
     "attention_numpy": ("numba_flash.api", "attention_numpy"),
     "attention_backward_numpy": ("numba_flash.api", "attention_backward_numpy"),
+    "block_sparse_attn_func": ("numba_flash.block_sparse", "block_sparse_attn_func"),
+    "block_sparse_attention_numpy": ("numba_flash.block_sparse", "block_sparse_attention_numpy"),
+    "block_sparse_attention_backward_numpy": ("numba_flash.block_sparse", "block_sparse_attention_backward_numpy"),
 }
 
 

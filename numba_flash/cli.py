@@ -2,7 +2,9 @@
 
 * ``demo``: run the main job on the current backend (GPU if present, else the simulator) and print a
   table of error against the float64 reference, time and memory.
-* ``io``: print the HBM-access table of the IO model (Theorem 2, Theorem 5, Proposition 4).
+* ``io``: print the HBM-access table of the IO model (Theorem 2, Theorem 5, Proposition 4); with
+  ``--measure`` (on a GPU, from the repository root) measure DRAM bytes with Nsight Compute beside it
+  (:mod:`bench.measure_io`).
 * ``info``: say which backend runs and with which versions.
 * ``variants``: list every kernel (algorithm, pass, variant), its module, and what ``auto`` picks here.
 * ``handout``: write the course's student handout (:mod:`numba_flash.handout`).
@@ -35,6 +37,14 @@ def _cmd_variants(args) -> int:
 
 def _cmd_io(args) -> int:
     from numba_flash_reference import io_model
+
+    if args.measure:
+        try:
+            from bench import measure_io
+        except ImportError:
+            print("io --measure: the bench/ tools are not importable; run from the repository root")
+            return 2
+        return measure_io.run(args)
 
     print(io_model.format_table(N=args.N, d=args.d, M=args.M, Br=args.Br, Bc=args.Bc, sparsity=args.sparsity))
     return 0
@@ -78,6 +88,14 @@ def build_parser() -> argparse.ArgumentParser:
     io.add_argument("--Br", type=int, default=None, help="row block size override")
     io.add_argument("--Bc", type=int, default=None, help="column block size override")
     io.add_argument("--sparsity", type=float, default=0.25, help="fraction of non-zero blocks for block-sparse")
+    io.add_argument("--measure", action="store_true",
+                    help="measure DRAM bytes with Nsight Compute on a GPU beside the model (bench/measure_io.py)")
+    io.add_argument("--out", default="io_measured.json", help="with --measure: the results file (JSON)")
+    io.add_argument("--part", choices=("gpt2", "sweep", "all"), default="all", help="with --measure: which cases")
+    io.add_argument("--only", action="append", choices=("standard", "flash1", "flash2", "block-sparse"),
+                    help="with --measure: only this algorithm (repeatable)")
+    io.add_argument("--dry-run", action="store_true", help="with --measure: list the cases, measure nothing")
+    io.add_argument("--timeout", type=float, default=1800, help="with --measure: seconds per case under ncu")
     io.set_defaults(func=_cmd_io)
 
     info = sub.add_parser("info", help="which backend runs, device and versions")
