@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import registry
+from . import _run, registry
 from ._launch import Allocator, ForwardOutput, Problem, check_attention_args, check_backward_args
 from .registry import ALGORITHMS, DEFAULT_ALGORITHM, Kernel  # noqa: F401  (re-exported)
 
@@ -47,15 +47,6 @@ def _check_block_sizes(block_sizes):
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
             raise ValueError(f"block_sizes: {name} must be a positive integer, got {n!r}")
     return int(br), int(bc)
-
-
-def _run_forward(q, k, v, prob: Problem, kernel: Kernel, block_sizes, alloc: Allocator) -> ForwardOutput:
-    return kernel.module.forward(alloc.to_kernel(q), alloc.to_kernel(k), alloc.to_kernel(v), prob, alloc, block_sizes=block_sizes)
-
-
-def _run_backward(dout, q, k, v, out, fwd, prob, kernel: Kernel, block_sizes, deterministic, alloc):
-    kq, kk, kv, ko, kdo = (alloc.to_kernel(x) for x in (q, k, v, out, dout))
-    return kernel.module.backward(kdo, kq, kk, kv, ko, fwd, prob, alloc, block_sizes=block_sizes, deterministic=deterministic)
 
 
 def variants(algorithm=None) -> list[dict]:
@@ -139,7 +130,7 @@ def attention_numpy(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, *,
     fwd_kernel, bwd_kernel = registry.resolve_pair(algorithm, variant)
     block_sizes = _check_block_sizes(block_sizes)
     alloc = Allocator(q)
-    fwd = _run_forward(q, k, v, prob, fwd_kernel, block_sizes, alloc)
+    fwd = _run.forward(q, k, v, prob, fwd_kernel, block_sizes, alloc)
     out = alloc.result(fwd.out, np.asarray(q).dtype if alloc.kind == "numpy" else None)
     if not return_stats:
         return out
@@ -171,7 +162,7 @@ def attention_backward_numpy(dout, q, k, v, out, stats: AttentionStats, *, deter
     check_backward_args(dout, out, prob, q)
     alloc = Allocator(q)
     fwd = ForwardOutput(out=None, lse=alloc.to_kernel(stats.lse), m=None if stats.m is None else alloc.to_kernel(stats.m), l=None if stats.l is None else alloc.to_kernel(stats.l))
-    dq, dk, dv = _run_backward(dout, q, k, v, out, fwd, prob, stats.backward, stats.block_sizes, deterministic, alloc)
+    dq, dk, dv = _run.backward(dout, q, k, v, out, fwd, prob, stats.backward, stats.block_sizes, deterministic, alloc)
     dt = np.asarray(q).dtype if alloc.kind == "numpy" else None
     return alloc.result(dq, dt), alloc.result(dk, dt), alloc.result(dv, dt)
 
@@ -192,7 +183,7 @@ def _autograd_function():
         @staticmethod
         def forward(ctx, q, k, v, prob, kernels, block_sizes, deterministic):
             alloc = Allocator(q)
-            fwd = _run_forward(q, k, v, prob, kernels[0], block_sizes, alloc)
+            fwd = _run.forward(q, k, v, prob, kernels[0], block_sizes, alloc)
             out = alloc.result(fwd.out, q.dtype)
             lse = alloc.result(fwd.lse)
             stats = [alloc.result(x) for x in (fwd.m, fwd.l) if x is not None]
@@ -208,7 +199,7 @@ def _autograd_function():
             alloc = Allocator(q)
             m, l = (alloc.to_kernel(s) for s in stats) if stats else (None, None)
             fwd = ForwardOutput(out=None, lse=alloc.to_kernel(lse), m=m, l=l)
-            dq, dk, dv = _run_backward(dout, q, k, v, out, fwd, prob, bwd_kernel, block_sizes, deterministic, alloc)
+            dq, dk, dv = _run.backward(dout, q, k, v, out, fwd, prob, bwd_kernel, block_sizes, deterministic, alloc)
             return alloc.result(dq, q.dtype), alloc.result(dk, k.dtype), alloc.result(dv, v.dtype), None, None, None, None
 
     _FlashAttnFunction = FlashAttnFunction
