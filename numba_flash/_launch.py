@@ -221,8 +221,15 @@ class Allocator:
             a = a.astype(np.float32)
         if self.on_device:
             return cuda.to_device(np.ascontiguousarray(a))
-        # The simulator passes kernel arguments through to_device, which refuses non-contiguous buffers.
-        return a if a.flags.c_contiguous or a.flags.f_contiguous else np.ascontiguousarray(a)
+        # In the simulator too, inputs go in as (simulated) device arrays. A NumPy array given to a
+        # simulated launch is treated as cuda.InOut: copied in, and copied *back* into the host
+        # array after every launch, whether or not a kernel wrote it. That copy-back failed on
+        # read-only arrays ("assignment destination is read-only") and cost a copy per launch; a
+        # device array is passed through as it is, as on a GPU. to_device refuses non-contiguous
+        # buffers, so a strided view is made contiguous first (C or F order keeps its strides).
+        if not (a.flags.c_contiguous or a.flags.f_contiguous):
+            a = np.ascontiguousarray(a)
+        return cuda.to_device(a)
 
     # -- outputs -----------------------------------------------------------------------------
     def full(self, shape, value, dtype=np.float32):

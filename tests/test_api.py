@@ -8,7 +8,7 @@ the error rule of :mod:`attn_testing` against the float64 oracle. Shapes are sma
 
 from __future__ import annotations
 
-from numba_flash import _launch, attention_numpy, flash_attn_func
+from numba_flash import _launch, attention_backward_numpy, attention_numpy, flash_attn_func
 from numba_flash_reference.alg0_standard import standard_attention
 
 import numpy as np
@@ -115,3 +115,31 @@ def test_torch_cpu_output_stays_on_cpu_and_does_not_alias_the_input(rng):
     q, k, v = (torch.from_numpy(x) for x in make_qkv(rng, 1, 8, 8, 1, 1, 4))
     out = flash_attn_func(q, k, v, algorithm="flash1")
     assert out.device == q.device and out.data_ptr() != q.data_ptr()
+
+
+# ----------------------------------------------------------------------------------------------
+# Read-only inputs
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("algorithm", ["standard", "flash1", "flash2"])
+def test_read_only_numpy_arrays_are_accepted_by_forward_and_backward(rng, algorithm):
+    """Read-only q, k, v, out, dout and stats give the result of writable copies, bit for bit.
+
+    They used to fail with "assignment destination is read-only": the simulator treats a NumPy array
+    given to a launch as cuda.InOut and copies it back into the host array after every launch (no
+    kernel writes its inputs). The Allocator now passes inputs as device arrays, as on a GPU.
+    """
+    q, k, v = make_qkv(rng, 1, 9, 12, 2, 1, 4)
+    dout = rng.standard_normal(q.shape).astype(np.float32)
+    opts = dict(causal=True, dropout_p=0.2, seed=3, algorithm=algorithm, block_sizes=(8, 8))
+    out_w, stats_w = attention_numpy(q.copy(), k.copy(), v.copy(), return_stats=True, **opts)
+    grads_w = attention_backward_numpy(dout.copy(), q.copy(), k.copy(), v.copy(), out_w.copy(), stats_w)
+    for x in (q, k, v, dout):
+        x.setflags(write=False)
+    out, stats = attention_numpy(q, k, v, return_stats=True, **opts)
+    for x in (out, stats.lse, stats.m, stats.l):
+        if x is not None:
+            x.setflags(write=False)
+    grads = attention_backward_numpy(dout, q, k, v, out, stats)
+    np.testing.assert_array_equal(out, out_w)
+    for a, b in zip(grads, grads_w):
+        np.testing.assert_array_equal(a, b)
