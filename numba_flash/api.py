@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import _run, registry
-from ._launch import Allocator, ForwardOutput, Problem, check_attention_args, check_backward_args
+from ._launch import Allocator, ForwardOutput, Problem, check_attention_args, check_backward_args, real_scalar
 from .registry import ALGORITHMS, DEFAULT_ALGORITHM, Kernel  # noqa: F401  (re-exported)
 
 
@@ -95,7 +95,8 @@ class AttentionStats:
 
 
 def _positive_number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0
+    p = real_scalar(x)
+    return p is not None and p > 0
 
 
 def _seed_or_random(seed, dropout_p):
@@ -112,8 +113,8 @@ def attention_numpy(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, *,
     ----------
     q : array, (batch, seqlen_q, nheads, headdim)
     k, v : arrays, (batch, seqlen_k, nheads_k, headdim); nheads must be a multiple of nheads_k
-    dropout_p : float in [0, 1)
-    softmax_scale : float > 0, default 1/sqrt(headdim)
+    dropout_p : float in [0, 1) (a Python or NumPy scalar, or a 0-d array)
+    softmax_scale : float > 0, default 1/sqrt(headdim) (a Python or NumPy scalar, or a 0-d array)
     causal : bool, bottom-right aligned causal mask
     algorithm : "standard", "flash1" or "flash2" (default :data:`DEFAULT_ALGORITHM`)
     variant : "auto" (default), "readable", "fast" or "tensorcore": which kernel of the algorithm
@@ -216,8 +217,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, re
     ----------
     q : torch.Tensor, (batch, seqlen_q, nheads, headdim)
     k, v : torch.Tensor, (batch, seqlen_k, nheads_k, headdim)
-    dropout_p : float in [0, 1)
-    softmax_scale : float > 0, default 1/sqrt(headdim)
+    dropout_p : float in [0, 1) (a Python, NumPy or 0-d tensor scalar)
+    softmax_scale : float > 0, default 1/sqrt(headdim) (a Python, NumPy or 0-d tensor scalar)
     causal : bool, causal mask aligned to the bottom-right corner when seqlen_q != seqlen_k
     return_attn_probs : also return the logsumexp (batch, nheads, seqlen_q) in float32, as flash-attn
         does (its third value, the dropout-masked S, is not materialized here: None)

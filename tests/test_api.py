@@ -143,3 +143,18 @@ def test_read_only_numpy_arrays_are_accepted_by_forward_and_backward(rng, algori
     np.testing.assert_array_equal(out, out_w)
     for a, b in zip(grads, grads_w):
         np.testing.assert_array_equal(a, b)
+
+
+# ----------------------------------------------------------------------------------------------
+# Scalars of every kind
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("make", [np.float32, np.float64, lambda x: np.array(x), lambda x: torch.tensor(x, dtype=torch.float64)],
+                         ids=["np.float32", "np.float64", "0-d array", "0-d tensor"])
+def test_numpy_and_0d_scalars_give_the_result_of_python_floats(rng, make):
+    q, k, v = make_qkv(rng, 1, 8, 9, 1, 1, 4)
+    want = attention_numpy(q, k, v, 0.25, 0.5, algorithm="flash1", seed=np.uint32(4), block_sizes=(8, 8))
+    got = attention_numpy(q, k, v, make(0.25), make(0.5), algorithm="flash1", seed=4, block_sizes=(8, 8))
+    np.testing.assert_array_equal(got, want)
+    t = to_torch(q, k, v)
+    got_t = flash_attn_func(*t, make(0.25), make(0.5), algorithm="flash1", seed=np.int64(4), block_sizes=(8, 8))
+    np.testing.assert_array_equal(got_t.cpu().numpy(), want)
