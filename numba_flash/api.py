@@ -27,12 +27,13 @@ run in the simulator on a machine without a GPU (and are copied to the device on
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import numpy as np
 
 from . import _run, registry
-from ._launch import Allocator, ForwardOutput, Problem, check_attention_args, check_backward_args, real_scalar
+from ._launch import Allocator, ForwardOutput, Problem, _is_torch, check_attention_args, check_backward_args, real_scalar
 from .registry import ALGORITHMS, DEFAULT_ALGORITHM, Kernel  # noqa: F401  (re-exported)
 
 
@@ -77,6 +78,9 @@ class AttentionStats:
     sum (``algorithm="flash1"`` only). The options are kept so the backward runs the same problem.
     ``forward`` and ``backward`` are the registry entries of the kernels (``.variant``, ``.module``):
     the forward is the one that ran; the backward is the one :func:`attention_backward_numpy` runs.
+
+    fingerprints: ``{"q": ..., "k": ..., "v": ..., "out": ...}``, a :func:`fingerprint` of each array
+    the forward saw and returned, so that :func:`attention_backward_numpy` can refuse different ones.
     """
 
     lse: np.ndarray
@@ -87,11 +91,46 @@ class AttentionStats:
     block_sizes: tuple | None
     forward: Kernel
     backward: Kernel
+    fingerprints: dict | None = None
 
     @property
     def variant(self) -> str:
         """The forward kernel's variant, e.g. ``"readable"``."""
         return self.forward.variant
+
+
+def fingerprint(x) -> str:
+    """A cheap fingerprint of an array's shape and values, to tell whether two arrays hold the same data.
+
+    It hashes the shape, a strided sample of about 512 elements, and two sums over *every* element
+    (the plain sum and a sum weighted by position), all computed in float64 on a C-ordered copy, so the
+    same values give the same fingerprint whatever the array's dtype (float16 values exactly
+    representable in float32 or float64 give the same result), memory layout or owner (a copy, a view).
+
+    What it catches: a different array (another batch, a fresh random draw), arrays passed in the
+    wrong order (``k`` for ``q``), an ``out`` from another call, an array modified in place between
+    the forward and the backward (unless the change keeps both sums to the last bit and misses the
+    sample, e.g. values swapped between two positions of equal weight mod 251 outside the sample).
+    It is a guard against mistakes, not a proof that two arrays are equal. Cost: a float64 copy
+    and three passes over the array, O(size), negligible next to attention's O(seqlen^2).
+    """
+    if _is_torch(x):
+        import torch
+
+        a = x.detach().to(device="cpu", dtype=torch.float64).numpy()
+    elif hasattr(x, "copy_to_host") and not isinstance(x, np.ndarray):
+        a = x.copy_to_host()
+    else:
+        a = np.asarray(x)
+    flat = np.ascontiguousarray(a, dtype=np.float64).reshape(-1)
+    sample = flat[:: max(1, flat.size // 512)]
+    weights = (np.arange(flat.size) % 251 + 1).astype(np.float64)
+    sums = np.array([flat.sum(), (flat * weights).sum()])
+    h = hashlib.blake2b(digest_size=16)
+    h.update(repr(tuple(int(n) for n in a.shape)).encode())
+    h.update(sample.tobytes())
+    h.update(sums.tobytes())
+    return h.hexdigest()
 
 
 def _positive_number(x) -> bool:
@@ -145,6 +184,7 @@ def attention_numpy(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, *,
         block_sizes=block_sizes,
         forward=fwd_kernel,
         backward=bwd_kernel,
+        fingerprints={"q": fingerprint(q), "k": fingerprint(k), "v": fingerprint(v), "out": fingerprint(out)},
     )
     return out, stats
 
@@ -154,6 +194,9 @@ def attention_backward_numpy(dout, q, k, v, out, stats: AttentionStats, *, deter
 
     ``stats`` is what :func:`attention_numpy` returned with ``return_stats=True``; the backward runs
     the same algorithm with the same options and regenerates the same dropout mask from the seed.
+    ``q``, ``k``, ``v`` must be the arrays given to that forward and ``out`` the array it returned
+    (the same values; copies are fine): each is checked against the :func:`fingerprint` saved in
+    ``stats``, and one that differs raises ValueError naming it.
     """
     if not isinstance(stats, AttentionStats):
         raise TypeError(f"stats must be the AttentionStats returned by attention_numpy(..., return_stats=True), got {type(stats).__name__}")
@@ -161,6 +204,13 @@ def attention_backward_numpy(dout, q, k, v, out, stats: AttentionStats, *, deter
     if prob != stats.problem:
         raise ValueError("q, k, v do not match the shapes the forward saved in stats")
     check_backward_args(dout, out, prob, q)
+    if not isinstance(deterministic, bool):
+        raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
+    for name, x in (("q", q), ("k", k), ("v", v), ("out", out)):
+        if stats.fingerprints is not None and fingerprint(x) != stats.fingerprints[name]:
+            what = "the array attention_numpy returned" if name == "out" else f"the {name} given to attention_numpy"
+            raise ValueError(f"{name} is not {what} for these stats: its values differ (fingerprint mismatch). "
+                             "Pass the same q, k, v to the backward as to the forward, and the out the forward returned.")
     alloc = Allocator(q)
     fwd = ForwardOutput(out=None, lse=alloc.to_kernel(stats.lse), m=None if stats.m is None else alloc.to_kernel(stats.m), l=None if stats.l is None else alloc.to_kernel(stats.l))
     dq, dk, dv = _run.backward(dout, q, k, v, out, fwd, prob, stats.backward, stats.block_sizes, deterministic, alloc)

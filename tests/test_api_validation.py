@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 
-from numba_flash import _run
-from numba_flash.api import attention_numpy, flash_attn_func
+from numba_flash import _run, api
+from numba_flash.api import attention_backward_numpy, attention_numpy, flash_attn_func
 
 import numpy as np
 import pytest
@@ -215,3 +215,72 @@ def test_any_real_scalar_is_accepted_as_softmax_scale_dropout_p_and_seed(rng, na
     prob = check_attention_args(q, k, v, **{name: value})
     got = {"softmax_scale": prob.softmax_scale, "dropout_p": prob.dropout_p, "seed": prob.seed}[name]
     assert got == want and type(got) is type(want)
+
+
+# ----------------------------------------------------------------------------------------------
+# attention_backward_numpy refuses q, k, v, out other than the forward's
+# ----------------------------------------------------------------------------------------------
+@pytest.fixture
+def forward_of(rng):
+    """A real (tiny) forward: q, k, v (equal shapes, so swaps type-check), dout, out and stats."""
+    q, k, v = qkv(rng, s_q=9, s_k=9, h=2, h_k=2, d=4)
+    dout = rng.standard_normal(q.shape).astype(np.float32)
+    out, stats = attention_numpy(q, k, v, causal=True, algorithm="flash1", block_sizes=(8, 8), return_stats=True)
+    return q, k, v, dout, out, stats
+
+
+class ReachedTheKernelsError(Exception):
+    pass
+
+
+@pytest.fixture
+def backward_reached(monkeypatch):
+    def launched(*args, **kwargs):
+        raise ReachedTheKernelsError
+
+    monkeypatch.setattr(_run, "backward", launched)
+
+
+def one_ulp_up(x, index):
+    y = x.copy()
+    y[index] = np.nextafter(y[index], np.float32(np.inf))
+    return y
+
+
+@pytest.mark.usefixtures("backward_reached")
+@pytest.mark.parametrize("name", ["q", "k", "v", "out"])
+@pytest.mark.parametrize("change", ["one element one ulp", "another draw", "swapped"])
+def test_backward_refuses_arrays_other_than_the_forwards_and_names_them(rng, forward_of, name, change):
+    q, k, v, dout, out, stats = forward_of
+    args = {"q": q, "k": k, "v": v, "out": out}
+    x = args[name]
+    if change == "one element one ulp":  # off the strided sample: only the sums can see it
+        args[name] = one_ulp_up(x, (0, 5, 1, 3))
+    elif change == "another draw":
+        args[name] = rng.standard_normal(x.shape).astype(np.float32)
+    else:
+        other = {"q": "k", "k": "v", "v": "q", "out": "q"}[name]
+        args[name] = args[other]
+    with pytest.raises(ValueError, match=rf"^{name} is not .*fingerprint mismatch"):
+        attention_backward_numpy(dout, args["q"], args["k"], args["v"], args["out"], stats)
+
+
+@pytest.mark.usefixtures("backward_reached")
+def test_backward_accepts_copies_of_the_forwards_arrays_in_any_layout_or_dtype(forward_of):
+    """The fingerprint is of the values: a copy, a Fortran-ordered copy or a float64 copy all pass."""
+    q, k, v, dout, out, stats = forward_of
+    for conv in (np.copy, np.asfortranarray, lambda x: x.astype(np.float64), lambda x: x[:, ::-1][:, ::-1]):
+        with pytest.raises(ReachedTheKernelsError):
+            attention_backward_numpy(dout, conv(q), conv(k), conv(v), conv(out), stats)
+
+
+def test_fingerprint_sees_every_element_and_the_order_of_elements(rng):
+    x = rng.standard_normal((2, 33, 3, 8)).astype(np.float32)
+    fp = api.fingerprint(x)
+    assert api.fingerprint(x.copy()) == fp == api.fingerprint(torch.from_numpy(x))
+    for index in np.ndindex(x.shape):  # every element, one ulp up
+        assert api.fingerprint(one_ulp_up(x, index)) != fp, index
+    y = x.copy()
+    y[0, 1, 0, 0], y[0, 1, 0, 1] = x[0, 1, 0, 1], x[0, 1, 0, 0]  # two neighbours swapped: same plain sum
+    assert api.fingerprint(y) != fp
+    assert api.fingerprint(x.reshape(2, 3, 33, 8)) != fp  # same values, another shape
