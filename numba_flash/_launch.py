@@ -25,6 +25,7 @@ import contextlib
 import math
 import numbers
 import os
+import sys
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
@@ -65,7 +66,9 @@ def _dtype_name(x) -> str:
 
 
 def _is_torch(x) -> bool:
-    return type(x).__module__.startswith("torch")
+    # isinstance rather than a look at type(x).__module__: Dynamo (torch.compile) traces this check.
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
 
 
 def _device_of(x) -> str:

@@ -2,8 +2,8 @@
 
 :func:`forward` and :func:`backward` turn the caller's arrays into kernel arrays (through the call's
 :class:`~numba_flash._launch.Allocator`) and call the kernel module. :mod:`numba_flash.api` (NumPy
-level, and the autograd function behind ``flash_attn_func``) launches through here, so a test that
-replaces these two functions sees every launch.
+level) and :mod:`numba_flash._torch_ops` (the torch custom operators behind ``flash_attn_func``) both
+launch through here, so a test that replaces these two functions sees every launch.
 """
 
 from __future__ import annotations

@@ -221,45 +221,6 @@ def attention_backward_numpy(dout, q, k, v, out, stats: AttentionStats, *, deter
 # ----------------------------------------------------------------------------------------------
 # torch level
 # ----------------------------------------------------------------------------------------------
-def _autograd_function():
-    """The torch.autograd.Function, built on first use so that importing this module needs no torch."""
-    global _FlashAttnFunction
-    if _FlashAttnFunction is not None:
-        return _FlashAttnFunction
-    import torch
-
-    class FlashAttnFunction(torch.autograd.Function):
-        """Saves q, k, v, out and O(N) statistics per head (lse; FA1 also m and l), never S or P."""
-
-        @staticmethod
-        def forward(ctx, q, k, v, prob, kernels, block_sizes, deterministic):
-            alloc = Allocator(q)
-            fwd = _run.forward(q, k, v, prob, kernels[0], block_sizes, alloc)
-            out = alloc.result(fwd.out, q.dtype)
-            lse = alloc.result(fwd.lse)
-            stats = [alloc.result(x) for x in (fwd.m, fwd.l) if x is not None]
-            ctx.save_for_backward(q, k, v, out, lse, *stats)
-            ctx.options = (prob, kernels[1], block_sizes, deterministic)
-            ctx.mark_non_differentiable(lse)
-            return out, lse
-
-        @staticmethod
-        def backward(ctx, dout, _dlse):
-            q, k, v, out, lse, *stats = ctx.saved_tensors
-            prob, bwd_kernel, block_sizes, deterministic = ctx.options
-            alloc = Allocator(q)
-            m, l = (alloc.to_kernel(s) for s in stats) if stats else (None, None)
-            fwd = ForwardOutput(out=None, lse=alloc.to_kernel(lse), m=m, l=l)
-            dq, dk, dv = _run.backward(dout, q, k, v, out, fwd, prob, bwd_kernel, block_sizes, deterministic, alloc)
-            return alloc.result(dq, q.dtype), alloc.result(dk, k.dtype), alloc.result(dv, v.dtype), None, None, None, None
-
-    _FlashAttnFunction = FlashAttnFunction
-    return FlashAttnFunction
-
-
-_FlashAttnFunction = None
-
-
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, return_attn_probs=False, *, algorithm=None, variant=None, block_sizes=None, seed=None, deterministic=False):
     """flash-attn 2's ``flash_attn_func`` on torch tensors, differentiable in q, k and v.
 
@@ -282,8 +243,17 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, re
     Returns
     -------
     out, or (out, softmax_lse, None) with ``return_attn_probs=True``
+
+    Notes
+    -----
+    torch.compile: the forward and backward are torch custom operators
+    (:mod:`numba_flash._torch_ops`), so a function that calls ``flash_attn_func`` compiles. With
+    ``dropout_p > 0`` and ``seed=None`` the seed is drawn with ``.item()``, a graph break; pass
+    ``seed=`` for one graph.
     """
     import torch
+
+    from . import _torch_ops  # registers torch.ops.numba_flash.* on first use
 
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, torch.Tensor):
@@ -291,9 +261,11 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, re
     if seed is None:
         seed = int(torch.randint(0, 2**32, (1,), dtype=torch.int64).item()) if _positive_number(dropout_p) else 0
     prob = check_attention_args(q, k, v, dropout_p, softmax_scale, causal, seed)
-    kernels = registry.resolve_pair(algorithm, variant)
-    block_sizes = _check_block_sizes(block_sizes)
+    fwd_kernel, bwd_kernel = registry.resolve_pair(algorithm, variant)
+    br, bc = _check_block_sizes(block_sizes) or (0, 0)
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
-    out, lse = _autograd_function().apply(q, k, v, prob, kernels, block_sizes, deterministic)
+    out, lse, _m, _l = _torch_ops.attention_forward(
+        q, k, v, prob.dropout_p, prob.softmax_scale, prob.causal, prob.seed,
+        fwd_kernel.algorithm, fwd_kernel.variant, bwd_kernel.variant, br, bc, deterministic)
     return (out, lse, None) if return_attn_probs else out
