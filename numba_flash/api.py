@@ -250,6 +250,9 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, re
     (:mod:`numba_flash._torch_ops`), so a function that calls ``flash_attn_func`` compiles. With
     ``dropout_p > 0`` and ``seed=None`` the seed is drawn with ``.item()``, a graph break; pass
     ``seed=`` for one graph.
+
+    In the simulator (no GPU), a call whose estimated time exceeds a minute warns with
+    :class:`numba_flash.SimulatorSlowWarning` before it launches.
     """
     import torch
 
