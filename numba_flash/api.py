@@ -20,9 +20,14 @@ device), ``"readable"`` (the kernel that follows the paper line by line), ``"fas
 a kernel module; every module follows the contract of :class:`numba_flash._launch.KernelModule` on
 kernel arrays, and this module does the checking, conversion and dispatch once for all of them.
 
-Inputs are computed in float32 whatever their floating dtype (float16, bfloat16, float32, float64);
-outputs come back in the input's dtype. CUDA tensors are used zero-copy; NumPy arrays and CPU tensors
-run in the simulator on a machine without a GPU (and are copied to the device on a machine with one).
+Precision: the kernels compute in float32 whatever the inputs' floating dtype (float16, bfloat16,
+float32, float64); outputs and gradients come back in the input's dtype. float64 inputs therefore
+get float32 accuracy (about 1e-7 relative), and ``torch.autograd.gradcheck`` needs a step and
+tolerances sized for float32 (see :func:`flash_attn_func`).
+
+CUDA tensors are used zero-copy; NumPy arrays and CPU tensors run in the simulator on a machine
+without a GPU (and are copied to the device on a machine with one). Every launch goes through
+:mod:`numba_flash._run`.
 """
 
 from __future__ import annotations
@@ -165,6 +170,11 @@ def attention_numpy(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, *,
     Returns
     -------
     out : array like q (same dtype), or ``(out, stats)``
+
+    Notes
+    -----
+    Computed in float32 whatever q's dtype (float64 inputs get float32 accuracy). Read-only arrays
+    are fine: nothing is written into the inputs.
     """
     prob = check_attention_args(q, k, v, dropout_p, softmax_scale, causal, _seed_or_random(seed, dropout_p))
     fwd_kernel, bwd_kernel = registry.resolve_pair(algorithm, variant)
@@ -246,6 +256,13 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, re
 
     Notes
     -----
+    Precision: the kernels compute in float32 whatever the input dtype (float16, bfloat16, float32
+    or float64); results and gradients come back in the input's dtype. float64 inputs therefore get
+    float32 accuracy (about 1e-7 relative), and ``torch.autograd.gradcheck`` at its defaults
+    (``eps=1e-6``, ``atol=1e-5``) fails: its difference quotients divide float32 rounding by 1e-6.
+    ``gradcheck(..., eps=1e-2, atol=2e-3, rtol=1e-2, fast_mode=True)`` on inputs of size ~1 passes
+    (see ``tests/test_autograd.py`` for the derivation of these numbers).
+
     torch.compile: the forward and backward are torch custom operators
     (:mod:`numba_flash._torch_ops`), so a function that calls ``flash_attn_func`` compiles. With
     ``dropout_p > 0`` and ``seed=None`` the seed is drawn with ``.item()``, a graph break; pass
