@@ -93,10 +93,14 @@ def run(cases, poison: bool) -> int:
     return 1 if failures or missing else 0
 
 
-def main(argv=None) -> int:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m bench.sanitize", description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help="tiny shapes and NaN-poisoned outputs (runs in the simulator)")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
     print(describe(), flush=True)
     return run(CHECK_CASES if args.check else GPU_CASES, poison=args.check)
 
