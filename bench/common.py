@@ -299,7 +299,11 @@ def prepare(algorithm, variant, pass_, batch, nheads, N, d, mask=None, block_siz
             return flash_attn_func(q, k, v, algorithm=algorithm, block_sizes=block_sizes, **extra)
 
     def backward(out):
-        with selected_variant(algorithm if algorithm != "block-sparse" else "", variant):
+        # The backward runs on this thread, not on autograd's CUDA worker thread: NVTX ranges are per
+        # thread, so under Nsight Compute (``--nvtx-include``) a worker-thread backward would profile
+        # no kernel at all (seen on an H100: "0 kernel(s) profiled" for every backward case).
+        with selected_variant(algorithm if algorithm != "block-sparse" else "", variant), \
+                torch.autograd.set_multithreading_enabled(False):
             return torch.autograd.grad(out, (q, k, v), g, retain_graph=True)
 
     if pass_ == "forward":
