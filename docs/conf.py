@@ -38,6 +38,7 @@ extensions = [
     "io_table",
     "bench_table",
     "test_claims",
+    "bug_gallery",
 ]
 
 root_doc = "index"
