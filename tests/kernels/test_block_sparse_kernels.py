@@ -269,6 +269,7 @@ def counted_run(q, k, v, mask_arr, block_size, causal=False, dout=None):
     return fwd_count, IOCount.from_counter(c2)
 
 
+@pytest.mark.simulator_only  # element counts come from the simulator's counting arrays
 def test_counted_hbm_accesses_of_both_kernels_equal_the_closed_form_and_proposition_4(rng):
     b, s_q, s_k, h, d, bs = 1, 29, 36, 2, 4, (8, 8)
     q, k, v = make_qkv(rng, b, s_q, s_k, h, h, d)
