@@ -39,7 +39,6 @@ extensions = [
     "bench_table",
     "results_json",
     "test_claims",
-    "bug_gallery",
 ]
 
 root_doc = "index"
