@@ -37,6 +37,7 @@ extensions = [
     "code_marker",
     "io_table",
     "bench_table",
+    "results_json",
     "test_claims",
 ]
 

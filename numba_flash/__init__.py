@@ -9,6 +9,7 @@ The public API is loaded lazily, so ``import numba_flash`` stays cheap.
 
 from . import _backend  # noqa: F401  (must run before numba.cuda is imported)
 from ._backend import BACKEND, describe, is_simulator
+from ._cost import SimulatorSlowWarning  # (no numba import: cheap)
 from ._version import __version__  # noqa: F401  (the one place the version is written)
 
 _LAZY = {
@@ -16,6 +17,9 @@ _LAZY = {
     "flash_attn_func": ("numba_flash.api", "flash_attn_func"),
     "attention_numpy": ("numba_flash.api", "attention_numpy"),
     "attention_backward_numpy": ("numba_flash.api", "attention_backward_numpy"),
+    "block_sparse_attn_func": ("numba_flash.block_sparse", "block_sparse_attn_func"),
+    "block_sparse_attention_numpy": ("numba_flash.block_sparse", "block_sparse_attention_numpy"),
+    "block_sparse_attention_backward_numpy": ("numba_flash.block_sparse", "block_sparse_attention_backward_numpy"),
 }
 
 
@@ -28,4 +32,4 @@ def __getattr__(name):
     raise AttributeError(f"module 'numba_flash' has no attribute {name!r}")
 
 
-__all__ = ["BACKEND", "describe", "is_simulator", *_LAZY]
+__all__ = ["BACKEND", "SimulatorSlowWarning", "describe", "is_simulator", *_LAZY]

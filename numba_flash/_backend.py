@@ -13,6 +13,9 @@ The rule:
   or ``nvidia-smi`` exists. The probe creates no CUDA context (it only looks at files), so it is
   cheap and cannot fail half-way.
 
+In the simulator, :mod:`numba_flash._simfix` locks the simulator's static shared-array allocation
+(a numba-cuda race) when ``numba.cuda`` is imported.
+
 ``describe()`` says what ran, for the demo's banner and pytest's header.
 """
 
@@ -61,6 +64,12 @@ if BACKEND == SIMULATOR:
     # The simulator runs each CUDA thread as a Python thread; a short switch interval makes
     # barrier-heavy kernels about 2x faster (measured, see the numba notes in docs/).
     sys.setswitchinterval(1e-3)
+    # numba-cuda 0.30's simulator can hand two threads of a block different arrays for one
+    # cuda.shared.array declaration; lock that allocation as soon as the simulator is imported
+    # (not here: importing numba.cuda costs ~1 s). See _simfix and docs/notes.
+    from . import _simfix
+
+    _simfix.install_on_import()
 
 
 def is_simulator() -> bool:

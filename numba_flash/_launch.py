@@ -23,13 +23,16 @@ from __future__ import annotations
 
 import contextlib
 import math
+import numbers
 import os
+import sys
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
+from numba_flash_reference.common import dropout_threshold
+
 import numpy as np
 from numba import cuda
-from numba_flash_reference.common import dropout_threshold
 
 from . import _backend
 
@@ -63,7 +66,9 @@ def _dtype_name(x) -> str:
 
 
 def _is_torch(x) -> bool:
-    return type(x).__module__.startswith("torch")
+    # isinstance rather than a look at type(x).__module__: Dynamo (torch.compile) traces this check.
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
 
 
 def _device_of(x) -> str:
@@ -110,6 +115,44 @@ class Problem:
         return self.seqlen_k - self.seqlen_q
 
 
+def _zero_dim_item(x):
+    """The Python scalar held by a 0-d NumPy array or 0-d torch tensor; ``x`` itself otherwise.
+
+    Arrays with one or more dimensions are returned as they are (and then refused), even with one
+    element: ``softmax_scale=np.array([0.5])`` is more likely a mistake than a scalar.
+    """
+    if isinstance(x, np.ndarray):
+        return x[()] if x.ndim == 0 else x
+    if _is_torch(x) and hasattr(x, "dim") and x.dim() == 0:
+        return x.item()
+    return x
+
+
+def real_scalar(x, integral: bool = False):
+    """``x`` as a Python float (or int with ``integral=True``), or None when it is not a real scalar.
+
+    Accepted: :class:`numbers.Real` (int, float, fractions), NumPy integer and floating scalars, and
+    0-d NumPy arrays or 0-d torch tensors holding one of those. Refused (None): bool (``True`` is not a
+    scale), complex, strings, None, arrays or tensors with any dimension. With ``integral=True`` only
+    integers are accepted (a float seed such as ``1.0`` is refused, not truncated). Range checks
+    (finite, positive, ...) are the caller's, so that its error can name the argument.
+    """
+    x = _zero_dim_item(x)
+    if isinstance(x, (bool, np.bool_)):
+        return None
+    if integral:
+        return int(x) if isinstance(x, (numbers.Integral, np.integer)) else None
+    if isinstance(x, (numbers.Real, np.integer, np.floating)):
+        return float(x)
+    return None
+
+
+def _describe_scalar(x) -> str:
+    if hasattr(x, "shape") and hasattr(x, "dtype"):
+        return f"{type(x).__name__} of shape {tuple(x.shape)} and dtype {_dtype_name(x)}"
+    return type(x).__name__
+
+
 def check_attention_args(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, seed=0) -> Problem:
     """Validate a forward call; raise ValueError/TypeError naming the bad argument."""
     for name, x in (("q", q), ("k", k), ("v", v)):
@@ -140,21 +183,24 @@ def check_attention_args(q, k, v, dropout_p=0.0, softmax_scale=None, causal=Fals
         raise ValueError(f"nheads of q ({h}) must be a multiple of nheads of k and v ({h_k})")
     if d > MAX_HEADDIM:
         raise ValueError(f"headdim {d} is larger than the supported maximum {MAX_HEADDIM}")
-    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or not (0.0 <= float(dropout_p) < 1.0):
+    p = real_scalar(dropout_p)
+    if p is None or not (0.0 <= p < 1.0):
         raise ValueError(f"dropout_p must be a number in [0, 1), got {dropout_p!r}")
     if softmax_scale is None:
         tau = 1.0 / math.sqrt(d)
     else:
-        if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
-            raise TypeError(f"softmax_scale must be a float or None, got {type(softmax_scale).__name__}")
-        tau = float(softmax_scale)
+        tau = real_scalar(softmax_scale)
+        if tau is None:
+            raise TypeError("softmax_scale must be a real number (int, float, NumPy scalar, 0-d array or 0-d tensor) "
+                            f"or None, got {_describe_scalar(softmax_scale)}")
         if not math.isfinite(tau) or tau <= 0:
             raise ValueError(f"softmax_scale must be finite and positive, got {softmax_scale!r}")
     if not isinstance(causal, (bool, np.bool_)):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not (0 <= int(seed) < 2**32):
+    seed_ = real_scalar(seed, integral=True)
+    if seed_ is None or not (0 <= seed_ < 2**32):
         raise ValueError(f"seed must be an integer in [0, 2**32), got {seed!r}")
-    return Problem(b, s_q, s_k, h, h_k, d, tau, bool(causal), float(dropout_p), int(seed))
+    return Problem(b, s_q, s_k, h, h_k, d, tau, bool(causal), p, seed_)
 
 
 def check_backward_args(dout, out, prob: Problem, q) -> None:
@@ -220,8 +266,15 @@ class Allocator:
             a = a.astype(np.float32)
         if self.on_device:
             return cuda.to_device(np.ascontiguousarray(a))
-        # The simulator passes kernel arguments through to_device, which refuses non-contiguous buffers.
-        return a if a.flags.c_contiguous or a.flags.f_contiguous else np.ascontiguousarray(a)
+        # In the simulator too, inputs go in as (simulated) device arrays. A NumPy array given to a
+        # simulated launch is treated as cuda.InOut: copied in, and copied *back* into the host
+        # array after every launch, whether or not a kernel wrote it. That copy-back failed on
+        # read-only arrays ("assignment destination is read-only") and cost a copy per launch; a
+        # device array is passed through as it is, as on a GPU. to_device refuses non-contiguous
+        # buffers, so a strided view is made contiguous first (C or F order keeps its strides).
+        if not (a.flags.c_contiguous or a.flags.f_contiguous):
+            a = np.ascontiguousarray(a)
+        return cuda.to_device(a)
 
     # -- outputs -----------------------------------------------------------------------------
     def full(self, shape, value, dtype=np.float32):

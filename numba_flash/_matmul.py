@@ -85,9 +85,10 @@ import functools
 import math
 from dataclasses import dataclass
 
+from numba_flash_reference.common import dropout_threshold
+
 import numpy as np
 from numba import cuda, float32, uint64
-from numba_flash_reference.common import dropout_threshold
 
 from . import _backend
 from ._dropout import head_key, keep, row_key

@@ -51,15 +51,18 @@ saving needs ``M >> d^2``.
 
 Performance: what FA1's parallelism costs
 -----------------------------------------
-Measured results: ``docs/results/forward_h200.json`` (plot beside it; produced by
-``tests/gpu/run_benchmarks.sh``). One block per (batch, head) gives the FA2 benchmark shapes
+Measured results: this readable kernel was the ``flash1`` row of the first committed forward results
+(192 ms at ``N = 4096, d = 64`` on an H200: ``git show ef1490c:docs/results/forward_h200.json``); the
+current ``docs/results/forward_h200.json`` holds the fast twin, what ``variant="auto"`` runs.
+``python -m bench.sweep_fa1_fast --seqlen 4096 --headdim 64 --readable`` times both (see
+``bench/README.md``). One block per (batch, head) gives the FA2 benchmark shapes
 (16k tokens, hidden 2048) ``b*h = 2048`` blocks at ``N = 256`` but 128 at ``N = 4096`` and 32 at
 ``N = 16384``: at most one 4-warp block per SM, whose inner step is a serial chain (HBM load of
 ``Q_i, O_i``, barrier, ``S_ij`` from SRAM, shuffles, barrier, ``P_ij V_j``, HBM store of ``O_i``) with
 no other warps to hide its latencies. So this kernel matches the standard path only at small N and
 falls behind it as N grows, while its extra memory stays O(N) (the statistics) against the standard
 path's O(N^2). FlashAttention-2 (:mod:`numba_flash.fa2_forward`) removes exactly this limit by
-parallelizing over row blocks too. ``tests/benchmarks/sweep_forward_tiles.py`` sweeps tiles and thread
+parallelizing over row blocks too. ``bench/sweep_forward_tiles.py`` sweeps tiles and thread
 layouts (128, 256 and 512 threads) on a GPU.
 
 This is the *readable* kernel (variant ``"readable"``). The default (variant ``"fast"``) is its twin

@@ -114,7 +114,7 @@ def default_block_sizes(d: int) -> tuple[int, int]:
 
     Both fit 48 KB (:func:`tile_sram_bytes`); a larger ``Bc`` means fewer passes of line 21's dQ
     read-modify-write (``Tc = N / Bc``), which is why the d = 128 tile is wider than it is tall
-    (the tile sweep ``tests/benchmarks/alg4_sweep.py`` measures the alternatives).
+    (the tile sweep ``bench/alg4_sweep.py`` measures the alternatives).
 
     FA1's formula (Algorithm 1 line 1, ``Bc = ceil(M/4d)``, ``Br = min(Bc, d)``) assumes the backward
     pass can keep about 2.5 M elements on chip; this kernel keeps the budget of :func:`tile_sram_bytes`
@@ -131,7 +131,7 @@ def default_threads(Br: int, Bc: int, d: int) -> int:
     With one block per SM (FA1's grid), more warps hide more latency, up to the register file: 512
     threads must fit in 128 registers each, and the spills cost more than the extra warps gain (H200,
     d = 64, N = 4096, b = 4, h = 32, tiles (32, 32): 256 ms with 256 threads, 310 ms with 512;
-    ``docs/results/sweeps/alg4_sweep_h200.log``, from ``tests/benchmarks/alg4_sweep.py``).
+    ``docs/results/sweeps/alg4_sweep_h200.log``, from ``bench/alg4_sweep.py``).
     """
     work = max(Br * Bc, Bc * d, Br * d)
     return int(min(MAX_THREADS, max(32, 32 * ceil_div(ceil_div(work, 8), 32))))

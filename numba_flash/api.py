@@ -20,19 +20,25 @@ device), ``"readable"`` (the kernel that follows the paper line by line), ``"fas
 a kernel module; every module follows the contract of :class:`numba_flash._launch.KernelModule` on
 kernel arrays, and this module does the checking, conversion and dispatch once for all of them.
 
-Inputs are computed in float32 whatever their floating dtype (float16, bfloat16, float32, float64);
-outputs come back in the input's dtype. CUDA tensors are used zero-copy; NumPy arrays and CPU tensors
-run in the simulator on a machine without a GPU (and are copied to the device on a machine with one).
+Precision: the kernels compute in float32 whatever the inputs' floating dtype (float16, bfloat16,
+float32, float64); outputs and gradients come back in the input's dtype. float64 inputs therefore
+get float32 accuracy (about 1e-7 relative), and ``torch.autograd.gradcheck`` needs a step and
+tolerances sized for float32 (see :func:`flash_attn_func`).
+
+CUDA tensors are used zero-copy; NumPy arrays and CPU tensors run in the simulator on a machine
+without a GPU (and are copied to the device on a machine with one). Every launch goes through
+:mod:`numba_flash._run`.
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import numpy as np
 
-from . import registry
-from ._launch import Allocator, ForwardOutput, Problem, check_attention_args, check_backward_args
+from . import _run, registry
+from ._launch import Allocator, ForwardOutput, Problem, _is_torch, check_attention_args, check_backward_args, real_scalar
 from .registry import ALGORITHMS, DEFAULT_ALGORITHM, Kernel  # noqa: F401  (re-exported)
 
 
@@ -47,15 +53,6 @@ def _check_block_sizes(block_sizes):
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
             raise ValueError(f"block_sizes: {name} must be a positive integer, got {n!r}")
     return int(br), int(bc)
-
-
-def _run_forward(q, k, v, prob: Problem, kernel: Kernel, block_sizes, alloc: Allocator) -> ForwardOutput:
-    return kernel.module.forward(alloc.to_kernel(q), alloc.to_kernel(k), alloc.to_kernel(v), prob, alloc, block_sizes=block_sizes)
-
-
-def _run_backward(dout, q, k, v, out, fwd, prob, kernel: Kernel, block_sizes, deterministic, alloc):
-    kq, kk, kv, ko, kdo = (alloc.to_kernel(x) for x in (q, k, v, out, dout))
-    return kernel.module.backward(kdo, kq, kk, kv, ko, fwd, prob, alloc, block_sizes=block_sizes, deterministic=deterministic)
 
 
 def variants(algorithm=None) -> list[dict]:
@@ -86,6 +83,9 @@ class AttentionStats:
     sum (``algorithm="flash1"`` only). The options are kept so the backward runs the same problem.
     ``forward`` and ``backward`` are the registry entries of the kernels (``.variant``, ``.module``):
     the forward is the one that ran; the backward is the one :func:`attention_backward_numpy` runs.
+
+    fingerprints: ``{"q": ..., "k": ..., "v": ..., "out": ...}``, a :func:`fingerprint` of each array
+    the forward saw and returned, so that :func:`attention_backward_numpy` can refuse different ones.
     """
 
     lse: np.ndarray
@@ -96,6 +96,7 @@ class AttentionStats:
     block_sizes: tuple | None
     forward: Kernel
     backward: Kernel
+    fingerprints: dict | None = None
 
     @property
     def variant(self) -> str:
@@ -103,8 +104,43 @@ class AttentionStats:
         return self.forward.variant
 
 
+def fingerprint(x) -> str:
+    """A cheap fingerprint of an array's shape and values, to tell whether two arrays hold the same data.
+
+    It hashes the shape, a strided sample of about 512 elements, and two sums over *every* element
+    (the plain sum and a sum weighted by position), all computed in float64 on a C-ordered copy, so the
+    same values give the same fingerprint whatever the array's dtype (float16 values exactly
+    representable in float32 or float64 give the same result), memory layout or owner (a copy, a view).
+
+    What it catches: a different array (another batch, a fresh random draw), arrays passed in the
+    wrong order (``k`` for ``q``), an ``out`` from another call, an array modified in place between
+    the forward and the backward (unless the change keeps both sums to the last bit and misses the
+    sample, e.g. values swapped between two positions of equal weight mod 251 outside the sample).
+    It is a guard against mistakes, not a proof that two arrays are equal. Cost: a float64 copy
+    and three passes over the array, O(size), negligible next to attention's O(seqlen^2).
+    """
+    if _is_torch(x):
+        import torch
+
+        a = x.detach().to(device="cpu", dtype=torch.float64).numpy()
+    elif hasattr(x, "copy_to_host") and not isinstance(x, np.ndarray):
+        a = x.copy_to_host()
+    else:
+        a = np.asarray(x)
+    flat = np.ascontiguousarray(a, dtype=np.float64).reshape(-1)
+    sample = flat[:: max(1, flat.size // 512)]
+    weights = (np.arange(flat.size) % 251 + 1).astype(np.float64)
+    sums = np.array([flat.sum(), (flat * weights).sum()])
+    h = hashlib.blake2b(digest_size=16)
+    h.update(repr(tuple(int(n) for n in a.shape)).encode())
+    h.update(sample.tobytes())
+    h.update(sums.tobytes())
+    return h.hexdigest()
+
+
 def _positive_number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0
+    p = real_scalar(x)
+    return p is not None and p > 0
 
 
 def _seed_or_random(seed, dropout_p):
@@ -121,8 +157,8 @@ def attention_numpy(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, *,
     ----------
     q : array, (batch, seqlen_q, nheads, headdim)
     k, v : arrays, (batch, seqlen_k, nheads_k, headdim); nheads must be a multiple of nheads_k
-    dropout_p : float in [0, 1)
-    softmax_scale : float > 0, default 1/sqrt(headdim)
+    dropout_p : float in [0, 1) (a Python or NumPy scalar, or a 0-d array)
+    softmax_scale : float > 0, default 1/sqrt(headdim) (a Python or NumPy scalar, or a 0-d array)
     causal : bool, bottom-right aligned causal mask
     algorithm : "standard", "flash1" or "flash2" (default :data:`DEFAULT_ALGORITHM`)
     variant : "auto" (default), "readable", "fast" or "tensorcore": which kernel of the algorithm
@@ -134,12 +170,17 @@ def attention_numpy(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, *,
     Returns
     -------
     out : array like q (same dtype), or ``(out, stats)``
+
+    Notes
+    -----
+    Computed in float32 whatever q's dtype (float64 inputs get float32 accuracy). Read-only arrays
+    are fine: nothing is written into the inputs.
     """
     prob = check_attention_args(q, k, v, dropout_p, softmax_scale, causal, _seed_or_random(seed, dropout_p))
     fwd_kernel, bwd_kernel = registry.resolve_pair(algorithm, variant)
     block_sizes = _check_block_sizes(block_sizes)
     alloc = Allocator(q)
-    fwd = _run_forward(q, k, v, prob, fwd_kernel, block_sizes, alloc)
+    fwd = _run.forward(q, k, v, prob, fwd_kernel, block_sizes, alloc)
     out = alloc.result(fwd.out, np.asarray(q).dtype if alloc.kind == "numpy" else None)
     if not return_stats:
         return out
@@ -153,6 +194,7 @@ def attention_numpy(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, *,
         block_sizes=block_sizes,
         forward=fwd_kernel,
         backward=bwd_kernel,
+        fingerprints={"q": fingerprint(q), "k": fingerprint(k), "v": fingerprint(v), "out": fingerprint(out)},
     )
     return out, stats
 
@@ -162,6 +204,9 @@ def attention_backward_numpy(dout, q, k, v, out, stats: AttentionStats, *, deter
 
     ``stats`` is what :func:`attention_numpy` returned with ``return_stats=True``; the backward runs
     the same algorithm with the same options and regenerates the same dropout mask from the seed.
+    ``q``, ``k``, ``v`` must be the arrays given to that forward and ``out`` the array it returned
+    (the same values; copies are fine): each is checked against the :func:`fingerprint` saved in
+    ``stats``, and one that differs raises ValueError naming it.
     """
     if not isinstance(stats, AttentionStats):
         raise TypeError(f"stats must be the AttentionStats returned by attention_numpy(..., return_stats=True), got {type(stats).__name__}")
@@ -169,9 +214,16 @@ def attention_backward_numpy(dout, q, k, v, out, stats: AttentionStats, *, deter
     if prob != stats.problem:
         raise ValueError("q, k, v do not match the shapes the forward saved in stats")
     check_backward_args(dout, out, prob, q)
+    if not isinstance(deterministic, bool):
+        raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
+    for name, x in (("q", q), ("k", k), ("v", v), ("out", out)):
+        if stats.fingerprints is not None and fingerprint(x) != stats.fingerprints[name]:
+            what = "the array attention_numpy returned" if name == "out" else f"the {name} given to attention_numpy"
+            raise ValueError(f"{name} is not {what} for these stats: its values differ (fingerprint mismatch). "
+                             "Pass the same q, k, v to the backward as to the forward, and the out the forward returned.")
     alloc = Allocator(q)
     fwd = ForwardOutput(out=None, lse=alloc.to_kernel(stats.lse), m=None if stats.m is None else alloc.to_kernel(stats.m), l=None if stats.l is None else alloc.to_kernel(stats.l))
-    dq, dk, dv = _run_backward(dout, q, k, v, out, fwd, prob, stats.backward, stats.block_sizes, deterministic, alloc)
+    dq, dk, dv = _run.backward(dout, q, k, v, out, fwd, prob, stats.backward, stats.block_sizes, deterministic, alloc)
     dt = np.asarray(q).dtype if alloc.kind == "numpy" else None
     return alloc.result(dq, dt), alloc.result(dk, dt), alloc.result(dv, dt)
 
@@ -179,45 +231,6 @@ def attention_backward_numpy(dout, q, k, v, out, stats: AttentionStats, *, deter
 # ----------------------------------------------------------------------------------------------
 # torch level
 # ----------------------------------------------------------------------------------------------
-def _autograd_function():
-    """The torch.autograd.Function, built on first use so that importing this module needs no torch."""
-    global _FlashAttnFunction
-    if _FlashAttnFunction is not None:
-        return _FlashAttnFunction
-    import torch
-
-    class FlashAttnFunction(torch.autograd.Function):
-        """Saves q, k, v, out and O(N) statistics per head (lse; FA1 also m and l), never S or P."""
-
-        @staticmethod
-        def forward(ctx, q, k, v, prob, kernels, block_sizes, deterministic):
-            alloc = Allocator(q)
-            fwd = _run_forward(q, k, v, prob, kernels[0], block_sizes, alloc)
-            out = alloc.result(fwd.out, q.dtype)
-            lse = alloc.result(fwd.lse)
-            stats = [alloc.result(x) for x in (fwd.m, fwd.l) if x is not None]
-            ctx.save_for_backward(q, k, v, out, lse, *stats)
-            ctx.options = (prob, kernels[1], block_sizes, deterministic)
-            ctx.mark_non_differentiable(lse)
-            return out, lse
-
-        @staticmethod
-        def backward(ctx, dout, _dlse):
-            q, k, v, out, lse, *stats = ctx.saved_tensors
-            prob, bwd_kernel, block_sizes, deterministic = ctx.options
-            alloc = Allocator(q)
-            m, l = (alloc.to_kernel(s) for s in stats) if stats else (None, None)
-            fwd = ForwardOutput(out=None, lse=alloc.to_kernel(lse), m=m, l=l)
-            dq, dk, dv = _run_backward(dout, q, k, v, out, fwd, prob, bwd_kernel, block_sizes, deterministic, alloc)
-            return alloc.result(dq, q.dtype), alloc.result(dk, k.dtype), alloc.result(dv, v.dtype), None, None, None, None
-
-    _FlashAttnFunction = FlashAttnFunction
-    return FlashAttnFunction
-
-
-_FlashAttnFunction = None
-
-
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, return_attn_probs=False, *, algorithm=None, variant=None, block_sizes=None, seed=None, deterministic=False):
     """flash-attn 2's ``flash_attn_func`` on torch tensors, differentiable in q, k and v.
 
@@ -225,8 +238,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, re
     ----------
     q : torch.Tensor, (batch, seqlen_q, nheads, headdim)
     k, v : torch.Tensor, (batch, seqlen_k, nheads_k, headdim)
-    dropout_p : float in [0, 1)
-    softmax_scale : float > 0, default 1/sqrt(headdim)
+    dropout_p : float in [0, 1) (a Python, NumPy or 0-d tensor scalar)
+    softmax_scale : float > 0, default 1/sqrt(headdim) (a Python, NumPy or 0-d tensor scalar)
     causal : bool, causal mask aligned to the bottom-right corner when seqlen_q != seqlen_k
     return_attn_probs : also return the logsumexp (batch, nheads, seqlen_q) in float32, as flash-attn
         does (its third value, the dropout-masked S, is not materialized here: None)
@@ -240,8 +253,27 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, re
     Returns
     -------
     out, or (out, softmax_lse, None) with ``return_attn_probs=True``
+
+    Notes
+    -----
+    Precision: the kernels compute in float32 whatever the input dtype (float16, bfloat16, float32
+    or float64); results and gradients come back in the input's dtype. float64 inputs therefore get
+    float32 accuracy (about 1e-7 relative), and ``torch.autograd.gradcheck`` at its defaults
+    (``eps=1e-6``, ``atol=1e-5``) fails: its difference quotients divide float32 rounding by 1e-6.
+    ``gradcheck(..., eps=1e-2, atol=2e-3, rtol=1e-2, fast_mode=True)`` on inputs of size ~1 passes
+    (see ``tests/test_autograd.py`` for the derivation of these numbers).
+
+    torch.compile: the forward and backward are torch custom operators
+    (:mod:`numba_flash._torch_ops`), so a function that calls ``flash_attn_func`` compiles. With
+    ``dropout_p > 0`` and ``seed=None`` the seed is drawn with ``.item()``, a graph break; pass
+    ``seed=`` for one graph.
+
+    In the simulator (no GPU), a call whose estimated time exceeds a minute warns with
+    :class:`numba_flash.SimulatorSlowWarning` before it launches.
     """
     import torch
+
+    from . import _torch_ops  # registers torch.ops.numba_flash.* on first use
 
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, torch.Tensor):
@@ -249,9 +281,11 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, re
     if seed is None:
         seed = int(torch.randint(0, 2**32, (1,), dtype=torch.int64).item()) if _positive_number(dropout_p) else 0
     prob = check_attention_args(q, k, v, dropout_p, softmax_scale, causal, seed)
-    kernels = registry.resolve_pair(algorithm, variant)
-    block_sizes = _check_block_sizes(block_sizes)
+    fwd_kernel, bwd_kernel = registry.resolve_pair(algorithm, variant)
+    br, bc = _check_block_sizes(block_sizes) or (0, 0)
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
-    out, lse = _autograd_function().apply(q, k, v, prob, kernels, block_sizes, deterministic)
+    out, lse, _m, _l = _torch_ops.attention_forward(
+        q, k, v, prob.dropout_p, prob.softmax_scale, prob.causal, prob.seed,
+        fwd_kernel.algorithm, fwd_kernel.variant, bwd_kernel.variant, br, bc, deterministic)
     return (out, lse, None) if return_attn_probs else out

@@ -1,16 +1,66 @@
-"""Command line: ``python -m numba_flash {demo,io,info} ...``.
+"""Command line: ``python -m numba_flash {demo,io,info,handout} ...``.
 
 * ``demo``: run the main job on the current backend (GPU if present, else the simulator) and print a
   table of error against the float64 reference, time and memory.
-* ``io``: print the HBM-access table of the IO model (Theorem 2, Theorem 5, Proposition 4).
+* ``io``: print the HBM-access table of the IO model (Theorem 2, Theorem 5, Proposition 4); with
+  ``--measure`` (on a GPU, from the repository root) measure DRAM bytes with Nsight Compute beside it
+  (:mod:`bench.measure_io`).
 * ``info``: say which backend runs and with which versions.
 * ``variants``: list every kernel (algorithm, pass, variant), its module, and what ``auto`` picks here.
+* ``handout``: write the course's student handout (:mod:`numba_flash.handout`).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
+
+
+# ----------------------------------------------------------------------------------------------
+# Argument types: a bad value ends in argparse's one-line "error:" and exit status 2, never a traceback
+# ----------------------------------------------------------------------------------------------
+def positive_int(text: str) -> int:
+    """An integer >= 1 (sizes, counts)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {n}")
+    return n
+
+
+def headdim(text: str) -> int:
+    """A head dimension the kernels support: 1 to ``numba_flash._launch.MAX_HEADDIM``, read when parsing."""
+    d = positive_int(text)
+    from ._launch import MAX_HEADDIM
+
+    if d > MAX_HEADDIM:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_HEADDIM} (the largest head dimension the kernels support), got {d}")
+    return d
+
+
+def fraction(text: str) -> float:
+    """A number in (0, 1]."""
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number in (0, 1], got {text!r}") from None
+    if not (math.isfinite(x) and 0 < x <= 1):
+        raise argparse.ArgumentTypeError(f"must be a number in (0, 1], got {text}")
+    return x
+
+
+def positive_float(text: str) -> float:
+    """A finite number > 0 (seconds)."""
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}") from None
+    if not (math.isfinite(x) and x > 0):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return x
 
 
 def _cmd_info(args) -> int:
@@ -35,6 +85,14 @@ def _cmd_variants(args) -> int:
 def _cmd_io(args) -> int:
     from numba_flash_reference import io_model
 
+    if args.measure:
+        try:
+            from bench import measure_io
+        except ImportError:
+            print("io --measure: the bench/ tools are not importable; run from the repository root")
+            return 2
+        return measure_io.run(args)
+
     print(io_model.format_table(N=args.N, d=args.d, M=args.M, Br=args.Br, Bc=args.Bc, sparsity=args.sparsity))
     return 0
 
@@ -45,32 +103,46 @@ def _cmd_demo(args) -> int:
     return demo.run(args)
 
 
+def _cmd_handout(args) -> int:
+    from . import handout
+
+    return handout.main(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m numba_flash",
         description="FlashAttention as readable Numba CUDA kernels, on a GPU or in the CUDA simulator.",
     )
-    sub = p.add_subparsers(dest="command", metavar="{demo,io,info,variants}")
+    sub = p.add_subparsers(dest="command", metavar="{demo,io,info,variants,handout}")
     sub.required = True
 
     d = sub.add_parser("demo", help="standard vs tiled attention on the current backend: error, time, memory")
-    d.add_argument("--batch", type=int, default=None, help="batch size (default depends on the backend)")
-    d.add_argument("--nheads", type=int, default=None, help="number of heads")
-    d.add_argument("--seqlen", type=int, default=None, help="sequence length N")
-    d.add_argument("--headdim", type=int, default=None, help="head dimension d")
+    d.add_argument("--batch", type=positive_int, default=None, help="batch size (default depends on the backend)")
+    d.add_argument("--nheads", type=positive_int, default=None, help="number of heads")
+    d.add_argument("--seqlen", type=positive_int, default=None, help="sequence length N")
+    d.add_argument("--headdim", type=headdim, default=None, help="head dimension d (at most the kernels' maximum)")
     d.add_argument("--causal", action="store_true", help="use the causal mask")
-    d.add_argument("--repeats", type=int, default=None, help="timed repeats per algorithm")
+    d.add_argument("--repeats", type=positive_int, default=None, help="timed repeats per algorithm")
     d.add_argument("--variant", default="auto", choices=("auto", "readable", "fast", "tensorcore"),
                    help="which kernel of each algorithm runs (default: auto, the fastest here)")
     d.set_defaults(func=_cmd_demo)
 
     io = sub.add_parser("io", help="HBM accesses of standard vs tiled attention (the IO model)")
-    io.add_argument("--N", type=int, default=1024, help="sequence length")
-    io.add_argument("--d", type=int, default=64, help="head dimension")
-    io.add_argument("--M", type=int, default=None, help="SRAM size in elements (default: 48 KB of float32)")
-    io.add_argument("--Br", type=int, default=None, help="row block size override")
-    io.add_argument("--Bc", type=int, default=None, help="column block size override")
-    io.add_argument("--sparsity", type=float, default=0.25, help="fraction of non-zero blocks for block-sparse")
+    io.add_argument("--N", type=positive_int, default=1024, help="sequence length")
+    io.add_argument("--d", type=positive_int, default=64, help="head dimension (any d >= 1: the IO model has no kernel limit)")
+    io.add_argument("--M", type=positive_int, default=None, help="SRAM size in elements (default: 48 KB of float32)")
+    io.add_argument("--Br", type=positive_int, default=None, help="row block size override")
+    io.add_argument("--Bc", type=positive_int, default=None, help="column block size override")
+    io.add_argument("--sparsity", type=fraction, default=0.25, help="fraction of non-zero blocks for block-sparse, in (0, 1]")
+    io.add_argument("--measure", action="store_true",
+                    help="measure DRAM bytes with Nsight Compute on a GPU beside the model (bench/measure_io.py)")
+    io.add_argument("--out", default="io_measured.json", help="with --measure: the results file (JSON)")
+    io.add_argument("--part", choices=("gpt2", "sweep", "all"), default="all", help="with --measure: which cases")
+    io.add_argument("--only", action="append", choices=("standard", "flash1", "flash2", "block-sparse"),
+                    help="with --measure: only this algorithm (repeatable)")
+    io.add_argument("--dry-run", action="store_true", help="with --measure: list the cases, measure nothing")
+    io.add_argument("--timeout", type=positive_float, default=1800, help="with --measure: seconds per case under ncu")
     io.set_defaults(func=_cmd_io)
 
     info = sub.add_parser("info", help="which backend runs, device and versions")
@@ -78,6 +150,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     var = sub.add_parser("variants", help="every kernel: algorithm, pass, variant, module, and auto's pick")
     var.set_defaults(func=_cmd_variants)
+
+    ho = sub.add_parser("handout", help="write the course's student handout (tutorials, stubs, autograders; no solutions) to DIR")
+    ho.add_argument("dir", help="folder to write DIR/tutorials and DIR/README.md into")
+    ho.add_argument("--source", default=None, help="the tutorials/ folder to copy (default: the one of this checkout)")
+    ho.add_argument("--force", action="store_true", help="replace DIR/tutorials if it exists")
+    ho.set_defaults(func=_cmd_handout)
     return p
 
 

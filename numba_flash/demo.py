@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
 from numba_flash_reference.alg0_standard import standard_attention
 
-from . import _backend, _launch, describe, registry
+import numpy as np
+
+from . import _backend, _cost, _launch, describe, registry
 from ._launch import Allocator, check_attention_args
 
 SIM_DEFAULTS = dict(batch=1, nheads=2, seqlen=64, headdim=16, repeats=1)
@@ -75,6 +76,7 @@ class _CountingAllocator(Allocator):
 def _numpy_call(q, k, v, causal, kernel):
     """One call through the kernel module with a counting allocator: (out, bytes allocated)."""
     prob = check_attention_args(q, k, v, causal=causal)
+    _cost.warn_if_slow(kernel, prob)  # e.g. --seqlen 1024 in the simulator: say so before minutes pass
     alloc = _CountingAllocator(q)
     fwd = kernel.module.forward(alloc.to_kernel(q), alloc.to_kernel(k), alloc.to_kernel(v), prob, alloc)
     return alloc.result(fwd.out), alloc.bytes

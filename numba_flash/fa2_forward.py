@@ -47,8 +47,9 @@ from __future__ import annotations
 import functools
 import math
 
-from numba import cuda, float32, uint64
 from numba_flash_reference.common import block_sizes as fa1_block_sizes
+
+from numba import cuda, float32, uint64
 
 from ._dropout import head_key, keep, row_key
 from ._launch import STATIC_SMEM_BYTES, ForwardOutput, KernelLaunch, Problem, bh_grid, ceil_div

@@ -23,6 +23,23 @@ non-zero tiles. Loop structure and SRAM budget are those of Algorithm 1; the blo
 (Algorithm 5 has no line 1; by default they come from the same formula,
 :func:`~numba_flash_reference.common.block_sizes`).
 
+The backward pass
+-----------------
+The paper gives no numbered block-sparse backward; FlashAttention's own block-sparse kernels run
+Algorithm 4 with the same test around its inner step. :func:`flash_backward_alg5` is exactly that:
+Algorithm 4 line by line (the tags are ``Alg.4``), with ``if M_ij != 0`` around lines 10-22, so a
+zero tile again costs no FLOP and no HBM access, and the gradients equal those of dense attention
+under the expanded mask. :func:`io_alg5_backward` counts its HBM accesses in closed form.
+
+The butterfly pattern
+---------------------
+FA1 §3.3 uses "a fixed butterfly sparsity pattern" without printing it. :func:`butterfly_block_mask`
+is the *flat block butterfly* of Pixelated Butterfly (Chen, Dao et al., ICLR 2022, the pattern the
+authors' block-sparse experiments build on): the union of the supports of the butterfly factors,
+i.e. block ``(i, j)`` is non-zero iff ``i XOR j`` is 0 or a power of two, optionally with a few
+global rows and columns. With all ``log2 T`` factors a row has ``1 + log2 T`` non-zero blocks, a
+density of about ``log2(T) / T``: the ``s = N^-1 log N`` case of Proposition 4.
+
 Run it::
 
     >>> import numpy as np
@@ -32,6 +49,11 @@ Run it::
     >>> out = flash_forward_alg5(q, k, v, mask, Br=4, Bc=4)
     >>> expand_block_mask(mask, 8, 8, 4, 4).shape
     (8, 8)
+    >>> butterfly_block_mask(4).astype(int)
+    array([[1, 1, 1, 0],
+           [1, 1, 0, 1],
+           [1, 0, 1, 1],
+           [0, 1, 1, 1]])
 """
 
 from __future__ import annotations
@@ -39,6 +61,8 @@ from __future__ import annotations
 import numpy as np
 
 from .alg2_forward import FlashResult
+from .alg3_backward import check_grad_inputs
+from .alg4_backward import recompute_probabilities
 from .common import (
     block_sizes,
     causal_mask,
@@ -51,6 +75,7 @@ from .common import (
     seq_blocks,
 )
 from .hbm import hbm
+from .io_model import IOCount
 from .online_softmax import rescale
 
 
@@ -63,6 +88,53 @@ def broadcast_block_mask(block_mask, b, h, Tr, Tc) -> np.ndarray:
         return np.broadcast_to(mask != 0, (b, h, Tr, Tc))
     except ValueError as e:
         raise ValueError(f"block_mask of shape {mask.shape} does not broadcast to (b, h, Tr, Tc) = {(b, h, Tr, Tc)}") from e
+
+
+def butterfly_block_mask(Tr: int, Tc: int | None = None, n_factors: int | None = None, global_blocks: int = 0) -> np.ndarray:
+    """The fixed flat block butterfly pattern, a boolean ``(Tr, Tc)`` block mask.
+
+    Block ``(i, j)`` is non-zero iff ``i' XOR j`` is 0 or ``2^k`` with ``k < n_factors``, where
+    ``i' = floor(i Tc / Tr)`` maps row block ``i`` onto the diagonal (``i' = i`` when ``Tr = Tc``).
+    This is the union of the supports of the first ``n_factors`` butterfly factor matrices (each
+    pairs index ``i`` with ``i XOR 2^k``), as in Pixelated Butterfly's flat block butterfly.
+
+    Parameters
+    ----------
+    Tr, Tc : int
+        Row and column blocks (``Tc`` defaults to ``Tr``).
+    n_factors : int, optional
+        How many butterfly factors to take (default: all, ``ceil(log2 Tc)``). Each adds one block per
+        row: ``1 + n_factors`` non-zero blocks per row (fewer where ``i' XOR 2^k >= Tc``).
+    global_blocks : int
+        The first ``global_blocks`` block rows and columns are dense (global tokens).
+
+    Every row has its diagonal block, so no row of blocks is empty.
+
+    >>> butterfly_block_mask(8, n_factors=2).sum(axis=1).tolist()
+    [3, 3, 3, 3, 3, 3, 3, 3]
+    >>> m = butterfly_block_mask(16)          # all 4 factors: 5 blocks per row
+    >>> float(m.mean())
+    0.3125
+    """
+    Tc = Tr if Tc is None else int(Tc)
+    Tr = int(Tr)
+    if Tr < 1 or Tc < 1:
+        raise ValueError(f"Tr and Tc must be >= 1, got ({Tr}, {Tc})")
+    all_factors = max(0, (Tc - 1).bit_length())  # ceil(log2 Tc)
+    n_factors = all_factors if n_factors is None else int(n_factors)
+    if not 0 <= n_factors <= all_factors:
+        raise ValueError(f"n_factors must be in [0, {all_factors}] for Tc = {Tc}, got {n_factors}")
+    if not 0 <= int(global_blocks) <= max(Tr, Tc):
+        raise ValueError(f"global_blocks must be in [0, {max(Tr, Tc)}], got {global_blocks}")
+    rows = (np.arange(Tr) * Tc) // Tr  # i' = floor(i Tc / Tr)
+    x = rows[:, None] ^ np.arange(Tc)[None, :]
+    mask = x == 0
+    for k in range(n_factors):
+        mask |= x == (1 << k)
+    g = int(global_blocks)
+    mask[:g, :] = True
+    mask[:, :g] = True
+    return mask
 
 
 def expand_block_mask(block_mask, s_q, s_k, Br, Bc) -> np.ndarray:
@@ -180,3 +252,136 @@ def flash_forward_alg5(
 
     # Alg.5 L20: return O, l, m, R
     return FlashResult(O=O, m=m, l=l, L=logsumexp_from_stats(m, l), seed=R)
+
+
+def flash_backward_alg5(
+    dout, q, k, v, out, l, m, block_mask, softmax_scale=None, causal=False, dropout_p=0.0, seed=0, M=None, Br=None, Bc=None, counter=None
+):
+    """Block-sparse backward: FA1 Algorithm 4 with Algorithm 5's test around the inner step, in float64.
+
+    Parameters
+    ----------
+    dout, q, k, v, out, l, m, softmax_scale, causal, dropout_p, seed, M, Br, Bc, counter
+        As in :func:`numba_flash_reference.alg4_backward.flash_backward` (``l, m`` are the statistics
+        :func:`flash_forward_alg5` returned).
+    block_mask : array_like
+        The forward's block mask (broadcastable to ``(b, h, Tr, Tc)``).
+
+    Returns
+    -------
+    dq, dk, dv : ndarray, float64
+        Gradients of dense attention under the expanded mask; ``dk, dv`` summed over GQA groups.
+        Keys that no non-zero tile sees get exactly zero ``dk, dv``.
+
+    Notes
+    -----
+    Loops and HBM accesses are Algorithm 4's (:mod:`numba_flash_reference.alg4_backward`), paid only
+    for non-zero tiles: :func:`io_alg5_backward` is the closed form. Symbol table: as in Algorithm 4,
+    plus ``M`` -> ``mask[bi, hi]``.
+    """
+    b, s_q, s_k, h, h_k, d = check_qkv(q, k, v)
+    check_grad_inputs(q, dout, out, l=l, m=m)
+    dropout_threshold(dropout_p)
+    q, k, v, dout, out, l, m = (np.asarray(x, dtype=np.float64) for x in (q, k, v, dout, out, l, m))
+    tau = default_scale(d, softmax_scale)
+    G = h // h_k
+
+    # Alg.4 L1: set the PRNG state to R (the seed: Z_ij is a pure function of (seed, bh, row, col))
+    # Alg.4 L2: block sizes, as in Alg.1 L1 (or given; Algorithm 5 takes them as inputs)
+    Br, Bc = block_sizes(d, M, Br, Bc)
+    # Alg.4 L3: split Q into Tr blocks Q_i, K and V into Tc blocks K_j, V_j
+    row_blocks = seq_blocks(s_q, Br)
+    col_blocks = seq_blocks(s_k, Bc)
+    mask = broadcast_block_mask(block_mask, b, h, len(row_blocks), len(col_blocks))
+    gQ, gK, gV = hbm(q, counter, "Q"), hbm(k, counter, "K"), hbm(v, counter, "V")
+    # Alg.4 L4: split O, dO and l, m into Tr blocks (the row ranges of Q_i)
+    gO, gdO = hbm(out, counter, "O"), hbm(dout, counter, "dO")
+    gl, gm = hbm(l, counter, "l"), hbm(m, counter, "m")
+    # Alg.4 L5: dQ = 0, dK = dV = 0 in HBM (an allocation: not counted)
+    dq = np.zeros((b, s_q, h, d))
+    dk = np.zeros((b, s_k, h_k, d))
+    dv = np.zeros((b, s_k, h_k, d))
+    gdQ, gdK, gdV = hbm(dq, counter, "dQ"), hbm(dk, counter, "dK"), hbm(dv, counter, "dV")
+
+    for bi in range(b):
+        for hk in range(h_k):
+            # Alg.4 L6: outer loop over the K/V blocks
+            for j, cols in enumerate(col_blocks):
+                cj = slice(cols.start, cols.stop)
+                # Alg.4 L7: load K_j, V_j into SRAM (whatever column j of the mask holds, as Alg.5 L6)
+                K_j = gK[bi, cj, hk]  # HBM read: Bc*d
+                V_j = gV[bi, cj, hk]  # HBM read: Bc*d
+                # Alg.4 L8: dK~_j = dV~_j = 0 on chip
+                dK_tilde_j = np.zeros((len(cols), d))
+                dV_tilde_j = np.zeros((len(cols), d))
+                for hi in range(hk * G, (hk + 1) * G):  # Dev: GQA, the group's query heads (as alg4_backward)
+                    bh = bi * h + hi
+                    # Alg.4 L9: inner loop over the Q blocks
+                    for i, rows in enumerate(row_blocks):
+                        if not mask[bi, hi, i, j]:  # Dev: Alg.5 L8's test around Algorithm 4's inner step
+                            continue
+                        ri = slice(rows.start, rows.stop)
+                        # Alg.4 L10: load Q_i, O_i, dO_i, dQ_i, l_i, m_i into SRAM
+                        Q_i = gQ[bi, ri, hi]  # HBM read: Br*d
+                        O_i = gO[bi, ri, hi]  # HBM read: Br*d
+                        dO_i = gdO[bi, ri, hi]  # HBM read: Br*d
+                        dQ_i = gdQ[bi, ri, hi]  # HBM read: Br*d
+                        l_i = gl[bi, hi, ri]  # HBM read: Br
+                        m_i = gm[bi, hi, ri]  # HBM read: Br
+                        # Alg.4 L11: S_ij = tau Q_i K_j^T
+                        S_ij = tau * (Q_i @ K_j.T)
+                        # Alg.4 L12: S_ij^masked = mask(S_ij) (the causal mask; the block mask is 1 on this tile)
+                        if causal:
+                            S_ij = np.where(causal_mask(s_q, s_k, rows, cols), S_ij, -np.inf)
+                        # Alg.4 L13: P_ij = diag(l_i)^-1 exp(S_ij^masked - m_i)
+                        P_ij = recompute_probabilities(S_ij, l_i, m_i)
+                        # Alg.4 L14: Z_ij regenerated from the seed
+                        Z_ij = dropout_scale_matrix(seed, bh, rows, cols, dropout_p)
+                        # Alg.4 L15: P_ij^dropped = P_ij o Z_ij
+                        P_dropped_ij = P_ij * Z_ij
+                        # Alg.4 L16: dV~_j += (P_ij^dropped)^T dO_i
+                        dV_tilde_j += P_dropped_ij.T @ dO_i
+                        # Alg.4 L17: dP_ij^dropped = dO_i V_j^T
+                        dP_dropped_ij = dO_i @ V_j.T
+                        # Alg.4 L18: dP_ij = dP_ij^dropped o Z_ij
+                        dP_ij = dP_dropped_ij * Z_ij
+                        # Alg.4 L19: D_i = rowsum(dO_i o O_i)
+                        D_i = np.sum(dO_i * O_i, axis=1)
+                        # Alg.4 L20: dS_ij = P_ij o (dP_ij - D_i)
+                        dS_ij = P_ij * (dP_ij - D_i[:, None])
+                        # Alg.4 L21: dQ_i <- dQ_i + tau dS_ij K_j, written back
+                        gdQ[bi, ri, hi] = dQ_i + tau * (dS_ij @ K_j)  # HBM write: Br*d
+                        # Alg.4 L22: dK~_j += tau dS_ij^T Q_i
+                        dK_tilde_j += tau * (dS_ij.T @ Q_i)
+                # Alg.4 L24: write dK_j <- dK~_j, dV_j <- dV~_j to HBM
+                gdK[bi, cj, hk] = dK_tilde_j  # HBM write: Bc*d
+                gdV[bi, cj, hk] = dV_tilde_j  # HBM write: Bc*d
+
+    # Alg.4 L26: return dQ, dK, dV
+    return dq, dk, dv
+
+
+def io_alg5_backward(N, d, block_mask, M=None, Br=None, Bc=None, N_k=None, b=1, h=1, h_k=None) -> IOCount:
+    """HBM accesses of :func:`flash_backward_alg5`: Algorithm 4's, with the per-tile terms paid only
+    for non-zero tiles.
+
+    With ``W = sum over non-zero tiles (i, j) of |rows_i|`` (over all batches and query heads):
+    reads ``K, V`` ``b h_k Nk d`` each (line 7, every ``j``), ``Q, O, dO, dQ`` ``W d`` each and ``l, m``
+    ``W`` each (line 10); writes ``dQ`` ``W d`` (line 21) and ``dK, dV`` ``b h_k Nk d`` each (line 24).
+    An all-ones mask gives :func:`numba_flash_reference.io_model.io_alg4_backward` exactly.
+    """
+    Nq = int(N)
+    Nk = Nq if N_k is None else int(N_k)
+    h_k = h if h_k is None else int(h_k)
+    Br, Bc = block_sizes(d, M, Br, Bc)
+    Tr, Tc = -(-Nq // Br), -(-Nk // Bc)
+    mask = np.broadcast_to(np.asarray(block_mask) != 0, (b, h, Tr, Tc))
+    row_sizes = np.array([len(r) for r in seq_blocks(Nq, Br)], dtype=np.int64)
+    W = int((mask.sum(axis=3) * row_sizes).sum())
+    kv = b * h_k * Nk * d
+    return IOCount.from_by_name({
+        "K": (kv, 0), "V": (kv, 0),  # L7
+        "Q": (W * d, 0), "O": (W * d, 0), "dO": (W * d, 0), "dQ": (W * d, W * d),  # L10, L21
+        "l": (W, 0), "m": (W, 0),  # L10
+        "dK": (0, kv), "dV": (0, kv),  # L24
+    })

@@ -14,8 +14,9 @@ below any real bug (a wrong mask, a missing rescale or an unwritten tile is off 
 
 from __future__ import annotations
 
-import numpy as np
 from numba_flash_reference.common import causal_mask, default_scale, dropout_scale_matrix, kv_head
+
+import numpy as np
 
 EPS32 = float(np.finfo(np.float32).eps)
 

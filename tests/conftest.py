@@ -9,11 +9,11 @@ from __future__ import annotations
 import os
 import zlib
 
-import numpy as np
-import pytest
-
 import numba_flash  # noqa: F401  (chooses the backend before numba.cuda is imported)
 from numba_flash import _backend
+
+import numpy as np
+import pytest
 
 
 def pytest_addoption(parser):

@@ -8,13 +8,16 @@ the error rule of :mod:`attn_testing` against the float64 oracle. Shapes are sma
 
 from __future__ import annotations
 
+import functools
+from pathlib import Path
+
+from numba_flash import _launch, attention_backward_numpy, attention_numpy, flash_attn_func
+from numba_flash_reference.alg0_standard import standard_attention
+
 import numpy as np
 import pytest
 import torch
 from attn_testing import assert_error_rule, assert_stats_rule, make_qkv, naive_attention_float32, naive_stats_float32
-from numba_flash_reference.alg0_standard import standard_attention
-
-from numba_flash import _launch, attention_numpy, flash_attn_func
 
 ALGORITHMS = ("standard", "flash1")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -115,3 +118,126 @@ def test_torch_cpu_output_stays_on_cpu_and_does_not_alias_the_input(rng):
     q, k, v = (torch.from_numpy(x) for x in make_qkv(rng, 1, 8, 8, 1, 1, 4))
     out = flash_attn_func(q, k, v, algorithm="flash1")
     assert out.device == q.device and out.data_ptr() != q.data_ptr()
+
+
+# ----------------------------------------------------------------------------------------------
+# Read-only inputs
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("algorithm", ["standard", "flash1", "flash2"])
+def test_read_only_numpy_arrays_are_accepted_by_forward_and_backward(rng, algorithm):
+    """Read-only q, k, v, out, dout and stats give the result of writable copies, bit for bit.
+
+    They used to fail with "assignment destination is read-only": the simulator treats a NumPy array
+    given to a launch as cuda.InOut and copies it back into the host array after every launch (no
+    kernel writes its inputs). The Allocator now passes inputs as device arrays, as on a GPU.
+    """
+    q, k, v = make_qkv(rng, 1, 9, 12, 2, 1, 4)
+    dout = rng.standard_normal(q.shape).astype(np.float32)
+    opts = dict(causal=True, dropout_p=0.2, seed=3, algorithm=algorithm, block_sizes=(8, 8))
+    out_w, stats_w = attention_numpy(q.copy(), k.copy(), v.copy(), return_stats=True, **opts)
+    grads_w = attention_backward_numpy(dout.copy(), q.copy(), k.copy(), v.copy(), out_w.copy(), stats_w)
+    for x in (q, k, v, dout):
+        x.setflags(write=False)
+    out, stats = attention_numpy(q, k, v, return_stats=True, **opts)
+    for x in (out, stats.lse, stats.m, stats.l):
+        if x is not None:
+            x.setflags(write=False)
+    grads = attention_backward_numpy(dout, q, k, v, out, stats)
+    np.testing.assert_array_equal(out, out_w)
+    for a, b in zip(grads, grads_w):
+        np.testing.assert_array_equal(a, b)
+
+
+# ----------------------------------------------------------------------------------------------
+# Scalars of every kind
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("make", [np.float32, np.float64, lambda x: np.array(x), lambda x: torch.tensor(x, dtype=torch.float64)],
+                         ids=["np.float32", "np.float64", "0-d array", "0-d tensor"])
+def test_numpy_and_0d_scalars_give_the_result_of_python_floats(rng, make):
+    q, k, v = make_qkv(rng, 1, 8, 9, 1, 1, 4)
+    want = attention_numpy(q, k, v, 0.25, 0.5, algorithm="flash1", seed=np.uint32(4), block_sizes=(8, 8))
+    got = attention_numpy(q, k, v, make(0.25), make(0.5), algorithm="flash1", seed=4, block_sizes=(8, 8))
+    np.testing.assert_array_equal(got, want)
+    t = to_torch(q, k, v)
+    got_t = flash_attn_func(*t, make(0.25), make(0.5), algorithm="flash1", seed=np.int64(4), block_sizes=(8, 8))
+    np.testing.assert_array_equal(got_t.cpu().numpy(), want)
+
+
+# ----------------------------------------------------------------------------------------------
+# The simulator says when a call will take minutes
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.simulator_only
+def test_simulator_warns_with_an_estimate_before_a_call_that_takes_minutes(monkeypatch):
+    from numba_flash import SimulatorSlowWarning, registry
+
+    kernel = registry.resolve("flash2", "forward", "auto")
+
+    class LaunchedError(Exception):
+        pass
+
+    def launch(*args, **kwargs):
+        raise LaunchedError  # the warning must come first; the minutes-long launch is not run
+
+    monkeypatch.setattr(kernel.module, "forward", launch)
+    q = np.ones((2, 1024, 4, 64), np.float32)  # 8 heads of N = 1024: hours in the simulator
+    with pytest.warns(SimulatorSlowWarning, match=r"will take about \d+(\.\d)? (min|h) .*seqlen_q = 1024.*shrink"):
+        with pytest.raises(LaunchedError):
+            attention_numpy(q, q, q, algorithm="flash2")
+
+
+@pytest.mark.simulator_only
+def test_simulator_estimate_grows_with_the_tiles_a_call_visits():
+    from numba_flash import _cost, registry
+
+    def estimate(kernel, n, bh=1, d=32):
+        return _cost.simulator_seconds(kernel, _launch.check_attention_args(*(np.ones((1, n, bh, d), np.float32),) * 3))
+
+    for alg in ("standard", "flash1", "flash2"):
+        for pass_ in ("forward", "backward"):
+            kernel = registry.resolve(alg, pass_, "auto")
+            est = functools.partial(estimate, kernel)
+            assert est(2048) > 3.5 * est(1024) > 0  # N^2 (up to tile rounding)
+            assert est(1024, bh=4) == pytest.approx(4 * est(1024))
+            assert est(4096) > _cost.WARN_SECONDS  # a long sequence always warns
+            assert est(32, d=8) < 10  # the tests' sizes never do
+
+
+@pytest.mark.simulator_only
+def test_small_calls_do_not_warn(rng):
+    import warnings
+
+    from numba_flash import SimulatorSlowWarning
+
+    q, k, v = make_qkv(rng, 1, 8, 8, 1, 1, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SimulatorSlowWarning)
+        attention_numpy(q, k, v, algorithm="flash1")
+
+
+# ----------------------------------------------------------------------------------------------
+# The README's example runs
+# ----------------------------------------------------------------------------------------------
+def readme_block(marker: str) -> str:
+    """The first fenced code block after ``<!-- marker -->`` in README.md (as .ci/run extracts commands)."""
+    lines = (Path(__file__).resolve().parents[1] / "README.md").read_text().splitlines()
+    start = lines.index(f"<!-- {marker} -->")
+    fence = next(i for i in range(start + 1, len(lines)) if lines[i].startswith("```"))
+    end = next(i for i in range(fence + 1, len(lines)) if lines[i].startswith("```"))
+    return "\n".join(lines[fence + 1 : end])
+
+
+def test_readme_use_it_example_runs_on_this_machine():
+    """The README's "Use it" block, executed as written (on a CPU it runs in the simulator)."""
+    import warnings
+
+    from numba_flash import SimulatorSlowWarning
+
+    code = readme_block("use-it")
+    assert "flash_attn_func(" in code and ".backward()" in code
+    ns: dict = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SimulatorSlowWarning)  # "sizes that take seconds" holds
+        exec(compile(code, "README.md:use-it", "exec"), ns)
+    q, out, lse = ns["q"], ns["out"], ns["lse"]
+    assert out.shape == q.shape and lse.shape == (q.shape[0], q.shape[2], q.shape[1])
+    assert torch.isfinite(out).all() and torch.isfinite(q.grad).all() and q.grad.abs().sum() > 0

@@ -8,13 +8,14 @@ launch (or a silently wrong launch) cannot pass.
 from __future__ import annotations
 
 import math
+from fractions import Fraction
+
+from numba_flash import _run, api
+from numba_flash.api import attention_backward_numpy, attention_numpy, flash_attn_func
 
 import numpy as np
 import pytest
 import torch
-
-from numba_flash import api
-from numba_flash.api import attention_numpy, flash_attn_func
 
 
 @pytest.fixture
@@ -22,8 +23,8 @@ def no_launch(monkeypatch):
     def launched(*args, **kwargs):
         raise AssertionError("a kernel module was reached: the argument check came too late")
 
-    monkeypatch.setattr(api, "_run_forward", launched)
-    monkeypatch.setattr(api, "_run_backward", launched)
+    monkeypatch.setattr(_run, "forward", launched)  # every launch, NumPy or torch, goes through _run
+    monkeypatch.setattr(_run, "backward", launched)
 
 
 def qkv(rng, b=1, s_q=8, s_k=8, h=2, h_k=2, d=4, dtype=np.float32):
@@ -101,9 +102,31 @@ class TestEveryBadArgumentIsNamed:
         q, k, v = qkv(rng)
         expect(ValueError, r"^softmax_scale must be finite and positive", both_apis(q, k, v, softmax_scale=scale))
 
-    def test_non_numeric_softmax_scale_is_a_type_error(self, rng):
+    @pytest.mark.parametrize("scale", ["0.5", True, np.bool_(True), 0.5j, np.complex64(0.5), np.array(0.5 + 0j),
+                                       np.array([0.5]), np.array([0.5, 0.5]), torch.tensor([0.5]), torch.tensor(True), [0.5]],
+                             ids=["str", "bool", "np.bool_", "complex", "np.complex64", "0-d complex array", "1-element array",
+                                  "2-element array", "1-element tensor", "0-d bool tensor", "list"])
+    def test_softmax_scale_that_is_not_a_real_scalar_is_a_type_error(self, rng, scale):
         q, k, v = qkv(rng)
-        expect(TypeError, r"^softmax_scale must be a float or None", both_apis(q, k, v, softmax_scale="0.5"))
+        expect(TypeError, r"^softmax_scale must be a real number", both_apis(q, k, v, softmax_scale=scale))
+
+    @pytest.mark.parametrize("scale", [np.float32(np.inf), np.float64(np.nan), np.array(0.0), torch.tensor(-1.0), np.int64(0)],
+                             ids=["np.float32 inf", "np.float64 nan", "0-d array 0", "0-d tensor -1", "np.int64 0"])
+    def test_numpy_or_0d_softmax_scale_that_is_not_finite_and_positive_is_refused(self, rng, scale):
+        q, k, v = qkv(rng)
+        expect(ValueError, r"^softmax_scale must be finite and positive", both_apis(q, k, v, softmax_scale=scale))
+
+    @pytest.mark.parametrize("p", [np.float32(1.0), np.float64(-0.1), np.array([0.1]), np.bool_(False), torch.tensor([0.1]), 0.1j],
+                             ids=["np.float32 1", "np.float64 -0.1", "1-element array", "np.bool_", "1-element tensor", "complex"])
+    def test_numpy_dropout_p_outside_0_1_or_not_a_scalar_is_refused(self, rng, p):
+        q, k, v = qkv(rng)
+        expect(ValueError, r"^dropout_p must be a number in \[0, 1\)", both_apis(q, k, v, dropout_p=p))
+
+    @pytest.mark.parametrize("seed", [np.float64(5.0), np.bool_(True), np.array([5]), np.int64(-1), np.uint64(2**32), torch.tensor(1.5)],
+                             ids=["np.float64", "np.bool_", "1-element array", "np.int64 -1", "np.uint64 2**32", "0-d float tensor"])
+    def test_numpy_seed_that_is_not_a_uint32_integer_is_refused(self, rng, seed):
+        q, k, v = qkv(rng)
+        expect(ValueError, r"^seed must be an integer in \[0, 2\*\*32\)", both_apis(q, k, v, seed=seed))
 
     @pytest.mark.parametrize("which", ["q-batch", "q-seqlen", "k-seqlen", "heads", "headdim"])
     def test_zero_size_dimension_is_refused(self, rng, which):
@@ -174,3 +197,90 @@ def test_block_sizes_beyond_the_opt_in_shared_memory_fail_before_the_fast_kernel
     q, k, v = qkv(rng, d=64)
     with pytest.raises(ValueError, match=r"^block_sizes: tiles .* need \d+ bytes of shared memory at d=64; the device allows"):
         attention_numpy(q, k, v, algorithm="flash1", variant="fast", block_sizes=(1024, 1024))
+
+
+@pytest.mark.parametrize(("name", "value", "want"), [
+    ("softmax_scale", np.float32(0.5), 0.5), ("softmax_scale", np.float16(0.25), 0.25), ("softmax_scale", np.int64(2), 2.0),
+    ("softmax_scale", np.array(0.5), 0.5), ("softmax_scale", np.array(3, dtype=np.int8), 3.0),
+    ("softmax_scale", torch.tensor(0.5), 0.5), ("softmax_scale", torch.tensor(2), 2.0), ("softmax_scale", Fraction(1, 4), 0.25),
+    ("dropout_p", np.float32(0.25), 0.25), ("dropout_p", np.array(0.5), 0.5), ("dropout_p", torch.tensor(0.125), 0.125),
+    ("dropout_p", np.int64(0), 0.0),
+    ("seed", np.int64(5), 5), ("seed", np.uint32(2**32 - 1), 2**32 - 1), ("seed", np.array(7), 7), ("seed", torch.tensor(9), 9),
+])
+def test_any_real_scalar_is_accepted_as_softmax_scale_dropout_p_and_seed(rng, name, value, want):
+    """Python, NumPy (any width) and 0-d array or tensor scalars are taken as the number they hold."""
+    from numba_flash._launch import check_attention_args
+
+    q, k, v = qkv(rng)
+    prob = check_attention_args(q, k, v, **{name: value})
+    got = {"softmax_scale": prob.softmax_scale, "dropout_p": prob.dropout_p, "seed": prob.seed}[name]
+    assert got == want and type(got) is type(want)
+
+
+# ----------------------------------------------------------------------------------------------
+# attention_backward_numpy refuses q, k, v, out other than the forward's
+# ----------------------------------------------------------------------------------------------
+@pytest.fixture
+def forward_of(rng):
+    """A real (tiny) forward: q, k, v (equal shapes, so swaps type-check), dout, out and stats."""
+    q, k, v = qkv(rng, s_q=9, s_k=9, h=2, h_k=2, d=4)
+    dout = rng.standard_normal(q.shape).astype(np.float32)
+    out, stats = attention_numpy(q, k, v, causal=True, algorithm="flash1", block_sizes=(8, 8), return_stats=True)
+    return q, k, v, dout, out, stats
+
+
+class ReachedTheKernelsError(Exception):
+    pass
+
+
+@pytest.fixture
+def backward_reached(monkeypatch):
+    def launched(*args, **kwargs):
+        raise ReachedTheKernelsError
+
+    monkeypatch.setattr(_run, "backward", launched)
+
+
+def one_ulp_up(x, index):
+    y = x.copy()
+    y[index] = np.nextafter(y[index], np.float32(np.inf))
+    return y
+
+
+@pytest.mark.usefixtures("backward_reached")
+@pytest.mark.parametrize("name", ["q", "k", "v", "out"])
+@pytest.mark.parametrize("change", ["one element one ulp", "another draw", "swapped"])
+def test_backward_refuses_arrays_other_than_the_forwards_and_names_them(rng, forward_of, name, change):
+    q, k, v, dout, out, stats = forward_of
+    args = {"q": q, "k": k, "v": v, "out": out}
+    x = args[name]
+    if change == "one element one ulp":  # off the strided sample: only the sums can see it
+        args[name] = one_ulp_up(x, (0, 5, 1, 3))
+    elif change == "another draw":
+        args[name] = rng.standard_normal(x.shape).astype(np.float32)
+    else:
+        other = {"q": "k", "k": "v", "v": "q", "out": "q"}[name]
+        args[name] = args[other]
+    with pytest.raises(ValueError, match=rf"^{name} is not .*fingerprint mismatch"):
+        attention_backward_numpy(dout, args["q"], args["k"], args["v"], args["out"], stats)
+
+
+@pytest.mark.usefixtures("backward_reached")
+def test_backward_accepts_copies_of_the_forwards_arrays_in_any_layout_or_dtype(forward_of):
+    """The fingerprint is of the values: a copy, a Fortran-ordered copy or a float64 copy all pass."""
+    q, k, v, dout, out, stats = forward_of
+    for conv in (np.copy, np.asfortranarray, lambda x: x.astype(np.float64), lambda x: x[:, ::-1][:, ::-1]):
+        with pytest.raises(ReachedTheKernelsError):
+            attention_backward_numpy(dout, conv(q), conv(k), conv(v), conv(out), stats)
+
+
+def test_fingerprint_sees_every_element_and_the_order_of_elements(rng):
+    x = rng.standard_normal((2, 33, 3, 8)).astype(np.float32)
+    fp = api.fingerprint(x)
+    assert api.fingerprint(x.copy()) == fp == api.fingerprint(torch.from_numpy(x))
+    for index in np.ndindex(x.shape):  # every element, one ulp up
+        assert api.fingerprint(one_ulp_up(x, index)) != fp, index
+    y = x.copy()
+    y[0, 1, 0, 0], y[0, 1, 0, 1] = x[0, 1, 0, 1], x[0, 1, 0, 0]  # two neighbours swapped: same plain sum
+    assert api.fingerprint(y) != fp
+    assert api.fingerprint(x.reshape(2, 3, 33, 8)) != fp  # same values, another shape

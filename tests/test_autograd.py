@@ -12,16 +12,18 @@ in float32 (TF32 off), plus a few-ulp floor; gradcheck where its step and tolera
 
 from __future__ import annotations
 
+import ast
 import math
+from pathlib import Path
+
+from numba_flash import attention_backward_numpy, attention_numpy, flash_attn_func
+from numba_flash._launch import poison_outputs
+from numba_flash_reference.alg3_backward import standard_backward
+from numba_flash_reference.common import causal_mask, dropout_scale_matrix
 
 import numpy as np
 import pytest
 from attn_testing import assert_error_rule, make_qkv, max_err, naive_attention_backward_float32
-from numba_flash_reference.alg3_backward import standard_backward
-from numba_flash_reference.common import causal_mask, dropout_scale_matrix
-
-from numba_flash import attention_backward_numpy, attention_numpy, flash_attn_func
-from numba_flash._launch import poison_outputs
 
 torch = pytest.importorskip("torch")
 
@@ -190,21 +192,55 @@ def test_scores_of_size_1e4_give_finite_gradients_through_autograd(rng, algo):
 
 
 @pytest.mark.parametrize("algo", ALGOS)
-def test_gradcheck_passes_through_the_float32_kernels(rng, algo):
-    """torch.autograd.gradcheck (fast mode: one random projection of the Jacobian) on float64 inputs.
+def test_gradcheck_passes_through_the_float32_kernels_with_the_readme_settings(rng, algo):
+    """torch.autograd.gradcheck (fast mode: one random projection of the Jacobian) on float64 inputs,
+    with the settings the README recommends (read from its ``<!-- gradcheck-settings -->`` block).
 
     The kernels compute in float32, so the numerical Jacobian is a difference quotient of a function
     rounded to ~4 eps32 |O| ~ 1e-6: with step eps = 1e-2 its rounding noise is ~1e-6 / 1e-2 = 1e-4 and
     its truncation error ~eps^2 |f'''| ~ 1e-4 (entries of size 1). atol = 2e-3, rtol = 1e-2 leave a 10x
     margin over both, while a wrong gradient (a missing tau, Z or group sum) is off by O(1).
     """
+    settings = readme_gradcheck_settings()
+    assert settings == dict(eps=1e-2, atol=2e-3, rtol=1e-2, fast_mode=True)  # the numbers derived above
     q, k, v, _ = tensors(rng, 1, 5, 6, 2, 1, 3, dtype=torch.float64)
     leaves = [x.detach().requires_grad_(True) for x in (q, k, v)]
 
     def fn(qq, kk, vv):
         return flash_attn_func(qq, kk, vv, 0.2, causal=True, algorithm=algo, seed=11, block_sizes=(4, 4))
 
-    assert torch.autograd.gradcheck(fn, leaves, eps=1e-2, atol=2e-3, rtol=1e-2, fast_mode=True)
+    assert torch.autograd.gradcheck(fn, leaves, **settings)
+
+
+def test_float64_inputs_are_computed_in_float32_so_gradcheck_fails_at_its_defaults(rng):
+    """What the README's precision paragraph says, checked: float64 in, float64 out, float32 accuracy;
+    gradcheck at its defaults (eps=1e-6, atol=1e-5) fails, as the README warns (its settings pass: the
+    test above). If the kernels ever compute in float64, this test fails and the README must change.
+
+    gradcheck re-runs a failed fast-mode check in slow mode (a column of the Jacobian per input
+    element), so the differentiated input is tiny: q alone, 6 elements.
+    """
+    q, k, v, _ = tensors(rng, 1, 3, 4, 1, 1, 2, dtype=torch.float64)
+    leaf = q.detach().requires_grad_(True)
+
+    def fn(qq):
+        return flash_attn_func(qq, k, v, causal=True, algorithm="flash2", block_sizes=(4, 4))
+
+    out = fn(leaf)
+    err = (out - torch_naive_attention(leaf, k, v, causal=True)).abs().max().item()
+    assert out.dtype == torch.float64 and 1e-10 < err < 1e-5  # float32-sized error, not float64's ~1e-16
+    assert not torch.autograd.gradcheck(fn, (leaf,), fast_mode=True, raise_exception=False)
+
+
+def readme_gradcheck_settings() -> dict:
+    """The keyword arguments of the gradcheck call the README recommends (block after <!-- gradcheck-settings -->)."""
+    lines = (Path(__file__).resolve().parents[1] / "README.md").read_text().splitlines()
+    start = lines.index("<!-- gradcheck-settings -->")
+    fence = next(i for i in range(start + 1, len(lines)) if lines[i].startswith("```"))
+    end = next(i for i in range(fence + 1, len(lines)) if lines[i].startswith("```"))
+    call = ast.parse("\n".join(lines[fence + 1 : end])).body[0].value
+    assert ast.unparse(call.func) == "torch.autograd.gradcheck"
+    return {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -246,3 +282,4 @@ def test_recomputation_backward_allocates_no_n_by_n_matrix_on_gpu(rng):
     nxn = 4 * b * h * n * n
     assert extra - io < 0.02 * nxn, (extra, io, nxn)
     assert max_err(leaves[0].grad.cpu().numpy(), 0.0) > 0
+

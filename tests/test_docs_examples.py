@@ -14,10 +14,10 @@ import doctest
 import importlib
 import pkgutil
 
-import numba_flash_reference
-import pytest
-
 import numba_flash
+import numba_flash_reference
+
+import pytest
 
 #: Modules that must not be imported for their examples (``__main__`` runs the command line).
 SKIP = {"numba_flash.__main__"}

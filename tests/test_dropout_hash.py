@@ -1,11 +1,11 @@
 """The device's dropout hash reproduces the reference's keep-mask bit for bit."""
 
+from numba_flash._dropout import dropout_keep
+from numba_flash_reference.common import dropout_keep_mask, dropout_threshold
+
 import numpy as np
 import pytest
 from numba import cuda
-from numba_flash_reference.common import dropout_keep_mask, dropout_threshold
-
-from numba_flash._dropout import dropout_keep
 
 
 @cuda.jit

@@ -18,14 +18,14 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import numpy as np
-import pytest
-from attn_testing import assert_error_rule, make_qkv, naive_attention_backward_float32, naive_attention_float32
+from numba_flash import api, registry
+from numba_flash._launch import BackwardKernelModule, ForwardKernelModule, check_attention_args
 from numba_flash_reference.alg0_standard import standard_attention
 from numba_flash_reference.alg3_backward import standard_backward
 
-from numba_flash import api, registry
-from numba_flash._launch import BackwardKernelModule, ForwardKernelModule, check_attention_args
+import numpy as np
+import pytest
+from attn_testing import assert_error_rule, make_qkv, naive_attention_backward_float32, naive_attention_float32
 
 ROOT = Path(__file__).resolve().parents[1]
 ENTRIES = registry.variants()

@@ -24,14 +24,14 @@ Next: ``02_online_softmax.py``.
 #    Numba's CUDA simulator) before anything imports numba.cuda. This tutorial runs no kernel, but
 #    on a GPU it prints the device's own memory sizes in section 1.
 # ------------------------------------------------------------------------------------------------
-import numpy as np
+import numba_flash
 from numba_flash_reference import io_model
 from numba_flash_reference.alg0_standard import standard_attention
 from numba_flash_reference.alg1_forward import flash_forward_alg1
 from numba_flash_reference.common import block_sizes
 from numba_flash_reference.hbm import HBMArray, HBMCounter
 
-import numba_flash
+import numpy as np
 
 
 def section(title):

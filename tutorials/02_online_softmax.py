@@ -21,10 +21,10 @@ Read alongside: ``reference/online_softmax.py``. Next: ``03_first_numba_kernel.p
 ``assignments/a1_online_softmax``.
 """
 
-import numpy as np
+import numba_flash  # backend choice first, as everywhere in numba-flash (this tutorial runs no kernel)
 from numba_flash_reference.online_softmax import identity_state, merge, merge_states, softmax_state
 
-import numba_flash  # backend choice first, as everywhere in numba-flash (this tutorial runs no kernel)
+import numpy as np
 
 
 def section(title):
@@ -138,7 +138,7 @@ def main():
     print(f"max |o_FA2 - o_whole| = {np.abs(o_fa2 - whole.o).max():.1e}")
     assert np.allclose(o_fa2, whole.o, rtol=0, atol=1e-13)
 
-    print("\nNext: assignments/a1_online_softmax asks you to write block_state, merge and online_attention.")
+    print("\nNext: assignments/a1_online_softmax asks you to write FA2's running state (absorb, finalize) and the split-KV combine.")
 
 
 if __name__ == "__main__":

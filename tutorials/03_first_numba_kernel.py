@@ -39,10 +39,10 @@ import math
 import sys
 from pathlib import Path
 
+import numba_flash
+
 import numpy as np
 from numba import cuda, float32
-
-import numba_flash
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # for assignments.grading when run from elsewhere
 from assignments.grading import CountingArray, assert_error_rule, matmul_naive32, record_shared_memory

@@ -28,13 +28,13 @@ import re
 import sys
 from pathlib import Path
 
-import numpy as np
+import numba_flash
 from numba_flash_reference import io_model
 from numba_flash_reference.alg0_standard import standard_attention
 from numba_flash_reference.alg1_forward import flash_forward_alg1
 from numba_flash_reference.fa2_forward import flash_forward_fa2
 
-import numba_flash
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # for assignments.grading when run from elsewhere
 from assignments.grading import assert_error_rule, attention_naive32

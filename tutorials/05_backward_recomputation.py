@@ -28,13 +28,13 @@ import math
 import sys
 from pathlib import Path
 
-import numpy as np
+import numba_flash
 from numba_flash_reference import io_model
 from numba_flash_reference.alg0_standard import standard_attention
 from numba_flash_reference.alg3_backward import standard_backward
 from numba_flash_reference.alg4_backward import flash_backward
 
-import numba_flash
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # for assignments.grading when run from elsewhere
 from assignments.grading import assert_error_rule, attention_backward_naive32

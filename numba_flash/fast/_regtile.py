@@ -14,7 +14,7 @@ so the local arrays passed in stay registers and the trip counts stay compile-ti
 loops unroll as before). SRAM offsets are ``np.uint64`` throughout: a signed index makes Numba emit
 the negative-index wrap-around ``select``, which hides the alignment from LLVM's load/store
 vectorizer and turns each 16-byte load into four scalar ones (``docs/notes/performance-log.md``,
-"Offline inspection"). ``tests/benchmarks/offline_resources.py`` checks that registers, spills and
+"Offline inspection"). ``bench/offline_resources.py`` checks that registers, spills and
 the SASS instruction count of every default fast kernel are what they were before the factoring.
 
 Paper tags stay in the kernels, on the line that calls a step; the function names say which step

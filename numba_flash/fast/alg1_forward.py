@@ -37,7 +37,7 @@ What changed from the readable kernel, and why
   ``O_i, l_i, m_i`` and write them back unchanged), and chunks past a block's diagonal are not computed.
 
 What it bought (one H200, fp32, FA2 convention ``b * N = 16k``, d = 64, b = 4, 32 heads, N = 4096,
-non-causal; medians from ``docs/results/forward_h200.json`` and ``tests/benchmarks/sweep_fa1_fast.py``,
+non-causal; medians from ``docs/results/forward_h200.json`` and ``bench/sweep_fa1_fast.py``,
 full log with the predictions in ``docs/notes/performance-log.md``, "FA1 forward, fast twin"):
 
 =================================================  ============  ============  ================

@@ -118,7 +118,7 @@ def _pow2_divisor(n: int, cap: int) -> int:
 def config_for(d: int, block_sizes=None, nt=None):
     """The tiling ``(NT, BR, BC, DP)`` for head dim ``d``.
 
-    Defaults (chosen by the sweep tests/benchmarks/fa2_bwd_sweep.py on an H200, see
+    Defaults (chosen by the sweep bench/fa2_bwd_sweep.py on an H200, see
     docs/notes/performance-log.md): 256 threads; ``d <= 64``: ``Br = 64, Bc = 128`` (a 4 x 8 S/dP
     tile and an 8 x 4 dK/dV tile per thread, half the dQ atomics and Q_i/dO_i loads per FLOP of
     64 x 64); ``64 < d <= 128``: ``Br = Bc = 64`` (``Bc = 128`` does not fit the SRAM at d = 128);

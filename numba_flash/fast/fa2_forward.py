@@ -89,7 +89,7 @@ def _padded_d(d: int, TPR: int) -> int:
 def config_for(d: int, block_sizes=None):
     """The tiling ``(NT, TM, TPR, Bc, DP)`` for head dim ``d``.
 
-    Defaults (chosen by the sweep in tests/benchmarks/fa2_sweep.py on an H200, see
+    Defaults (chosen by the sweep in bench/fa2_sweep.py on an H200, see
     docs/notes/performance-log.md): 128 threads, ``TPR = 8`` lanes per row group; for ``d <= 64``
     ``TM = 8`` rows per thread (``Br = 128``, ``Bc = 64``, an 8 x 8 S tile per thread), above it
     ``TM = 4`` (``Br = 64``, ``Bc = 32``: SRAM and the 4 x 16 O tile bound it). Above ``d = 128``
@@ -355,7 +355,7 @@ def forward(q, k, v, prob: Problem, alloc, block_sizes=None, config=None, featur
     """FA2 Algorithm 1, fast kernel, on kernel arrays: ``ForwardOutput(out, lse)``.
 
     ``config=(NT, TM, TPR, Bc, DP)`` overrides the tiling and ``features`` (dict of ``SHFL``, ``VEC``,
-    ``REVERSE``) the kernel features (the sweep in tests/benchmarks/fa2_sweep.py uses both);
+    ``REVERSE``) the kernel features (the sweep in bench/fa2_sweep.py uses both);
     otherwise :func:`config_for` picks the tiling from ``d`` and ``block_sizes``.
     """
     fwd = _plan.run_fa2_forward(plan(prob, block_sizes, config, features), q, k, v, prob, alloc)

@@ -14,7 +14,7 @@ CUTLASS kernel) does not use FFMA on sm_80+: its ``DefaultGemmType<float>`` is
 into ``big = tf32(x)`` (10 mantissa bits) and ``small = tf32(x - big)``, and
 ``a b ~ a_big b_big + a_big b_small + a_small b_big`` (the dropped ``a_small b_small`` is about
 ``2^-22 |a b|``):
-three TF32 ``mma`` per product, accumulated in float32. ``tests/benchmarks/mma_peak.py`` measured the
+three TF32 ``mma`` per product, accumulated in float32. ``bench/mma_peak.py`` measured the
 rates available from Numba on an H200: TF32 ``mma.m16n8k8`` 245 TFLOP/s (so ~80 for 3xTF32), FP64
 ``mma.m16n8k8`` 62.5, FP64 ``m8n8k4`` 32.7. Accuracy: the split keeps ~21-22 bits of each input and
 the products are exact in float32, so the error rule of the tests (at most 2x the error of a plain
@@ -72,7 +72,8 @@ tensor cores, accumulating in the mma (fails the error rule)    12.6            
 torch naive fp32 / SDPA memory-efficient fp32                   24.6 / 15.5     22.4 / 35.5
 ==============================================================  ==============  ==============
 
-(rows 2-4 from the sweep ``sweep_tc2``, the others from the benchmark run.) At d = 128 (8 warps, Br = 128, Bc = 32, see :func:`config_for`): 17.3 ms vs 23.6 (FFMA) and 12.5 (SDPA).
+(rows 2-3 from the sweep ``sweep_tc2``, the others from the benchmark run; the same sweep measured the
+default at 13.81 ms.) At d = 128 (8 warps, Br = 128, Bc = 32, see :func:`config_for`): 17.3 ms vs 23.6 (FFMA) and 12.5 (SDPA).
 
 Launch geometry
 ---------------

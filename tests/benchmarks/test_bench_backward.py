@@ -18,25 +18,27 @@ memory-efficient backend (fp32, TF32 off) run in the same session as anchors.
 
 In the simulator one tiny shape runs once per implementation: functional only.
 
-Run (GPU; the committed results)::
+Run (GPU, from the repository root; the committed results)::
 
-    NUMBA_FLASH_BENCH_HEADDIMS=64 python3 -m pytest tests/benchmarks/test_bench_backward.py -p no:xdist \\
-        --benchmark-enable --benchmark-json=docs/results/backward_d64_h200.json
-    NUMBA_FLASH_BENCH_HEADDIMS=128 python3 -m pytest ... --benchmark-json=docs/results/backward_d128_h200.json
-    python3 tests/benchmarks/plot_results.py docs/results/backward_d64_h200.json \\
-        docs/results/backward_d128_h200.json -o docs/results/backward_h200.png --title "forward + backward"
+    bash bench/gpu/run_benchmarks.sh docs/results backward
+
+which runs, once per head dimension, ``NUMBA_FLASH_BENCH_HEADDIMS=64 python3 -m pytest
+tests/benchmarks/test_bench_backward.py -p no:xdist --benchmark-enable
+--benchmark-json=docs/results/backward_d64_h200.json`` (then 128), and plots both JSON files into
+``backward_h200.png`` with ``python3 -m bench.plot_results``.
 """
 
 from __future__ import annotations
 
 import os
 
-import bench_utils as bu
+from numba_flash import _inspect, registry
+from numba_flash._launch import check_attention_args
+
 import numpy as np
 import pytest
 
-from numba_flash import _inspect, registry
-from numba_flash._launch import check_attention_args
+from bench import _utils as bu
 
 NUMBA_IMPLS = ("standard", "flash1")
 TORCH_IMPLS = ("torch_naive", "sdpa_mem_efficient") if bu.ON_GPU else ()
@@ -63,9 +65,9 @@ def _fwd_and_step(impl, q, k, v, g):
     """(forward only, forward + backward) callables for one implementation (without the synchronize)."""
     if impl in NUMBA_IMPLS:
         if bu.ON_GPU:
-            import torch
-
             from numba_flash import flash_attn_func
+
+            import torch
 
             def fwd():
                 return flash_attn_func(q, k, v, algorithm=impl)
@@ -134,6 +136,7 @@ def test_bench_forward_backward(benchmark, impl, seqlen, headdim, sgemm_tflops):
         if not bu.is_oom(exc):
             raise
         benchmark.extra_info.update(oom=True, error=str(exc)[:200], tflops=None, time_ms=None)
+        bu.record_jsonl(dict(benchmark.extra_info))
         bu.free_memory()
         pytest.skip(f"{impl} at N={n}, d={d}: out of device memory")
     benchmark.extra_info["extra_mem_bytes"] = extra
@@ -151,3 +154,4 @@ def test_bench_forward_backward(benchmark, impl, seqlen, headdim, sgemm_tflops):
         )
     else:
         benchmark.extra_info.update(time_ms=None, tflops=None, pct_sgemm=None)
+    bu.record_jsonl(dict(benchmark.extra_info))

@@ -15,20 +15,22 @@ their registers, shared memory (static + dynamic) and theoretical occupancy.
 On a GPU torch's naive attention (TF32 off) and SDPA's memory-efficient backend run in the same session
 as anchors. In the simulator one tiny shape runs once: functional only.
 
-Run (GPU; produces docs/results/fa2_*.json)::
+Run (GPU, from the repository root; produces docs/results/fa2_<device>.json, .jsonl and .png)::
 
-    NUMBA_FLASH_BENCH_COMMAND="..." python3 -m pytest tests/benchmarks/test_bench_fa2.py \\
-        --benchmark-enable --benchmark-json=docs/results/fa2_h200.json
-    python3 tests/benchmarks/plot_results.py docs/results/fa2_h200.json -o docs/results/fa2_h200.png
+    bash bench/gpu/run_benchmarks.sh docs/results fa2
+
+which runs ``python3 -m pytest tests/benchmarks/test_bench_fa2.py -p no:xdist --benchmark-enable
+--benchmark-json=docs/results/fa2_h200.json`` and ``python3 -m bench.plot_fa2`` on the JSON.
 """
 
 from __future__ import annotations
 
-import bench_utils as bu
-import pytest
-
 from numba_flash import _inspect, registry
 from numba_flash._launch import check_attention_args
+
+import pytest
+
+from bench import _utils as bu
 
 TORCH_IMPLS = ("torch_naive", "sdpa_mem_efficient") if bu.ON_GPU else ()
 #: the Numba FA2 implementations and the forward kernel variant each one runs
@@ -72,6 +74,7 @@ def fast_kernel_info(q, k, v, causal, impl="flash2") -> dict:
 
 
 def _record(benchmark, flops, sgemm_tflops):
+    """Time, TFLOP/s and % of SGEMM into ``extra_info``; the row also goes to $NUMBA_FLASH_BENCH_JSONL."""
     stats = getattr(benchmark, "stats", None)
     if stats is not None and bu.ON_GPU:
         t = stats.stats.median
@@ -79,6 +82,7 @@ def _record(benchmark, flops, sgemm_tflops):
         benchmark.extra_info.update(time_ms=t * 1e3, tflops=rate, pct_sgemm=100 * rate / sgemm_tflops if sgemm_tflops else None, sgemm_tflops=sgemm_tflops)
     else:
         benchmark.extra_info.update(time_ms=None, tflops=None, pct_sgemm=None)
+    bu.record_jsonl(dict(benchmark.extra_info))
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
@@ -102,6 +106,7 @@ def test_bench_fa2_forward(benchmark, impl, seqlen, headdim, causal, sgemm_tflop
         if not bu.is_oom(exc):
             raise
         benchmark.extra_info.update(oom=True, error=str(exc)[:200])
+        bu.record_jsonl(dict(benchmark.extra_info))
         bu.free_memory()
         pytest.skip(f"{impl} at N={n}, d={d}: out of device memory")
     benchmark.extra_info["extra_mem_bytes"] = extra
@@ -121,9 +126,9 @@ def test_bench_fa2_forward_backward(benchmark, impl, seqlen, sgemm_tflops):
     benchmark.extra_info.update(algorithm=impl, pass_="fwd+bwd", N=n, d=d, batch=b, nheads=h, causal=False,
                                 device=bu.device_name(), functional_only=not bu.ON_GPU)
     if not bu.ON_GPU:
-        import numpy as np
-
         from numba_flash import attention_backward_numpy, attention_numpy
+
+        import numpy as np
 
         q, k, v = bu.make_inputs(b, h, n, d)
         dout = np.ones_like(q)
@@ -154,6 +159,7 @@ def test_bench_fa2_forward_backward(benchmark, impl, seqlen, sgemm_tflops):
         if not bu.is_oom(exc):
             raise
         benchmark.extra_info.update(oom=True, error=str(exc)[:200])
+        bu.record_jsonl(dict(benchmark.extra_info))
         pytest.skip(f"{impl} fwd+bwd at N={n}: out of device memory")
     benchmark.extra_info["extra_mem_bytes"] = extra
     _record(benchmark, 3.5 * bu.flops_forward(b, h, n, n, d), sgemm_tflops)

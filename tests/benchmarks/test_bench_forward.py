@@ -9,16 +9,18 @@ attention and SDPA's memory-efficient backend (both fp32) run in the same sessio
 
 In the simulator one tiny shape runs once per implementation: functional only.
 
-Run (GPU, produces the committed results): ``bash tests/gpu/run_benchmarks.sh``.
+Run (GPU, from the repository root; produces the committed results ``docs/results/forward_<device>.json``,
+``.jsonl`` and ``.png``): ``bash bench/gpu/run_benchmarks.sh docs/results forward``.
 """
 
 from __future__ import annotations
 
-import bench_utils as bu
-import pytest
-
 from numba_flash import _inspect, registry
 from numba_flash._launch import check_attention_args
+
+import pytest
+
+from bench import _utils as bu
 
 NUMBA_IMPLS = ("standard", "flash1")
 TORCH_IMPLS = ("torch_naive", "sdpa_mem_efficient") if bu.ON_GPU else ()

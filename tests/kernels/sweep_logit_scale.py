@@ -21,10 +21,10 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from attn_testing import max_err, naive_attention_backward_float32, ulp_floor
+from numba_flash import _backend, attention_backward_numpy, attention_numpy, registry
 from numba_flash_reference.alg3_backward import standard_backward
 
-from numba_flash import _backend, attention_backward_numpy, attention_numpy, registry
+from attn_testing import max_err, naive_attention_backward_float32, ulp_floor
 
 
 def main(argv=None) -> int:

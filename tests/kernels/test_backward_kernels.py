@@ -15,6 +15,12 @@ Every output is NaN-poisoned before the launch, so an element a kernel forgets t
 
 from __future__ import annotations
 
+from numba_flash import alg4_backward, registry
+from numba_flash._launch import Allocator, ForwardOutput, check_attention_args, poison_outputs
+from numba_flash_reference.alg0_standard import standard_attention
+from numba_flash_reference.alg3_backward import standard_backward
+from numba_flash_reference.common import dropout_keep_mask
+
 import numpy as np
 import pytest
 from attn_testing import (
@@ -24,12 +30,6 @@ from attn_testing import (
     naive_attention_backward_float32,
     ulp_floor,
 )
-from numba_flash_reference.alg0_standard import standard_attention
-from numba_flash_reference.alg3_backward import standard_backward
-from numba_flash_reference.common import dropout_keep_mask
-
-from numba_flash import alg4_backward, registry
-from numba_flash._launch import Allocator, ForwardOutput, check_attention_args, poison_outputs
 
 ALGOS = ["flash1", "standard"]
 #: Tiles of the simulator cases: small, so ragged tails and several (i, j) tile pairs occur at N <= 32.

@@ -18,15 +18,15 @@ Simulator shapes stay tiny (N <= 32, d <= 16, b*h <= 2, tiles 8/16).
 
 from __future__ import annotations
 
-import numpy as np
-import pytest
-from attn_testing import EPS32, assert_error_rule, make_qkv, max_err, naive_attention_backward_float32, naive_attention_float32, ulp_floor
+from numba_flash import api, registry
+from numba_flash._launch import poison_outputs
 from numba_flash_reference.alg0_standard import standard_attention
 from numba_flash_reference.alg3_backward import standard_backward
 from numba_flash_reference.common import causal_mask, default_scale, dropout_scale_matrix
 
-from numba_flash import api, registry
-from numba_flash._launch import poison_outputs
+import numpy as np
+import pytest
+from attn_testing import EPS32, assert_error_rule, make_qkv, max_err, naive_attention_backward_float32, naive_attention_float32, ulp_floor
 
 #: Every registered variant of each pass (the forward also has the tensor-core kernel).
 FWD_VARIANTS = tuple(k.variant for k in registry.variants("flash2") if k.pass_ == "forward")

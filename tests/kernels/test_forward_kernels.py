@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-import pytest
-from attn_testing import assert_error_rule, assert_stats_rule, make_qkv, naive_attention_float32, naive_stats_float32
-from numba_flash_reference.alg0_standard import standard_attention
-
 from numba_flash import _launch, registry
 from numba_flash.alg1_forward import paper_block_sizes, sram_footprint
 from numba_flash.api import attention_numpy
+from numba_flash_reference.alg0_standard import standard_attention
+
+import numpy as np
+import pytest
+from attn_testing import assert_error_rule, assert_stats_rule, make_qkv, naive_attention_float32, naive_stats_float32
 
 ALGORITHMS = ("standard", "flash1")
 

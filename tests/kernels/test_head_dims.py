@@ -11,12 +11,6 @@
 
 from __future__ import annotations
 
-import numpy as np
-import pytest
-from attn_testing import assert_error_rule, make_qkv, naive_attention_backward_float32, naive_attention_float32
-from numba_flash_reference.alg0_standard import standard_attention
-from numba_flash_reference.alg3_backward import standard_backward
-
 from numba_flash import _launch, alg1_forward, alg4_backward, attention_backward_numpy, attention_numpy, fa2_backward, fa2_forward, registry
 from numba_flash._launch import STATIC_SMEM_BYTES, check_attention_args, poison_outputs
 from numba_flash.fast import alg1_forward as fast_alg1
@@ -24,6 +18,12 @@ from numba_flash.fast import alg4_backward as fast_alg4
 from numba_flash.fast import fa2_backward as fast_fa2_bwd
 from numba_flash.fast import fa2_forward as fast_fa2_fwd
 from numba_flash.fast import fa2_forward_tc
+from numba_flash_reference.alg0_standard import standard_attention
+from numba_flash_reference.alg3_backward import standard_backward
+
+import numpy as np
+import pytest
+from attn_testing import assert_error_rule, make_qkv, naive_attention_backward_float32, naive_attention_float32
 
 PAIRS = sorted({(k.algorithm, k.variant) for k in registry.variants()})
 #: Small tiles for the simulator (few simulated threads); None: the module's defaults.

@@ -14,14 +14,14 @@ code as a real 70000-head launch. On a GPU (marker ``gpu``) the real limit is cr
 
 from __future__ import annotations
 
-import numpy as np
-import pytest
-from attn_testing import assert_error_rule, make_qkv, naive_attention_backward_float32, naive_attention_float32
+from numba_flash import _launch, attention_backward_numpy, attention_numpy, registry
+from numba_flash._launch import poison_outputs
 from numba_flash_reference.alg0_standard import standard_attention
 from numba_flash_reference.alg3_backward import standard_backward
 
-from numba_flash import _launch, attention_backward_numpy, attention_numpy, registry
-from numba_flash._launch import poison_outputs
+import numpy as np
+import pytest
+from attn_testing import assert_error_rule, make_qkv, naive_attention_backward_float32, naive_attention_float32
 
 #: Every (algorithm, variant) a caller can name (``auto`` resolves to one of these).
 PAIRS = sorted({(k.algorithm, k.variant) for k in registry.variants()})

@@ -15,13 +15,13 @@ Claims checked:
 
 from __future__ import annotations
 
+from numba_flash import _backend
+from numba_flash.fast import _mma
+
 import numpy as np
 import pytest
 from attn_testing import assert_error_rule
 from numba import cuda, float32
-
-from numba_flash import _backend
-from numba_flash.fast import _mma
 
 split_tf32, mma_3xtf32, quad_max, quad_sum = _mma.make_warp_ops()
 SX = 2 * _mma.SIM_SCRATCH_PER_WARP

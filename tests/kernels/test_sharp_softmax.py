@@ -16,13 +16,13 @@ forward saved), for every (algorithm, variant), and checks dQ, dK, dV against th
 
 from __future__ import annotations
 
+from numba_flash import attention_backward_numpy, attention_numpy, registry
+from numba_flash._launch import poison_outputs
+from numba_flash_reference.alg3_backward import standard_backward
+
 import numpy as np
 import pytest
 from attn_testing import assert_error_rule, make_qkv, naive_attention_backward_float32
-from numba_flash_reference.alg3_backward import standard_backward
-
-from numba_flash import attention_backward_numpy, attention_numpy, registry
-from numba_flash._launch import poison_outputs
 
 #: The tensor-core forward (3xTF32) rounds Q and K to ~22 bits before its products, so its S, hence its O and l,
 #: carry ~4-12x the rounding of a float32 S; the backward meets them in D = rowsum(dO o O) and l, and one-hot rows

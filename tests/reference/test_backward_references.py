@@ -11,15 +11,16 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-import pytest
-from attn_testing import make_qkv
 from numba_flash_reference.alg0_standard import standard_attention
 from numba_flash_reference.alg3_backward import standard_backward
 from numba_flash_reference.alg4_backward import flash_backward
 from numba_flash_reference.common import causal_mask, default_scale, dropout_scale_matrix, seq_blocks
 from numba_flash_reference.fa2_backward import fa2_backward
 from numba_flash_reference.hbm import HBMCounter
+
+import numpy as np
+import pytest
+from attn_testing import make_qkv
 
 EPS64 = float(np.finfo(np.float64).eps)
 #: Float64 references agree to ~1e-12 relative (conventions note): each gradient entry is a sum of

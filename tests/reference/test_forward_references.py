@@ -10,9 +10,6 @@ rescale, a mask off by one, a wrong KV head are all O(1e-2) or more on these inp
 
 import math
 
-import numpy as np
-import pytest
-from attn_testing import make_qkv
 from numba_flash_reference.alg0_standard import row_softmax, standard_attention
 from numba_flash_reference.alg1_forward import flash_forward_alg1
 from numba_flash_reference.alg2_forward import flash_forward_alg2
@@ -26,6 +23,10 @@ from numba_flash_reference.common import (
     kv_head,
 )
 from numba_flash_reference.fa2_forward import flash_forward_fa2
+
+import numpy as np
+import pytest
+from attn_testing import make_qkv
 
 RTOL = 1e-12
 

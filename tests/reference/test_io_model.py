@@ -7,9 +7,6 @@ Counts are integers, so "exactly" means ``==``, array by array (``IOCount.by_nam
 
 import math
 
-import numpy as np
-import pytest
-from attn_testing import make_qkv
 from numba_flash_reference import io_model
 from numba_flash_reference.alg0_standard import standard_attention
 from numba_flash_reference.alg1_forward import flash_forward_alg1
@@ -29,6 +26,10 @@ from numba_flash_reference.io_model import (
     io_fa2_forward,
     io_standard_forward,
 )
+
+import numpy as np
+import pytest
+from attn_testing import make_qkv
 
 # (N_q, N_k, d, M, Br, Bc): ragged lengths (N not a multiple of the tiles), s_q != s_k both ways, tiles
 # from the formula of Alg.1 L1 (Br = Bc = None) for small M, and overrides

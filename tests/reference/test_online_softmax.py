@@ -7,8 +7,6 @@ bound used, 1e-12 relative to the largest magnitude, is two orders above that an
 what a wrong merge (a missing rescale, the wrong max) produces.
 """
 
-import numpy as np
-import pytest
 from numba_flash_reference.online_softmax import (
     identity_state,
     merge,
@@ -17,6 +15,9 @@ from numba_flash_reference.online_softmax import (
     softmax_state,
     softmax_stats,
 )
+
+import numpy as np
+import pytest
 
 RTOL = 1e-12
 

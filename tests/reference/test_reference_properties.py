@@ -8,13 +8,14 @@ larger than the sequence) and the options; the inputs come from a NumPy generato
 test_forward_references.py: 1e-12 relative in float64.
 """
 
-import numpy as np
-from hypothesis import given, settings
-from hypothesis import strategies as st
 from numba_flash_reference.alg0_standard import standard_attention
 from numba_flash_reference.alg2_forward import flash_forward_alg2
 from numba_flash_reference.fa2_forward import flash_forward_fa2
 from numba_flash_reference.io_model import count_io, io_alg2_forward, io_fa2_forward
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 RTOL = 1e-12
 

@@ -9,34 +9,46 @@ test names, about the student's implementation:
   for outputs, 3 for gradients), plus a floor of a few float32 rounding steps (:func:`ulp_floor`).
   Nothing is "close enough" by a hand-picked ``atol``.
 * **Within an IO budget.** :class:`CountingArray` wraps a kernel argument so that, in Numba's CUDA
-  simulator, every global-memory (HBM) element a kernel reads or writes is counted, element by element:
-  "each element of A is read at most ``ceil(n / TILE)`` times" is then a plain assertion. The NumPy
-  assignments use :class:`numba_flash_reference.hbm.HBMArray` (the counter the IO model is built on).
+  simulator, every global-memory (HBM) element a kernel reads, writes or atomically updates is
+  counted, element by element: "each element of K is read exactly ``Tr`` times" is then a plain
+  assertion.
 * **Within an SRAM budget.** :func:`record_shared_memory` measures the shared memory a kernel
-  declares per block (the simulator keeps one array per ``cuda.shared.array`` line; on a GPU a compiled
-  kernel reports it itself, ``kernel.get_shared_mem_per_block()``).
+  declares per block (on a GPU a compiled kernel reports it itself, ``kernel.get_shared_mem_per_block()``).
+* **Free of shared-memory races.** :func:`shared_memory_races` runs a launch with every shared array
+  watched: two threads touching one element between the same two barriers, one of them writing, is a
+  race, whatever the order the simulator's threads happened to run in. This is how a missing
+  ``cuda.syncthreads()`` is caught deterministically (on a GPU, use ``compute-sanitizer --tool
+  racecheck``).
 * **Written in the house style.** :func:`kernel_source_problems` checks the two rules that also keep
   kernels correct in the simulator: one ``cuda.shared.array`` per source line (two on one line alias
   each other in the simulator) and a ``# Sync: <what it protects>`` comment on every barrier.
+* **The student's own code.** :func:`load_implementation` loads a submission through
+  :mod:`assignments.guard`: a submission that imports or calls numba-flash (or the grader's
+  references, marked :func:`guard.oracle`) for the graded part is rejected, with the reason.
 
-Which implementation is graded (:func:`load_implementation`): the student's ``stub.py`` by default,
-``solution.py`` with ``--impl solution`` (or ``NUMBA_FLASH_IMPL=solution``), or any file or folder of
-submissions with ``--impl PATH``. See ``tutorials/README.md``.
+Which implementation is graded (:func:`implementation_path`): the student's ``stub.py`` by default,
+course staff's solution with ``--impl solution`` (from ``tutorials/solutions/<assignment>/solution.py``,
+or from the folder named by ``NUMBA_FLASH_SOLUTIONS``; solutions are never in the students' handout),
+or any file or folder of submissions with ``--impl PATH``. See ``tutorials/README.md``.
 
-The simulator-only pieces (:class:`CountingArray`, the shared-memory recorder) rely on two facts about
-Numba's CUDA simulator: a kernel argument that is not a NumPy array is passed to the Python "threads"
-as it is (so its ``__getitem__`` sees every load), and each ``cuda.shared.array`` call is one NumPy
-allocation per source line and launch. The shared-memory recorder reads two private attributes of
-numba-cuda 0.30's simulator (``FakeCUDAShared._allocations``, ``_dynshared_size``; numba-cuda is pinned
-to 0.30.x): if a release renames them, ``tests/test_tutorials.py`` fails (the solutions' SRAM tests
-would see 0 bytes), it does not pass silently.
+The simulator-only pieces rely on facts about numba-cuda 0.30's simulator (pinned to 0.30.x): a
+kernel argument that is not a NumPy array is passed to the Python "threads" as it is (so its
+``__getitem__`` sees every load); ``cuda.atomic.add`` is ``FakeCUDAAtomic.add``; each
+``cuda.shared.array`` call is one NumPy allocation per source line and launch, kept in
+``FakeCUDAShared._allocations``; ``cuda.syncthreads`` is ``BlockThread.syncthreads``.
+:func:`install_simulator_patches` (called by ``tutorials/conftest.py``) replaces the shared-array
+allocation with one that holds a lock (numba-cuda 0.30 allocates without one, so two threads could get
+different arrays for one declaration and a correct kernel fail now and then), routes atomics on a
+:class:`CountingArray` to its counter, and counts barriers per thread for the race detector. If a
+numba-cuda release renames these, ``tests/test_tutorials.py`` fails (the solutions' budget tests would
+see nothing), it does not pass silently.
 """
 
 from __future__ import annotations
 
 import ast
 import contextlib
-import importlib.util
+import functools
 import inspect
 import os
 import sys
@@ -45,15 +57,28 @@ import threading
 from pathlib import Path
 
 import numpy as np
+from numba import cuda  # a module-level global, as the simulator wants (conftest chose the backend already)
+
+from . import guard
+from .guard import oracle
 
 #: Environment variable naming the implementation to grade (``stub``, ``solution`` or a path).
 IMPL_ENV = "NUMBA_FLASH_IMPL"
+#: Environment variable naming the folder of course staff's solutions (``<folder>/<assignment>/solution.py``).
+SOLUTIONS_ENV = "NUMBA_FLASH_SOLUTIONS"
 EPS32 = float(np.finfo(np.float32).eps)
+TUTORIALS = Path(__file__).resolve().parent.parent
 
 
 # ----------------------------------------------------------------------------------------------
 # Which implementation is graded
 # ----------------------------------------------------------------------------------------------
+def solutions_dir() -> Path:
+    """Course staff's solutions: ``$NUMBA_FLASH_SOLUTIONS``, else ``tutorials/solutions`` of this tree."""
+    env = os.environ.get(SOLUTIONS_ENV)
+    return Path(env).expanduser() if env else TUTORIALS / "solutions"
+
+
 def implementation_path(assignment_dir: Path, choice: str | None = None) -> Path:
     """The file to grade for one assignment.
 
@@ -62,32 +87,42 @@ def implementation_path(assignment_dir: Path, choice: str | None = None) -> Path
     assignment_dir : Path
         The assignment's folder, e.g. ``tutorials/assignments/a1_online_softmax``.
     choice : str, optional
-        ``"stub"`` (the student's file), ``"solution"`` (course staff's), a ``.py`` file, or a folder
-        holding one file per assignment named after it (``a1_online_softmax.py``, ...). Default: the
-        environment variable ``NUMBA_FLASH_IMPL``, else ``"stub"``.
+        ``"stub"`` (the student's file), ``"solution"`` (course staff's, from :func:`solutions_dir`),
+        a ``.py`` file, or a folder holding, per assignment, ``<assignment>.py`` or
+        ``<assignment>/solution.py`` (the layout of ``tutorials/solutions``). Default: the environment
+        variable ``NUMBA_FLASH_IMPL``, else ``"stub"``.
     """
+    assignment_dir = Path(assignment_dir)
+    name = assignment_dir.name
     choice = choice or os.environ.get(IMPL_ENV) or "stub"
-    if choice in ("stub", "solution"):
-        path = assignment_dir / f"{choice}.py"
+    if choice == "stub":
+        path = assignment_dir / "stub.py"
     else:
-        path = Path(choice).expanduser()
-        if path.is_dir():
-            path = path / f"{assignment_dir.name}.py"
+        folder = solutions_dir() if choice == "solution" else Path(choice).expanduser()
+        path = folder
+        if folder.is_dir():
+            path = folder / f"{name}.py"
+            if not path.is_file() and (folder / name / "solution.py").is_file():
+                path = folder / name / "solution.py"
     if not path.is_file():
-        hint = " (solutions are kept by course staff, not shipped to students)" if choice == "solution" else ""
-        raise FileNotFoundError(f"no implementation to grade for {assignment_dir.name}: {path} does not exist{hint}")
+        hint = (
+            f" (solutions are kept by course staff, not shipped to students; set {SOLUTIONS_ENV} to their folder)"
+            if choice == "solution"
+            else ""
+        )
+        raise FileNotFoundError(f"no implementation to grade for {name}: {path} does not exist{hint}")
     return path.resolve()
 
 
 def load_implementation(assignment_dir: Path, choice: str | None = None):
-    """Import the implementation chosen by :func:`implementation_path` as a fresh module."""
+    """Import the implementation chosen by :func:`implementation_path`, through the guard.
+
+    Returns a :class:`guard.GuardedModule`: its functions run inside the guard's window. Raises
+    :class:`guard.SubmissionRejected` if the source imports or names the package or the grader.
+    """
     path = implementation_path(Path(assignment_dir), choice)
     name = f"_graded_{Path(assignment_dir).name}_{abs(hash(str(path)))}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # kernels and dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
+    return guard.load(path, name, label=Path(assignment_dir).name)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -97,16 +132,27 @@ def ulp_floor(ref) -> float:
     """A few float32 rounding steps at the reference's magnitude: ``4 eps32 max(1, max|ref|)``.
 
     It only matters where the float32 baseline happens to be exact (e.g. a single key gives
-    ``O = V`` exactly) and is far below the effect of any real bug.
+    ``O = V`` exactly) and is far below the effect of any real bug. Non-finite reference entries
+    (a fully masked row's ``L = -inf``) are left out of the magnitude.
     """
-    ref = np.asarray(ref)
-    return 4 * EPS32 * max(1.0, float(np.max(np.abs(ref))) if ref.size else 1.0)
+    ref = np.asarray(ref, dtype=np.float64)
+    finite = ref[np.isfinite(ref)]
+    return 4 * EPS32 * max(1.0, float(np.max(np.abs(finite))) if finite.size else 1.0)
 
 
 def max_err(a, b) -> float:
-    """``max |a - b|`` in float64 (0 for empty arrays)."""
+    """``max |a - b|`` in float64 over the entries where ``b`` is finite (0 for empty arrays).
+
+    Where ``b`` is ``-inf`` (or ``+inf``), ``a`` must be the same infinity: anything else counts as an
+    infinite error.
+    """
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    return float(np.max(np.abs(a - b))) if a.size else 0.0
+    if not a.size:
+        return 0.0
+    fin = np.isfinite(b)
+    if np.any(a[~fin] != b[~fin]):
+        return float("inf")
+    return float(np.max(np.abs(a[fin] - b[fin]))) if fin.any() else 0.0
 
 
 def assert_error_rule(out, ref64, naive32, mult=2.0, what="output"):
@@ -117,7 +163,8 @@ def assert_error_rule(out, ref64, naive32, mult=2.0, what="output"):
     out : array_like
         The implementation's result.
     ref64 : array_like
-        The float64 reference.
+        The float64 reference (``-inf`` allowed where the answer is ``-inf``, e.g. ``L`` of a fully
+        masked row; ``out`` must then be ``-inf`` too).
     naive32 : array_like
         A plain float32 implementation of the same function on the same inputs: its error is the
         yardstick (what float32 arithmetic costs anyway).
@@ -127,14 +174,13 @@ def assert_error_rule(out, ref64, naive32, mult=2.0, what="output"):
         Named in the failure message.
     """
     out = np.asarray(out, dtype=np.float64)
-    assert out.shape == np.shape(ref64), f"{what}: shape {out.shape}, expected {np.shape(ref64)}"
-    bad = int(np.count_nonzero(~np.isfinite(out)))
+    ref64 = np.asarray(ref64, dtype=np.float64)
+    assert out.shape == ref64.shape, f"{what}: shape {out.shape}, expected {ref64.shape}"
+    bad = int(np.count_nonzero(np.isnan(out) | (np.isinf(out) & np.isfinite(ref64))))
     assert bad == 0, f"{what}: {bad} of {out.size} elements are NaN or inf (never written, or an overflow)"
     err, base = max_err(out, ref64), max_err(naive32, ref64)
     bound = mult * base + ulp_floor(ref64)
-    assert err <= bound, (
-        f"{what}: max error {err:.3e} > {mult} x the float32-naive error {base:.3e} + floor {ulp_floor(ref64):.1e}"
-    )
+    assert err <= bound, f"{what}: max error {err:.3e} > {mult} x the float32-naive error {base:.3e} + floor {ulp_floor(ref64):.1e}"
     return err
 
 
@@ -144,48 +190,102 @@ def poisoned(shape, dtype=np.float32) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------------------------
-# Float64 references and float32 baselines for ONE head (N, d), built on numba_flash_reference
+# Float64 references and float32 yardsticks for ONE head (N, d). They are oracles: a submission
+# that calls one while graded is rejected (guard.oracle).
 # ----------------------------------------------------------------------------------------------
-def attention64(Q, K, V, tau):
-    """``(O, m, l, L)`` of ``softmax(tau Q K^T) V`` in float64 (FA1 Algorithm 0, the oracle)."""
-    from numba_flash_reference.alg0_standard import standard_attention
+def _scores(Q, K, tau, visible, dtype):
+    f = dtype
+    S = (np.asarray(Q, f) @ np.asarray(K, f).T) * f(tau)
+    if visible is not None:
+        S = np.where(visible, S, f(-np.inf))
+    return S
 
-    r = standard_attention(*(np.asarray(x, np.float64)[None, :, None, :] for x in (Q, K, V)), softmax_scale=tau)
-    return r.O[0, :, 0], r.m[0, 0], r.l[0, 0], r.L[0, 0]
 
-
-def attention_naive32(Q, K, V, tau):
-    """``(O, m, l)`` of the same attention computed entirely in float32 NumPy: the error yardstick."""
-    f = np.float32
-    Q, K, V = (np.asarray(x, f) for x in (Q, K, V))
-    S = (Q @ K.T) * f(tau)
+def _softmax_rows(S):
     m = S.max(axis=1)
-    E = np.exp(S - m[:, None])
+    m_safe = np.where(np.isfinite(m), m, 0).astype(S.dtype)
+    E = np.exp(S - m_safe[:, None])
     l = E.sum(axis=1)
-    return (E / l[:, None]) @ V, m, l
+    P = E / np.where(l > 0, l, 1).astype(S.dtype)[:, None]
+    return P, m, l
 
 
-def attention_backward64(Q, K, V, dO, tau):
-    """``(dQ, dK, dV)`` of ``O = softmax(tau Q K^T) V`` in float64 (FA1 Algorithm 3)."""
-    from numba_flash_reference.alg3_backward import standard_backward
+@oracle
+def attention_full64(Q, K, V, tau, visible=None, Z=None):
+    """``(O, m, l, L)`` of ``softmax(tau Q K^T) V`` in float64, with an optional visibility mask and dropout.
 
-    g = standard_backward(*(np.asarray(x, np.float64)[None, :, None, :] for x in (dO, Q, K, V)), softmax_scale=tau)
-    return tuple(x[0, :, 0] for x in g)
+    ``visible`` (N, N_k) bool: False entries are masked (``-inf``). ``Z`` (N, N_k): the dropout
+    multiplier (``1/(1-p)`` kept, 0 dropped), applied to P before ``@ V`` (FA1 Alg.2 L14-L15); the
+    statistics use the undropped P. A row with no visible key gives ``O = 0, l = 0, m = L = -inf``.
+    """
+    P, m, l = _softmax_rows(_scores(Q, K, tau, visible, np.float64))
+    if Z is not None:
+        P = P * np.asarray(Z, np.float64)
+    with np.errstate(divide="ignore"):
+        L = np.where(l > 0, m + np.log(np.where(l > 0, l, 1)), -np.inf)
+    return P @ np.asarray(V, np.float64), m, l, L
 
 
-def attention_backward_naive32(Q, K, V, dO, tau):
-    """The standard backward pass (Algorithm 3) computed entirely in float32: the yardstick for gradients."""
+@oracle
+def attention_full_naive32(Q, K, V, tau, visible=None, Z=None):
+    """The same as :func:`attention_full64`, entirely in float32: the error yardstick."""
     f = np.float32
+    P, m, l = _softmax_rows(_scores(Q, K, tau, visible, f))
+    if Z is not None:
+        P = P * np.asarray(Z, f)
+    with np.errstate(divide="ignore"):
+        L = np.where(l > 0, m + np.log(np.where(l > 0, l, f(1))), f(-np.inf)).astype(f)
+    return P @ np.asarray(V, f), m, l, L
+
+
+def _backward(Q, K, V, dO, tau, visible, Z, f):
     Q, K, V, dO = (np.asarray(x, f) for x in (Q, K, V, dO))
-    S = (Q @ K.T) * f(tau)
-    E = np.exp(S - S.max(axis=1, keepdims=True))
-    P = E / E.sum(axis=1, keepdims=True)
-    dV = P.T @ dO
-    dP = dO @ V.T
+    P, _, _ = _softmax_rows(_scores(Q, K, tau, visible, f))
+    Zf = np.ones_like(P) if Z is None else np.asarray(Z, f)
+    dV = (P * Zf).T @ dO
+    dP = (dO @ V.T) * Zf
     dS = P * (dP - (P * dP).sum(axis=1, keepdims=True))
     return (dS @ K) * f(tau), (dS.T @ Q) * f(tau), dV
 
 
+@oracle
+def attention_backward_full64(Q, K, V, dO, tau, visible=None, Z=None):
+    """``(dQ, dK, dV)`` of :func:`attention_full64`'s ``O`` for the upstream gradient ``dO``, in float64
+    (FA1 Algorithm 3 with mask and dropout, App. B.2)."""
+    return _backward(Q, K, V, dO, tau, visible, Z, np.float64)
+
+
+@oracle
+def attention_backward_full_naive32(Q, K, V, dO, tau, visible=None, Z=None):
+    """The standard backward pass in float32: the yardstick for gradients."""
+    return _backward(Q, K, V, dO, tau, visible, Z, np.float32)
+
+
+@oracle
+def attention64(Q, K, V, tau):
+    """``(O, m, l, L)`` of ``softmax(tau Q K^T) V`` in float64 (FA1 Algorithm 0, the oracle)."""
+    return attention_full64(Q, K, V, tau)
+
+
+@oracle
+def attention_naive32(Q, K, V, tau):
+    """``(O, m, l)`` of the same attention computed entirely in float32 NumPy: the error yardstick."""
+    return attention_full_naive32(Q, K, V, tau)[:3]
+
+
+@oracle
+def attention_backward64(Q, K, V, dO, tau):
+    """``(dQ, dK, dV)`` of ``O = softmax(tau Q K^T) V`` in float64 (FA1 Algorithm 3)."""
+    return attention_backward_full64(Q, K, V, dO, tau)
+
+
+@oracle
+def attention_backward_naive32(Q, K, V, dO, tau):
+    """The standard backward pass (Algorithm 3) computed entirely in float32: the yardstick for gradients."""
+    return attention_backward_full_naive32(Q, K, V, dO, tau)
+
+
+@oracle
 def matmul_naive32(A, B):
     """``A @ B`` with float32 products summed one at a time, in index order (what one GPU thread does)."""
     A, B = np.asarray(A, np.float32), np.asarray(B, np.float32)
@@ -195,22 +295,30 @@ def matmul_naive32(A, B):
     return C
 
 
+def causal_visible(N, N_k=None) -> np.ndarray:
+    """``visible[i, j] = j <= i`` (square, top-left aligned: query ``i`` sees keys ``0..i``)."""
+    N_k = N if N_k is None else N_k
+    return np.arange(N_k)[None, :] <= np.arange(N)[:, None]
+
+
 # ----------------------------------------------------------------------------------------------
 # Counting global-memory accesses of a kernel in the simulator
 # ----------------------------------------------------------------------------------------------
 class CountingArray:
-    """A kernel argument whose every element read and write is counted (Numba's CUDA simulator only).
+    """A kernel argument whose every element read, write and atomic update is counted (simulator only).
 
     Pass it to a ``@cuda.jit`` kernel in place of a NumPy array. The simulator hands non-NumPy
     arguments to its Python threads unchanged, so ``A[i, j]`` inside the kernel calls
-    :meth:`__getitem__` here: one counted HBM read per element, ``A[i, j] = x`` one counted write. On a
-    real GPU a kernel cannot take this object; IO-budget tests are simulator-only.
+    :meth:`__getitem__` here: one counted HBM read per element, ``A[i, j] = x`` one counted write,
+    ``cuda.atomic.add(A, (i, j), x)`` one counted atomic (not a read plus a write; needs
+    :func:`install_simulator_patches`). On a real GPU a kernel cannot take this object; IO-budget tests
+    are simulator-only.
 
     Attributes
     ----------
     data : ndarray
         The underlying array (read it after the launch for the kernel's output).
-    reads, writes : ndarray of int64
+    reads, writes, atomics : ndarray of int64
         Per-element counts, the shape of ``data``.
 
     Examples
@@ -226,6 +334,7 @@ class CountingArray:
         self.name = name
         self.reads = np.zeros(self.data.shape, np.int64)
         self.writes = np.zeros(self.data.shape, np.int64)
+        self.atomics = np.zeros(self.data.shape, np.int64)
         self._lock = threading.Lock()  # simulator threads are real Python threads
 
     shape = property(lambda self: self.data.shape)
@@ -247,19 +356,246 @@ class CountingArray:
         with self._lock:
             self.writes[idx] += 1
 
+    def atomic_add(self, idx, value):
+        """``cuda.atomic.add`` on this array: one counted atomic; returns the old value."""
+        with self._lock:
+            old = self.data[idx]
+            self.data[idx] += value
+            self.atomics[idx] += 1
+        return old
+
     def describe(self) -> str:
-        """One line: total and per-element maximum of reads and writes."""
-        return (
+        """One line: total and per-element maximum of reads, writes (and atomics, if any)."""
+        text = (
             f"{self.name}: {int(self.reads.sum())} reads (max {int(self.reads.max(initial=0))} per element), "
             f"{int(self.writes.sum())} writes (max {int(self.writes.max(initial=0))} per element)"
         )
+        if self.atomics.any():
+            text += f", {int(self.atomics.sum())} atomics (max {int(self.atomics.max())} per element)"
+        return text
+
+
+def counting(arrays: dict) -> dict:
+    """``{name: CountingArray(array, name)}`` for a dict of NumPy arrays."""
+    return {name: CountingArray(a, name) for name, a in arrays.items()}
+
+
+class BlockStream:
+    """Column blocks ``(S_j, V_j)`` handed out one at a time, checking that the consumer keeps only the current one.
+
+    When block ``j`` is requested, blocks ``j - 2`` and older must be garbage (the previous block may
+    still be bound to the consumer's loop variables). Problems are recorded in :attr:`problems` (not
+    raised into the consumer's code, which could swallow them); :attr:`handed` counts the blocks.
+    Defined here, not in an autograder, because the graded code itself iterates it.
+    """
+
+    def __init__(self, S, V, Bc):
+        self._S, self._V, self._Bc = S, V, Bc
+        self._j = 0
+        self._alive = []
+        self.handed = 0
+        self.problems: list[str] = []
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        import gc
+        import weakref
+
+        if self._j >= self._S.shape[1]:
+            raise StopIteration
+        gc.collect()
+        kept = [k for k, ref in enumerate(self._alive[:-1]) if ref() is not None]
+        if kept:
+            self.problems.append(f"blocks {kept} are still referenced when block {len(self._alive)} is requested")
+        j, Bc = self._j, self._Bc
+        S_j, V_j = self._S[:, j : j + Bc].copy(), self._V[j : j + Bc].copy()
+        self._alive.append(weakref.ref(S_j))
+        self._j += Bc
+        self.handed += 1
+        return S_j, V_j
 
 
 def simulator() -> bool:
-    """True when kernels run in Numba's CUDA simulator (decided by ``import numba_flash``)."""
+    """True when kernels run in Numba's CUDA simulator (decided by ``import numba_flash`` in conftest)."""
     import numba_flash
 
     return numba_flash.is_simulator()
+
+
+@functools.cache
+def _mask_kernel(keep):
+    @cuda.jit
+    def mask_kernel(seed, threshold, out):
+        r = cuda.grid(1)  # one thread per row: few threads, which is what keeps the simulator fast
+        if r < out.shape[0]:
+            for c in range(out.shape[1]):
+                out[r, c] = 1 if keep(seed, r, c, threshold) else 0
+
+    return mask_kernel
+
+
+def keep_mask(keep, seed: int, N: int, N_k: int, threshold: int, label: str = "dropout_keep") -> np.ndarray:
+    """The ``(N, N_k)`` boolean mask of a student's device function ``keep(seed, row, col, threshold)``.
+
+    A small grader kernel calls the device function once per element (on either backend), inside the
+    guard's window: the mask is the student's own, evaluated the way their kernels evaluate it.
+    """
+    out = np.zeros((N, N_k), np.int8)
+    kernel = _mask_kernel(keep)
+    with guard.GUARD:
+        kernel[(N + 31) // 32, 32](seed, threshold, out)
+    guard.GUARD.check(label)
+    return out.astype(bool)
+
+
+# ----------------------------------------------------------------------------------------------
+# Simulator patches: locked shared allocation, atomics on CountingArrays, barrier epochs
+# ----------------------------------------------------------------------------------------------
+_ALLOC_LOCK = threading.Lock()
+_RACE_LOGS: list = []  # the active race log (a list) while shared_memory_races() runs, else empty
+_PATCHED = False
+
+
+class SharedRaceArray:
+    """A shared array whose every access is checked against the barrier epochs of the simulator's threads.
+
+    Each thread counts the barriers it has passed (its *epoch*). Two accesses to one element by two
+    threads in the same epoch, at least one a write, are a race: no barrier orders them, whatever
+    order they happened to run in.
+    """
+
+    def __init__(self, data, where, log):
+        self.data = data
+        self.where = where
+        self._log = log
+        self._lock = threading.Lock()
+        self._last_write = {}
+        self._readers = {}
+
+    shape = property(lambda self: self.data.shape)
+    ndim = property(lambda self: self.data.ndim)
+    size = property(lambda self: self.data.size)
+    dtype = property(lambda self: self.data.dtype)
+
+    def __len__(self):
+        return len(self.data)
+
+    @staticmethod
+    def _who():
+        t = threading.current_thread()
+        return tuple(getattr(t, "threadIdx", (-1,))), getattr(t, "_nf_epoch", 0)
+
+    @staticmethod
+    def _key(idx):
+        if isinstance(idx, tuple):
+            return tuple(int(i) for i in idx)
+        return (int(idx),)
+
+    def _race(self, kind, key, other, me, epoch):
+        if len(self._log) < 20:
+            self._log.append(
+                f"{kind} race on shared array {self.where}[{', '.join(map(str, key))}]: threads {other} and {me} "
+                f"touch it between the same two barriers (barrier interval {epoch})"
+            )
+
+    def __getitem__(self, idx):
+        me, epoch = self._who()
+        key = self._key(idx)
+        with self._lock:
+            w = self._last_write.get(key)
+            if w is not None and w[1] == epoch and w[0] != me:
+                self._race("write-read", key, w[0], me, epoch)
+            r = self._readers.get(key)
+            if r is None or r[0] != epoch:
+                self._readers[key] = (epoch, {me})
+            else:
+                r[1].add(me)
+        return self.data[idx]
+
+    def __setitem__(self, idx, value):
+        me, epoch = self._who()
+        key = self._key(idx)
+        with self._lock:
+            w = self._last_write.get(key)
+            if w is not None and w[1] == epoch and w[0] != me:
+                self._race("write-write", key, w[0], me, epoch)
+            r = self._readers.get(key)
+            if r is not None and r[0] == epoch and (r[1] - {me}):
+                self._race("read-write", key, sorted(r[1] - {me})[0], me, epoch)
+            self._last_write[key] = (me, epoch)
+        self.data[idx] = value
+
+
+def install_simulator_patches() -> None:
+    """Make the simulator fit for grading (idempotent; does nothing on a GPU). See the module docstring."""
+    global _PATCHED
+    if _PATCHED or not simulator():
+        return
+    from numba.core import types
+    from numba.cuda.simulator import kernel as simkernel
+    from numba.cuda.simulator import kernelapi
+    from numba.np import numpy_support
+
+    def shared_array(self, shape, dtype, alignment=None):
+        # numba-cuda 0.30's FakeCUDAShared.array, with a lock around the allocation and an optional watch
+        if alignment is not None:
+            raise RuntimeError("Array alignment is not supported in cudasim")
+        if isinstance(dtype, types.Type):
+            dtype = numpy_support.as_dtype(dtype)
+        if shape == 0:  # dynamic shared memory: one buffer for all
+            count = self._dynshared_size // dtype.itemsize
+            return np.frombuffer(self._dynshared.data, dtype=dtype, count=count)
+        caller = sys._getframe(1)
+        key = (caller.f_code.co_filename, caller.f_lineno)  # one array per source line, as in numba-cuda
+        with _ALLOC_LOCK:
+            res = self._allocations.get(key)
+            if res is None:
+                res = np.empty(shape, dtype)
+                self._allocations[key] = res
+            if not _RACE_LOGS:
+                return res
+            watched = self.__dict__.setdefault("_nf_watched", {})
+            if key not in watched:
+                watched[key] = SharedRaceArray(res, f"{Path(key[0]).name}:{key[1]}", _RACE_LOGS[-1])
+            return watched[key]
+
+    original_add = kernelapi.FakeCUDAAtomic.add
+
+    def atomic_add(self, array, index, val):
+        if isinstance(array, CountingArray):
+            return array.atomic_add(index, val)
+        return original_add(self, array, index, val)
+
+    original_sync = simkernel.BlockThread.syncthreads
+
+    def syncthreads(self):
+        self._nf_epoch = getattr(self, "_nf_epoch", 0) + 1
+        original_sync(self)
+
+    kernelapi.FakeCUDAShared.array = shared_array
+    kernelapi.FakeCUDAAtomic.add = atomic_add
+    simkernel.BlockThread.syncthreads = syncthreads
+    _PATCHED = True
+
+
+@contextlib.contextmanager
+def shared_memory_races():
+    """Watch every shared array of the launches inside the block; yields the list of races found.
+
+    Simulator only, after :func:`install_simulator_patches`. Slower (every shared access is checked):
+    use it on one small launch.
+    """
+    if not simulator():
+        raise RuntimeError("shared_memory_races works in Numba's CUDA simulator; on a GPU use compute-sanitizer --tool racecheck")
+    install_simulator_patches()
+    log: list[str] = []
+    _RACE_LOGS.append(log)
+    try:
+        yield log
+    finally:
+        _RACE_LOGS.remove(log)
 
 
 @contextlib.contextmanager
@@ -271,7 +607,7 @@ def record_shared_memory():
     records those managers and sums their arrays. On a GPU, ask a compiled kernel instead:
     ``kernel.get_shared_mem_per_block()``.
 
-    Yields a list that, after the block, holds one byte count per launch. Use ``max(...)``.
+    Yields a list that, after the block, holds one byte count per block launched. Use ``max(...)``.
     """
     if not simulator():
         raise RuntimeError("record_shared_memory works in Numba's CUDA simulator; on a GPU use kernel.get_shared_mem_per_block()")
@@ -297,6 +633,13 @@ def record_shared_memory():
 # ----------------------------------------------------------------------------------------------
 # House rules on kernel source
 # ----------------------------------------------------------------------------------------------
+def _source(fn):
+    fn = getattr(fn, "py_func", fn)
+    fn = inspect.unwrap(fn)
+    fn = getattr(fn, "py_func", fn)
+    return textwrap.dedent(inspect.getsource(fn)), inspect.getsourcelines(fn)[1]
+
+
 def kernel_source_problems(fn) -> list[str]:
     """Problems with a kernel's source: shared arrays sharing a line, barriers without ``# Sync:``.
 
@@ -310,9 +653,7 @@ def kernel_source_problems(fn) -> list[str]:
     list of str
         Empty when the source follows both rules.
     """
-    fn = getattr(fn, "py_func", fn)
-    source = textwrap.dedent(inspect.getsource(fn))
-    first = inspect.getsourcelines(fn)[1]
+    source, first = _source(fn)
     problems = []
     lines = source.splitlines()
     for node in ast.walk(ast.parse(source)):
@@ -331,10 +672,26 @@ def kernel_source_problems(fn) -> list[str]:
 
 def count_calls(fn, dotted_name: str) -> int:
     """How many times ``dotted_name`` (e.g. ``"cuda.syncthreads"``) is called in ``fn``'s source."""
-    fn = getattr(fn, "py_func", fn)
-    tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    source, _ = _source(fn)
+    tree = ast.parse(source)
     return sum(
         1
         for node in ast.walk(tree)
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and ast.unparse(node.func) == dotted_name
     )
+
+
+def missing_tags(fn, prefix: str, lines) -> list[str]:
+    """The paper tags ``# <prefix> L<n>:`` (e.g. ``FA2.1``) that ``fn``'s source does not carry.
+
+    A range tag ``# FA2.1 L9-L10:`` counts for each line it spans.
+    """
+    import re
+
+    source, _ = _source(fn)
+    covered = set()
+    for m in re.finditer(rf"#\s*{re.escape(prefix)} L(\d+)(?:-L(\d+))?:", source):
+        lo = int(m.group(1))
+        hi = int(m.group(2) or lo)
+        covered |= set(range(lo, hi + 1))
+    return [f"# {prefix} L{n}:" for n in lines if n not in covered]

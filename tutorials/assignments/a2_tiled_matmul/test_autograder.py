@@ -40,6 +40,7 @@ def test_matmul_equals_float64_product(impl, rng, shape):
 
 
 _COUNTED = {}
+_RACES = {}
 
 
 def counted_launch(impl):
@@ -51,8 +52,9 @@ def counted_launch(impl):
         m, k, n = 2 * T + 3, 2 * T + 5, 3 * T + 3
         A, B = inputs(np.random.default_rng(20221), m, k, n)
         gA, gB, gC = grading.CountingArray(A, "A"), grading.CountingArray(B, "B"), grading.CountingArray(grading.poisoned((m, n)), "C")
-        with grading.record_shared_memory() as smem:
+        with grading.record_shared_memory() as smem, grading.shared_memory_races() as races:
             impl.matmul(gA, gB, gC)
+        _RACES[id(impl)] = list(races)
         grading.assert_error_rule(gC.data, A.astype(np.float64) @ B, grading.matmul_naive32(A, B), what="C (counted launch)")
         _COUNTED[id(impl)] = (gA, gB, gC, max(smem, default=0), (m, k, n, T))
     return _COUNTED[id(impl)]
@@ -87,6 +89,19 @@ def test_shared_memory_holds_two_tiles_at_most(impl):
     _, _, _, smem, (_, _, _, T) = counted_launch(impl)
     budget = 2 * T * T * 4  # sA and sB, float32
     assert 0 < smem <= budget, f"shared memory per block: {smem} bytes; budget: two TILE x TILE float32 tiles = {budget} bytes"
+
+
+@pytest.mark.simulator_only
+def test_no_shared_memory_races(impl):
+    """Every barrier where it must be: no two threads touch one shared element between the same two barriers.
+
+    The counted launch runs with every shared array watched (:func:`grading.shared_memory_races`): a
+    missing ``cuda.syncthreads()`` is caught even when the simulator's threads happen to run in a
+    harmless order (on a GPU: ``compute-sanitizer --tool racecheck``).
+    """
+    counted_launch(impl)
+    races = _RACES[id(impl)]
+    assert not races, "shared-memory races (a barrier is missing or misplaced):\n" + "\n".join(races[:5])
 
 
 def test_kernel_source_follows_the_house_rules(impl):

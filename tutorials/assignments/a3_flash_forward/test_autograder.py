@@ -79,6 +79,7 @@ def test_large_scores_do_not_overflow(impl, rng):
 
 
 _COUNTED = {}
+_RACES = {}
 
 
 def counted_launch(impl):
@@ -90,8 +91,9 @@ def counted_launch(impl):
         N, d = 3 * BC + 2, 6
         Q, K, V = qkv(np.random.default_rng(20222), N, d)
         tau = 1.0 / math.sqrt(d)
-        with grading.record_shared_memory() as smem:
+        with grading.record_shared_memory() as smem, grading.shared_memory_races() as races:
             arrays = run(impl, Q, K, V, tau, wrap=grading.CountingArray)
+        _RACES[id(impl)] = list(races)
         g = dict(zip("Q K V O l m".split(), arrays))
         check_outputs(g["O"].data, g["l"].data, g["m"].data, Q, K, V, tau)
         _COUNTED[id(impl)] = (g, max(smem, default=0), dict(N=N, d=d, BR=BR, BC=BC, Tc=math.ceil(N / BC)))
@@ -133,6 +135,19 @@ def test_shared_memory_fits_the_tiles_of_alg1(impl):
     BR, BC, D = s["BR"], s["BC"], s["d"]
     budget = 4 * ((2 * BC + 2 * BR) * D + BR * BC + 8 * BR)
     assert 0 < smem <= budget, f"shared memory per block: {smem} bytes; budget {budget} bytes (BR={BR}, BC={BC}, D={D})"
+
+
+@pytest.mark.simulator_only
+def test_no_shared_memory_races(impl):
+    """Every barrier where it must be: no two threads touch one shared element between the same two barriers.
+
+    The counted launch runs with every shared array watched (:func:`grading.shared_memory_races`): a
+    missing ``cuda.syncthreads()`` is caught even when the simulator's threads happen to run in a
+    harmless order (on a GPU: ``compute-sanitizer --tool racecheck``).
+    """
+    counted_launch(impl)
+    races = _RACES[id(impl)]
+    assert not races, "shared-memory races (a barrier is missing or misplaced):\n" + "\n".join(races[:5])
 
 
 def test_kernel_source_follows_the_house_rules(impl):

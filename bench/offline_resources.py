@@ -1,0 +1,235 @@
+"""Offline sm_90 resource report of the fast kernels: registers, spills, local memory, SASS size.
+
+No GPU is needed. Each fast kernel is compiled for its DEFAULT configuration (``config_for(d)``, the
+GPU's default features: shuffles, 16-byte loads, prefetch, no register cap, dropout off; for the
+tensor-core forward ``fa2_forward_tc_kernel`` with ``SIM=False`` and its default staging and
+prefetch) at d = 64 and d = 128, causal and not:
+
+1. ``cuda.compile_ptx(kernel.py_func, sig, cc=(9, 0))`` (NVVM 13) gives the PTX;
+2. cuda.core's ``Linker`` (nvJitLink, verbose) runs ptxas and reports registers, spill stores / loads
+   and the stack frame (local memory);
+3. ``nvdisasm`` disassembles the cubin; the SASS instruction count is the number of instruction
+   lines (``/*0a30*/ ...;``) of the kernel, and ``SASS sha256`` the first 12 hex digits of the hash of
+   those lines (addresses included, mangled symbol names left out: they hash the Python closure): equal
+   hashes mean the same machine code.
+
+A refactor that must not change what the GPU executes (for example moving register-tile code into
+the device-function factories of :mod:`numba_flash.fast._regtile`) must leave every row of this table
+identical (the hash column makes that an exact check, not only a count). Run it before and after and
+``diff`` the outputs. From the repository root::
+
+    PYTHONPATH=/tmp/cu13site LD_LIBRARY_PATH=/tmp/cu13site/nvidia/cu13/lib \
+        NVDISASM=/tmp/cu13site/nvidia/cu13/bin/nvdisasm .venv/bin/python -m bench.offline_resources > after.txt
+
+For "before" without touching the working tree, this file also runs by path (it imports nothing from
+the ``bench`` package): put a copy of the old ``numba_flash`` package first on ``PYTHONPATH`` and run
+it from outside the repository::
+
+    cd /tmp && PYTHONPATH=/tmp/old_pkg:/tmp/cu13site LD_LIBRARY_PATH=/tmp/cu13site/nvidia/cu13/lib \
+        /path/to/.venv/bin/python /path/to/repo/bench/offline_resources.py > before.txt
+
+A full run (24 compiles, one process each) takes about 5-6 minutes on 2 cores.
+
+Toolchain (CPU only, pip packages installed to private ``--target`` directories): ``nvidia-nvvm``,
+``nvidia-nvjitlink`` and ``cuda-toolkit`` runtime bits on ``PYTHONPATH``/``LD_LIBRARY_PATH``, ``cuda-core``
+importable, ``nvdisasm`` (``nvidia-cuda-nvdisasm``) found through ``$NVDISASM``, ``PATH`` or the
+default ``/tmp/cu13b/nvidia/cu13/bin/nvdisasm``. When any piece is missing the script prints why and
+exits with status 0 (a skip, not a failure). ``--kernel NAME`` (repeatable) restricts the report to
+``alg1_forward_fast``, ``fa2_forward_fast``, ``fa2_forward_tc``, ``alg4_backward_fast``,
+``fa2_backward_fast`` or ``fa2_backward_fast_dq`` (the names of the table; the modules are
+``numba_flash/fast/alg1_forward.py`` ...); ``--d`` picks head dims.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+KERNELS = ("alg1_forward_fast", "fa2_forward_fast", "fa2_forward_tc", "alg4_backward_fast", "fa2_backward_fast", "fa2_backward_fast_dq")
+
+
+def _gpu_backend() -> None:
+    """Compile for the GPU even without one: set before anything imports ``numba.cuda`` (see numba_flash._backend)."""
+    os.environ.setdefault("NUMBA_FLASH_BACKEND", "gpu")
+    os.environ["NUMBA_ENABLE_CUDASIM"] = "0"
+
+
+def _skip(why: str) -> None:
+    print(f"offline_resources: SKIPPED ({why})")
+    sys.exit(0)
+
+
+def _nvdisasm() -> str | None:
+    if os.environ.get("NVDISASM"):  # an explicit choice is used or nothing
+        return os.environ["NVDISASM"] if os.path.exists(os.environ["NVDISASM"]) else None
+    for cand in (shutil.which("nvdisasm"), "/tmp/cu13b/nvidia/cu13/bin/nvdisasm"):
+        if cand and os.path.exists(cand):
+            return cand
+    return None
+
+
+def _toolchain() -> str:
+    """The nvdisasm path, after a trivial kernel went through NVVM, nvJitLink and nvdisasm; else skip."""
+    try:
+        from cuda.core import Linker, LinkerOptions, ObjectCode
+        from numba import cuda, float32
+    except Exception as exc:  # pragma: no cover - depends on the machine
+        _skip(f"numba-cuda / cuda.core not importable: {exc}")
+    nvd = _nvdisasm()
+    if nvd is None:
+        _skip("nvdisasm not found (set NVDISASM or install nvidia-cuda-nvdisasm)")
+
+    def probe(x):
+        x[0] = float32(1.0)
+
+    try:
+        ptx, _ = cuda.compile_ptx(probe, (float32[:],), cc=(9, 0))
+        cubin = Linker(ObjectCode.from_ptx(ptx.encode()), options=LinkerOptions(arch="sm_90")).link("cubin")
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as fh:
+            fh.write(cubin.code)
+            fh.flush()
+            subprocess.run([nvd, "-c", fh.name], capture_output=True, check=True)
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        _skip(f"offline toolchain (NVVM, NVRTC, nvJitLink, nvdisasm) not usable: {first}; see the module docstring")
+    return nvd
+
+
+def _signatures():
+    from numba import types
+
+    f32, f64, i64, u32 = types.float32, types.float64, types.int64, types.uint32
+    a4, a3 = types.Array(f32, 4, "A"), types.Array(f32, 3, "A")
+    return {
+        # gQ, gK, gV, gO, gl, gm, glse, scale_log2, group, causal_offset, seed, threshold, dropout_scale
+        "alg1_forward_fast": (a4,) * 4 + (a3,) * 3 + (f32, i64, i64, i64, i64, f32),
+        # gQ, gK, gV, gO, gL, scale_log2, group, causal_offset, seed, threshold, dropout_scale
+        "fa2_forward_fast": (a4,) * 4 + (a3,) + (f64, i64, i64, i64, i64, f64),
+        # gQ, gK, gV, gO, gL, scale_log2, group, causal_offset, seed, threshold, dropout_scale (as the FFMA kernel)
+        "fa2_forward_tc": (a4,) * 4 + (a3,) + (f64, i64, i64, i64, i64, f64),
+        # gQ, gK, gV, gO, gdO, gm, gl, gDs, gdQ, gdK, gdV, tau, group, causal_offset, seed, threshold, dropout_scale
+        "alg4_backward_fast": (a4,) * 5 + (a3,) * 3 + (a4,) * 3 + (f32, i64, i64, u32, u32, f32),
+        # gQ, gK, gV, gdO, gL, gD, gdQ, gdK, gdV, tau, c1, group, causal_offset, seed, threshold, dropout_scale
+        "fa2_backward_fast": (a4,) * 4 + (a3,) * 2 + (a4,) * 3 + (f64, f64, i64, i64, i64, i64, f64),
+        # gQ, gK, gV, gdO, gL, gD, gdQ, tau, c1, group, causal_offset, seed, threshold, dropout_scale
+        "fa2_backward_fast_dq": (a4,) * 4 + (a3,) * 2 + (a4,) + (f64, f64, i64, i64, i64, i64, f64),
+    }
+
+
+def _kernel(name: str, d: int, causal: bool):
+    """The dispatcher of ``name`` in its default configuration at head dim ``d`` (dropout off)."""
+    from numba_flash.fast import alg1_forward as A1
+    from numba_flash.fast import alg4_backward as A4
+    from numba_flash.fast import fa2_backward as B2
+    from numba_flash.fast import fa2_forward as F2
+    from numba_flash.fast import fa2_forward_tc as TC
+
+    if name == "alg1_forward_fast":
+        f = A1.default_features()
+        return A1.alg1_forward_fast_kernel(*A1.config_for(d), causal, False, f["SHFL"], f["VEC"], f["MAXREG"])
+    if name == "fa2_forward_fast":
+        f = F2.default_features()
+        return F2.fa2_forward_fast_kernel(*F2.config_for(d), causal, False, f["SHFL"], f["VEC"], f["REVERSE"], f["PREFETCH"], f["MAXREG"])
+    if name == "fa2_forward_tc":
+        f = TC.default_features()
+        NW, MW, BC, DP = TC.config_for(d)
+        prefetch = f["PREFETCH"] if f["PREFETCH"] is not None else DP <= 64  # as TC.plan
+        return TC.fa2_forward_tc_kernel(NW, MW, BC, DP, causal, False, bool(prefetch), False, f["STAGE_S"], f["STAGE_O"])
+    if name == "alg4_backward_fast":
+        f = A4.default_features()
+        return A4.alg4_backward_fast_kernel(*A4.config_for(d), causal, False, False, f["VEC"], f["MAXREG"])
+    f = B2.default_features()
+    if name == "fa2_backward_fast":
+        return B2.fa2_backward_fast_kernel(*B2.config_for(d), causal, False, True, f["VEC"], f["PREFETCH"], f["MAXREG"])
+    if name == "fa2_backward_fast_dq":
+        return B2.fa2_backward_fast_dq_kernel(*B2.config_for(d), causal, False, f["VEC"], f["PREFETCH"], f["MAXREG"])
+    raise ValueError(name)
+
+
+def resources(name: str, d: int, causal: bool, nvdisasm: str) -> dict:
+    """Compile, link and disassemble one kernel: ``{regs, spill_st, spill_ld, stack, sass, v4}``."""
+    from cuda.core import Linker, LinkerOptions, ObjectCode
+    from numba import cuda
+
+    k = _kernel(name, d, causal)
+    ptx, _ = cuda.compile_ptx(k.py_func, _signatures()[name], cc=(9, 0), fastmath=False)
+    lk = Linker(ObjectCode.from_ptx(ptx.encode()), options=LinkerOptions(arch="sm_90", verbose=True))
+    cubin = lk.link("cubin")
+    log = lk.get_info_log()
+    regs = re.findall(r"Used (\d+) registers", log)
+    spill = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
+    stack = re.findall(r"(\d+) bytes stack frame", log)
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as fh:
+        fh.write(cubin.code)
+        fh.flush()
+        sass = subprocess.run([nvdisasm, "-c", fh.name], capture_output=True, text=True, check=True).stdout
+    # the mangled kernel name (relative-address operands) carries a hash of the closure: not machine code
+    instr = [re.sub(r"_ZN\w+", "<sym>", line.strip()) for line in sass.splitlines()
+             if re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+\S", line)]
+    n_sass = len(instr)
+    return {
+        "regs": int(regs[-1]) if regs else -1,
+        "spill_st": int(spill[-1][0]) if spill else -1,
+        "spill_ld": int(spill[-1][1]) if spill else -1,
+        "stack": int(stack[-1]) if stack else -1,
+        "sass": n_sass,
+        "v4": ptx.count("ld.shared.v4.f32"),
+        "sha": hashlib.sha256("\n".join(instr).encode()).hexdigest()[:12],
+    }
+
+
+def _one(name: str, d: int, causal: bool, nvd: str) -> dict:
+    """:func:`resources` in a fresh interpreter: the machine code must not depend on what was compiled before.
+
+    (Numba's mangled names and ptxas' tie-breaking depend on the process history: in one process, a
+    kernel compiled after others can get a different but equivalent register assignment.)
+    """
+    # the same way this process was started: ``-m bench.offline_resources`` from the root, or by path
+    how = ["-m", __spec__.name] if __spec__ is not None and __spec__.name else [os.path.abspath(__file__)]
+    cmd = [sys.executable, *how, "--one", name, str(d), "1" if causal else "0"]
+    env = dict(os.environ, NVDISASM=nvd)
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if out.returncode != 0:
+        raise RuntimeError(f"{name} d={d} causal={causal}: compile failed:\n{out.stderr[-4000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m bench.offline_resources``."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kernel", action="append", choices=KERNELS, help="kernel(s) to report (default: all)")
+    ap.add_argument("--d", type=int, action="append", help="head dim(s) (default: 64 and 128)")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="compiles at once (one process each)")
+    ap.add_argument("--one", nargs=3, metavar=("KERNEL", "D", "CAUSAL"), help=argparse.SUPPRESS)
+    return ap
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    _gpu_backend()
+    if args.one:
+        name, d, causal = args.one
+        print(json.dumps(resources(name, int(d), causal == "1", os.environ["NVDISASM"])))
+        return 0
+    nvd = _toolchain()
+    cases = [(name, d, causal) for name in args.kernel or KERNELS for d in args.d or (64, 128) for causal in (False, True)]
+    print(f"{'kernel':<22} {'d':>4} {'causal':>6} {'regs':>5} {'spill st/ld B':>14} {'stack B':>8} {'SASS':>6} "
+          f"{'LDS.v4 (ptx)':>12}  SASS sha256")
+    with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
+        results = pool.map(lambda c: _one(*c, nvd), cases)
+        for (name, d, causal), r in zip(cases, results):
+            print(f"{name:<22} {d:>4} {str(causal):>6} {r['regs']:>5} {str(r['spill_st']) + '/' + str(r['spill_ld']):>14} "
+                  f"{r['stack']:>8} {r['sass']:>6} {r['v4']:>12}  {r['sha']}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""Plot the FA2 benchmark JSON (tests/benchmarks/test_bench_fa2.py) as one PNG.
+
+Usage (from the repository root; needs matplotlib, ``pip install -e ".[plot]"``)::
+
+    python -m bench.plot_fa2 docs/results/fa2_h200.json -o docs/results/fa2_h200.png
+
+Panels: forward TFLOP/s against N for (d = 64, 128) x (non-causal, causal), and forward + backward at
+d = 64. Each implementation (``extra_info["algorithm"]``) is a line; the dashed line is the cuBLAS
+SGEMM rate measured in the same run. Device, date and versions come from the JSON's machine_info.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+from pathlib import Path
+
+STYLE = {
+    "flash2": dict(color="tab:green", marker="^", label="Numba FA2 (tensor cores, 3xTF32)"),
+    "flash2_ffma": dict(color="tab:olive", marker="o", label="Numba FA2 (fast FFMA kernel)"),
+    "torch_naive": dict(color="tab:gray", marker="v", label="torch naive (fp32, TF32 off)"),
+    "sdpa_mem_efficient": dict(color="tab:purple", marker="D", label="torch SDPA mem-efficient (fp32)"),
+}
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m bench.plot_fa2``."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("json")
+    ap.add_argument("-o", "--out", required=True)
+    return ap
+
+
+def main(argv=None):
+    args = parser().parse_args(argv)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    data = json.loads(Path(args.json).read_text())
+    rows = [b["extra_info"] for b in data["benchmarks"] if b.get("extra_info", {}).get("tflops") is not None]
+    prov = data.get("machine_info", {}).get("numba_flash", {})
+    sgemm = prov.get("sgemm_tflops_4096_fp32")
+    panels = [("forward", 64, False), ("forward", 64, True), ("forward", 128, False), ("forward", 128, True), ("fwd+bwd", 64, False)]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.4 * len(panels), 4.2), sharey=True)
+    for ax, (pas, d, causal) in zip(axes, panels):
+        series = defaultdict(list)
+        for r in rows:
+            if r.get("pass_") == pas and r["d"] == d and bool(r["causal"]) == causal:
+                series[r["algorithm"]].append((r["N"], r["tflops"]))
+        for alg, pts in sorted(series.items()):
+            pts.sort()
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], **STYLE.get(alg, dict(label=alg)))
+        if sgemm:
+            ax.axhline(sgemm, ls="--", color="k", lw=0.8, label=f"cuBLAS SGEMM {sgemm:.0f}")
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"{pas}, d={d}{', causal' if causal else ''}")
+        ax.set_xlabel("sequence length N (batch = 16k / N)")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("TFLOP/s (fp32)")
+    axes[-1].legend(fontsize=8, loc="center right")
+    fig.suptitle(f"FlashAttention-2 in Numba vs torch, fp32 - {prov.get('device', '?')}, {prov.get('date_utc', '')}, "
+                 f"numba {prov.get('numba', '?')}, torch {prov.get('torch', '?')}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(args.out, dpi=110)
+    print("wrote", args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+"""``flash_attn_func``'s two passes as torch custom operators, so that ``torch.compile`` can trace them.
+
+flash-attn registers its CUDA functions with ``torch.library``; this module does the same for the
+Numba kernels. Dynamo cannot run a Numba launch on the fake tensors it traces with, but it can put
+an opaque operator in the graph once it knows the operator's output shapes and dtypes:
+
+* ``torch.ops.numba_flash.attention_forward(q, k, v, ...) -> (out, lse, m, l)``: one forward pass.
+  ``out`` is in q's dtype; ``lse`` (b, h, s_q), and FA1's row max and row sum ``m``, ``l`` (b, h, s_q)
+  are float32. ``m`` and ``l`` exist for the algorithms whose backward reads them (``"standard"`` and
+  ``"flash1"``, :data:`KEEPS_ROW_STATS`); for ``"flash2"`` they are empty tensors of shape (0,).
+* ``torch.ops.numba_flash.attention_backward(dout, q, k, v, out, lse, m, l, ...) -> (dq, dk, dv)``:
+  the gradients, each in the dtype of its input, dk and dv summed over each GQA group.
+
+Each has a fake implementation (``register_fake``: shapes and dtypes only, for tracing) and the
+forward has its autograd formula (``register_autograd``): it saves q, k, v, out, lse (and m, l where
+they exist), never S or P, and its backward calls ``attention_backward``.
+
+Custom operators take only tensors and simple types, so the options of ``flash_attn_func`` travel
+as plain values, already checked and resolved by :func:`numba_flash.api.flash_attn_func`:
+``dropout_p`` and ``softmax_scale`` as floats (the scale already 1/sqrt(d) when it was None),
+``seed`` as an int, ``algorithm`` and the resolved ``forward_variant`` / ``backward_variant`` (never
+``"auto"``: what ``auto`` picked) as strings, ``block_sizes`` as two ints ``br, bc`` (0, 0 for the
+kernel's own choice), ``deterministic`` as a bool. The forward takes the backward's options too
+(``backward_variant``, ``deterministic``) only so that its autograd formula can pass them on.
+
+This module imports torch, so it is imported on the first call of ``flash_attn_func`` (importing
+:mod:`numba_flash` or :mod:`numba_flash.api` needs no torch).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from . import _run, registry
+from ._launch import Allocator, ForwardOutput, check_attention_args, check_backward_args
+
+#: The algorithms whose forward returns FA1's row statistics m and l (their backward reads them).
+KEEPS_ROW_STATS = ("standard", "flash1")
+
+
+def _block_sizes(br: int, bc: int):
+    return None if br == 0 and bc == 0 else (br, bc)
+
+
+def _stats_shape(q: Tensor, algorithm: str):
+    b, s_q, h, _ = q.shape
+    return (b, h, s_q) if algorithm in KEEPS_ROW_STATS else (0,)
+
+
+# [doc:torch-custom-ops]
+@torch.library.custom_op("numba_flash::attention_forward", mutates_args=())
+def attention_forward(q: Tensor, k: Tensor, v: Tensor, dropout_p: float, softmax_scale: float, causal: bool, seed: int,
+                      algorithm: str, forward_variant: str, backward_variant: str, br: int, bc: int,
+                      deterministic: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """One forward pass: ``(out, lse, m, l)`` (see the module docstring)."""
+    prob = check_attention_args(q, k, v, dropout_p, softmax_scale, causal, seed)
+    kernel = registry.resolve(algorithm, "forward", forward_variant)
+    alloc = Allocator(q)
+    fwd = _run.forward(q, k, v, prob, kernel, _block_sizes(br, bc), alloc)
+    out, lse = alloc.result(fwd.out, q.dtype), alloc.result(fwd.lse)
+    if algorithm in KEEPS_ROW_STATS:
+        if fwd.m is None or fwd.l is None:  # pragma: no cover - a kernel module broke its contract
+            raise RuntimeError(f"the {kernel.path} forward returned no m, l; {algorithm!r} is listed in KEEPS_ROW_STATS")
+        m, l = alloc.result(fwd.m), alloc.result(fwd.l)
+    else:
+        # two distinct tensors: a custom operator's outputs may not alias each other
+        m, l = (torch.empty((0,), dtype=torch.float32, device=q.device) for _ in range(2))
+    return out, lse, m, l
+
+
+@attention_forward.register_fake
+def _attention_forward_fake(q, k, v, dropout_p, softmax_scale, causal, seed, algorithm, forward_variant, backward_variant,
+                            br, bc, deterministic):
+    b, s_q, h, d = q.shape
+    out = q.new_empty((b, s_q, h, d))
+    lse = q.new_empty((b, h, s_q), dtype=torch.float32)
+    m = q.new_empty(_stats_shape(q, algorithm), dtype=torch.float32)
+    l = q.new_empty(_stats_shape(q, algorithm), dtype=torch.float32)
+    return out, lse, m, l
+
+
+@torch.library.custom_op("numba_flash::attention_backward", mutates_args=())
+def attention_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, m: Tensor, l: Tensor,
+                       dropout_p: float, softmax_scale: float, causal: bool, seed: int, algorithm: str,
+                       backward_variant: str, br: int, bc: int, deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """One backward pass: ``(dq, dk, dv)`` from the forward's saved tensors (see the module docstring)."""
+    prob = check_attention_args(q, k, v, dropout_p, softmax_scale, causal, seed)
+    check_backward_args(dout, out, prob, q)
+    kernel = registry.resolve(algorithm, "backward", backward_variant)
+    alloc = Allocator(q)
+    has_stats = m.numel() > 0
+    fwd = ForwardOutput(out=None, lse=alloc.to_kernel(lse), m=alloc.to_kernel(m) if has_stats else None,
+                        l=alloc.to_kernel(l) if has_stats else None)
+    dq, dk, dv = _run.backward(dout, q, k, v, out, fwd, prob, kernel, _block_sizes(br, bc), deterministic, alloc)
+    return alloc.result(dq, q.dtype), alloc.result(dk, k.dtype), alloc.result(dv, v.dtype)
+
+
+@attention_backward.register_fake
+def _attention_backward_fake(dout, q, k, v, out, lse, m, l, dropout_p, softmax_scale, causal, seed, algorithm,
+                             backward_variant, br, bc, deterministic):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, dropout_p, softmax_scale, causal, seed, algorithm, _fv, backward_variant, br, bc, deterministic = inputs
+    out, lse, m, l = output
+    # What the backward needs: q, k, v, out and O(N) statistics per head; never S or P.
+    ctx.save_for_backward(q, k, v, out, lse, *((m, l) if algorithm in KEEPS_ROW_STATS else ()))
+    ctx.options = (dropout_p, softmax_scale, causal, seed, algorithm, backward_variant, br, bc, deterministic)
+    ctx.mark_non_differentiable(lse, m, l)
+
+
+def _backward(ctx, dout, _dlse, _dm, _dl):
+    q, k, v, out, lse, *stats = ctx.saved_tensors
+    m, l = stats if stats else (lse.new_empty((0,)), lse.new_empty((0,)))
+    dq, dk, dv = attention_backward(dout, q, k, v, out, lse, m, l, *ctx.options)
+    return dq, dk, dv, None, None, None, None, None, None, None, None, None, None
+
+
+attention_forward.register_autograd(_backward, setup_context=_setup_context)
+# [/doc:torch-custom-ops]

@@ -1,0 +1,222 @@
+"""The benchmark tools in ``bench/`` import, answer ``--help`` and plan what they would run, without a GPU.
+
+The sweeps and microbenchmarks only measure something on a GPU, so nothing else runs them between
+GPU sessions: an API change in ``numba_flash`` (a renamed function, a removed keyword) would break
+them silently. These tests run in the simulator (and on a GPU):
+
+* every module of the ``bench`` package imports in-process, and ``python -m bench.<tool> --help``
+  works in a fresh interpreter from the repository root (no ``sys.path`` edits anywhere);
+* every sweep's ``--dry-run`` plans every variant it knows through today's kernel modules;
+* every ``python -m bench...`` command written in the docs parses (and, for a sweep, dry-runs), and
+  every results file ``bench/README.md`` cites exists;
+* the plots read the committed results (and draw them where matplotlib is installed), and the JSONL
+  record of a benchmark run round-trips through ``bench.plot_results.load``;
+* ``tests/benchmarks/`` holds only the pytest-benchmark suites.
+"""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+import json
+import os
+import pkgutil
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import bench
+
+ROOT = Path(__file__).resolve().parents[1]
+MODULES = sorted(m.name for m in pkgutil.iter_modules(bench.__path__))
+#: Helper modules of the GPU measurement tools (imported by them, not run on their own).
+LIBRARIES = {"common", "ncu"}
+TOOLS = [m for m in MODULES if not m.startswith("_") and m not in LIBRARIES]
+SWEEPS = ["alg4_sweep", "fa2_bwd_sweep", "fa2_sweep", "sweep_fa1_fast", "sweep_forward_tiles"]
+#: Where commands and results files are written down for readers.
+DOC_FILES = sorted({ROOT / "README.md", ROOT / "CONTRIBUTING.md", *ROOT.glob("bench/**/*.md"), *ROOT.glob("bench/*.py"),
+                    *ROOT.glob("docs/*.rst"), *ROOT.glob("tests/benchmarks/*.py"), *ROOT.glob("numba_flash/**/*.py")})
+
+
+def test_the_bench_package_has_the_tools():
+    assert set(SWEEPS) <= set(TOOLS)
+    assert {"mma_peak", "offline_resources", "plot_fa2", "plot_results", "_utils"} <= set(MODULES)
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_every_bench_module_imports(name):
+    module = importlib.import_module(f"bench.{name}")
+    if name in TOOLS:
+        assert callable(module.main)
+    if name in SWEEPS:
+        assert callable(module.parser)
+
+
+def test_every_tool_answers_help_as_a_module_from_the_repository_root():
+    # One fresh interpreter per tool (started together: each spends seconds importing numba).
+    procs = {name: subprocess.Popen([sys.executable, "-m", f"bench.{name}", "--help"], cwd=ROOT, text=True,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE) for name in TOOLS}
+    failed = {}
+    for name, proc in procs.items():
+        out, err = proc.communicate(timeout=300)
+        if proc.returncode != 0 or "usage:" not in out:
+            failed[name] = (proc.returncode, err[-2000:])
+    assert not failed, failed
+
+
+def test_offline_resources_skips_with_status_0_when_the_toolchain_is_missing(tmp_path):
+    env = dict(os.environ)
+    env["NVDISASM"] = str(tmp_path / "no-nvdisasm")  # an explicit choice that does not exist: never a compile
+    proc = subprocess.run([sys.executable, "-m", "bench.offline_resources", "--kernel", "fa2_forward_tc", "--d", "64"],
+                          cwd=ROOT, env=env, text=True, capture_output=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "offline_resources: SKIPPED" in proc.stdout
+
+
+def test_offline_resources_knows_the_tensor_core_forward_and_every_fast_kernel():
+    from bench import offline_resources
+
+    assert set(offline_resources.KERNELS) == set(offline_resources._signatures())
+    assert {"alg1_forward_fast", "fa2_forward_fast", "fa2_forward_tc", "alg4_backward_fast", "fa2_backward_fast",
+            "fa2_backward_fast_dq"} == set(offline_resources.KERNELS)
+
+
+def test_no_sys_path_edits_in_bench_or_in_the_benchmark_suites():
+    files = [*ROOT.glob("bench/**/*.py"), *ROOT.glob("tests/benchmarks/*.py")]
+    edits = [f"{p.relative_to(ROOT)}:{i}" for p in files for i, line in enumerate(p.read_text().splitlines(), 1)
+             if re.search(r"sys\.path\.(insert|append)|sys\.path\s*[+=]", line)]
+    assert files and not edits
+
+
+def test_tests_benchmarks_holds_only_the_pytest_benchmark_suites():
+    names = sorted(p.name for p in (ROOT / "tests" / "benchmarks").iterdir() if p.name != "__pycache__")
+    assert "conftest.py" in names
+    assert all(n == "conftest.py" or re.fullmatch(r"test_bench_\w+\.py", n) for n in names), names
+    assert not list((ROOT / "tests").glob("gpu/*")), "the GPU scripts live in bench/gpu/"
+
+
+def _variant_names(module) -> set[str]:
+    return {name for attr in ("VARIANTS_D64", "VARIANTS_D128") for name in getattr(module, attr, {})}
+
+
+@pytest.mark.parametrize("name", SWEEPS)
+def test_every_sweep_dry_run_plans_every_candidate(name, capsys):
+    module = importlib.import_module(f"bench.{name}")
+    args = {"alg4_sweep": ["--dims", "64,128"], "fa2_bwd_sweep": ["--headdims", "64", "128"],
+            "fa2_sweep": ["--headdims", "64", "128", "--causal", "both"], "sweep_fa1_fast": ["--headdim", "64"],
+            "sweep_forward_tiles": ["--headdim", "64", "128"]}[name]
+    assert module.main([*args, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    if name in ("fa2_sweep", "fa2_bwd_sweep"):
+        listed = {line.split()[3] for line in out.splitlines()}
+        assert listed == _variant_names(module)
+        assert "causal=1" in out
+    elif name == "sweep_fa1_fast":
+        assert all(label in out for label, _, _ in module.CANDIDATES[64])
+    elif name == "alg4_sweep":
+        assert all(f"Br={br} Bc={bc} threads={nt}" in out for br, bc, nt in module.D64 + module.D128)
+    else:
+        assert out.count("tiles=") + out.count("skipped") == len(module.CANDIDATES[64]) + len(module.CANDIDATES[128])
+
+
+def test_a_sweep_refuses_a_variant_it_does_not_know():
+    from bench import fa2_sweep
+
+    with pytest.raises(SystemExit, match="unknown variant"):
+        fa2_sweep.main(["--headdims", "64", "--variants", "no-such-variant", "--dry-run"])
+
+
+def _bench_commands():
+    """(file, module, arguments) of every ``python -m bench.<tool> ...`` written in the docs."""
+    pattern = re.compile(r"python3? -m bench\.(\w+)([^`\n|\\\"]*)")
+    for path in DOC_FILES:
+        for m in pattern.finditer(path.read_text()):
+            args = re.split(r"\s(?:>|&&|;|#)", m.group(2))[0]
+            # usage notation: "[--causal]" is an option that may be given; check it given
+            yield path.relative_to(ROOT).as_posix(), m.group(1), shlex.split(args.replace("[", " ").replace("]", " "))
+
+
+#: The GPU measurement tools (Nsight Compute, Figure 2) have no --dry-run of this kind: their own
+#: end-to-end checks are in tests/test_bench_measure.py.
+MEASUREMENT_TOOLS = {"figure2", "ncu", "measure_io", "common"}
+COMMANDS = sorted(set((f, mod, tuple(args)) for f, mod, args in _bench_commands() if mod not in MEASUREMENT_TOOLS))
+
+
+def test_the_docs_write_down_bench_commands():
+    assert len(COMMANDS) >= 20
+    assert any(f == "bench/README.md" and mod == "fa2_bwd_sweep" for f, mod, _ in COMMANDS)
+
+
+@pytest.mark.parametrize(("path", "tool", "args"), COMMANDS, ids=[f"{f}:{m}:{' '.join(a)}"[:80] for f, m, a in COMMANDS])
+def test_every_bench_command_in_the_docs_parses_and_a_sweep_dry_runs(path, tool, args, capsys):
+    assert tool in TOOLS, f"{path} names bench.{tool}, which does not exist"
+    module = importlib.import_module(f"bench.{tool}")
+    if "--help" in args:
+        return  # answered by test_every_tool_answers_help_as_a_module_from_the_repository_root
+    if tool in SWEEPS:
+        assert module.main([*args, "--dry-run"]) == 0, f"{path}: python -m bench.{tool} {' '.join(args)}"
+    elif args:
+        module.parser().parse_args(list(args))
+
+
+def test_every_results_file_the_bench_readme_cites_exists():
+    text = (ROOT / "bench" / "README.md").read_text()
+    text = re.sub(r"git show \w+:docs/results/\S+", "", text)  # older versions: in git history, not the tree
+    cited = set()
+    for m in re.finditer(r"docs/results/[\w./{},-]+", text):
+        braces = re.search(r"\{([^}]*)\}", m.group(0))
+        options = braces.group(1).split(",") if braces else [""]
+        for opt in options:
+            cited.add(re.sub(r"\{[^}]*\}", opt, m.group(0)).rstrip(".,"))
+    missing = sorted(p for p in cited if not p.endswith("/") and not (ROOT / p).exists())
+    assert len(cited) >= 10 and not missing, missing
+
+
+def test_the_gpu_scripts_the_docs_name_exist():
+    named = set(itertools.chain.from_iterable(re.findall(r"bench/gpu/[\w.]+\.(?:sh|md)", p.read_text()) for p in DOC_FILES))
+    assert {"bench/gpu/run_all.sh", "bench/gpu/run_suite.sh", "bench/gpu/run_benchmarks.sh", "bench/gpu/setup_env.sh"} <= named
+    assert all((ROOT / n).exists() for n in named), sorted(n for n in named if not (ROOT / n).exists())
+
+
+def test_plot_results_loads_the_committed_benchmark_json():
+    from bench import plot_results
+
+    rows, machine = plot_results.load([ROOT / "docs/results/forward_h200.json"])
+    assert {r["algorithm"] for r in rows} >= {"standard", "flash1", "torch_naive", "sdpa_mem_efficient"}
+    assert all(r["tflops"] > 0 for r in rows if r["algorithm"] == "flash1")
+    assert machine["numba_flash"]["device"] == "NVIDIA H200"
+
+
+def test_a_jsonl_record_round_trips_through_plot_results(tmp_path, monkeypatch):
+    from bench import _utils, plot_results
+
+    path = tmp_path / "run.jsonl"
+    monkeypatch.setenv("NUMBA_FLASH_BENCH_JSONL", str(path))
+    rows = [dict(algorithm="flash2", N=1024, d=64, tflops=1.5), dict(algorithm="flash2", N=2048, d=64, tflops=2.5)]
+    for row in rows:
+        _utils.record_jsonl(row)
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert "provenance" in lines[0] and len(lines) == 3
+    got, machine = plot_results.load([path])
+    assert got == rows
+    assert machine["numba_flash"]["backend"] == _utils.provenance()["backend"]
+
+
+@pytest.mark.parametrize(("tool", "results"), [("plot_results", "forward_h200.json"), ("plot_fa2", "fa2_h200.json")])
+def test_the_plots_draw_the_committed_results(tool, results, tmp_path):
+    pytest.importorskip("matplotlib")
+    module = importlib.import_module(f"bench.{tool}")
+    png = tmp_path / "out.png"
+    module.main([str(ROOT / "docs" / "results" / results), "-o", str(png)])
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_provenance_names_the_command_that_ran():
+    from bench import _utils
+
+    assert _utils.command_line().startswith("python ")
+    assert _utils.provenance()["command"]

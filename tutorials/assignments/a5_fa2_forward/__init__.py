@@ -1,0 +1,1 @@
+"""Assignment a5_fa2_forward: see README.md here. A package so that every autograder can be named test_autograder.py."""

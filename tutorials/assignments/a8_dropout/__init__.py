@@ -1,0 +1,1 @@
+"""Assignment a8_dropout: see README.md here. A package so that every autograder can be named test_autograder.py."""
