@@ -18,8 +18,9 @@ they exist), never S or P, and its backward calls ``attention_backward``.
 Custom operators take only tensors and simple types, so the options of ``flash_attn_func`` travel
 as plain values, already checked and resolved by :func:`numba_flash.api.flash_attn_func`:
 ``dropout_p`` and ``softmax_scale`` as floats (the scale already 1/sqrt(d) when it was None),
-``seed`` as an int, ``algorithm`` and the resolved ``forward_variant`` / ``backward_variant`` (never
-``"auto"``: what ``auto`` picked) as strings, ``block_sizes`` as two ints ``br, bc`` (0, 0 for the
+``seed`` as an int, ``algorithm`` and ``forward_variant`` / ``backward_variant`` as strings (from
+:func:`numba_flash.registry.pair_variants`: they may be ``"auto"``, which the op resolves on the
+device when it runs; the device query cannot be traced by Dynamo), ``block_sizes`` as two ints ``br, bc`` (0, 0 for the
 kernel's own choice), ``deterministic`` as a bool. The forward takes the backward's options too
 (``backward_variant``, ``deterministic``) only so that its autograd formula can pass them on.
 

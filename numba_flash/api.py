@@ -281,11 +281,13 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, re
     if seed is None:
         seed = int(torch.randint(0, 2**32, (1,), dtype=torch.int64).item()) if _positive_number(dropout_p) else 0
     prob = check_attention_args(q, k, v, dropout_p, softmax_scale, causal, seed)
-    fwd_kernel, bwd_kernel = registry.resolve_pair(algorithm, variant)
+    # Names only (no device query, which torch.compile cannot trace): the custom op resolves them.
+    algorithm = registry.check_algorithm(algorithm)
+    fwd_variant, bwd_variant = registry.pair_variants(algorithm, variant)
     br, bc = _check_block_sizes(block_sizes) or (0, 0)
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
     out, lse, _m, _l = _torch_ops.attention_forward(
         q, k, v, prob.dropout_p, prob.softmax_scale, prob.causal, prob.seed,
-        fwd_kernel.algorithm, fwd_kernel.variant, bwd_kernel.variant, br, bc, deterministic)
+        algorithm, fwd_variant, bwd_variant, br, bc, deterministic)
     return (out, lse, None) if return_attn_probs else out

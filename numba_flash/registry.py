@@ -149,23 +149,35 @@ def resolve(algorithm, pass_: str, variant="auto") -> Kernel:
     return entry
 
 
+def pair_variants(algorithm, variant="auto") -> tuple[str, str]:
+    """(forward, backward) variant names that :func:`resolve_pair` resolves, found without the device.
+
+    A named variant must exist for at least one pass; a pass that lacks it gets ``"auto"``. Only the
+    table is read, so this runs inside ``torch.compile``'s tracing (the device query of ``"auto"`` and
+    of :meth:`Kernel.available` takes numba's driver lock, which Dynamo cannot trace); the custom ops
+    of :mod:`numba_flash._torch_ops` resolve these names on the device at run time.
+    """
+    algorithm = check_algorithm(algorithm)
+    variant = check_variant(variant)
+    if variant == "auto":
+        return "auto", "auto"
+    has = {p: (algorithm, p, variant) in KERNELS for p in PASSES}
+    if not any(has.values()):
+        have = list(dict.fromkeys(v for (a, _p, v) in KERNELS if a == algorithm))
+        raise ValueError(f"variant {variant!r} does not exist for algorithm {algorithm!r}; it has {have} "
+                         f"(and 'auto'). Every kernel (algorithm, pass, variant): {list(KERNELS)}")
+    return (variant if has["forward"] else "auto"), (variant if has["backward"] else "auto")
+
+
 def resolve_pair(algorithm, variant="auto") -> tuple[Kernel, Kernel]:
-    """(forward, backward) kernels for ``variant``.
+    """(forward, backward) kernels for ``variant`` (names as :func:`pair_variants` gives them).
 
     A named variant must exist for at least one pass; a pass that lacks it runs its ``"auto"`` kernel
     (e.g. ``variant="tensorcore"`` runs FA2's tensor-core forward and its fast backward). Both
     kernels that ran are reported in the stats, so this is never silent.
     """
-    algorithm = check_algorithm(algorithm)
-    variant = check_variant(variant)
-    if variant == "auto":
-        return resolve(algorithm, "forward"), resolve(algorithm, "backward")
-    has = {p: (algorithm, p, variant) in KERNELS for p in PASSES}
-    if not any(has.values()):
-        resolve(algorithm, "forward", variant)  # raises the error that lists what exists
-    fwd = resolve(algorithm, "forward", variant if has["forward"] else "auto")
-    bwd = resolve(algorithm, "backward", variant if has["backward"] else "auto")
-    return fwd, bwd
+    fwd_variant, bwd_variant = pair_variants(algorithm, variant)
+    return resolve(algorithm, "forward", fwd_variant), resolve(algorithm, "backward", bwd_variant)
 
 
 def variants(algorithm: str | None = None) -> list[Kernel]:
