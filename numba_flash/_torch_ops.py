@@ -5,15 +5,15 @@ Numba kernels. Dynamo cannot run a Numba launch on the fake tensors it traces wi
 an opaque operator in the graph once it knows the operator's output shapes and dtypes:
 
 * ``torch.ops.numba_flash.attention_forward(q, k, v, ...) -> (out, lse, m, l)``: one forward pass.
-  ``out`` is in q's dtype; ``lse`` (b, h, s_q), and FA1's row max and row sum ``m``, ``l`` (b, h, s_q)
-  are float32. ``m`` and ``l`` exist for the algorithms whose backward reads them (``"standard"`` and
-  ``"flash1"``, :data:`KEEPS_ROW_STATS`); for ``"flash2"`` they are empty tensors of shape (0,).
+  ``out`` is in q's dtype; ``lse`` (b, h, s_q), the row max ``m`` and row sum ``l`` (b, h, s_q) are
+  float32. Every algorithm's backward reads ``m`` and ``l`` (FA2's too: ``exp(S - L)`` with the rounded
+  ``L`` breaks the gradient rule for sharp softmaxes, ``docs/backward.rst``, "Large logits").
 * ``torch.ops.numba_flash.attention_backward(dout, q, k, v, out, lse, m, l, ...) -> (dq, dk, dv)``:
   the gradients, each in the dtype of its input, dk and dv summed over each GQA group.
 
 Each has a fake implementation (``register_fake``: shapes and dtypes only, for tracing) and the
-forward has its autograd formula (``register_autograd``): it saves q, k, v, out, lse (and m, l where
-they exist), never S or P, and its backward calls ``attention_backward``.
+forward has its autograd formula (``register_autograd``): it saves q, k, v, out, lse, m and l
+(O(N) per head), never S or P, and its backward calls ``attention_backward``.
 
 Custom operators take only tensors and simple types, so the options of ``flash_attn_func`` travel
 as plain values, already checked and resolved by :func:`numba_flash.api.flash_attn_func`:
@@ -36,17 +36,9 @@ from torch import Tensor
 from . import _run, registry
 from ._launch import Allocator, ForwardOutput, check_attention_args, check_backward_args
 
-#: The algorithms whose forward returns FA1's row statistics m and l (their backward reads them).
-KEEPS_ROW_STATS = ("standard", "flash1")
-
 
 def _block_sizes(br: int, bc: int):
     return None if br == 0 and bc == 0 else (br, bc)
-
-
-def _stats_shape(q: Tensor, algorithm: str):
-    b, s_q, h, _ = q.shape
-    return (b, h, s_q) if algorithm in KEEPS_ROW_STATS else (0,)
 
 
 # [doc:torch-custom-ops]
@@ -60,13 +52,9 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, dropout_p: float, softmax
     alloc = Allocator(q)
     fwd = _run.forward(q, k, v, prob, kernel, _block_sizes(br, bc), alloc)
     out, lse = alloc.result(fwd.out, q.dtype), alloc.result(fwd.lse)
-    if algorithm in KEEPS_ROW_STATS:
-        if fwd.m is None or fwd.l is None:  # pragma: no cover - a kernel module broke its contract
-            raise RuntimeError(f"the {kernel.path} forward returned no m, l; {algorithm!r} is listed in KEEPS_ROW_STATS")
-        m, l = alloc.result(fwd.m), alloc.result(fwd.l)
-    else:
-        # two distinct tensors: a custom operator's outputs may not alias each other
-        m, l = (torch.empty((0,), dtype=torch.float32, device=q.device) for _ in range(2))
+    if fwd.m is None or fwd.l is None:  # pragma: no cover - a kernel module broke its contract
+        raise RuntimeError(f"the {kernel.path} forward returned no m, l; every forward must (KernelModule)")
+    m, l = alloc.result(fwd.m), alloc.result(fwd.l)
     return out, lse, m, l
 
 
@@ -76,8 +64,8 @@ def _attention_forward_fake(q, k, v, dropout_p, softmax_scale, causal, seed, alg
     b, s_q, h, d = q.shape
     out = q.new_empty((b, s_q, h, d))
     lse = q.new_empty((b, h, s_q), dtype=torch.float32)
-    m = q.new_empty(_stats_shape(q, algorithm), dtype=torch.float32)
-    l = q.new_empty(_stats_shape(q, algorithm), dtype=torch.float32)
+    m = q.new_empty((b, h, s_q), dtype=torch.float32)
+    l = q.new_empty((b, h, s_q), dtype=torch.float32)
     return out, lse, m, l
 
 
@@ -90,9 +78,7 @@ def attention_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tenso
     check_backward_args(dout, out, prob, q)
     kernel = registry.resolve(algorithm, "backward", backward_variant)
     alloc = Allocator(q)
-    has_stats = m.numel() > 0
-    fwd = ForwardOutput(out=None, lse=alloc.to_kernel(lse), m=alloc.to_kernel(m) if has_stats else None,
-                        l=alloc.to_kernel(l) if has_stats else None)
+    fwd = ForwardOutput(out=None, lse=alloc.to_kernel(lse), m=alloc.to_kernel(m), l=alloc.to_kernel(l))
     dq, dk, dv = _run.backward(dout, q, k, v, out, fwd, prob, kernel, _block_sizes(br, bc), deterministic, alloc)
     return alloc.result(dq, q.dtype), alloc.result(dk, k.dtype), alloc.result(dv, v.dtype)
 
@@ -107,14 +93,13 @@ def _setup_context(ctx, inputs, output):
     q, k, v, dropout_p, softmax_scale, causal, seed, algorithm, _fv, backward_variant, br, bc, deterministic = inputs
     out, lse, m, l = output
     # What the backward needs: q, k, v, out and O(N) statistics per head; never S or P.
-    ctx.save_for_backward(q, k, v, out, lse, *((m, l) if algorithm in KEEPS_ROW_STATS else ()))
+    ctx.save_for_backward(q, k, v, out, lse, m, l)
     ctx.options = (dropout_p, softmax_scale, causal, seed, algorithm, backward_variant, br, bc, deterministic)
     ctx.mark_non_differentiable(lse, m, l)
 
 
 def _backward(ctx, dout, _dlse, _dm, _dl):
-    q, k, v, out, lse, *stats = ctx.saved_tensors
-    m, l = stats if stats else (lse.new_empty((0,)), lse.new_empty((0,)))
+    q, k, v, out, lse, m, l = ctx.saved_tensors
     dq, dk, dv = attention_backward(dout, q, k, v, out, lse, m, l, *ctx.options)
     return dq, dk, dv, None, None, None, None, None, None, None, None, None, None
 

@@ -71,3 +71,20 @@ def test_backward_follows_the_error_rule_for_sharp_softmaxes_at_realistic_shapes
     naive = naive_attention_backward_float32(dout, q, k, v)
     for name, g, r, n in zip(("dq", "dk", "dv"), got, ref, naive):
         assert_error_rule(g, r, n, mult=3.0, what=f"{algorithm}/{variant} {name} at logit scale {scale:g}, d={d}")
+
+
+@pytest.mark.parametrize("algorithm", ["standard", "flash1", "flash2"])
+def test_flash_attn_func_backward_follows_the_error_rule_for_sharp_softmaxes(rng, algorithm):
+    """Through torch autograd (the custom ops save m and l for every algorithm), with the default kernels."""
+    torch = pytest.importorskip("torch")
+    from numba_flash import flash_attn_func
+
+    dout, q, k, v = sharp_problem(rng, 1, 24, 2, 32, 16.0)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    tq, tk, tv = (torch.tensor(x, device=device, requires_grad=True) for x in (q, k, v))
+    out = flash_attn_func(tq, tk, tv, causal=True, algorithm=algorithm)
+    out.backward(torch.tensor(dout, device=device))
+    ref = standard_backward(dout, q, k, v, causal=True)
+    naive = naive_attention_backward_float32(dout, q, k, v, causal=True)
+    for name, t, r, n in zip(("dq", "dk", "dv"), (tq, tk, tv), ref, naive):
+        assert_error_rule(t.grad.cpu().numpy(), r, n, mult=3.0, what=f"flash_attn_func({algorithm}) {name} at logit scale 16")

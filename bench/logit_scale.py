@@ -6,35 +6,41 @@ simulator's sizes: b = 1, N = 24, 2 heads, d = 32, causal) and the script prints
 worst ratio over the trials of its error against the float64 oracle to the error of a float32
 standard backward (the error rule allows 3, plus a few-ulp floor), and whether the rule held.
 
-Run (simulator, a few minutes per row on 2 cores)::
+Run from the repository root (simulator, a few minutes on 2 cores; on a GPU it runs the GPU kernels)::
 
-    NUMBA_ENABLE_CUDASIM=1 python tests/kernels/sweep_logit_scale.py > docs/results/logit_scale_sim.csv
+    NUMBA_ENABLE_CUDASIM=1 python -m bench.logit_scale > docs/results/logit_scale_sim.csv
+
+For "before" numbers, run this file by path with an older checkout first on ``PYTHONPATH`` (it imports
+only the public API and ``tests/attn_testing.py``)::
+
+    cd /old/checkout && NUMBA_ENABLE_CUDASIM=1 PYTHONPATH=. python /repo/bench/logit_scale.py > before.csv
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-
-import numpy as np
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from numba_flash import _backend, attention_backward_numpy, attention_numpy, registry
 from numba_flash_reference.alg3_backward import standard_backward
 
-from attn_testing import max_err, naive_attention_backward_float32, ulp_floor
+import numpy as np
+
+from tests.attn_testing import max_err, naive_attention_backward_float32, ulp_floor
 
 
-def main(argv=None) -> int:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scales", default="1,4,16,64,256")
     ap.add_argument("--trials", type=int, default=3)
     ap.add_argument("--n", type=int, default=24)
     ap.add_argument("--d", type=int, default=32)
     ap.add_argument("--pairs", default=None, help="algorithm:variant,... (default: every registered pair)")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
     sys.setswitchinterval(1e-3)
     pairs = sorted({(k.algorithm, k.variant) for k in registry.variants()})
     if args.pairs:
