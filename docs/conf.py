@@ -39,6 +39,7 @@ extensions = [
     "bench_table",
     "results_json",
     "test_claims",
+    "bug_gallery",
 ]
 
 root_doc = "index"

@@ -8,6 +8,7 @@
 * ``info``: say which backend runs and with which versions.
 * ``variants``: list every kernel (algorithm, pass, variant), its module, and what ``auto`` picks here.
 * ``handout``: write the course's student handout (:mod:`numba_flash.handout`).
+* ``bugs``: the bug gallery (:mod:`numba_flash.bugs`): list it, or plant a bug in a copy and run its tests.
 """
 
 from __future__ import annotations
@@ -109,12 +110,18 @@ def _cmd_handout(args) -> int:
     return handout.main(args)
 
 
+def _cmd_bugs(args) -> int:
+    from . import bugs
+
+    return bugs.main(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m numba_flash",
         description="FlashAttention as readable Numba CUDA kernels, on a GPU or in the CUDA simulator.",
     )
-    sub = p.add_subparsers(dest="command", metavar="{demo,io,info,variants,handout}")
+    sub = p.add_subparsers(dest="command", metavar="{demo,io,info,variants,handout,bugs}")
     sub.required = True
 
     d = sub.add_parser("demo", help="standard vs tiled attention on the current backend: error, time, memory")
@@ -156,6 +163,15 @@ def build_parser() -> argparse.ArgumentParser:
     ho.add_argument("--source", default=None, help="the tutorials/ folder to copy (default: the one of this checkout)")
     ho.add_argument("--force", action="store_true", help="replace DIR/tutorials if it exists")
     ho.set_defaults(func=_cmd_handout)
+
+    bg = sub.add_parser("bugs", help="the bug gallery: classic bugs planted in a copy of the kernels, and the tests that catch them")
+    act = bg.add_mutually_exclusive_group()
+    act.add_argument("--show", metavar="NAME", help="the lesson and the diff of one bug")
+    act.add_argument("--run", metavar="NAME", help="plant one bug in a temporary copy and run the tests that should catch it")
+    act.add_argument("--run-all", action="store_true", help="every bug of one backend, plus a control run on the unmutated copy")
+    bg.add_argument("--gpu", action="store_true", help="with --run-all: the GPU-only bugs, run on the GPU")
+    bg.add_argument("--jobs", type=int, default=2, help="with --run-all: bugs run at a time (default 2)")
+    bg.set_defaults(func=_cmd_bugs)
     return p
 
 

@@ -90,7 +90,9 @@ TAGGED_FILES = [
     ("FA2.2", "numba_flash/fa2_backward.py"),
     # References of the other algorithms (no kernel twin is required for these).
     ("Alg.0", "reference/alg0_standard.py"),
+    ("Alg.0", "numba_flash/alg0_standard.py"),
     ("Alg.3", "reference/alg3_backward.py"),
+    ("Alg.3", "numba_flash/alg3_backward.py"),
     ("Alg.5", "reference/alg5_block_sparse.py"),
 ]
 
@@ -401,3 +403,257 @@ def test_symbol_table_check_flags_a_stale_variable():
     assert "sQ_i" not in names  # the table names a variable the code does not have: the test would fail
     assert variable_names("rS (this thread's entries)") == ["rS"]
     assert variable_names("tau, (seed, threshold)") == ["tau", "seed", "threshold"]
+
+
+# ------------------------------------------------------------------------------------------------
+# Tags tied to code: what the code after a tag must contain
+# ------------------------------------------------------------------------------------------------
+def _code_only(text: str) -> dict[int, str]:
+    """``{line: code}`` with comments removed and every string literal emptied (docstrings say nothing)."""
+    lines = text.splitlines()
+    out = {k + 1: ln for k, ln in enumerate(lines)}
+    for tok in reversed(list(tokenize.generate_tokens(io.StringIO(text).readline))):
+        if tok.type not in (tokenize.COMMENT, tokenize.STRING):
+            continue
+        (r0, c0), (r1, c1) = tok.start, tok.end
+        keep = "" if tok.type == tokenize.COMMENT else '""'
+        if r0 == r1:
+            out[r0] = out[r0][:c0] + keep + out[r0][c1:]
+        else:
+            out[r0] = out[r0][:c0] + keep
+            for r in range(r0 + 1, r1):
+                out[r] = ""
+            out[r1] = out[r1][c1:]
+    return out
+
+
+@dataclass(frozen=True)
+class TagSpan:
+    """A tag comment and the code it sits on: from the tag to the next tag or the end of its function."""
+
+    lineno: int
+    end: int
+    tags: tuple[tuple[str, int, int], ...]
+    code: str
+
+
+def tag_spans(text: str) -> list[TagSpan]:
+    """The span of every tag comment of Python source ``text``.
+
+    A span runs from the tag's line to the line before the next tag, but never past the end of the
+    function that contains the tag (a tag outside any function: the statement that follows it). Its
+    ``code`` has comments and string literals removed, so that a rule is met by code, not by prose.
+    """
+    import ast
+
+    tree = ast.parse(text)
+    funcs = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    tag_lines = sorted(ln for ln, c in doc_markers.comments(text).items() if doc_markers.paper_tags(c))
+    code = _code_only(text)
+    spans = []
+    for k, s in enumerate(tag_lines):
+        end = (tag_lines[k + 1] - 1) if k + 1 < len(tag_lines) else len(code)
+        inside = [f for f in funcs if f.lineno <= s <= f.end_lineno]
+        if inside:
+            end = min(end, max(inside, key=lambda f: f.lineno).end_lineno)
+        else:
+            after = [n for n in tree.body if n.lineno > s]
+            if after:
+                end = min(end, after[0].end_lineno)
+        tags = tuple(doc_markers.paper_tags(doc_markers.comments(text)[s]))
+        spans.append(TagSpan(s, end, tags, "\n".join(code[n] for n in range(s, end + 1) if code[n].strip())))
+    return spans
+
+
+# Operands, by the names the readable kernels, their fast twins and the references give them. A fast
+# kernel's step may be a call to a helper of numba_flash.fast._regtile whose name states the operation
+# (qkt_tile: Q K^T; pv_tile: P~ V; s_dp_p_ds: S, dP, P, dS; dv_dk_update; dq_tile).
+_Q = r"\b(?:s?Q_i|Q|gQ|OFF_Q|qbase|q0)\b"
+_K = r"\b(?:s?K_j|K|gK|OFF_K|kbase|k0)\b"
+_V = r"\b(?:s?V_j|V|gV|OFF_V|vbase|v0)\b"
+_DO = r"\b(?:s?dO_i|dO|gdO|dout|OFF_DO|rdo)\b"
+_PRODUCT = r"@|\+=[^\n]*\*|\*\s*\(|\bmma\w*\(|\bmatmul\("
+_MAX = r"\bmax\(|\.max\(|\bmaximum\(|row_max"
+_EXP = r"\bexp2?\(|softmax_p_tile\(|\bsoftmax\w*\("
+_NEG_INF = r"-\s*(?:np|math)\.inf|\bNEG_INF\b|float32\(-math\.inf\)"
+_ZERO = r"\bzeros\b|\bZERO\b|=\s*(?:float32\()?0\.0|\bnp\.zeros\("
+_DIV_L = r"/\s*(?:\(|np\.where\([^,]*,\s*)?\s*\w*\bl(?:_new|_i|_r)?\b|\binv_l\b|recompute_probabilities\(|row_softmax"
+_DS = r"\*\s*\(\s*[\w\[\], ]+\s*-\s*\w*D\w*|s_dp_p_ds\(|ds_kernel"
+
+
+@dataclass(frozen=True)
+class ContentRule:
+    """What the code of a paper line must contain: any one of ``alternatives``, each a tuple of regexes
+    that must all match the span's code."""
+
+    says: str
+    alternatives: tuple[tuple[str, ...], ...]
+
+    def holds(self, code: str) -> bool:
+        return any(all(re.search(rx, code) for rx in alt) for alt in self.alternatives)
+
+
+def rule(says, *alternatives):
+    return ContentRule(says, tuple(a if isinstance(a, tuple) else (a,) for a in alternatives))
+
+
+_S_QK = rule("S = (tau) Q K^T: a product of Q_i and K_j", (_Q, _K, _PRODUCT), r"\bqkt_tile\(", r"\bs_dp_p_ds\(")
+_SPLIT = rule("split into blocks: Tr, Tc or the row/column blocks", r"\bT[rc]\b|seq_blocks|row_blocks|col_blocks")
+_LOOP = rule("a loop (or the thread block's index)", r"\bfor\b|\bblockIdx\b")
+_LOAD_KV = rule("K_j and V_j read from HBM", (r"\bgK\[", r"\bgV\["), r"\bload_kv?\(")
+_BLOCK_SIZES = rule("block sizes Br, Bc", r"\bB[rcRC]\b|block_sizes|\bBCC?\b")
+_INIT_O_L_M = rule("O = 0, l = 0 and m = -inf", (_ZERO, _NEG_INF))
+_LOAD_Q_O_L_M = rule("Q_i, O_i, l_i, m_i read from HBM", (r"\bgQ\[", r"\bgO\[", r"\bgl\[", r"\bgm\["))
+_ROWMAX = rule("the row max of S (the first of line 10's three steps)", _MAX)
+_M_NEW = rule("m_new = max(m_i, m~_ij) and the rescale factors", (r"\bm_new\b", _MAX, r"\bexp2?\(|\brescale\("))
+_O_UPDATE_FA1 = rule("O_i <- diag(l_new)^-1 (... P~ V_j): a product with V_j and a division by l",
+                     ((_V, _PRODUCT, _DIV_L)), (r"\bpv_tile\(", _DIV_L))
+_WRITE_L_M = rule("l and m written to HBM", (r"\bgl\[[^\]]*\]\s*=", r"\bgm\[[^\]]*\]\s*="))
+_RETURN = rule("return", r"\breturn\b")
+_PRNG = rule("the PRNG state: the seed", r"\bseed\b|\bhead_key\(")
+_MASK = rule("mask(S): -inf (or P = 0) where a key is hidden", (r"causal|visible|\bmask", _NEG_INF),
+             (r"causal|visible", r"<=|>"), r"\bmask_tile\(")
+_DROPOUT = rule("dropout: the keep-mask Z", r"\bkeep\(|dropout_scale_matrix\(|softmax_p_tile\(")
+_DV_UPDATE = rule("dV += (P o Z)^T dO: dV and dO", (r"(?i)\bg?r?dV\w*", _DO, _PRODUCT), r"\bdv_dk_update\(")
+_DK_UPDATE = rule("dK += tau dS^T Q: dK and Q_i", (r"(?i)\bg?r?dK\w*", _Q, _PRODUCT), r"\bdv_dk_update\(")
+_DP = rule("dP = dO V^T: a product of dO_i and V_j", (_DO, _V, _PRODUCT), r"\bs_dp_p_ds\(")
+_DS_RULE = rule("dS = P o (dP - D_i)", _DS)
+_DQ_UPDATE = rule("dQ_i += tau dS K_j: dQ and K_j", (r"(?i)\bg?r?dQ\w*", _K), (r"(?i)\bg?r?dQ\w*", r"\bdq_tile\("))
+_WRITE_DK_DV = rule("dK_j, dV_j written to HBM", (r"\bgdK\[", r"\bgdV\["), r"\bstore_dk_dv\(")
+_D_ROWSUM = rule("D_i = rowsum(dO o O)", (r"\b[gs]?D\w*\s*(?:\[[^\]]*\])?\s*\+?=", r"\+=|\bsum\(|\*"), r"\brow_dot\(", r"\brow_stats\(",
+                 r"\bs_dp_p_ds\(")
+
+#: (algorithm, paper line) -> what the code after its tag must contain. A line absent from this table
+#: must be in NO_CONTENT_RULE, with the reason.
+CONTENT_RULES: dict[tuple[str, int], ContentRule] = {
+    ("Alg.0", 1): rule("S = tau Q K^T, written to HBM", (r"\bq\b|\bQ\b", r"\bk\b|\bK\b", r"\bmatmul\(|masked_scores\(|@")),
+    ("Alg.0", 2): rule("P = softmax(S)", r"softmax"),
+    ("Alg.0", 3): rule("O = P V", (r"\bS\b|\bP\w*", r"\bv\b|\bV\b", r"\bmatmul\(|@")),
+    ("Alg.0", 4): _RETURN,
+    ("Alg.1", 1): _BLOCK_SIZES, ("Alg.1", 2): _INIT_O_L_M, ("Alg.1", 3): _SPLIT, ("Alg.1", 5): _LOOP,
+    ("Alg.1", 6): _LOAD_KV, ("Alg.1", 7): _LOOP, ("Alg.1", 8): _LOAD_Q_O_L_M, ("Alg.1", 9): _S_QK,
+    ("Alg.1", 10): _ROWMAX, ("Alg.1", 11): _M_NEW, ("Alg.1", 12): _O_UPDATE_FA1, ("Alg.1", 13): _WRITE_L_M,
+    ("Alg.1", 16): _RETURN,
+    ("Alg.2", 1): _PRNG, ("Alg.2", 2): _BLOCK_SIZES, ("Alg.2", 3): _INIT_O_L_M, ("Alg.2", 4): _SPLIT,
+    ("Alg.2", 6): _LOOP, ("Alg.2", 7): _LOAD_KV, ("Alg.2", 8): _LOOP, ("Alg.2", 9): _LOAD_Q_O_L_M,
+    ("Alg.2", 10): rule("S = tau Q K^T: the product, or the scale by tau", *_S_QK.alternatives, r"\btau\s*\*"),
+    ("Alg.2", 11): _MASK, ("Alg.2", 12): _ROWMAX, ("Alg.2", 13): _M_NEW, ("Alg.2", 14): _DROPOUT,
+    ("Alg.2", 15): _O_UPDATE_FA1, ("Alg.2", 16): _WRITE_L_M, ("Alg.2", 19): _RETURN,
+    ("Alg.3", 1): rule("dV = (P o Z)^T dO", (r"(?i)\bg?dv\b|\bdV\b", _DO)),
+    ("Alg.3", 2): rule("dP = dO V^T", (r"\bdP\b|\bgdP\b", _DO, r"\bv\b|\bV\b")),
+    ("Alg.3", 3): rule("dS = P o (dP - D) with D = rowsum(P o dP)", _DS),
+    ("Alg.3", 4): rule("dQ = tau dS K", (r"\bdq\b|\bgdQ\b", r"\bdS\b", r"\btau\b")),
+    ("Alg.3", 5): rule("dK = tau dS^T Q", (r"\bdk\b|\bdK\b", r"\bdS\b", r"\btau\b")),
+    ("Alg.3", 6): _RETURN,
+    ("Alg.4", 1): _PRNG, ("Alg.4", 2): _BLOCK_SIZES, ("Alg.4", 3): _SPLIT,
+    ("Alg.4", 4): rule("O, dO, l, m split into Tr blocks", r"\bT[rc]\b|seq_blocks|\bg(?:O|dO|l|m)\b"),
+    ("Alg.4", 5): rule("dQ = 0", _ZERO), ("Alg.4", 6): _LOOP, ("Alg.4", 7): _LOAD_KV,
+    ("Alg.4", 8): rule("dK~_j = dV~_j = 0", (r"(?i)dk", r"(?i)dv", _ZERO)), ("Alg.4", 9): _LOOP,
+    ("Alg.4", 10): rule("Q_i, dO_i (and l_i, m_i) loaded", (r"\bgQ\[", r"\bgdO\["), r"\b(?:load|store)_q\("),
+    ("Alg.4", 11): _S_QK, ("Alg.4", 12): _MASK,
+    ("Alg.4", 13): rule("P = diag(l_i)^-1 exp(S - m_i)", (_EXP, _DIV_L), r"recompute_probabilities\(", r"\bs_dp_p_ds\("),
+    ("Alg.4", 14): rule("Z_ij regenerated from the seed", r"\bkeep\(|dropout_scale_matrix\(|\bs_dp_p_ds\("),
+    ("Alg.4", 15): rule("P^dropped = P o Z", r"(?i)\bp\w*\s*\*\s*r?z\w*", r"\bs_dp_p_ds\("),
+    ("Alg.4", 16): _DV_UPDATE, ("Alg.4", 17): _DP,
+    ("Alg.4", 18): rule("dP = dP^dropped o Z", r"\*\s*(?:r?Z\w*|z)\b", r"\bs_dp_p_ds\("),
+    ("Alg.4", 19): _D_ROWSUM, ("Alg.4", 20): _DS_RULE, ("Alg.4", 21): _DQ_UPDATE, ("Alg.4", 22): _DK_UPDATE,
+    ("Alg.4", 24): _WRITE_DK_DV, ("Alg.4", 26): _RETURN,
+    ("FA2.1", 1): _SPLIT, ("FA2.1", 2): rule("O and L split into Tr blocks", r"\bT[rc]\b|\bg(?:O|L)\b"),
+    ("FA2.1", 3): _LOOP, ("FA2.1", 4): rule("Q_i read from HBM", r"\bgQ\["), ("FA2.1", 5): _INIT_O_L_M,
+    ("FA2.1", 6): _LOOP, ("FA2.1", 7): _LOAD_KV, ("FA2.1", 8): _S_QK,
+    ("FA2.1", 9): rule("m_new = max(m, rowmax S); P~ = exp(S - m_new); l = e^(m_old - m_new) l + rowsum P~",
+                       (_MAX, _EXP, r"=\s*\w*alpha\w*(?:\[\w+\])?\s*\*|softmax_p_tile\(")),
+    ("FA2.1", 10): rule("O = diag(e^(m_old - m_new)) O + P~ V_j", (r"\w*alpha", _V), (r"\w*alpha", r"\bpv_tile\(")),
+    ("FA2.1", 12): rule("O_i = diag(l_i)^-1 O_i: a division by l", _DIV_L),
+    ("FA2.1", 13): rule("L_i = m_i + log(l_i)", r"\blog\("),
+    ("FA2.1", 14): rule("O_i written to HBM", r"\bgO\[[^\]]*\]\s*="),
+    ("FA2.1", 15): rule("L_i written to HBM", r"\bgL\[[^\]]*\]\s*="),
+    ("FA2.1", 17): _RETURN,
+    ("FA2.2", 1): _SPLIT, ("FA2.2", 2): rule("O, dO, L split into Tr blocks", r"\bT[rc]\b|\bg(?:O|dO|L)\b"),
+    ("FA2.2", 3): rule("dQ = 0", _ZERO), ("FA2.2", 4): _D_ROWSUM, ("FA2.2", 5): _LOOP, ("FA2.2", 6): _LOAD_KV,
+    ("FA2.2", 7): rule("dK_j = dV_j = 0", (r"(?i)dk", r"(?i)dv", _ZERO)), ("FA2.2", 8): _LOOP,
+    ("FA2.2", 9): rule("Q_i, dO_i, L_i, D_i loaded", (r"\bgQ\[|\b(?:load|store)_q\(", r"\bgL\[|OFF_L", r"\bgD\[|OFF_D")),
+    ("FA2.2", 10): _S_QK,
+    ("FA2.2", 11): rule("P = exp(S - L_i)", (_EXP, r"\bs?L_i\b|\bL_r\b"), r"\bs_dp_p_ds\("),
+    ("FA2.2", 12): _DV_UPDATE, ("FA2.2", 13): _DP, ("FA2.2", 14): _DS_RULE, ("FA2.2", 15): _DQ_UPDATE,
+    ("FA2.2", 16): _DK_UPDATE, ("FA2.2", 18): _WRITE_DK_DV, ("FA2.2", 20): _RETURN,
+    ("Alg.5", 1): _PRNG, ("Alg.5", 2): _INIT_O_L_M, ("Alg.5", 3): _SPLIT, ("Alg.5", 5): _LOOP, ("Alg.5", 6): _LOAD_KV,
+    ("Alg.5", 7): _LOOP, ("Alg.5", 8): rule("if M_ij != 0: a test of the block mask", (r"\bif\b", r"\bmask\b")),
+    ("Alg.5", 9): _LOAD_Q_O_L_M, ("Alg.5", 10): _S_QK, ("Alg.5", 11): _MASK, ("Alg.5", 12): _ROWMAX,
+    ("Alg.5", 13): _M_NEW, ("Alg.5", 14): _DROPOUT, ("Alg.5", 15): _O_UPDATE_FA1, ("Alg.5", 16): _WRITE_L_M,
+    ("Alg.5", 20): _RETURN,
+}
+
+#: Work lines with no content rule, and why.
+NO_CONTENT_RULE = {
+    ("Alg.1", 4): "O_i, l_i, m_i are the row slices of O, l, m that match Q_i: a split is indexing, done at line 8",
+    ("Alg.2", 5): "as Alg.1 L4",
+    ("Alg.5", 4): "as Alg.1 L4",
+}
+
+
+def content_errors(text: str, name: str = "<text>") -> list[str]:
+    """Tags whose code does not contain what their paper line computes (:data:`CONTENT_RULES`).
+
+    A tag followed directly by another tag (no code of its own) heads the code of the next one and is
+    not checked by itself.
+    """
+    errors = []
+    for span in tag_spans(text):
+        if not span.code.strip():
+            continue
+        for alg, a, b in span.tags:
+            for line in range(a, b + 1):
+                rule_ = CONTENT_RULES.get((alg, line))
+                if rule_ is not None and not rule_.holds(span.code):
+                    errors.append(f"{name}:{span.lineno}: the code under '{alg} L{line}' (lines {span.lineno}-{span.end}) "
+                                  f"does not contain {rule_.says}")
+    return errors
+
+
+@pytest.mark.parametrize("path", [p for p in SOURCE_FILES if parse_tags(p)[0]], ids=_rel)
+def test_code_under_each_paper_tag_computes_what_its_line_says(path):
+    """A tag sits on the code it names: the code from the tag to the next tag (or the end of the
+    function) matches its line's rule (L9: a product of Q_i and K_j; L12: a division by l; ...).
+    Applies to every file that carries the tag: readable kernels, fast and tensor-core twins, references."""
+    errors = content_errors(path.read_text(encoding="utf-8"), _rel(path))
+    assert not errors, "\n".join(errors)
+
+
+def test_every_work_line_has_a_content_rule_or_a_reason():
+    missing = [f"{alg} L{n}" for alg, lines in WORK_LINES.items() for n in sorted(lines)
+               if (alg, n) not in CONTENT_RULES and (alg, n) not in NO_CONTENT_RULE]
+    assert not missing, "no content rule for " + ", ".join(missing)
+
+
+def _swap_tags(text: str, first: str, second: str) -> str:
+    """``text`` with the tag comments that start with ``first`` and ``second`` exchanged."""
+    lines = text.splitlines(keepends=True)
+    a = next(k for k, ln in enumerate(lines) if ln.lstrip().startswith(f"# {first}"))
+    b = next(k for k, ln in enumerate(lines) if ln.lstrip().startswith(f"# {second}"))
+    ind_a, ind_b = (len(lines[k]) - len(lines[k].lstrip()) for k in (a, b))
+    lines[a], lines[b] = " " * ind_a + lines[b].lstrip(), " " * ind_b + lines[a].lstrip()
+    return "".join(lines)
+
+
+def test_swapping_two_tags_fails_the_content_check_though_the_order_check_passes(tmp_path):
+    """The lie the order check cannot see: Alg.1 L9 and L12 swapped in alg1_forward.py (both lie inside
+    the inner loop, so the recurrence rule accepts L12 before L10 and L9 after L11)."""
+    original = (ROOT / "numba_flash" / "alg1_forward.py").read_text(encoding="utf-8")
+    assert not content_errors(original)
+    swapped = _swap_tags(original, "Alg.1 L9 / Alg.2 L10:", "Alg.1 L12 / Alg.2 L15:")
+    assert swapped != original
+    f = tmp_path / "alg1_forward.py"
+    f.write_text(swapped)
+    tags, grammar = parse_tags(f)
+    assert not grammar and not order_errors(tags, "Alg.1") and not order_errors(tags, "Alg.2")
+    errors = content_errors(swapped)
+    assert any("'Alg.1 L9'" in e for e in errors) and any("'Alg.1 L12'" in e for e in errors), errors
+
+
+def test_content_rules_name_the_step_not_the_comment():
+    """Comments and strings never satisfy a rule: only code does."""
+    src = "def k(Q_i, K_j, m, l):\n    # Alg.1 L9: S_ij = Q_i @ K_j.T\n    x = 'Q_i @ K_j'\n    # FA2.1 L13: L = m + log(l)\n    return x, m\n"
+    errors = content_errors(src)
+    assert len(errors) == 2, errors
+    assert not content_errors(src.replace("x = 'Q_i @ K_j'", "x = Q_i @ K_j.T").replace("return x, m", "return x, m + log(l)"))

@@ -1,0 +1,277 @@
+"""Edge values a careful reviewer tries on every kernel: every registered (algorithm, pass, variant).
+
+Random inputs of size 1 are kind to attention kernels: every row has a positive score, scores are
+small, every row sees several keys. These cases are not, and each one is the only test that catches
+a classic bug of the gallery (``python -m numba_flash bugs``):
+
+* **every score near -200** (``q . k = -200 + N(0, 7)``, scale 1): exp of a score underflows in
+  float32, so only a kernel that subtracts the true row max gets a non-zero l (catches a running max
+  initialised to 0 and an exp without the max);
+* **a sharp softmax** (scores with standard deviation 16): nearly one-hot rows;
+* **one key** (``s_k = 1``): P = 1, so O = V and dQ = dK = 0;
+* **rows that see no key** (causal, ``s_q > s_k``): O = 0, L = +inf, dQ = 0, nothing NaN;
+* **GQA with several K/V heads** (``h = 4`` on ``h_k = 2``): the only grouping in which mapping a
+  query head to its K/V head by ``h % h_k`` instead of ``h // G`` differs (MHA and MQA agree);
+* **a NaN or an inf in one query row**: that row of O (and of dQ) is NaN, as in the float64
+  reference; no other row is touched.
+
+Every value is checked against the float64 oracle with the error rule (2x the float32 baseline's error
+for outputs, 3x for gradients, :mod:`attn_testing`), outputs NaN-poisoned before the launch. Known
+defects that another change fixes are ``xfail(strict=True)`` with the issue they come from, so the
+marker fails the suite as soon as the fix lands and must then be removed.
+"""
+
+from __future__ import annotations
+
+from numba_flash import _backend, api, registry
+from numba_flash._launch import poison_outputs
+from numba_flash_reference.alg0_standard import standard_attention
+from numba_flash_reference.alg3_backward import standard_backward
+
+import numpy as np
+import pytest
+from attn_testing import assert_error_rule, assert_stats_rule, naive_attention_backward_float32, naive_attention_float32, naive_stats_float32
+from sim_schedule import one_thread_at_a_time
+
+FORWARD = [k for k in registry.variants() if k.pass_ == "forward"]
+BACKWARD = [k for k in registry.variants() if k.pass_ == "backward"]
+TILES = (8, 8)
+ISSUE = "issue 'A test suite that catches what students get wrong'"
+
+
+def _id(k):
+    return f"{k.algorithm}-{k.variant}"
+
+
+@pytest.fixture(autouse=True)
+def _sequential_schedule():
+    """In the simulator, run the kernels one thread at a time between barriers (a schedule a GPU may
+    pick; :mod:`sim_schedule`): deterministic, and 2-10x faster than the simulator's own schedule."""
+    if _backend.is_simulator():
+        with one_thread_at_a_time():
+            yield
+    else:
+        yield
+
+
+def _params(kernels, xfail=None):
+    """One param per kernel; ``xfail`` maps an id to the reason of a strict xfail."""
+    xfail = xfail or {}
+    return [pytest.param(k, id=_id(k), marks=[pytest.mark.xfail(strict=True, reason=xfail[_id(k)])] if _id(k) in xfail else [])
+            for k in kernels]
+
+
+def run_forward(kernel, q, k, v, **opts):
+    with poison_outputs():
+        out, stats = api.attention_numpy(q, k, v, algorithm=kernel.algorithm, variant=kernel.variant, block_sizes=TILES,
+                                         return_stats=True, **opts)
+    assert stats.forward.module is kernel.module
+    return out, stats
+
+
+def run_backward(kernel, dout, q, k, v, **opts):
+    """Forward of the same variant, then the backward kernel under test (outputs NaN-poisoned)."""
+    out, stats = api.attention_numpy(q, k, v, algorithm=kernel.algorithm, variant=kernel.variant, block_sizes=TILES,
+                                     return_stats=True, **opts)
+    assert stats.backward.module is kernel.module
+    with poison_outputs():
+        return api.attention_backward_numpy(dout, q, k, v, out, stats)
+
+
+def check_forward(out, stats, q, k, v, what, **opts):
+    """O and L against the float64 oracle by the error rule (L: +inf exactly where the oracle's is)."""
+    ref = standard_attention(q, k, v, **opts)
+    assert_error_rule(out, ref.O, naive_attention_float32(q, k, v, **opts), what=f"O ({what})")
+    m, l, L = naive_stats_float32(q, k, opts.get("softmax_scale"), opts.get("causal", False))
+    inf = np.isinf(ref.L)
+    np.testing.assert_array_equal(np.asarray(stats.lse)[inf], ref.L[inf], err_msg=f"L ({what}): infinities differ")
+    assert_error_rule(np.asarray(stats.lse, np.float64)[~inf], ref.L[~inf], L[~inf], what=f"L ({what})")
+    if stats.m is not None:  # FA1 and the standard path also save m and l
+        assert_stats_rule(stats.m, stats.l, stats.lse, ref, (m, l, L))
+
+
+def check_backward(grads, dout, q, k, v, what, **opts):
+    ref = standard_backward(dout, q, k, v, **opts)
+    naive = naive_attention_backward_float32(dout, q, k, v, **opts)
+    for name, g, r, n in zip(("dq", "dk", "dv"), grads, ref, naive):
+        assert_error_rule(g, r, n, mult=3, what=f"{name} ({what})")
+
+
+def randn(rng, *shape, scale=1.0):
+    return (scale * rng.standard_normal(shape)).astype(np.float32)
+
+
+# ------------------------------------------------------------------------------------------------
+# Every score near -200
+# ------------------------------------------------------------------------------------------------
+def very_negative_scores(rng, s_q=13, s_k=19, h=2, d=8):
+    """q . k = 10 * (-20) + (7 random products) = -200 + N(0, 7) for every pair; use softmax_scale=1."""
+    q, k, v = randn(rng, 1, s_q, h, d), randn(rng, 1, s_k, h, d), randn(rng, 1, s_k, h, d)
+    q[..., 0], k[..., 0] = 10.0, -20.0
+    return q, k, v
+
+
+@pytest.mark.parametrize("kernel", _params(FORWARD))
+def test_forward_with_every_score_near_minus_200_follows_the_error_rule(rng, kernel):
+    q, k, v = very_negative_scores(rng)
+    assert (standard_attention(q, k, v, softmax_scale=1.0, return_matrices=True).S < -150).all()
+    out, stats = run_forward(kernel, q, k, v, softmax_scale=1.0)
+    check_forward(out, stats, q, k, v, _id(kernel), softmax_scale=1.0)
+
+
+#: Found by this test (not in the issue): the fast forward folds tau log2(e) into Q and saves L from
+#: base-2 scores, the fast backward recomputes S in base e; at |S| ~ 200 the two roundings differ by
+#: ~|S| eps32 ~ 2e-5, so the rows of P = exp(S - L) no longer sum to 1 to float32 precision, and
+#: dS = P o (dP - D_i) picks up D_i times that excess, times |k| = 20 in dQ: dq errors of 1.3e-3 against
+#: 3 x 1.5e-5 allowed. The readable pairs compute S the same way in both passes and pass.
+MINUS_200_BWD_XFAIL = ("found by this test (not in the issue): fast forward + fast backward round S differently "
+                       "(base 2 vs base e), P = exp(S - L) rows miss 1 by ~|S| eps; dq 80x over the 3x rule at S ~ -200")
+
+
+@pytest.mark.parametrize("kernel", _params(BACKWARD, {"flash1-fast": MINUS_200_BWD_XFAIL, "flash2-fast": MINUS_200_BWD_XFAIL}))
+def test_backward_with_every_score_near_minus_200_follows_the_error_rule(rng, kernel):
+    q, k, v = very_negative_scores(rng)
+    dout = randn(rng, *q.shape)
+    check_backward(run_backward(kernel, dout, q, k, v, softmax_scale=1.0), dout, q, k, v, _id(kernel), softmax_scale=1.0)
+
+
+# ------------------------------------------------------------------------------------------------
+# A sharp softmax: scores with standard deviation 16
+# ------------------------------------------------------------------------------------------------
+SHARP = dict(softmax_scale=16.0 / np.sqrt(8))  # q . k ~ N(0, d = 8): tau q . k ~ N(0, 16^2)
+#: The FA1 / FA2 backward kernels exceed the 3x gradient rule on nearly one-hot rows (dK 3.4-4.2x,
+#: dV 3.8-5.7x the float32 baseline's error): reported in the issue, fixed in another change. On this
+#: case the fast kernels fail (dV 15x and 3.8x); the readable ones pass.
+SHARP_BWD_XFAIL = f"{ISSUE}: flash1/flash2 backward exceed the 3x rule at score std 16 (dK 3.4-4.2x, dV 3.8-5.7x); fixed elsewhere"
+
+
+@pytest.mark.parametrize("kernel", _params(FORWARD))
+def test_forward_with_a_sharp_softmax_follows_the_error_rule(rng, kernel):
+    q, k, v = (randn(rng, 1, n, 2, 8) for n in (17, 21, 21))
+    out, stats = run_forward(kernel, q, k, v, causal=True, **SHARP)
+    check_forward(out, stats, q, k, v, _id(kernel), causal=True, **SHARP)
+
+
+@pytest.mark.parametrize("kernel", _params(BACKWARD, {"flash1-fast": SHARP_BWD_XFAIL, "flash2-fast": SHARP_BWD_XFAIL}))
+def test_backward_with_a_sharp_softmax_follows_the_error_rule(rng, kernel):
+    q, k, v = (randn(rng, 1, n, 2, 8) for n in (17, 21, 21))
+    dout = randn(rng, *q.shape)
+    grads = run_backward(kernel, dout, q, k, v, causal=True, **SHARP)
+    check_backward(grads, dout, q, k, v, _id(kernel), causal=True, **SHARP)
+
+
+# ------------------------------------------------------------------------------------------------
+# One key
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kernel", _params(FORWARD))
+def test_forward_with_one_key_returns_its_value_in_every_row(rng, kernel):
+    q, k, v = randn(rng, 1, 11, 2, 8), randn(rng, 1, 1, 2, 8), randn(rng, 1, 1, 2, 8)
+    out, stats = run_forward(kernel, q, k, v)
+    check_forward(out, stats, q, k, v, _id(kernel))
+    assert_error_rule(out, np.broadcast_to(v, out.shape), np.broadcast_to(v, out.shape), what="O = v")
+
+
+@pytest.mark.parametrize("kernel", _params(BACKWARD))
+def test_backward_with_one_key_gives_zero_score_gradients(rng, kernel):
+    q, k, v = randn(rng, 1, 11, 2, 8), randn(rng, 1, 1, 2, 8), randn(rng, 1, 1, 2, 8)
+    dout = randn(rng, *q.shape)
+    dq, dk, dv = run_backward(kernel, dout, q, k, v)
+    check_backward((dq, dk, dv), dout, q, k, v, _id(kernel))
+    assert_error_rule(dv, dout.sum(axis=1, keepdims=True), dout.sum(axis=1, keepdims=True), what="dV = sum of dO")
+
+
+# ------------------------------------------------------------------------------------------------
+# Rows that see no key
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kernel", _params(FORWARD))
+def test_forward_rows_that_see_no_key_give_zero_output_and_infinite_lse(rng, kernel):
+    q, k, v = randn(rng, 1, 13, 2, 8), randn(rng, 1, 5, 2, 8), randn(rng, 1, 5, 2, 8)
+    out, stats = run_forward(kernel, q, k, v, causal=True)
+    empty = 13 - 5  # bottom-right causal: the first s_q - s_k rows see no key
+    assert np.all(out[:, :empty] == 0.0) and np.all(np.isposinf(stats.lse[:, :, :empty]))
+    check_forward(out, stats, q, k, v, _id(kernel), causal=True)
+
+
+@pytest.mark.parametrize("kernel", _params(BACKWARD))
+def test_backward_rows_that_see_no_key_get_zero_dq_and_no_nan(rng, kernel):
+    q, k, v = randn(rng, 1, 13, 2, 8), randn(rng, 1, 5, 2, 8), randn(rng, 1, 5, 2, 8)
+    dout = randn(rng, *q.shape)
+    dq, dk, dv = run_backward(kernel, dout, q, k, v, causal=True)
+    assert np.all(dq[:, : 13 - 5] == 0.0)
+    check_backward((dq, dk, dv), dout, q, k, v, _id(kernel), causal=True)
+
+
+# ------------------------------------------------------------------------------------------------
+# GQA with several K/V heads
+# ------------------------------------------------------------------------------------------------
+GQA = (1, 13, 11, 4, 2, 8)  # h = 4 query heads on h_k = 2 K/V heads: heads 0, 1 -> 0 and 2, 3 -> 1
+
+
+def gqa_inputs(rng):
+    b, s_q, s_k, h, h_k, d = GQA
+    return randn(rng, b, s_q, h, d), randn(rng, b, s_k, h_k, d), randn(rng, b, s_k, h_k, d)
+
+
+@pytest.mark.parametrize("kernel", _params(FORWARD))
+def test_forward_gqa_with_several_kv_heads_reads_each_groups_head(rng, kernel):
+    q, k, v = gqa_inputs(rng)
+    out, stats = run_forward(kernel, q, k, v)
+    check_forward(out, stats, q, k, v, _id(kernel))
+
+
+@pytest.mark.parametrize("kernel", _params(BACKWARD))
+def test_backward_gqa_with_several_kv_heads_sums_each_group_into_its_head(rng, kernel):
+    q, k, v = gqa_inputs(rng)
+    dout = randn(rng, *q.shape)
+    check_backward(run_backward(kernel, dout, q, k, v), dout, q, k, v, _id(kernel))
+
+
+# ------------------------------------------------------------------------------------------------
+# NaN or inf in one query row
+# ------------------------------------------------------------------------------------------------
+NAN_ROW = (0, 3, 1)  # (batch, query row, head)
+STANDARD_NAN_XFAIL = f"{ISSUE}: algorithm='standard' returns 0, not NaN, for a row whose scores are NaN or +-inf; fixed elsewhere"
+#: Found by this test: FA1's readable forward has the same defect. max(m_i, NaN) keeps m_i = -inf (max and
+#: fmaxf drop a NaN operand), and its `m_new > -inf` guard then treats the row as one that saw no key.
+FA1_NAN_XFAIL = ("found by this test (not in the issue): the readable FA1 forward returns 0, not NaN, for a row "
+                 "whose scores are NaN or +-inf (max() drops the NaN, the m_new > -inf guard zeroes the row), like standard")
+NAN_XFAIL = {"standard-readable": STANDARD_NAN_XFAIL, "flash1-readable": FA1_NAN_XFAIL}
+
+
+def poisoned_row_inputs(rng, value):
+    q, k, v = randn(rng, 1, 9, 2, 8), randn(rng, 1, 12, 2, 8), randn(rng, 1, 12, 2, 8)
+    clean = q.copy()
+    b, r, h = NAN_ROW
+    q[b, r, h, 0] = value  # one element: every score of the row is NaN (or +-inf)
+    return q, clean, k, v
+
+
+def assert_only_the_poisoned_row_is_nan(got, want, naive, what):
+    b, r, h = NAN_ROW
+    assert np.all(np.isnan(got[b, r, h])), f"{what}: the row with a {what} input must be NaN, got {got[b, r, h]}"
+    rest = np.ones(got.shape, bool)
+    rest[b, r, h] = False
+    assert_error_rule(got[rest], want[rest], naive[rest], what=f"{what}: the other rows")
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize("value", [np.nan, np.inf], ids=["nan", "inf"])
+@pytest.mark.parametrize("kernel", _params(FORWARD, NAN_XFAIL))
+def test_forward_nan_or_inf_in_one_query_row_makes_only_that_row_nan(rng, kernel, value):
+    q, clean, k, v = poisoned_row_inputs(rng, value)
+    with np.errstate(invalid="ignore"):
+        assert np.all(np.isnan(standard_attention(q, k, v).O[NAN_ROW]))  # the float64 oracle's answer
+    out, _ = run_forward(kernel, q, k, v)
+    assert_only_the_poisoned_row_is_nan(out, standard_attention(clean, k, v).O, naive_attention_float32(clean, k, v), f"O {value}")
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize("kernel", _params(BACKWARD, NAN_XFAIL))
+def test_backward_nan_in_one_query_row_makes_only_that_row_of_dq_nan(rng, kernel):
+    """dq_i = tau sum_j dS_ij k_j depends on row i alone; dK and dV sum over every row (NaN: not checked)."""
+    q, clean, k, v = poisoned_row_inputs(rng, np.nan)
+    dout = randn(rng, *q.shape)
+    dq, _, _ = run_backward(kernel, dout, q, k, v)
+    ref = standard_backward(dout, clean, k, v)[0]
+    naive = naive_attention_backward_float32(dout, clean, k, v)[0]
+    assert_only_the_poisoned_row_is_nan(dq, ref, naive, "dq nan")
