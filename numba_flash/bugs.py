@@ -522,8 +522,10 @@ _SUMMARY = re.compile(r"^(FAILED|ERROR) (\S+)(?: - (.*))?$")
 def pytest_command(copy: Path, tests, *, stop_first: bool = True, root: Path | None = None) -> list[str]:
     """The pytest command line that runs ``tests`` (node ids relative to the repository root) on ``copy``."""
     root = repo_root() if root is None else root
+    # pyproject's ``pythonpath = ["."]`` would put the repository's own numba_flash first on sys.path;
+    # override it with the copy first (the repository after it, for ``bench`` and ``tests``).
     cmd = [sys.executable, "-m", "pytest", "-c", str(root / "pyproject.toml"), "--rootdir", str(root),
-           "-p", "_gallery_guard", "-p", "no:cacheprovider", "-p", "no:randomly", "-q", "--tb=short", "-rfE"]
+           "-o", f"pythonpath={copy} {root}", "-p", "_gallery_guard", "-p", "no:cacheprovider", "-p", "no:randomly", "-q", "--tb=short", "-rfE"]
     if stop_first:
         cmd.append("-x")
     return cmd + [str(root / t) for t in tests]
