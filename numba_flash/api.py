@@ -245,7 +245,9 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, re
         does (its third value, the dropout-masked S, is not materialized here: None)
     algorithm : "standard", "flash1" or "flash2" (keyword-only)
     variant : "auto" (default), "readable", "fast" or "tensorcore" (keyword-only): which kernel of the
-        algorithm runs (:func:`variants`); ``"readable"`` runs the paper-shaped kernels of both passes
+        algorithm runs (:func:`variants`); ``"readable"`` runs the paper-shaped kernels of both passes.
+        ``"auto"`` runs the fastest kernel; when q, k or v requires grad, FA2's forward is the FFMA one
+        (``registry.TRAINING_FORWARD``), whose S the backward reproduces exactly (sharp softmaxes)
     block_sizes : (Br, Bc) override (keyword-only)
     seed : dropout seed in [0, 2**32); drawn from torch's generator when None (keyword-only)
     deterministic : run a backward without atomics (FA2), bitwise reproducible (keyword-only)
@@ -283,7 +285,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, re
     prob = check_attention_args(q, k, v, dropout_p, softmax_scale, causal, seed)
     # Names only (no device query, which torch.compile cannot trace): the custom op resolves them.
     algorithm = registry.check_algorithm(algorithm)
-    fwd_variant, bwd_variant = registry.pair_variants(algorithm, variant)
+    training = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
+    fwd_variant, bwd_variant = registry.pair_variants(algorithm, variant, training)
     br, bc = _check_block_sizes(block_sizes) or (0, 0)
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")

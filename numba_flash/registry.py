@@ -69,6 +69,11 @@ PAPER = {
 
 #: The preference of ``variant="auto"``, fastest first.
 AUTO_ORDER = ("tensorcore", "fast", "readable")
+#: The forward ``"auto"`` runs when a backward will follow (``flash_attn_func`` on inputs that require grad):
+#: the tensor-core forward's 3xTF32 ``S`` is not the float32 ``S`` that the FFMA backward recomputes, and on
+#: sharp softmaxes (scores of std >= 4) that mismatch breaks the gradient error rule (docs/backward.rst,
+#: "Large logits"); the FFMA forward's ``S`` the backward reproduces bit for bit.
+TRAINING_FORWARD = {"flash2": "fast"}
 
 
 @dataclass(frozen=True)
@@ -149,10 +154,11 @@ def resolve(algorithm, pass_: str, variant="auto") -> Kernel:
     return entry
 
 
-def pair_variants(algorithm, variant="auto") -> tuple[str, str]:
+def pair_variants(algorithm, variant="auto", training: bool = False) -> tuple[str, str]:
     """(forward, backward) variant names that :func:`resolve_pair` resolves, found without the device.
 
-    A named variant must exist for at least one pass; a pass that lacks it gets ``"auto"``. Only the
+    A named variant must exist for at least one pass; a pass that lacks it gets ``"auto"``. With
+    ``training`` (a backward will follow), ``"auto"`` picks the forward of :data:`TRAINING_FORWARD`. Only the
     table is read, so this runs inside ``torch.compile``'s tracing (the device query of ``"auto"`` and
     of :meth:`Kernel.available` takes numba's driver lock, which Dynamo cannot trace); the custom ops
     of :mod:`numba_flash._torch_ops` resolve these names on the device at run time.
@@ -160,7 +166,7 @@ def pair_variants(algorithm, variant="auto") -> tuple[str, str]:
     algorithm = check_algorithm(algorithm)
     variant = check_variant(variant)
     if variant == "auto":
-        return "auto", "auto"
+        return (TRAINING_FORWARD.get(algorithm, "auto") if training else "auto"), "auto"
     has = {p: (algorithm, p, variant) in KERNELS for p in PASSES}
     if not any(has.values()):
         have = list(dict.fromkeys(v for (a, _p, v) in KERNELS if a == algorithm))

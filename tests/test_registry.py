@@ -226,3 +226,11 @@ def test_imports_run_one_way_api_registry_kernels_plumbing():
     for mod in readable | fast:
         assert "numba_flash.api" not in graph[mod] and "numba_flash.registry" not in graph[mod], mod
     assert "numba_flash.api" not in graph["numba_flash.registry"]
+
+
+def test_auto_pairs_the_ffma_forward_with_the_backward_when_training():
+    """The tensor-core forward runs for inference; a backward gets the forward whose S it reproduces."""
+    assert registry.pair_variants("flash2", "auto") == ("auto", "auto")
+    assert registry.pair_variants("flash2", "auto", training=True) == ("fast", "auto")
+    assert registry.pair_variants("flash2", "tensorcore", training=True) == ("tensorcore", "auto")
+    assert registry.pair_variants("flash1", "auto", training=True) == ("auto", "auto")
