@@ -299,6 +299,7 @@ def test_counted_hbm_accesses_of_both_kernels_equal_the_closed_form_and_proposit
     assert ref_bwd["dQ"][0] - bwd.by_name["dQ"][0] == b * h * s_q * d and bwd.by_name["dQ"][1] == ref_bwd["dQ"][1]
 
 
+@pytest.mark.simulator_only  # element counts come from the simulator's counting arrays
 def test_counted_per_tile_traffic_is_proportional_to_the_nonzero_blocks(rng):
     # Proposition 4: HBM accesses Theta(N d + N^2 d^2 s / M): the per-tile part scales with s exactly.
     N, d, bs = 32, 4, (8, 8)

@@ -53,6 +53,7 @@ def test_head_dims_up_to_256_follow_the_error_rule(rng, algorithm, variant, d):
 
 
 @pytest.mark.slow
+@pytest.mark.simulator_only  # a GPU runs the default tiles at real shapes (test_head_dims_up_to_256_at_realistic_shapes)
 @pytest.mark.parametrize(("algorithm", "variant"), PAIRS)
 def test_head_dim_256_with_the_default_tiles(rng, algorithm, variant):
     check_pair(rng, algorithm, variant, 256, None)
