@@ -250,9 +250,16 @@ def assert_only_the_poisoned_row_is_nan(got, want, naive, what):
     assert_error_rule(got[rest], want[rest], naive[rest], what=f"{what}: the other rows")
 
 
+#: Found on an H100 (not in the simulator): the tensor-core forward returns a finite row for a q row holding a NaN.
+TC_NAN_ON_GPU = pytest.mark.xfail(condition=not _backend.is_simulator(), strict=True,
+                                  reason="tensor-core forward drops a NaN q row on a GPU (H100, 2026-11-23)")
+NAN_CASES = [pytest.param(*p.values, value, id=f"{p.id}-{vid}",
+                          marks=[*p.marks, TC_NAN_ON_GPU] if (p.id, vid) == ("flash2-tensorcore", "nan") else p.marks)
+             for p in _params(FORWARD) for value, vid in ((np.nan, "nan"), (np.inf, "inf"))]
+
+
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
-@pytest.mark.parametrize("value", [np.nan, np.inf], ids=["nan", "inf"])
-@pytest.mark.parametrize("kernel", _params(FORWARD))
+@pytest.mark.parametrize(("kernel", "value"), NAN_CASES)
 def test_forward_nan_or_inf_in_one_query_row_makes_only_that_row_nan(rng, kernel, value):
     q, clean, k, v = poisoned_row_inputs(rng, value)
     with np.errstate(invalid="ignore"):
