@@ -82,22 +82,6 @@ def naive_stats_float32(q, k, softmax_scale=None, causal=False):
     return m, l, L
 
 
-def natural_l(m, l):
-    """A fast forward's saved ``l`` as the row sum relative to its saved ``m`` (float64).
-
-    The fast and tensor-core forwards work in base 2 and save ``l`` relative to ``M = fl32(m log2 e)``,
-    the float32 product their backward forms (``numba_flash.fast._regtile.make_natural_stats``), so
-    that ``exp2(S log2 e - M) / l`` is the forward's ``P``. The sum relative to ``m`` itself is then
-    ``l 2^(M - m log2 e)``, computed here exactly in float64 (rows that saw no key unchanged).
-    """
-    m = np.asarray(m, np.float32)
-    l64 = np.asarray(l, np.float64)
-    finite = np.isfinite(m)
-    M = (np.where(finite, m, np.float32(0)) * np.float32(np.log2(np.e))).astype(np.float64)
-    corr = np.exp2(M - np.where(finite, m, 0).astype(np.float64) * np.log2(np.e))
-    return np.where(finite, l64 * corr, l64)
-
-
 def assert_stats_rule(m, l, lse, ref, naive, mult=2.0):
     """m, l, L against the oracle's (an AttentionResult): infinities exactly where it has them, finite
     values by the error rule against ``naive`` = :func:`naive_stats_float32` on the same inputs."""
