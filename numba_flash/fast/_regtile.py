@@ -20,20 +20,20 @@ the SASS instruction count of every default fast kernel are what they were befor
 Paper tags stay in the kernels, on the line that calls a step; the function names say which step
 (the HBM -> SRAM tile moves and causal block counts are in :mod:`numba_flash.fast._tiles`):
 
-===================  ====================================================  ==================
-factory              step                                                  used by
-===================  ====================================================  ==================
-make_qkt_tile        S = Q_i K_j^T (TM x TN register tile)                 FA1 / FA2 forward
-make_mask_tile       S masked: -inf past N_k or above the causal diagonal  FA1 / FA2 forward
-make_row_reductions  rowmax S and rowsum P~ over the TPR lanes of a row    FA1 / FA2 forward
-make_softmax_p_tile  m_new, e^(m_old - m_new), P~ = exp2(S - m_new), l     FA1 / FA2 forward
-make_pv_tile         O_i += P~ V_j (TM x DP/TPR register tile)             FA1 / FA2 forward
-make_natural_stats   base-2 m, l -> the saved m, l (natural units), L         FA1 / FA2 forward
-make_s_dp_p_ds       S, dP~ (register tiles); P, P o Z, tau dS to SRAM     FA1 / FA2 backward
+===================  =====================================================  ==================
+factory              step                                                   used by
+===================  =====================================================  ==================
+make_qkt_tile        S = Q_i K_j^T (TM x TN register tile)                  FA1 / FA2 forward
+make_mask_tile       S masked: -inf past N_k or above the causal diagonal   FA1 / FA2 forward
+make_row_reductions  rowmax S and rowsum P~ over the TPR lanes of a row     FA1 / FA2 forward
+make_softmax_p_tile  m_new, e^(m_old - m_new), P~ = exp2(S - m_new), l      FA1 / FA2 forward
+make_pv_tile         O_i += P~ V_j (TM x DP/TPR register tile)              FA1 / FA2 forward
+make_natural_stats   base-2 m, l -> the saved m, l (natural units), L       FA1 / FA2 forward
+make_s_dp_p_ds       S, dP~ (register tiles); P, P o Z, tau dS to SRAM      FA1 / FA2 backward
 make_row_stats       the saved m, l (or L) -> M, 1/l for P = exp2(S - M)/l  FA1 / FA2 backward
-make_dv_dk_update    dV_j += P~^T dO_i and dK_j += tau dS^T Q_i            FA1 / FA2 backward
-make_store_dk_dv     write dK_j, dV_j to HBM                               FA1 / FA2 backward
-===================  ====================================================  ==================
+make_dv_dk_update    dV_j += P~^T dO_i and dK_j += tau dS^T Q_i             FA1 / FA2 backward
+make_store_dk_dv     write dK_j, dV_j to HBM                                FA1 / FA2 backward
+===================  =====================================================  ==================
 """
 
 from __future__ import annotations
