@@ -111,16 +111,16 @@ def _signatures():
     return {
         # gQ, gK, gV, gO, gl, gm, glse, scale_log2, group, causal_offset, seed, threshold, dropout_scale
         "alg1_forward_fast": (a4,) * 4 + (a3,) * 3 + (f32, i64, i64, i64, i64, f32),
-        # gQ, gK, gV, gO, gL, scale_log2, group, causal_offset, seed, threshold, dropout_scale
-        "fa2_forward_fast": (a4,) * 4 + (a3,) + (f64, i64, i64, i64, i64, f64),
-        # gQ, gK, gV, gO, gL, scale_log2, group, causal_offset, seed, threshold, dropout_scale (as the FFMA kernel)
-        "fa2_forward_tc": (a4,) * 4 + (a3,) + (f64, i64, i64, i64, i64, f64),
+        # gQ, gK, gV, gO, gL, gm, gl, scale_log2, group, causal_offset, seed, threshold, dropout_scale
+        "fa2_forward_fast": (a4,) * 4 + (a3,) * 3 + (f64, i64, i64, i64, i64, f64),
+        # gQ, gK, gV, gO, gL, gm, gl, scale_log2, group, causal_offset, seed, threshold, dropout_scale (as the FFMA kernel)
+        "fa2_forward_tc": (a4,) * 4 + (a3,) * 3 + (f64, i64, i64, i64, i64, f64),
         # gQ, gK, gV, gO, gdO, gm, gl, gDs, gdQ, gdK, gdV, tau, group, causal_offset, seed, threshold, dropout_scale
         "alg4_backward_fast": (a4,) * 5 + (a3,) * 3 + (a4,) * 3 + (f32, i64, i64, u32, u32, f32),
-        # gQ, gK, gV, gdO, gL, gD, gdQ, gdK, gdV, tau, c1, group, causal_offset, seed, threshold, dropout_scale
-        "fa2_backward_fast": (a4,) * 4 + (a3,) * 2 + (a4,) * 3 + (f64, f64, i64, i64, i64, i64, f64),
-        # gQ, gK, gV, gdO, gL, gD, gdQ, tau, c1, group, causal_offset, seed, threshold, dropout_scale
-        "fa2_backward_fast_dq": (a4,) * 4 + (a3,) * 2 + (a4,) + (f64, f64, i64, i64, i64, i64, f64),
+        # gQ, gK, gV, gdO, gm, gl, gD, gdQ, gdK, gdV, tau, c1, group, causal_offset, seed, threshold, dropout_scale
+        "fa2_backward_fast": (a4,) * 4 + (a3,) * 3 + (a4,) * 3 + (f64, f64, i64, i64, i64, i64, f64),
+        # gQ, gK, gV, gdO, gm, gl, gD, gdQ, tau, c1, group, causal_offset, seed, threshold, dropout_scale
+        "fa2_backward_fast_dq": (a4,) * 4 + (a3,) * 3 + (a4,) + (f64, f64, i64, i64, i64, i64, f64),
     }
 
 

@@ -24,14 +24,19 @@ these loops were written out in each kernel.
 from __future__ import annotations
 
 import functools
+import math
 
 from numba import cuda, float32
 
 from .._constants import U
 
+#: The quiet NaN 0x7fc00000, which the 3xTF32 split keeps a NaN (see make_pair_loader's QUIET_NAN).
+QNAN = float32(math.nan)
+
 
 @functools.cache
-def make_pair_loader(NROWS: int, DP: int, NT: int, SA: int, SB: int | None = None, STEP_ROWS: bool | None = None):
+def make_pair_loader(NROWS: int, DP: int, NT: int, SA: int, SB: int | None = None, STEP_ROWS: bool | None = None,
+                     QUIET_NAN: bool = False):
     """``(NL, load, store)``: move rows ``row0 .. row0 + NROWS - 1`` of two arrays, HBM -> registers -> SRAM.
 
     ``load(gA, gB, ub, uh, row0, n_rows, d, tid, rA, rB)`` issues the loads of the ``NROWS x DP``
@@ -45,6 +50,12 @@ def make_pair_loader(NROWS: int, DP: int, NT: int, SA: int, SB: int | None = Non
     ``x = tid % DP`` and steps ``NT / DP`` rows per load, so the column test and the index division
     are done once instead of per load (the FA2 fast kernels). The FA1 forward and the tensor-core
     kernel pass ``False``: they keep the per-element index form they were measured with.
+
+    ``QUIET_NAN`` (the tensor-core kernel): a NaN is stored as the quiet NaN ``0x7fc00000``. The
+    3xTF32 split (:data:`numba_flash.fast._mma.split_tf32_asm`) adds half a tf32 ulp to the bits, which
+    carries the GPU's canonical NaN ``0x7fffffff`` into the sign bit (``-0.0``): without this a NaN in
+    K or V vanished from the products. One select per stored element (at the store: a select at the load made the prefetched loads
+    wait, 1.5-1.7x slower on an H100); the split stays five instructions.
     """
     NL = (NROWS * DP + NT - 1) // NT  # elements of each array per thread
     EXACT = NROWS * DP % NT == 0
@@ -77,24 +88,30 @@ def make_pair_loader(NROWS: int, DP: int, NT: int, SA: int, SB: int | None = Non
         for it in range(NL):
             e = tid + uNT * U(it)
             if EXACT or e < uTOT:
+                va = rA[it]
+                vb = rB[it]
+                if QUIET_NAN:  # at the store, not the load: the loads stay in flight during the compute
+                    va = va if va == va else QNAN
+                    vb = vb if vb == vb else QNAN
                 if SAME_STRIDE:
                     a = (e // uDP) * uSA + e % uDP
-                    smem[off_a + a] = rA[it]
-                    smem[off_b + a] = rB[it]
+                    smem[off_a + a] = va
+                    smem[off_b + a] = vb
                 else:
-                    smem[off_a + (e // uDP) * uSA + e % uDP] = rA[it]
-                    smem[off_b + (e // uDP) * uSB + e % uDP] = rB[it]
+                    smem[off_a + (e // uDP) * uSA + e % uDP] = va
+                    smem[off_b + (e // uDP) * uSB + e % uDP] = vb
 
     return NL, load, store
 
 
 @functools.cache
-def make_scaled_q_loader(BR: int, DP: int, NT: int, SQ: int):
+def make_scaled_q_loader(BR: int, DP: int, NT: int, SQ: int, QUIET_NAN: bool = False):
     """``load_q(gQ, smem, qbase, ub, uh, row0, s_q, d, tid, scale)``: ``Q_i`` times ``scale`` to SRAM.
 
     Rows ``row0 .. row0 + BR - 1`` of ``gQ[b, :, h, :]`` times ``scale`` (``tau log2 e``: the forward
     then uses ``exp2``) to the SRAM tile at ``qbase`` (row stride ``SQ``); rows past ``s_q`` and
     columns past ``d`` are zero. Unrolled: all loads of a thread are in flight before its first store.
+    ``QUIET_NAN``: a NaN is stored as ``0x7fc00000`` (see :func:`make_pair_loader`).
     """
     NLQ = (BR * DP + NT - 1) // NT  # elements per thread
     EXACT = BR * DP % NT == 0
@@ -109,6 +126,8 @@ def make_scaled_q_loader(BR: int, DP: int, NT: int, SQ: int):
             val = float32(0.0)
             if (EXACT or e < uTOT) and row0 + r < s_q and x < d:
                 val = float32(gQ[ub, U(row0 + r), uh, U(x)] * scale)  # HBM read: Br*d
+                if QUIET_NAN:
+                    val = val if val == val else QNAN
             if EXACT or e < uTOT:
                 smem[qbase + U(r) * uSQ + U(x)] = val
 

@@ -185,8 +185,8 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
     SCR = _mma.SIM_SCRATCH_PER_WARP  # one warp's share of it
 
     # K_j, V_j: HBM -> registers (NL floats each per thread) -> SRAM (V with its own stride SV); Q_i: times tau log2 e
-    NL, load_kv, store_kv = _tiles.make_pair_loader(BC, DP, NT, SQ, SV, STEP_ROWS=False)
-    load_q = _tiles.make_scaled_q_loader(BR, DP, NT, SQ)
+    NL, load_kv, store_kv = _tiles.make_pair_loader(BC, DP, NT, SQ, SV, STEP_ROWS=False, QUIET_NAN=True)
+    load_q = _tiles.make_scaled_q_loader(BR, DP, NT, SQ, QUIET_NAN=True)
     n_key_blocks, _ = _tiles.make_block_counts(BR, BC, CAUSAL)
 
     split, mma3, quad_max, quad_sum = _mma.make_warp_ops(SIM)
@@ -367,6 +367,8 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
             if row < s_q:
                 # FA2.1 L12: O_i = diag(l_i)^-1 O_i, the only division (times 1/(1-p) with dropout)
                 inv_l = float32(0.0)
+                if l_i != l_i:
+                    inv_l = l_i  # Dev: a NaN score made l NaN: the row is NaN (P~ V may have lost it in the split)
                 if l_i > 0:
                     inv_l = float32(1.0) / l_i
                     if DROPOUT:

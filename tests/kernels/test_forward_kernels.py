@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 
-from numba_flash import _backend, _launch, registry
+from numba_flash import _launch, registry
 from numba_flash.alg1_forward import paper_block_sizes, sram_footprint
 from numba_flash.api import attention_numpy
 from numba_flash_reference.alg0_standard import standard_attention
@@ -282,15 +282,10 @@ FWD_PAIRS = sorted({(k.algorithm, k.variant) for k in registry.variants() if k.p
 TILES = {"standard": None, "flash1": (8, 8), "flash2": (8, 8)}
 
 
-#: Found on an H100 (not in the simulator): the tensor-core forward returns finite rows for a q row holding a NaN
-#: or all +inf (the rows with one +inf entry are NaN). Strict: the fix must remove this marker.
-TC_NAN_ON_GPU = pytest.mark.xfail(condition=not _backend.is_simulator(), strict=True,
-                                  reason="tensor-core forward drops a NaN q row on a GPU (H100, 2026-11-23)")
-NAN_PAIRS = [pytest.param(a, v, marks=TC_NAN_ON_GPU) if v == "tensorcore" else (a, v) for a, v in FWD_PAIRS]
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the simulator's inf - inf
-@pytest.mark.parametrize(("algorithm", "variant"), NAN_PAIRS)
+@pytest.mark.parametrize(("algorithm", "variant"), FWD_PAIRS)
 def test_a_nan_or_inf_in_a_query_row_makes_exactly_that_output_row_nan(rng, algorithm, variant):
     """softmax semantics (and flash-attn's, SDPA's): a NaN score makes its row NaN, it is never skipped.
     Row 3 holds a NaN; row 6 is +inf everywhere (scores inf - inf = NaN); row 8 has one +inf entry
