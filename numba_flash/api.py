@@ -79,8 +79,9 @@ def variants(algorithm=None) -> list[dict]:
 class AttentionStats:
     """What a forward call saves for its backward: O(N) per head, never an N x N matrix.
 
-    lse: (b, h, s_q) float32 logsumexp (+inf for rows that see no key). m, l: FA1's row max and row
-    sum (``algorithm="flash1"`` only). The options are kept so the backward runs the same problem.
+    lse: (b, h, s_q) float32 logsumexp (+inf for rows that see no key). m, l: the row max and row sum,
+    which every forward saves apart for its backward (``docs/backward.rst``, "Large logits"); with
+    ``m = l = None`` the backward recomputes ``P = exp(S - L)`` from ``lse`` alone. The options are kept so the backward runs the same problem.
     ``forward`` and ``backward`` are the registry entries of the kernels (``.variant``, ``.module``):
     the forward is the one that ran; the backward is the one :func:`attention_backward_numpy` runs.
 

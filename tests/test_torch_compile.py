@@ -91,7 +91,7 @@ def test_compiled_call_without_a_seed_uses_one_seed_for_forward_and_backward(rng
         assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("algorithm", ["flash1", "flash2"])  # with FA1's m, l saved; with empty m, l
+@pytest.mark.parametrize("algorithm", ["flash1", "flash2"])  # an FA1 and an FA2 pair of operators
 def test_opcheck_passes_on_the_forward_and_backward_operators(rng, algorithm):
     from numba_flash import _torch_ops
 

@@ -327,3 +327,25 @@ def test_fast_and_readable_recomputation_backward_follow_the_error_rule_at_reali
     seed = int(rng.integers(0, 2**32))
     got = kernel_backward("flash1", dout, q, k, v, causal=causal, dropout_p=p, seed=seed, variant=variant)
     assert_gradients_follow_error_rule(got, dout, q, k, v, causal=causal, dropout_p=p, seed=seed)
+
+
+BWD_PAIRS = sorted({(k.algorithm, k.variant) for k in registry.variants() if k.pass_ == "backward"})
+
+
+@pytest.mark.parametrize(("algorithm", "variant"), BWD_PAIRS)
+def test_backward_from_the_logsumexp_alone_follows_the_error_rule(rng, algorithm, variant):
+    """Stats with m = l = None (FA2's own saved state: L only): every backward recomputes P = exp(S - L)."""
+    import dataclasses
+
+    from numba_flash import attention_backward_numpy, attention_numpy
+
+    q, k, v = make_qkv(rng, 1, 11, 13, 2, 1, 8)
+    dout = rng.standard_normal(q.shape).astype(np.float32)
+    out, st = attention_numpy(q, k, v, causal=True, algorithm=algorithm, variant=variant, block_sizes=(8, 8), return_stats=True)
+    lse_only = dataclasses.replace(st, m=None, l=None)
+    with poison_outputs():
+        grads = attention_backward_numpy(dout, q, k, v, out, lse_only)
+    ref = standard_backward(dout, q, k, v, causal=True)
+    naive = naive_attention_backward_float32(dout, q, k, v, causal=True)
+    for name, g, r, n in zip(("dq", "dk", "dv"), grads, ref, naive):
+        assert_error_rule(g, r, n, mult=3.0, what=f"{algorithm}/{variant} {name} from L alone")
