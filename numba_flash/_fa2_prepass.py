@@ -38,3 +38,12 @@ def row_dot(out, dout, prob: Problem, alloc):
     grid = bh_grid(ceil_div(prob.seqlen_q, PREPASS_THREADS), prob.batch * prob.nheads)
     preprocess_kernel[grid, PREPASS_THREADS](out, dout, delta)
     return delta
+
+
+def allocate_grads(prob: Problem, alloc, deterministic: bool):
+    """(dQ, dK, dV) of an FA2 backward: dQ zeroed for the atomic adds (the deterministic kernel writes
+    every row, so it gets an empty array); dK, dV empty (each column block writes its own rows)."""
+    shape_q = (prob.batch, prob.seqlen_q, prob.nheads, prob.headdim)
+    shape_k = (prob.batch, prob.seqlen_k, prob.nheads_k, prob.headdim)
+    dq = alloc.empty(shape_q) if deterministic else alloc.zeros(shape_q)
+    return dq, alloc.empty(shape_k), alloc.empty(shape_k)

@@ -47,7 +47,7 @@ import math
 from numba import cuda, float32, uint64
 
 from ._dropout import head_key, keep, row_key
-from ._fa2_prepass import row_dot
+from ._fa2_prepass import allocate_grads, row_dot
 from ._launch import STATIC_SMEM_BYTES, KernelLaunch, Problem, bh_grid, ceil_div
 
 
@@ -87,10 +87,7 @@ def _split(prob: Problem, block_sizes):
 
 def _allocate_grads(prob: Problem, alloc, deterministic: bool):
     # FA2.2 L3: dQ = (0) in HBM (the atomic adds need zeros; the deterministic kernel writes every row); dK, dV: Tc blocks
-    shape_q = (prob.batch, prob.seqlen_q, prob.nheads, prob.headdim)
-    shape_k = (prob.batch, prob.seqlen_k, prob.nheads_k, prob.headdim)
-    dq = alloc.empty(shape_q) if deterministic else alloc.zeros(shape_q)
-    return dq, alloc.empty(shape_k), alloc.empty(shape_k)
+    return allocate_grads(prob, alloc, deterministic)  # numba_flash._fa2_prepass, shared with the other FA2 backward
 
 
 def _row_dot(out, dout, prob: Problem, alloc):

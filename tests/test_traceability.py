@@ -570,7 +570,7 @@ CONTENT_RULES: dict[tuple[str, int], ContentRule] = {
     ("FA2.1", 15): rule("L_i written to HBM", r"\bgL\[[^\]]*\]\s*="),
     ("FA2.1", 17): _RETURN,
     ("FA2.2", 1): _SPLIT, ("FA2.2", 2): rule("O, dO, L split into Tr blocks", r"\bT[rc]\b|\bg(?:O|dO|L)\b"),
-    ("FA2.2", 3): rule("dQ = 0", _ZERO), ("FA2.2", 4): _D_ROWSUM, ("FA2.2", 5): _LOOP, ("FA2.2", 6): _LOAD_KV,
+    ("FA2.2", 3): rule("dQ = 0", _ZERO, r"\ballocate_grads\("), ("FA2.2", 4): _D_ROWSUM, ("FA2.2", 5): _LOOP, ("FA2.2", 6): _LOAD_KV,
     ("FA2.2", 7): rule("dK_j = dV_j = 0", (r"(?i)dk", r"(?i)dv", _ZERO)), ("FA2.2", 8): _LOOP,
     ("FA2.2", 9): rule("Q_i, dO_i, L_i (or m_i and l_i apart), D_i loaded",
                        (r"\bgQ\[|\b(?:load|store)_q\(", r"\bgL\[|OFF_L|\brow_stats\(\s*gm\s*,\s*gl\b", r"\bgD\[|OFF_D")),
