@@ -87,16 +87,19 @@ def torch_or_none():
         return None
 
 
-def make_inputs(batch, nheads, seqlen, headdim, nheads_k=None, seed=0, requires_grad=False):
-    """Random q, k, v: torch CUDA float32 tensors on a GPU, NumPy float32 arrays in the simulator."""
+def make_inputs(batch, nheads, seqlen, headdim, nheads_k=None, seed=0, requires_grad=False, dtype="float32"):
+    """Random q, k, v: torch CUDA tensors of ``dtype`` (a torch dtype name) on a GPU, NumPy arrays in the simulator
+    (float32, or float16 for the half dtypes: NumPy has no bfloat16)."""
     nheads_k = nheads if nheads_k is None else nheads_k
     rng = np.random.default_rng(seed)
     shapes = [(batch, seqlen, nheads, headdim), (batch, seqlen, nheads_k, headdim), (batch, seqlen, nheads_k, headdim)]
     if ON_GPU:
         torch = torch_or_none()
         gen = torch.Generator(device="cuda").manual_seed(seed)
-        return tuple(torch.randn(s, device="cuda", dtype=torch.float32, generator=gen).requires_grad_(requires_grad) for s in shapes)
-    return tuple(rng.standard_normal(s).astype(np.float32) for s in shapes)
+        tdt = getattr(torch, dtype)
+        return tuple(torch.randn(s, device="cuda", dtype=torch.float32, generator=gen).to(tdt).requires_grad_(requires_grad) for s in shapes)
+    ndt = np.float32 if dtype in ("float32", "float64") else np.float16
+    return tuple(rng.standard_normal(s).astype(ndt) for s in shapes)
 
 
 def synchronize():
@@ -206,12 +209,22 @@ def torch_naive_attention(q, k, v, causal=False, softmax_scale=None):
 
 
 def torch_sdpa_mem_efficient(q, k, v, causal=False):
-    """torch SDPA with the memory-efficient (CUTLASS) backend, fp32."""
+    """torch SDPA with the memory-efficient (CUTLASS) backend, in the inputs' dtype (fp32: 3xTF32 tensor cores)."""
+    return torch_sdpa(q, k, v, causal, "efficient")
+
+
+#: torch SDPA backends by short name: ``flash`` (FA2's own CUDA kernels, half only), ``cudnn`` (cuDNN's
+#: fused attention, half only), ``efficient`` (xformers' CUTLASS kernel)
+SDPA_BACKENDS = {"flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION"}
+
+
+def torch_sdpa(q, k, v, causal=False, backend="efficient"):
+    """``scaled_dot_product_attention`` on (b, s, h, d) tensors with one backend of :data:`SDPA_BACKENDS` forced."""
     torch = torch_or_none()
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     qh, kh, vh = (x.transpose(1, 2) for x in (q, k, v))
-    with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]):
+    with sdpa_kernel([getattr(SDPBackend, SDPA_BACKENDS[backend])]):
         return torch.nn.functional.scaled_dot_product_attention(qh, kh, vh, is_causal=causal).transpose(1, 2)
 
 

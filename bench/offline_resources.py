@@ -35,7 +35,8 @@ Toolchain (CPU only, pip packages installed to private ``--target`` directories)
 importable, ``nvdisasm`` (``nvidia-cuda-nvdisasm``) found through ``$NVDISASM``, ``PATH`` or the
 default ``/tmp/cu13b/nvidia/cu13/bin/nvdisasm``. When any piece is missing the script prints why and
 exits with status 0 (a skip, not a failure). ``--kernel NAME`` (repeatable) restricts the report to
-``alg1_forward_fast``, ``fa2_forward_fast``, ``fa2_forward_tc``, ``alg4_backward_fast``,
+``alg1_forward_fast``, ``fa2_forward_fast``, ``fa2_forward_tc``, ``fa2_forward_half_f16``,
+``fa2_forward_half_bf16``, ``alg4_backward_fast``,
 ``fa2_backward_fast`` or ``fa2_backward_fast_dq`` (the names of the table; the modules are
 ``numba_flash/fast/alg1_forward.py`` ...); ``--d`` picks head dims.
 """
@@ -53,7 +54,8 @@ import subprocess
 import sys
 import tempfile
 
-KERNELS = ("alg1_forward_fast", "fa2_forward_fast", "fa2_forward_tc", "alg4_backward_fast", "fa2_backward_fast", "fa2_backward_fast_dq")
+KERNELS = ("alg1_forward_fast", "fa2_forward_fast", "fa2_forward_tc", "fa2_forward_half_f16", "fa2_forward_half_bf16", "alg4_backward_fast",
+           "fa2_backward_fast", "fa2_backward_fast_dq")
 
 
 def _gpu_backend() -> None:
@@ -108,6 +110,7 @@ def _signatures():
 
     f32, f64, i64, u32 = types.float32, types.float64, types.int64, types.uint32
     a4, a3 = types.Array(f32, 4, "A"), types.Array(f32, 3, "A")
+    w4 = types.Array(types.int32, 4, "A")  # half words (fa2_forward_half)
     return {
         # gQ, gK, gV, gO, gl, gm, glse, scale_log2, group, causal_offset, seed, threshold, dropout_scale
         "alg1_forward_fast": (a4,) * 4 + (a3,) * 3 + (f32, i64, i64, i64, i64, f32),
@@ -115,6 +118,9 @@ def _signatures():
         "fa2_forward_fast": (a4,) * 4 + (a3,) * 3 + (f64, i64, i64, i64, i64, f64),
         # gQ, gK, gV, gO, gL, gm, gl, scale_log2, group, causal_offset, seed, threshold, dropout_scale (as the FFMA kernel)
         "fa2_forward_tc": (a4,) * 4 + (a3,) * 3 + (f64, i64, i64, i64, i64, f64),
+        # the same with q, k, v, out as int32 arrays of half words
+        "fa2_forward_half_f16": (w4,) * 4 + (a3,) * 3 + (f64, i64, i64, i64, i64, f64),
+        "fa2_forward_half_bf16": (w4,) * 4 + (a3,) * 3 + (f64, i64, i64, i64, i64, f64),
         # gQ, gK, gV, gO, gdO, gm, gl, gDs, gdQ, gdK, gdV, tau, group, causal_offset, seed, threshold, dropout_scale
         "alg4_backward_fast": (a4,) * 5 + (a3,) * 3 + (a4,) * 3 + (f32, i64, i64, u32, u32, f32),
         # gQ, gK, gV, gdO, gm, gl, gD, gdQ, gdK, gdV, tau, c1, group, causal_offset, seed, threshold, dropout_scale
@@ -130,6 +136,7 @@ def _kernel(name: str, d: int, causal: bool):
     from numba_flash.fast import alg4_backward as A4
     from numba_flash.fast import fa2_backward as B2
     from numba_flash.fast import fa2_forward as F2
+    from numba_flash.fast import fa2_forward_half as H
     from numba_flash.fast import fa2_forward_tc as TC
 
     if name == "alg1_forward_fast":
@@ -143,6 +150,11 @@ def _kernel(name: str, d: int, causal: bool):
         NW, MW, BC, DP = TC.config_for(d)
         prefetch = f["PREFETCH"] if f["PREFETCH"] is not None else DP <= 64  # as TC.plan
         return TC.fa2_forward_tc_kernel(NW, MW, BC, DP, causal, False, bool(prefetch), False, f["STAGE_S"], f["STAGE_O"])
+    if name.startswith("fa2_forward_half_"):
+        NW, MW, BC, DP = H.config_for(d)
+        prefetch = H.default_features()["PREFETCH"]
+        prefetch = prefetch if prefetch is not None else DP <= 64  # as H.plan
+        return H.fa2_forward_half_kernel(NW, MW, BC, DP, causal, False, bool(prefetch), False, name.rsplit("_", 1)[1])
     if name == "alg4_backward_fast":
         f = A4.default_features()
         return A4.alg4_backward_fast_kernel(*A4.config_for(d), causal, False, False, f["VEC"], f["MAXREG"])

@@ -93,6 +93,9 @@ class Problem:
     causal: bool
     dropout_p: float
     seed: int
+    #: the inputs' dtype name ("float16", "bfloat16", "float32", "float64"): the half-precision kernels
+    #: (:mod:`numba_flash.fast.fa2_forward_half`) run float16/bfloat16 without converting them
+    dtype: str = "float32"
 
     @property
     def group(self) -> int:
@@ -200,7 +203,7 @@ def check_attention_args(q, k, v, dropout_p=0.0, softmax_scale=None, causal=Fals
     seed_ = real_scalar(seed, integral=True)
     if seed_ is None or not (0 <= seed_ < 2**32):
         raise ValueError(f"seed must be an integer in [0, 2**32), got {seed!r}")
-    return Problem(b, s_q, s_k, h, h_k, d, tau, bool(causal), p, seed_)
+    return Problem(b, s_q, s_k, h, h_k, d, tau, bool(causal), p, seed_, _dtype_name(q))
 
 
 def check_backward_args(dout, out, prob: Problem, q) -> None:
@@ -276,6 +279,33 @@ class Allocator:
             a = np.ascontiguousarray(a)
         return cuda.to_device(a)
 
+    def to_words(self, x):
+        """An ``int32`` kernel array of ``(b, s, h, d / 2)`` *words* of a float16/bfloat16 ``x`` of even head dim.
+
+        Each word holds two adjacent elements of a row (the lower index in the low 16 bits), the
+        register layout of ``f16x2`` / ``bf16x2``: zero-copy for torch tensors and NumPy arrays whose
+        last dimension is contiguous, a contiguous copy otherwise.
+        """
+        if self.kind in ("torch-cuda", "torch-cpu"):
+            t = x.detach()
+            if t.stride(-1) != 1 or t.storage_offset() % 2 or any(s % 2 for s in t.stride()[:-1]):
+                t = t.contiguous()
+            w = t.view(_torch().int32)
+            if self.kind == "torch-cuda":
+                self._owners[id(w)] = w
+                return cuda.as_cuda_array(w)
+            a = w.numpy()
+        else:
+            a = x.copy_to_host() if self.kind == "device" else np.asarray(x)
+            if a.dtype != np.float16:
+                raise TypeError(f"to_words needs float16 or bfloat16 data, got {a.dtype}")
+            if a.strides[-1] != a.itemsize or any(s % 4 for s in a.strides[:-1]):
+                a = np.ascontiguousarray(a)
+            a = a.view(np.int32)
+        if self.on_device:
+            return cuda.to_device(np.ascontiguousarray(a))
+        return cuda.to_device(a if (a.flags.c_contiguous or a.flags.f_contiguous) else np.ascontiguousarray(a))
+
     # -- outputs -----------------------------------------------------------------------------
     def full(self, shape, value, dtype=np.float32):
         shape = tuple(int(n) for n in shape)
@@ -301,7 +331,8 @@ class Allocator:
         shape = tuple(int(n) for n in shape)
         if self.kind == "torch-cuda":
             torch = _torch()
-            t = torch.empty(shape, dtype=torch.float32, device=self.torch_device)
+            tdt = {np.float32: torch.float32, np.int32: torch.int32}[np.dtype(dtype).type]
+            t = torch.empty(shape, dtype=tdt, device=self.torch_device)
             arr = cuda.as_cuda_array(t)
             self._owners[id(arr)] = t
             return arr
@@ -316,20 +347,28 @@ class Allocator:
     def result(self, arr, like_dtype=None):
         """``arr`` in the caller's world: a torch tensor (same device) or a NumPy array.
 
-        ``like_dtype`` (the caller's input dtype) converts float32 results back, e.g. to float16.
+        ``like_dtype`` (the caller's input dtype) converts float32 results back, e.g. to float16; an
+        ``int32`` word array (:meth:`to_words`, the half kernels' output) is reinterpreted as it, not converted.
         """
         if self.kind == "torch-cuda":
             t = self._owners.get(id(arr))
             if t is None:
                 t = _torch().as_tensor(arr, device=self.torch_device)
-            return t if like_dtype is None else t.to(like_dtype)
+            return t if like_dtype is None else _as_dtype(t, like_dtype)
         host = arr.copy_to_host() if self.on_device else arr
         if self.kind == "torch-cpu":
             t = _torch().from_numpy(np.ascontiguousarray(host))
-            return t if like_dtype is None else t.to(like_dtype)
-        if self.kind == "device":
-            return arr
-        return host if like_dtype is None else host.astype(like_dtype)
+            return t if like_dtype is None else _as_dtype(t, like_dtype)
+        if self.kind == "device":  # half words come back as a float16 device array
+            return cuda.to_device(host.view(np.float16)) if host.dtype == np.int32 else arr
+        if like_dtype is None:
+            return host
+        return np.ascontiguousarray(host).view(like_dtype) if host.dtype == np.int32 else host.astype(like_dtype)
+
+
+def _as_dtype(t, like_dtype):
+    """A torch result in ``like_dtype``: half words (int32) reinterpreted, float32 converted."""
+    return t.contiguous().view(like_dtype) if t.dtype == _torch().int32 else t.to(like_dtype)
 
 
 def _torch():

@@ -17,7 +17,10 @@ from .registry import Kernel
 def forward(q, k, v, prob: Problem, kernel: Kernel, block_sizes, alloc: Allocator) -> ForwardOutput:
     """``kernel``'s forward on the caller's q, k, v: a :class:`~numba_flash._launch.ForwardOutput` of kernel arrays."""
     _cost.warn_if_slow(kernel, prob, block_sizes, stacklevel=4)
-    return kernel.module.forward(alloc.to_kernel(q), alloc.to_kernel(k), alloc.to_kernel(v), prob, alloc, block_sizes=block_sizes)
+    # A module that runs half inputs natively (takes_words) gets them as words of two halves, else float32.
+    takes_words = getattr(kernel.module, "takes_words", None)
+    to_kernel = alloc.to_words if takes_words is not None and takes_words(prob) else alloc.to_kernel
+    return kernel.module.forward(to_kernel(q), to_kernel(k), to_kernel(v), prob, alloc, block_sizes=block_sizes)
 
 
 def backward(dout, q, k, v, out, fwd: ForwardOutput, prob: Problem, kernel: Kernel, block_sizes, deterministic, alloc: Allocator):

@@ -21,7 +21,9 @@ a kernel module; every module follows the contract of :class:`numba_flash._launc
 kernel arrays, and this module does the checking, conversion and dispatch once for all of them.
 
 Precision: the kernels compute in float32 whatever the inputs' floating dtype (float16, bfloat16,
-float32, float64); outputs and gradients come back in the input's dtype. float64 inputs therefore
+float32, float64), except FA2's tensor-core forward, which runs float16/bfloat16 natively (half inputs,
+float32 accumulation and softmax, :mod:`numba_flash.fast.fa2_forward_half`); outputs and gradients
+come back in the input's dtype. float64 inputs therefore
 get float32 accuracy (about 1e-7 relative), and ``torch.autograd.gradcheck`` needs a step and
 tolerances sized for float32 (see :func:`flash_attn_func`).
 
@@ -32,6 +34,7 @@ without a GPU (and are copied to the device on a machine with one). Every launch
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from dataclasses import dataclass
 
@@ -212,7 +215,7 @@ def attention_backward_numpy(dout, q, k, v, out, stats: AttentionStats, *, deter
     if not isinstance(stats, AttentionStats):
         raise TypeError(f"stats must be the AttentionStats returned by attention_numpy(..., return_stats=True), got {type(stats).__name__}")
     prob = check_attention_args(q, k, v, stats.problem.dropout_p, stats.problem.softmax_scale, stats.problem.causal, stats.problem.seed)
-    if prob != stats.problem:
+    if dataclasses.replace(prob, dtype=stats.problem.dtype) != stats.problem:  # copies in another dtype are fine
         raise ValueError("q, k, v do not match the shapes the forward saved in stats")
     check_backward_args(dout, out, prob, q)
     if not isinstance(deterministic, bool):
@@ -247,8 +250,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, re
     algorithm : "standard", "flash1" or "flash2" (keyword-only)
     variant : "auto" (default), "readable", "fast" or "tensorcore" (keyword-only): which kernel of the
         algorithm runs (:func:`variants`); ``"readable"`` runs the paper-shaped kernels of both passes.
-        ``"auto"`` runs the fastest kernel; when q, k or v requires grad, FA2's forward is the FFMA one
-        (``registry.TRAINING_FORWARD``), whose S the backward reproduces exactly (sharp softmaxes)
+        ``"auto"`` runs the fastest kernel; when float32 q, k or v requires grad, FA2's forward is the
+        FFMA one (``registry.TRAINING_FORWARD``), whose S the backward reproduces exactly (sharp softmaxes)
     block_sizes : (Br, Bc) override (keyword-only)
     seed : dropout seed in [0, 2**32); drawn from torch's generator when None (keyword-only)
     deterministic : run a backward without atomics (FA2), bitwise reproducible (keyword-only)
@@ -260,7 +263,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, re
     Notes
     -----
     Precision: the kernels compute in float32 whatever the input dtype (float16, bfloat16, float32
-    or float64); results and gradients come back in the input's dtype. float64 inputs therefore get
+    or float64), except FA2's tensor-core forward (``"auto"`` on a GPU), which runs float16/bfloat16
+    natively with float32 accumulation; results and gradients come back in the input's dtype. float64 inputs therefore get
     float32 accuracy (about 1e-7 relative), and ``torch.autograd.gradcheck`` at its defaults
     (``eps=1e-6``, ``atol=1e-5``) fails: its difference quotients divide float32 rounding by 1e-6.
     ``gradcheck(..., eps=1e-2, atol=2e-3, rtol=1e-2, fast_mode=True)`` on inputs of size ~1 passes
@@ -287,7 +291,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, re
     # Names only (no device query, which torch.compile cannot trace): the custom op resolves them.
     algorithm = registry.check_algorithm(algorithm)
     training = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
-    fwd_variant, bwd_variant = registry.pair_variants(algorithm, variant, training)
+    fwd_variant, bwd_variant = registry.pair_variants(algorithm, variant, training, half=q.dtype in (torch.float16, torch.bfloat16))
     br, bc = _check_block_sizes(block_sizes) or (0, 0)
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")

@@ -154,11 +154,13 @@ def resolve(algorithm, pass_: str, variant="auto") -> Kernel:
     return entry
 
 
-def pair_variants(algorithm, variant="auto", training: bool = False) -> tuple[str, str]:
+def pair_variants(algorithm, variant="auto", training: bool = False, half: bool = False) -> tuple[str, str]:
     """(forward, backward) variant names that :func:`resolve_pair` resolves, found without the device.
 
     A named variant must exist for at least one pass; a pass that lacks it gets ``"auto"``. With
-    ``training`` (a backward will follow), ``"auto"`` picks the forward of :data:`TRAINING_FORWARD`. Only the
+    ``training`` (a backward will follow), ``"auto"`` picks the forward of :data:`TRAINING_FORWARD`, except for
+    ``half`` (float16/bfloat16) inputs: the half kernel's S is the float32 sum of exact products, which the
+    backward recomputes up to float32 rounding, far inside the half error rule. Only the
     table is read, so this runs inside ``torch.compile``'s tracing (the device query of ``"auto"`` and
     of :meth:`Kernel.available` takes numba's driver lock, which Dynamo cannot trace); the custom ops
     of :mod:`numba_flash._torch_ops` resolve these names on the device at run time.
@@ -166,7 +168,7 @@ def pair_variants(algorithm, variant="auto", training: bool = False) -> tuple[st
     algorithm = check_algorithm(algorithm)
     variant = check_variant(variant)
     if variant == "auto":
-        return (TRAINING_FORWARD.get(algorithm, "auto") if training else "auto"), "auto"
+        return (TRAINING_FORWARD.get(algorithm, "auto") if training and not half else "auto"), "auto"
     has = {p: (algorithm, p, variant) in KERNELS for p in PASSES}
     if not any(has.values()):
         have = list(dict.fromkeys(v for (a, _p, v) in KERNELS if a == algorithm))

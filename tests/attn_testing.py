@@ -149,3 +149,24 @@ def naive_attention_backward_float32(dout, q, k, v, softmax_scale=None, causal=F
             dq[bi, :, hi] = tau * (dS @ K)
             dk[bi, :, hk] += tau * (dS.T @ Q)
     return dq, dk, dv
+
+
+def torch_attention(q, k, v, causal, p, seed, dtype):
+    """Standard attention in torch in ``dtype`` on the inputs' device (float64: the oracle; float32 or the
+    inputs' half dtype: the baseline of the error rule; S, P and O are rounded to ``dtype``, as flash-attn's
+    ``attention_ref`` without upcast)."""
+    import torch
+
+    b, s_q, h, d = q.shape
+    s_k, h_k = k.shape[1], k.shape[2]
+    G = h // h_k
+    q, k, v = (x.to(dtype) for x in (q, k, v))
+    kk, vv = k.repeat_interleave(G, dim=2), v.repeat_interleave(G, dim=2)
+    S = torch.einsum("bihd,bjhd->bhij", q, kk) * default_scale(d)
+    if causal:
+        S = S.masked_fill(~torch.tensor(causal_mask(s_q, s_k), device=q.device), float("-inf"))
+    P = torch.softmax(S, -1).nan_to_num(0.0)
+    if p > 0:
+        Z = np.stack([np.stack([dropout_scale_matrix(seed, bi * h + hi, range(s_q), range(s_k), p) for hi in range(h)]) for bi in range(b)])
+        P = P * torch.tensor(Z, device=q.device, dtype=dtype)
+    return torch.einsum("bhij,bjhd->bihd", P, vv)

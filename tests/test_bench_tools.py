@@ -36,7 +36,7 @@ MODULES = sorted(m.name for m in pkgutil.iter_modules(bench.__path__))
 #: Helper modules of the GPU measurement tools (imported by them, not run on their own).
 LIBRARIES = {"common", "ncu"}
 TOOLS = [m for m in MODULES if not m.startswith("_") and m not in LIBRARIES]
-SWEEPS = ["alg4_sweep", "fa2_bwd_sweep", "fa2_sweep", "sweep_fa1_fast", "sweep_forward_tiles"]
+SWEEPS = ["alg4_sweep", "fa2_bwd_sweep", "fa2_sweep", "half_sweep", "sweep_fa1_fast", "sweep_forward_tiles"]
 #: Where commands and results files are written down for readers.
 DOC_FILES = sorted({ROOT / "README.md", ROOT / "CONTRIBUTING.md", *ROOT.glob("bench/**/*.md"), *ROOT.glob("bench/*.py"),
                     *ROOT.glob("docs/*.rst"), *ROOT.glob("tests/benchmarks/*.py"), *ROOT.glob("numba_flash/**/*.py")})
@@ -81,8 +81,8 @@ def test_offline_resources_knows_the_tensor_core_forward_and_every_fast_kernel()
     from bench import offline_resources
 
     assert set(offline_resources.KERNELS) == set(offline_resources._signatures())
-    assert {"alg1_forward_fast", "fa2_forward_fast", "fa2_forward_tc", "alg4_backward_fast", "fa2_backward_fast",
-            "fa2_backward_fast_dq"} == set(offline_resources.KERNELS)
+    assert {"alg1_forward_fast", "fa2_forward_fast", "fa2_forward_tc", "fa2_forward_half_f16", "fa2_forward_half_bf16",
+            "alg4_backward_fast", "fa2_backward_fast", "fa2_backward_fast_dq"} == set(offline_resources.KERNELS)
 
 
 def test_no_sys_path_edits_in_bench_or_in_the_benchmark_suites():
@@ -108,7 +108,7 @@ def test_every_sweep_dry_run_plans_every_candidate(name, capsys):
     module = importlib.import_module(f"bench.{name}")
     args = {"alg4_sweep": ["--dims", "64,128"], "fa2_bwd_sweep": ["--headdims", "64", "128"],
             "fa2_sweep": ["--headdims", "64", "128", "--causal", "both"], "sweep_fa1_fast": ["--headdim", "64"],
-            "sweep_forward_tiles": ["--headdim", "64", "128"]}[name]
+            "sweep_forward_tiles": ["--headdim", "64", "128"], "half_sweep": ["--headdims", "64", "128"]}[name]
     assert module.main([*args, "--dry-run"]) == 0
     out = capsys.readouterr().out
     if name in ("fa2_sweep", "fa2_bwd_sweep"):
@@ -119,6 +119,9 @@ def test_every_sweep_dry_run_plans_every_candidate(name, capsys):
         assert all(label in out for label, _, _ in module.CANDIDATES[64])
     elif name == "alg4_sweep":
         assert all(f"Br={br} Bc={bc} threads={nt}" in out for br, bc, nt in module.D64 + module.D128)
+    elif name == "half_sweep":
+        assert all(f"d={d} NW={nw} MW={mw} Br={16 * nw * mw} Bc={bc} prefetch={pf}:" in out
+                   for d in (64, 128) for nw, mw, bc, pf in module.TILINGS[d])
     else:
         assert out.count("tiles=") + out.count("skipped") == len(module.CANDIDATES[64]) + len(module.CANDIDATES[128])
 

@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
 # Produce the committed benchmark results on a GPU machine, from the repository root:
-#   bash bench/gpu/run_benchmarks.sh [OUTDIR [NAME ...]]     (OUTDIR default docs/results; NAME: forward backward fa2, default all three)
+#   bash bench/gpu/run_benchmarks.sh [OUTDIR [NAME ...]]     (OUTDIR default docs/results; NAME: forward backward fa2 half, default all four)
 # For each NAME, pytest-benchmark JSON (our extra_info per row, provenance under machine_info.numba_flash),
 # a JSONL record written row by row (a run cut short keeps what it measured) and a PNG:
 #   forward   tests/benchmarks/test_bench_forward.py   -> forward_<dev>.json/.jsonl/.png      (python -m bench.plot_results)
 #   backward  tests/benchmarks/test_bench_backward.py  -> backward_d64_<dev>.json, backward_d128_<dev>.json (one run per
 #             head dim), backward_<dev>.png of both                                              (python -m bench.plot_results)
 #   fa2       tests/benchmarks/test_bench_fa2.py       -> fa2_<dev>.json/.jsonl/.png          (python -m bench.plot_fa2)
+#   half      tests/benchmarks/test_bench_half.py      -> half_<dev>.json/.jsonl/.png         (python -m bench.plot_half)
 # <dev> is the GPU's model in lower case (h200, h100). Exit status: 0 when every pytest run passed.
 set -uo pipefail
 out="${1:-docs/results}"
 shift $(( $# > 0 ? 1 : 0 ))
 names=("$@")
-[ ${#names[@]} -gt 0 ] || names=(forward backward fa2)
+[ ${#names[@]} -gt 0 ] || names=(forward backward fa2 half)
 mkdir -p "$out"
 if [ -z "${NUMBA_FLASH_ENV:-}" ] && ! python3 -c "import numba_flash, numba_flash_reference" 2>/dev/null; then
   source bench/gpu/setup_env.sh || exit 1
@@ -48,8 +49,11 @@ for name in "${names[@]}"; do
     fa2)
       bench "fa2_$dev" tests/benchmarks/test_bench_fa2.py
       plot plot_fa2 "$out/fa2_$dev.json" -o "$out/fa2_$dev.png" ;;
+    half)
+      bench "half_$dev" tests/benchmarks/test_bench_half.py
+      plot plot_half "$out/half_$dev.json" -o "$out/half_$dev.png" ;;
     *)
-      echo "run_benchmarks: unknown benchmark '$name' (forward, backward, fa2)" >&2
+      echo "run_benchmarks: unknown benchmark '$name' (forward, backward, fa2, half)" >&2
       rc=2 ;;
   esac
 done

@@ -11,6 +11,7 @@ module                             variant       what it is
 ``fast/alg4_backward.py``          ``fast``      FA1 Algorithm 4, register-blocked
 ``fast/fa2_forward.py``            ``fast``      FA2 Algorithm 1, register-blocked FFMA
 ``fast/fa2_forward_tc.py``         ``tensorcore``  FA2 Algorithm 1 on the tensor cores (3xTF32 mma.sync)
+``fast/fa2_forward_half.py``       (tensorcore)  the same for fp16/bf16 inputs (m16n8k16), run by fa2_forward_tc
 ``fast/fa2_backward.py``           ``fast``      FA2 Algorithm 2, register-blocked
 =================================  ============  =================================================
 

@@ -216,3 +216,190 @@ def make_warp_ops(simulator: bool | None = None):
 
     return (cuda.jit(device=True)(split_tf32), cuda.jit(device=True)(_make_mma_3xtf32(mma_tf32)),
             cuda.jit(device=True)(quad_max), cuda.jit(device=True)(quad_sum))
+
+
+# ---------------------------------------------------------------------------------------------
+# Half precision: fp16 / bf16 inputs, float32 accumulation (mma.sync.m16n8k16)
+# ---------------------------------------------------------------------------------------------
+#: The two half types and their PTX names. A "word" is a ``uint32`` holding two of them, the element
+#: at the lower index in the low 16 bits (the register layout of ``.f16x2`` / ``.bf16x2``).
+HALF_KINDS = {"float16": "f16", "bfloat16": "bf16"}
+#: D (16x8, f32) = A (16x16) B (16x8) + C, A and B in fp16 (bf16), two per b32 register (sm_80+).
+f16_m16n8k16_asm = asm_mma("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32", 4, 4, 2, "f32", "b32")
+bf16_m16n8k16_asm = asm_mma("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", 4, 4, 2, "f32", "b32")
+
+#: floats of the simulator's exchange scratch per warp: one m16n8k16 mma (A 16x16 + B 16x8), or one
+#: ldmatrix.x4 (32 rows of 8 halves)
+HALF_SIM_SCRATCH_PER_WARP = 16 * 16 + 16 * 8
+
+
+def _pack2_asm(ptx_type: str):
+    """An intrinsic ``word = f(lo, hi)``: two float32 rounded to nearest-even into one half2 word.
+
+    ``cvt.rn.f16x2.f32 d, a, b`` puts ``a`` in the *upper* half and ``b`` in the lower, so ``hi`` goes first.
+    """
+    text = f"cvt.rn.{ptx_type}x2.f32 $0, $2, $1;"
+    fnty = ir.FunctionType(ir.IntType(32), [ir.FloatType(), ir.FloatType()])
+
+    @intrinsic
+    def pack2(typingctx, lo, hi):
+        def codegen(context, builder, signature, args):
+            return builder.call(ir.InlineAsm(fnty, text, "=r,f,f"), args)
+
+        return types.uint32(types.float32, types.float32), codegen
+
+    return pack2
+
+
+pack2_f16_asm = _pack2_asm("f16")
+pack2_bf16_asm = _pack2_asm("bf16")
+
+
+def _ldmatrix_asm(trans: bool):
+    """An intrinsic ``(r0, r1, r2, r3) = f(arr, i)``: ``ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16``.
+
+    ``arr`` is a shared ``uint32`` array and ``i`` the word index of *this lane's* row: lanes ``8 j .. 8 j + 7``
+    give the 8 rows (16 bytes each, 16-byte aligned) of matrix ``j``; lane ``l`` receives in ``r_j`` the
+    word ``l % 4`` of row ``l // 4`` of matrix ``j`` (``.trans``: the two elements ``(2 (l % 4), l // 4)`` and
+    ``(2 (l % 4) + 1, l // 4)`` of it, a column pair). The array's generic address is converted to the
+    shared window in the same PTX block (``cvta.to.shared``): Numba gives no shared-space pointer itself.
+    """
+    text = ("{ .reg .u64 a; cvta.to.shared.u64 a, $4; "
+            f"ldmatrix.sync.aligned.m8n8.x4{'.trans' if trans else ''}.shared.b16 {{$0, $1, $2, $3}}, [a]; }}")
+    i32 = ir.IntType(32)
+    fnty = ir.FunctionType(ir.LiteralStructType([i32] * 4), [ir.IntType(64)])
+
+    @intrinsic
+    def ldmatrix(typingctx, arr, index):
+        def codegen(context, builder, signature, args):
+            aryty, idxty = signature.args
+            ary = context.make_array(aryty)(context, builder, args[0])
+            idx = context.cast(builder, args[1], idxty, types.intp)
+            addr = builder.ptrtoint(builder.gep(ary.data, [idx]), ir.IntType(64))
+            r = builder.call(ir.InlineAsm(fnty, text, "=r,=r,=r,=r,l", side_effect=True), [addr])
+            return context.make_tuple(builder, signature.return_type, [builder.extract_value(r, i) for i in range(4)])
+
+        return types.UniTuple(types.uint32, 4)(arr, index), codegen
+
+    return ldmatrix
+
+
+ldmatrix_x4_asm = _ldmatrix_asm(False)
+ldmatrix_x4_trans_asm = _ldmatrix_asm(True)
+
+
+def half_bits_host(x, kind: str) -> int:
+    """The 16-bit pattern of float32 ``x`` rounded to nearest-even in ``kind`` (``"f16"`` or ``"bf16"``)."""
+    x = np.float32(x)
+    if kind == "f16":
+        return int(np.float16(x).view(np.uint16))
+    u = int(x.view(np.uint32))
+    if x != x:
+        return 0x7FC0 | ((u >> 16) & 0x8000)  # a quiet NaN of the same sign
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) & 0xFFFF
+
+
+def half_value_host(bits, kind: str) -> float:
+    """The value of a 16-bit ``kind`` pattern, as a float (exact: fp16 and bf16 values are float32 values)."""
+    bits = int(bits) & 0xFFFF
+    if kind == "f16":
+        return float(np.uint16(bits).view(np.float16))
+    return float(np.uint32(bits << 16).view(np.float32))
+
+
+@functools.cache
+def make_half_ops(kind: str, simulator: bool | None = None):
+    """``(pack2, mma16, ldsm, ldsm_t)`` for half type ``kind`` (``"f16"`` or ``"bf16"``) on the backend.
+
+    * ``pack2(lo, hi) -> word``: two float32 rounded to nearest-even, ``lo`` in the low 16 bits
+      (``cvt.rn.f16x2.f32``); the A operand of ``P~ V_j`` and the output O are made of such words.
+    * ``mma16(a, b, c, sx, wbase, lane) -> d``: ``D (16x8) = A (16x16) B (16x8) + C`` with half inputs and
+      float32 accumulation (``mma.sync.aligned.m16n8k16``). Lane ``(g, t) = (lane // 4, lane % 4)`` holds
+      four A words ``(A[g, 2t:2t+2], A[g+8, 2t:2t+2], A[g, 2t+8:2t+10], A[g+8, 2t+8:2t+10])``, two B
+      words ``(B[2t:2t+2, g], B[2t+8:2t+10, g])`` (two k rows of one column) and the accumulator
+      ``c = (C[g,2t], C[g,2t+1], C[g+8,2t], C[g+8,2t+1])``: the m16n8k8 layout of :func:`make_warp_ops`
+      with each register doubled along k. So two n8 accumulator tiles side by side hold, per lane, exactly
+      the four A words of a 16-wide k step: a ``P~`` computed in registers is the A operand of ``P~ V_j``.
+    * ``ldsm(smem, i, sx, wbase, lane)`` / ``ldsm_t(...)``: ``ldmatrix.x4`` (``.trans``) from the shared
+      ``uint32`` array ``smem``, ``i`` the word index of this lane's row (see :func:`_ldmatrix_asm`): four
+      8x8 half matrices in one instruction, each lane getting its fragment words of all four. One A operand
+      (16x16), or the B operands of two n8 tiles, per instruction; ``.trans`` reads B from a row-major
+      ``V_j`` (keys x columns) as the column pairs the mma wants.
+
+    The simulator's twins exchange the warp's fragments through the scratch ``sx`` (:data:`HALF_SIM_SCRATCH_PER_WARP`
+    floats per warp), as :func:`make_warp_ops`' do; products of half values are exact in float32, and the
+    sums are rounded to float32 once per output.
+    """
+    if kind not in ("f16", "bf16"):
+        raise ValueError(f"kind must be 'f16' or 'bf16', got {kind!r}")
+    sim = _backend.is_simulator() if simulator is None else simulator
+    if not sim:
+        pack_asm = pack2_f16_asm if kind == "f16" else pack2_bf16_asm
+        mma_asm = f16_m16n8k16_asm if kind == "f16" else bf16_m16n8k16_asm
+
+        @cuda.jit(device=True, inline="always")
+        def pack2(lo, hi):
+            return pack_asm(lo, hi)
+
+        @cuda.jit(device=True, inline="always")
+        def mma16(a, b, c, sx, wbase, lane):
+            return mma_asm(a, b, c)
+
+        @cuda.jit(device=True, inline="always")
+        def ldsm(smem, i, sx, wbase, lane):
+            return ldmatrix_x4_asm(smem, i)
+
+        @cuda.jit(device=True, inline="always")
+        def ldsm_t(smem, i, sx, wbase, lane):
+            return ldmatrix_x4_trans_asm(smem, i)
+
+        return pack2, mma16, ldsm, ldsm_t
+
+    def pack2(lo, hi):
+        return uint32(half_bits_host(lo, kind) | (half_bits_host(hi, kind) << 16))
+
+    def mma16(a, b, c, sx, wbase, lane):
+        g, t = lane // 4, lane % 4
+        A, B = wbase, wbase + 16 * 16  # scratch: A row-major 16 x 16, then B row-major 16 x 8
+        cuda.syncthreads()  # Sync: (simulator) the previous exchange's reads are done
+        for i, (r, k) in enumerate(((g, 2 * t), (g + 8, 2 * t), (g, 2 * t + 8), (g + 8, 2 * t + 8))):
+            sx[A + r * 16 + k] = half_value_host(int(a[i]), kind)
+            sx[A + r * 16 + k + 1] = half_value_host(int(a[i]) >> 16, kind)
+        for i, k in enumerate((2 * t, 2 * t + 8)):
+            sx[B + k * 8 + g] = half_value_host(int(b[i]), kind)
+            sx[B + (k + 1) * 8 + g] = half_value_host(int(b[i]) >> 16, kind)
+        cuda.syncthreads()  # Sync: (simulator) the whole warp's fragments are in the scratch
+        d = []
+        for i, (r, n) in enumerate(((g, 2 * t), (g, 2 * t + 1), (g + 8, 2 * t), (g + 8, 2 * t + 1))):
+            acc = float(c[i])
+            for kk in range(16):
+                acc += float(sx[A + r * 16 + kk]) * float(sx[B + kk * 8 + n])
+            d.append(float32(acc))
+        return d[0], d[1], d[2], d[3]
+
+    def _ldsm(smem, i, sx, wbase, lane, trans):
+        # scratch: the 8 16-bit patterns of each lane's row (lane-major), as floats (exact below 2^24)
+        cuda.syncthreads()  # Sync: (simulator) the previous exchange's reads are done
+        for w in range(4):
+            word = int(smem[i + w])
+            sx[wbase + lane * 8 + 2 * w] = word & 0xFFFF
+            sx[wbase + lane * 8 + 2 * w + 1] = word >> 16
+        cuda.syncthreads()  # Sync: (simulator) the rows of all 32 lanes are in the scratch
+        r, c = lane // 4, lane % 4
+        out = []
+        for j in range(4):  # matrix j: rows from lanes 8 j .. 8 j + 7
+            if trans:  # elements (2c, r) and (2c + 1, r): a column pair
+                lo, hi = sx[wbase + (8 * j + 2 * c) * 8 + r], sx[wbase + (8 * j + 2 * c + 1) * 8 + r]
+            else:  # word c of row r
+                lo, hi = sx[wbase + (8 * j + r) * 8 + 2 * c], sx[wbase + (8 * j + r) * 8 + 2 * c + 1]
+            out.append(uint32(int(lo) | (int(hi) << 16)))
+        return out[0], out[1], out[2], out[3]
+
+    def ldsm(smem, i, sx, wbase, lane):
+        return _ldsm(smem, i, sx, wbase, lane, False)
+
+    def ldsm_t(smem, i, sx, wbase, lane):
+        return _ldsm(smem, i, sx, wbase, lane, True)
+
+    return (cuda.jit(device=True)(pack2), cuda.jit(device=True)(mma16), cuda.jit(device=True)(ldsm),
+            cuda.jit(device=True)(ldsm_t))

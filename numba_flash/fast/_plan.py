@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from .._constants import LOG2E
 from .._launch import ForwardOutput, KernelLaunch, Problem
 from . import _smem
@@ -28,15 +30,19 @@ def one_launch(what: str, plan, Br: int, Bc: int) -> list[KernelLaunch]:
     return [KernelLaunch(f"{what} (Br, Bc) = ({Br}, {Bc}), {nbytes // 1024} KB dynamic SRAM", kernel, threads, math.prod(grid))]
 
 
-def run_fa2_forward(plan, q, k, v, prob: Problem, alloc) -> ForwardOutput:
+def run_fa2_forward(plan, q, k, v, prob: Problem, alloc, out_words: bool = False) -> ForwardOutput:
     """Launch an FA2 forward ``plan`` on kernel arrays: ``ForwardOutput(out, lse, m, l)``.
 
     ``m, l`` (natural units, ``l`` relative to ``m``) are saved besides ``L`` for the backward's
     ``P = exp(S - m) / l``: recomputing ``exp(S - L)`` loses ``ulp(L)`` in every exponent, which breaks
     the error rule for sharp softmaxes (:func:`numba_flash.fast._regtile.make_natural_stats`).
+    ``out_words``: the half kernel's O, an ``int32`` array of ``(b, s_q, h, d / 2)`` words of two halves.
     """
     kernel, grid, threads, nbytes = plan
-    out = alloc.empty((prob.batch, prob.seqlen_q, prob.nheads, prob.headdim))
+    if out_words:
+        out = alloc.empty((prob.batch, prob.seqlen_q, prob.nheads, prob.headdim // 2), dtype=np.int32)
+    else:
+        out = alloc.empty((prob.batch, prob.seqlen_q, prob.nheads, prob.headdim))
     lse, m, l = (alloc.empty((prob.batch, prob.nheads, prob.seqlen_q)) for _ in range(3))
     args = (q, k, v, out, lse, m, l, prob.softmax_scale * LOG2E, prob.group, prob.causal_offset, prob.seed, prob.threshold, prob.dropout_scale)
     _smem.launch(kernel, grid, threads, nbytes, *args)

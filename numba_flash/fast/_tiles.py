@@ -15,6 +15,7 @@ factory                what                                                     
 make_pair_loader       (NROWS, d) rows of two HBM arrays -> registers -> SRAM      all fast kernels
 make_scaled_q_loader   Q_i times tau log2 e, HBM -> SRAM (zero rows past N_q)      FA2 forward, fast/tc
 make_block_counts      key blocks visible from query rows < row_end (causal)       FA1/FA2 fast kernels
+make_word_loader       (NROWS, DW) words (half pairs) -> registers -> SRAM         FA2 half forward
 =====================  ==========================================================  ====================
 
 ``tests/benchmarks/offline_resources.py`` checks that the kernels' machine code is what it was when
@@ -26,7 +27,7 @@ from __future__ import annotations
 import functools
 import math
 
-from numba import cuda, float32
+from numba import cuda, float32, uint32
 
 from .._constants import U
 
@@ -158,3 +159,43 @@ def make_block_counts(BR: int, BC: int, CAUSAL: bool):
         return 0
 
     return n_key_blocks, first_row_block
+
+
+_W0 = uint32(0)
+
+
+@functools.cache
+def make_word_loader(NROWS: int, DW: int, NT: int, SA: int):
+    """``(NL, load, store)``: rows ``row0 .. row0 + NROWS - 1`` of a half array in words, HBM -> registers -> SRAM.
+
+    A *word* is a ``uint32`` holding two adjacent half elements of a row (the kernels see the caller's
+    fp16/bf16 tensor as an ``int32`` array of ``(b, s, h, d / 2)``). ``load(gA, ub, uh, row0, n_rows, dw,
+    tid, rA)`` issues the loads of the ``NROWS x DW`` words ``gA[b, row0 + r, h, c]`` (zero for rows
+    ``>= n_rows`` and words ``c >= dw``) into the ``NL``-word register array ``rA`` (element ``e = tid +
+    NT it`` is row ``e // DW``, word ``e % DW``: consecutive threads on consecutive words, coalesced);
+    ``store(smem, off, tid, rA)`` writes them to the SRAM tile at ``off`` (row stride ``SA`` words).
+    """
+    NL = (NROWS * DW + NT - 1) // NT
+    EXACT = NROWS * DW % NT == 0
+    uNT, uDW, uSA, uTOT = U(NT), U(DW), U(SA), U(NROWS * DW)
+
+    @cuda.jit(device=True, inline="always")
+    def load(gA, ub, uh, row0, n_rows, dw, tid, rA):
+        for it in range(NL):
+            e = tid + uNT * U(it)
+            r = e // uDW
+            c = e % uDW
+            w = _W0
+            if (EXACT or e < uTOT) and c < U(dw) and U(row0) + r < U(n_rows):
+                w = uint32(gA[ub, U(row0) + r, uh, c])
+            rA[it] = w
+
+    @cuda.jit(device=True, inline="always")
+    def store(smem, off, tid, rA):
+        for it in range(NL):
+            e = tid + uNT * U(it)
+            if EXACT or e < uTOT:
+                smem[off + (e // uDW) * uSA + e % uDW] = rA[it]
+
+    return NL, load, store
+

@@ -97,7 +97,7 @@ from .. import _backend
 from .._constants import U
 from .._dropout import head_key, keep, row_key
 from .._launch import ForwardOutput, KernelLaunch, Problem, bh_grid, ceil_div
-from . import _mma, _plan, _regtile, _tiles
+from . import _mma, _plan, _regtile, _tiles, fa2_forward_half
 from . import fa2_forward as fa2_forward_fast
 
 #: Largest head dim the tensor-core kernel runs. Its lane holds 2 x 4 (d / 8) floats of O (O and the staged
@@ -408,15 +408,24 @@ def default_features() -> dict:
 
 def _ffma_fallback(prob: Problem, config=None) -> bool:
     """Whether this module runs the FFMA kernel for ``prob`` (head dims past :data:`TC_MAX_HEADDIM`)."""
-    return config is None and prob.headdim > TC_MAX_HEADDIM
+    return config is None and prob.headdim > TC_MAX_HEADDIM and not takes_words(prob)
+
+
+def takes_words(prob: Problem) -> bool:
+    """Whether :func:`forward` takes ``prob``'s q, k, v as half words (float16/bfloat16 inputs the half
+    kernel :mod:`numba_flash.fast.fa2_forward_half` runs); otherwise float32 kernel arrays."""
+    return fa2_forward_half.handles(prob)
 
 
 def plan(prob: Problem, block_sizes=None, config=None, features=None):
-    """(kernel, grid, threads, dynamic SRAM bytes) of one launch, without launching (the FFMA kernel's above d = 128)."""
+    """(kernel, grid, threads, dynamic SRAM bytes) of one launch, without launching (the FFMA kernel's above d = 128,
+    the half kernel's for float16/bfloat16 inputs it handles)."""
+    if not available():
+        raise ValueError("variant='tensorcore' needs mma.sync (compute capability >= 8.0); use variant='fast'")
+    if takes_words(prob):
+        return fa2_forward_half.plan(prob, block_sizes, config, features)
     if _ffma_fallback(prob, config):
         return fa2_forward_fast.plan(prob, block_sizes)
-    if not available():
-        raise ValueError("variant='tensorcore' needs mma.sync TF32 (compute capability >= 8.0); use variant='fast'")
     d = prob.headdim
     NW, MW, Bc, DP = config if config is not None else config_for(d, block_sizes)
     feats = default_features()
@@ -433,6 +442,8 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None):
 
 def choose_block_sizes(prob: Problem, block_sizes=None) -> tuple[int, int]:
     """(Br, Bc) of the tiles (the kernel contract): :func:`config_for` rounds an override to the tiling."""
+    if takes_words(prob):
+        return fa2_forward_half.choose_block_sizes(prob, block_sizes)
     if _ffma_fallback(prob):
         return fa2_forward_fast.choose_block_sizes(prob, block_sizes)
     NW, MW, Bc, DP = config_for(prob.headdim, block_sizes)
@@ -446,6 +457,8 @@ def sram_bytes(prob: Problem, block_sizes=None) -> int:
 
 def compiled_kernels(prob: Problem, block_sizes=None) -> list[KernelLaunch]:
     """The one launch of :func:`forward`, compiled for ``prob`` (not launched)."""
+    if takes_words(prob):
+        return fa2_forward_half.compiled_kernels(prob, block_sizes)
     what = f"FA2 forward fast (the tensor-core module above d = {TC_MAX_HEADDIM})" if _ffma_fallback(prob) else "FA2 forward tensor cores"
     return _plan.one_launch(what, plan(prob, block_sizes), *choose_block_sizes(prob, block_sizes))
 
@@ -453,8 +466,11 @@ def compiled_kernels(prob: Problem, block_sizes=None) -> list[KernelLaunch]:
 def forward(q, k, v, prob: Problem, alloc, block_sizes=None, config=None, features=None) -> ForwardOutput:
     """FA2 Algorithm 1 on the tensor cores (3xTF32), on kernel arrays: ``ForwardOutput(out, lse, m, l)``.
 
-    Above ``d = 128`` (:data:`TC_MAX_HEADDIM`) the FFMA kernel runs instead (same outputs).
+    Above ``d = 128`` (:data:`TC_MAX_HEADDIM`) the FFMA kernel runs instead (same outputs). float16/bfloat16
+    inputs that :func:`takes_words` arrive as half words and run the half kernel (:mod:`numba_flash.fast.fa2_forward_half`).
     """
+    if takes_words(prob):
+        return fa2_forward_half.forward(q, k, v, prob, alloc, block_sizes, config, features)
     fwd = _plan.run_fa2_forward(plan(prob, block_sizes, config, features), q, k, v, prob, alloc)
     # FA2.1 L17: return O, L
     return fwd

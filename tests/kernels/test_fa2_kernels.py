@@ -26,7 +26,7 @@ from numba_flash_reference.common import causal_mask, default_scale, dropout_sca
 
 import numpy as np
 import pytest
-from attn_testing import EPS32, assert_error_rule, make_qkv, max_err, naive_attention_backward_float32, naive_attention_float32, ulp_floor
+from attn_testing import EPS32, assert_error_rule, make_qkv, max_err, naive_attention_backward_float32, naive_attention_float32, torch_attention, ulp_floor
 
 #: Every registered variant of each pass (the forward also has the tensor-core kernel).
 FWD_VARIANTS = tuple(k.variant for k in registry.variants("flash2") if k.pass_ == "forward")
@@ -199,25 +199,6 @@ def _cuda_inputs(rng, b, s_q, s_k, h, h_k, d):
     return q, k, v, *(torch.tensor(x, device="cuda") for x in (q, k, v))
 
 
-def _torch_attention(q, k, v, causal, p, seed, dtype):
-    """Standard attention in torch on the GPU in ``dtype`` (float64: the oracle; float32: the baseline)."""
-    import torch
-
-    b, s_q, h, d = q.shape
-    s_k, h_k = k.shape[1], k.shape[2]
-    G = h // h_k
-    q, k, v = (x.to(dtype) for x in (q, k, v))
-    kk, vv = k.repeat_interleave(G, dim=2), v.repeat_interleave(G, dim=2)
-    S = torch.einsum("bihd,bjhd->bhij", q, kk) * default_scale(d)
-    if causal:
-        S = S.masked_fill(~torch.tensor(causal_mask(s_q, s_k), device=q.device), float("-inf"))
-    P = torch.softmax(S, -1).nan_to_num(0.0)
-    if p > 0:
-        Z = np.stack([np.stack([dropout_scale_matrix(seed, bi * h + hi, range(s_q), range(s_k), p) for hi in range(h)]) for bi in range(b)])
-        P = P * torch.tensor(Z, device=q.device, dtype=dtype)
-    return torch.einsum("bhij,bjhd->bihd", P, vv)
-
-
 GPU_CASES = [
     pytest.param(2, 1024, 1024, 4, 4, 64, False, 0.0, id="N1024-d64"),
     pytest.param(2, 1024, 1024, 4, 4, 64, True, 0.0, id="N1024-d64-causal"),
@@ -236,9 +217,9 @@ def test_fa2_forward_equals_standard_attention_on_gpu_shapes(rng, variant, b, s_
 
     q, k, v, tq, tk, tv = _cuda_inputs(rng, b, s_q, s_k, h, h_k, d)
     seed = int(rng.integers(0, 2**32))
-    ref = _torch_attention(tq, tk, tv, causal, p, seed, torch.float64).cpu().numpy()
+    ref = torch_attention(tq, tk, tv, causal, p, seed, torch.float64).cpu().numpy()
     torch.backends.cuda.matmul.allow_tf32 = False
-    naive = _torch_attention(tq, tk, tv, causal, p, seed, torch.float32).cpu().numpy()
+    naive = torch_attention(tq, tk, tv, causal, p, seed, torch.float32).cpu().numpy()
     with poison_outputs():
         out = api.flash_attn_func(tq, tk, tv, p, causal=causal, algorithm="flash2", variant=variant, seed=seed)
     assert_error_rule(out.cpu().numpy(), ref, naive, what=f"O ({variant})")
@@ -256,7 +237,7 @@ def test_fa2_backward_gradients_within_3x_float32_error_on_gpu_shapes(rng, bwd_v
     for dtype in (torch.float64, torch.float32):
         xs = [x.detach().to(dtype).requires_grad_(True) for x in (tq, tk, tv)]
         torch.backends.cuda.matmul.allow_tf32 = False
-        _torch_attention(*xs, causal, p, seed, dtype).backward(dout.to(dtype))
+        torch_attention(*xs, causal, p, seed, dtype).backward(dout.to(dtype))
         grads[dtype] = [x.grad.cpu().numpy() for x in xs]
     for deterministic in (False, True):
         xs = [x.detach().clone().requires_grad_(True) for x in (tq, tk, tv)]

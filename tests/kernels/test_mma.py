@@ -21,7 +21,7 @@ from numba_flash.fast import _mma
 import numpy as np
 import pytest
 from attn_testing import assert_error_rule
-from numba import cuda, float32
+from numba import cuda, float32, uint32
 
 split_tf32, mma_3xtf32, quad_max, quad_sum = _mma.make_warp_ops()
 SX = 2 * _mma.SIM_SCRATCH_PER_WARP
@@ -111,3 +111,107 @@ def test_3xtf32_product_within_twice_float32_error(rng):
     _mma_kernel[1, 32](A, B, C, D)
     ref = A.astype(np.float64) @ B.astype(np.float64) + C
     assert_error_rule(D, ref, (A @ B + C).astype(np.float32), what="3xTF32 A B + C")
+
+
+# ------------------------------------------------------------------------------------------------
+# Half precision (fa2_forward_half): pack2 and mma.m16n8k16
+# ------------------------------------------------------------------------------------------------
+SXH = _mma.HALF_SIM_SCRATCH_PER_WARP
+_HALF = {kind: _mma.make_half_ops(kind) for kind in ("f16", "bf16")}
+
+
+def _make_half_kernels(kind):
+    pack2, mma16, ldsm, ldsm_t = _HALF[kind]
+
+    @cuda.jit
+    def pack_kernel(lo, hi, out):
+        i = cuda.grid(1)
+        if i < lo.size:
+            out[i] = pack2(lo[i], hi[i])
+
+    @cuda.jit
+    def mma_kernel(Aw, Bw, C, D):
+        """One warp: A (16x16) as words Aw[r, w] = (A[r, 2w], A[r, 2w+1]), B (16x8) as words of two k rows
+        Bw[w, n] = (B[2w, n], B[2w+1, n]); lane (g, t) takes its fragments and stores its D fragment."""
+        sx = cuda.shared.array(SXH, float32)
+        lane = cuda.threadIdx.x
+        g, t = lane // 4, lane % 4
+        a = (Aw[g, t], Aw[g + 8, t], Aw[g, t + 4], Aw[g + 8, t + 4])
+        b = (Bw[t, g], Bw[t + 4, g])
+        c = (C[g, 2 * t], C[g, 2 * t + 1], C[g + 8, 2 * t], C[g + 8, 2 * t + 1])
+        d = mma16(a, b, c, sx, 0, lane)
+        D[g, 2 * t] = d[0]
+        D[g, 2 * t + 1] = d[1]
+        D[g + 8, 2 * t] = d[2]
+        D[g + 8, 2 * t + 1] = d[3]
+
+    @cuda.jit
+    def ldsm_kernel(W, R, RT):
+        """One warp: a 32 x 4-word tile to SRAM; lane l gives row l (matrix l // 8) to ldmatrix.x4 and .trans."""
+        sx = cuda.shared.array(SXH, float32)
+        tile = cuda.shared.array(128, uint32)
+        lane = cuda.threadIdx.x
+        for w in range(4):
+            tile[lane * 4 + w] = W[lane, w]
+        cuda.syncthreads()
+        r = ldsm(tile, lane * 4, sx, 0, lane)
+        rt = ldsm_t(tile, lane * 4, sx, 0, lane)
+        for j in range(4):
+            R[lane, j] = r[j]
+            RT[lane, j] = rt[j]
+
+    return pack_kernel, mma_kernel, ldsm_kernel
+
+
+_HALF_KERNELS = {kind: _make_half_kernels(kind) for kind in ("f16", "bf16")}
+
+
+def _host_bits(x, kind):
+    return np.array([_mma.half_bits_host(v, kind) for v in x], dtype=np.uint32)
+
+
+@pytest.mark.skipif(not _tf32_ok(), reason="needs mma.sync (compute capability >= 8.0)")
+@pytest.mark.parametrize("kind", ["f16", "bf16"])
+def test_pack2_rounds_to_nearest_even_like_the_host(rng, kind):
+    # random magnitudes, exact ties (a float32 halfway between two halves) and specials
+    x = (rng.standard_normal(512) * np.exp2(rng.integers(-12, 12, 512))).astype(np.float32)
+    ulp = 2.0**-10 if kind == "f16" else 2.0**-7
+    ties = np.array([1 + ulp / 2, 1 + 3 * ulp / 2, -(1 + ulp / 2), 70000.0, np.inf, -np.inf], dtype=np.float32)
+    lo = np.concatenate([x, ties])
+    hi = lo[::-1].copy()
+    out = np.zeros(lo.size, dtype=np.uint32)
+    _HALF_KERNELS[kind][0][(lo.size + 127) // 128, 128](lo, hi, out)
+    want = _host_bits(lo, kind) | (_host_bits(hi, kind) << 16)
+    assert np.array_equal(out, want), f"{np.count_nonzero(out != want)} words differ from round-to-nearest-even"
+    # ties go to even: 1 + ulp/2 -> 1, 1 + 3 ulp/2 -> 1 + 2 ulp
+    vals = [_mma.half_value_host(b, kind) for b in _host_bits(ties[:2], kind)]
+    assert vals == [1.0, 1 + 2 * ulp]
+
+
+@pytest.mark.skipif(not _tf32_ok(), reason="needs mma.sync (compute capability >= 8.0)")
+@pytest.mark.parametrize("kind", ["f16", "bf16"])
+def test_mma_m16n8k16_fragment_layout_is_exact_on_integers(rng, kind):
+    A = rng.integers(-8, 9, (16, 16)).astype(np.float32)
+    B = rng.integers(-8, 9, (16, 8)).astype(np.float32)
+    C = rng.integers(-64, 65, (16, 8)).astype(np.float32)
+    Aw = (_host_bits(A[:, 0::2].ravel(), kind) | (_host_bits(A[:, 1::2].ravel(), kind) << 16)).reshape(16, 8)
+    Bw = (_host_bits(B[0::2].ravel(), kind) | (_host_bits(B[1::2].ravel(), kind) << 16)).reshape(8, 8)
+    D = np.full((16, 8), np.nan, dtype=np.float32)
+    _HALF_KERNELS[kind][1][1, 32](Aw, Bw, C, D)  # small integers: exact in half and in the float32 sums
+    assert np.array_equal(D, A.astype(np.float64) @ B + C), "D fragment != A B + C at the documented positions"
+
+
+@pytest.mark.skipif(not _tf32_ok(), reason="needs mma.sync (compute capability >= 8.0)")
+def test_ldmatrix_x4_gives_each_lane_its_fragment_words(rng):
+    # 4 matrices of 8 rows x 8 halves (16-bit patterns); lane l holds row l (matrix l // 8, row l % 8)
+    H = rng.integers(0, 2**16, (32, 8)).astype(np.uint32)
+    W = H[:, 0::2] | (H[:, 1::2] << 16)
+    R = np.zeros((32, 4), np.uint32)
+    RT = np.zeros((32, 4), np.uint32)
+    _HALF_KERNELS["f16"][2][1, 32](W, R, RT)
+    for lane in range(32):
+        g, t = lane // 4, lane % 4
+        for j in range(4):
+            M = H[8 * j:8 * j + 8]
+            assert R[lane, j] == W[8 * j + g, t], "ldmatrix: word t of row g of matrix j"
+            assert RT[lane, j] == M[2 * t, g] | (M[2 * t + 1, g] << 16), "ldmatrix.trans: elements (2t, g), (2t + 1, g)"

@@ -1,0 +1,131 @@
+"""Tiling sweep of the fp16/bf16 FA2 forward (:mod:`numba_flash.fast.fa2_forward_half`) for one GPU call.
+
+For each tiling ``(NW, MW, Bc, PREFETCH)`` at each head dim it
+
+1. checks correctness on a ragged causal GQA shape: the error against torch float64 at most 2x that of
+   torch's naive attention in the same half dtype (NaN-poisoned outputs);
+2. reads registers, local memory (spills) and shared memory of the compiled kernel;
+3. times the forward with CUDA events (median of ``--repeats`` after warm-up) on the FA2 benchmark
+   convention (16k tokens, hidden 2048) beside torch SDPA's flash, cuDNN and memory-efficient backends
+   in the same dtype, in the same process.
+
+Run on a GPU machine from the repository root::
+
+    source bench/gpu/setup_env.sh
+    python3 -m bench.half_sweep --seqlens 1024 4096 --out $OUT/half_sweep.json
+
+The JSON holds every row and the provenance; the table printed last is the summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from numba_flash import _inspect
+from numba_flash._launch import Allocator, check_attention_args, poison_outputs
+from numba_flash.fast import fa2_forward_half as H
+
+from bench import _utils as bu
+
+#: head dim -> tilings (NW, MW, Bc, PREFETCH); the first is the module's default
+TILINGS = {
+    64: [(4, 2, 64, True), (4, 2, 64, False), (4, 1, 64, True), (8, 1, 64, True), (4, 2, 32, True), (4, 1, 128, False)],
+    128: [(8, 1, 64, False), (8, 1, 64, True), (4, 1, 64, False), (4, 2, 32, False), (8, 1, 32, False), (4, 1, 128, False)],
+}
+
+
+def _call(q, k, v, causal, tiling):
+    NW, MW, Bc, pf = tiling
+    prob = check_attention_args(q, k, v, 0.0, None, causal, 0)
+    cfg = (NW, MW, Bc, H.config_for(prob.headdim)[3])
+
+    def run():
+        alloc = Allocator(q)
+        fwd = H.forward(alloc.to_words(q), alloc.to_words(k), alloc.to_words(v), prob, alloc, config=cfg, features={"PREFETCH": pf})
+        return alloc.result(fwd.out, q.dtype)
+
+    return run, prob, cfg
+
+
+def check(tiling, d, dtype, torch):
+    """max error / (2 x naive-in-dtype error) on a ragged causal GQA shape (<= 1 passes)."""
+    g = torch.Generator(device="cuda").manual_seed(d)
+    q = torch.randn(2, 777, 4, d, device="cuda", generator=g).to(dtype)
+    k, v = (torch.randn(2, 1029, 2, d, device="cuda", generator=g).to(dtype) for _ in range(2))
+    run, _, _ = _call(q, k, v, True, tiling)
+    with poison_outputs():
+        out = run()
+    ref = bu.torch_naive_attention(q.double(), k.double(), v.double(), causal=True)
+    naive = bu.torch_naive_attention(q, k, v, causal=True)
+    err = float((out.double() - ref).abs().max())
+    base = float((naive.double() - ref).abs().max())
+    return err / (2 * base)
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m bench.half_sweep``."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seqlens", type=int, nargs="+", default=[1024, 4096])
+    ap.add_argument("--headdims", type=int, nargs="+", default=[64, 128])
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--out")
+    ap.add_argument("--dry-run", action="store_true", help="list each tiling's threads and SRAM; run nothing (works in the simulator)")
+    return ap
+
+
+def main(argv=None):
+    args = parser().parse_args(argv)
+    if args.dry_run:
+        for d in args.headdims:
+            DP = H.config_for(d)[3]
+            for NW, MW, Bc, pf in TILINGS[d]:
+                print(f"d={d} NW={NW} MW={MW} Br={16 * NW * MW} Bc={Bc} prefetch={pf}: {32 * NW} threads, "
+                      f"{4 * H.smem_words(NW, MW, Bc, DP)} B dynamic SRAM")
+        return 0
+    import torch
+
+    dtype = getattr(torch, args.dtype)
+    rows = []
+    for d in args.headdims:
+        for n in args.seqlens:
+            shape = bu.fa2_shape(n, d)
+            b, h = shape["batch"], shape["nheads"]
+            q, k, v = bu.make_inputs(b, h, n, d, seed=n + d, dtype=args.dtype)
+            for causal in (False, True):
+                flops = bu.flops_forward(b, h, n, n, d, causal)
+                cands = [("sdpa_" + be, (lambda be=be, q=q, k=k, v=v, causal=causal: bu.torch_sdpa(q, k, v, causal, be)), None) for be in ("flash", "cudnn", "efficient")]
+                cands += [(f"half NW{t[0]} MW{t[1]} Bc{t[2]} pf{int(t[3])}", None, t) for t in TILINGS[d]]
+                for name, fn, tiling in cands:
+                    row = dict(impl=name, N=n, d=d, batch=b, nheads=h, causal=causal, dtype=args.dtype)
+                    try:
+                        if tiling is not None:
+                            fn, prob, cfg = _call(q, k, v, causal, tiling)
+                            kernel = H.plan(prob, config=cfg, features={"PREFETCH": tiling[3]})[0]
+                            fn()  # compile
+                            res = _inspect.kernel_resources(kernel)
+                            row.update(regs=res["regs_per_thread"], local=res["local_mem_per_thread"],
+                                       err_over_bound=check(tiling, d, dtype, torch) if n == args.seqlens[0] and not causal else None)
+                        med, lo, hi = bu.cuda_time_ms(fn, warmup=2, repeats=args.repeats)
+                        row.update(time_ms=med, tflops=bu.tflops(flops, med / 1e3))
+                    except Exception as exc:  # a tiling that does not fit is a row, not the end of the sweep
+                        row.update(error=f"{type(exc).__name__}: {str(exc)[:200]}")
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+    if args.out:
+        with open(args.out, "w") as fh:
+            json.dump({"provenance": bu.provenance(), "rows": rows}, fh, indent=1)
+    print("\nimpl                          d      N causal      ms  TFLOP/s  regs local err/bound")
+    for r in rows:
+        if "time_ms" in r:
+            e = r.get("err_over_bound")
+            print(f"{r['impl']:28s} {r['d']:4d} {r['N']:6d} {int(r['causal']):6d} {r['time_ms']:7.3f} {r['tflops']:8.1f} "
+                  f"{r.get('regs', ''):>5} {r.get('local', ''):>5} {'' if e is None else f'{e:.2f}'}")
+        else:
+            print(f"{r['impl']:28s} {r['d']:4d} {r['N']:6d} {int(r['causal']):6d} {r.get('error')}")
+    return 0
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,73 @@
+"""Plot the half-precision benchmark JSON (tests/benchmarks/test_bench_half.py) as one PNG.
+
+Usage (from the repository root; needs matplotlib, ``pip install -e ".[plot]"``)::
+
+    python -m bench.plot_half docs/results/half_h100.json -o docs/results/half_h100.png
+
+Two rows (bfloat16, float16), panels: forward TFLOP/s against N for (d = 64, 128) x (non-causal,
+causal), and forward + backward (bfloat16, d = 64 and 128). Each implementation is a line. Device,
+date and versions come from the JSON's machine_info.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+from pathlib import Path
+
+STYLE = {
+    "flash2": dict(color="tab:green", marker="^", label="Numba FA2 (half, mma.m16n8k16)"),
+    "sdpa_flash": dict(color="tab:red", marker="s", label="SDPA flash (FA2 CUDA)"),
+    "sdpa_cudnn": dict(color="tab:blue", marker="o", label="SDPA cuDNN"),
+    "sdpa_mem_efficient": dict(color="tab:purple", marker="D", label="SDPA mem-efficient"),
+    "torch_naive": dict(color="tab:gray", marker="v", label="torch naive"),
+}
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m bench.plot_half``."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("json")
+    ap.add_argument("-o", "--out", required=True)
+    return ap
+
+
+def main(argv=None):
+    args = parser().parse_args(argv)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    data = json.loads(Path(args.json).read_text())
+    rows = [b["extra_info"] for b in data["benchmarks"] if b.get("extra_info", {}).get("tflops") is not None]
+    prov = data.get("machine_info", {}).get("numba_flash", {})
+    dtypes = [dt for dt in ("bfloat16", "float16") if any(r["dtype"] == dt for r in rows)]
+    panels = [("forward", 64, False), ("forward", 64, True), ("forward", 128, False), ("forward", 128, True),
+              ("fwd+bwd", 64, False), ("fwd+bwd", 128, False)]
+    fig, axes = plt.subplots(len(dtypes), len(panels), figsize=(4.0 * len(panels), 3.9 * len(dtypes)), sharey=True, squeeze=False)
+    for axrow, dt in zip(axes, dtypes):
+        for ax, (pas, d, causal) in zip(axrow, panels):
+            series = defaultdict(list)
+            for r in rows:
+                if r["dtype"] == dt and r.get("pass_") == pas and r["d"] == d and bool(r["causal"]) == causal:
+                    series[r["algorithm"]].append((r["N"], r["tflops"]))
+            for alg, pts in sorted(series.items()):
+                pts.sort()
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], **STYLE.get(alg, dict(label=alg)))
+            ax.set_xscale("log", base=2)
+            ax.set_title(f"{dt} {pas}, d={d}{', causal' if causal else ''}", fontsize=9)
+            ax.set_xlabel("N (batch = 16k / N)")
+            ax.grid(alpha=0.3)
+        axrow[0].set_ylabel("TFLOP/s")
+    axes[0][0].legend(fontsize=7, loc="upper left")
+    fig.suptitle(f"FlashAttention-2 in Numba vs torch, half precision - {prov.get('device', '?')}, {prov.get('date_utc', '')}, "
+                 f"numba {prov.get('numba', '?')}, torch {prov.get('torch', '?')}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(args.out, dpi=100)
+    print("wrote", args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,383 @@
+"""FlashAttention-2 Algorithm 1 on the tensor cores in fp16 / bf16 (``mma.sync.m16n8k16``, float32 accumulate).
+
+Paper: Dao, "FlashAttention-2", Algorithm 1 and section 3.3; the paper's kernels are fp16/bf16. Same
+algorithm, semantics, paper tags and launch grid as :mod:`numba_flash.fa2_forward` (readable) and
+:mod:`numba_flash.fast.fa2_forward_tc` (float32 on 3xTF32 tensor cores); read those first. This
+kernel runs when q, k, v are float16 or bfloat16 (``variant="tensorcore"``, and ``"auto"`` on a GPU).
+
+What half precision changes
+---------------------------
+* **Inputs and outputs stay half.** Q, K, V arrive as *words*: ``uint32`` holding two adjacent
+  elements of a row (the lower index in the low 16 bits), an ``int32`` view of the caller's tensor
+  (:meth:`numba_flash._launch.Allocator.to_words`), so each HBM read moves two elements, half the bytes of
+  the float32 kernels. O is written the same way, two elements per store; ``L``, ``m``, ``l`` are float32.
+* **One mma per product, not three.** ``m16n8k16`` multiplies half inputs exactly and accumulates in
+  float32: no split (:mod:`numba_flash.fast._mma`, :func:`~numba_flash.fast._mma.make_half_ops`).
+  ``S`` is the float32 sum of exact products; the softmax runs in float32 on it:
+  ``P~ = exp2(S tau log2 e - m)`` (``tau`` applied to S in float32, not folded into a half Q).
+* **P~ never leaves the registers.** The accumulator of ``S`` gives lane ``(g, t)`` the columns
+  ``2t, 2t + 1`` of rows ``g, g + 8`` of each 8-key tile; the A operand of a 16-key step wants
+  ``(P[g, 2t:2t+2], P[g+8, 2t:2t+2], P[g, 2t+8:2t+10], P[g+8, 2t+8:2t+10])``: the same values, two
+  8-key tiles side by side. So ``P~`` is rounded to half in pairs (``cvt.rn.f16x2.f32``, one instruction
+  per two values) straight into the A words of ``P~ V_j``; the float32 kernel had to go through SRAM
+  because its m16n8k8 A layout (``P[g, t], P[g, t + 4]``) is not the accumulator's. As in flash-attn,
+  the row sum ``l`` adds the float32 ``P~`` before rounding.
+* **Fragments come from SRAM by ldmatrix.** ``ldmatrix.x4`` (Numba reaches it as inline PTX, with the
+  shared array's address converted by ``cvta.to.shared``: :func:`numba_flash.fast._mma.make_half_ops`)
+  loads four 8x8 half matrices per instruction, each lane getting its fragment words of all four: one
+  A operand of ``Q_i`` (16 rows x 16 d), or the B operands of two key tiles of ``K_j``. The B operand of
+  ``P~ V_j`` wants two *keys* of one column in a word, but ``V_j`` rows hold columns of one key:
+  ``ldmatrix.x4.trans`` reads the row-major ``V_j`` and hands out column pairs (CUDA C++ FlashAttention
+  does the same). A first version loaded words one at a time (``LDS.32``) and stored ``V_j`` transposed;
+  the performance log has both.
+* **Bank-conflict-free SRAM.** The Q, K, V rows have ``DW + 4`` words (``DW`` = ``DP / 2``, a multiple
+  of 8): an ldmatrix phase reads 8 rows of 16 bytes, which start 4 banks apart.
+
+Accuracy (flash-attn's rule for half inputs): at most 2x the error of a naive attention computed in the
+same half dtype (S, P and O rounded to it), both against a float64 reference
+(``tests/kernels/test_half_kernels.py``). ``P~`` rounded to half is this kernel's largest error, as in
+flash-attn.
+
+Launch geometry
+---------------
+grid ``(Tr, batch * nheads)``, block ``32 NW`` threads, ``Br = 16 MW NW``. SRAM (``uint32`` words, one
+dynamic array ``smem`` at offsets ``OFF_*``, :func:`smem_words`): ``Q_i`` Br (DW+4) + ``K_j``, ``V_j``
+Bc (DW+4) each, with ``DP`` = d padded to a multiple of 16 and ``DW = DP / 2`` (+ a 384-float exchange
+scratch per warp in the simulator).
+
+GPU: compute capability 8.0 or newer. The simulator runs the same source with the Python twins of
+:func:`numba_flash.fast._mma.make_half_ops`.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+from numba import cuda, float32, int32, uint32, uint64
+
+from .. import _backend
+from .._constants import U
+from .._dropout import head_key, keep, row_key
+from .._launch import KernelLaunch, Problem, bh_grid, ceil_div
+from . import _mma, _plan, _regtile, _tiles
+
+#: Largest head dim of the half kernel; above it (and at odd head dims, which do not pack into words)
+#: :mod:`numba_flash.fast.fa2_forward_tc` computes half inputs in float32 (:func:`handles`).
+HALF_MAX_HEADDIM = 128
+
+
+def handles(prob: Problem) -> bool:
+    """Whether this kernel runs ``prob``: float16/bfloat16 inputs, an even head dim up to :data:`HALF_MAX_HEADDIM`."""
+    return prob.dtype in _mma.HALF_KINDS and prob.headdim % 2 == 0 and prob.headdim <= HALF_MAX_HEADDIM
+
+
+@functools.cache
+def config_for(d: int, block_sizes=None):
+    """The tiling ``(NW, MW, Bc, DP)``: warps per block, m16 tiles per warp, key block, d padded to 16.
+
+    Defaults (the sweep ``docs/results/sweeps/half_sweep_h100_v2_ldmatrix.json``, docs/notes/performance-log.md):
+    ``d <= 64``: 4 warps, ``MW = 2`` (Br = 128), ``Bc = 32`` (236 registers; ``Bc = 64`` spills); above:
+    8 warps, ``MW = 1`` (Br = 128), ``Bc = 64``. ``block_sizes=(Br, Bc)`` is rounded up to
+    the mma granularity (Br to a multiple of 16, Bc of 16; above Br = 64 the warps take ``MW = Br / 64``).
+    """
+    DP = 16 * ((d + 15) // 16)
+    if block_sizes is None:
+        return (4, 2, 32, DP) if d <= 64 else (8, 1, 64, DP)
+    Br, Bc = (int(n) for n in block_sizes)
+    m16 = (Br + 15) // 16
+    NW, MW = (m16, 1) if m16 <= 4 else (4, (m16 + 3) // 4)
+    return NW, MW, 16 * ((Bc + 15) // 16), DP
+
+
+def stride(DP: int) -> int:
+    """Row stride in words of the Q_i, K_j, V_j tiles: ``DW + 4``, so the 8 16-byte rows one ldmatrix phase
+    reads (``DW`` is a multiple of 8, so the stride is 4 mod 8 words) start in 8 different groups of 4 banks."""
+    return DP // 2 + 4
+
+
+def smem_words(NW: int, MW: int, BC: int, DP: int) -> int:
+    """Dynamic SRAM of the kernel in 32-bit words (see the module docstring)."""
+    return (16 * MW * NW + 2 * BC) * stride(DP)
+
+
+@functools.cache
+def fa2_forward_half_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROPOUT: bool, PREFETCH: bool, SIM: bool, KIND: str):
+    """The fp16/bf16 FA2 forward kernel for one specialization (see the module docstring).
+
+    Symbol table (paper symbol -> variable -> memory space):
+
+    ========================  ===================  ==================================================
+    Q, K, V, O (half words)   gQ, gK, gV, gO       HBM, int32 views (b, s, h, d / 2)
+    L, m, l                   gL, gm, gl           HBM, float32 (b, h, s)
+    Q_i                       smem[OFF_Q ...]      SRAM (Br, DW+4) words, loaded once (L4)
+    K_j                       smem[OFF_K ...]      SRAM (Bc, DW+4) words, loaded each step (L7)
+    V_j                       smem[OFF_V ...]      SRAM (Bc, DW+4) words, loaded each step (L7)
+    S_i^(j)                   rS                   registers: MW x (Bc/8) m16n8 float32 fragments per warp
+    P~_i^(j) (half)           rP                   registers: the A words of one 16-key step
+    O_i^(j) (un-normalized)   rO                   registers: MW x (DP/8) m16n8 float32 fragments
+    m_i, l_i (base 2)         rm, rl               registers, 2 MW rows per lane (rl: partial sum)
+    ========================  ===================  ==================================================
+    """
+    NT = 32 * NW
+    BR = 16 * MW * NW
+    NB = BC // 8  # 8-column tiles of S
+    NK = BC // 16  # 16-key steps of P~ V_j
+    KD = DP // 16  # 16-wide k steps of Q K^T
+    ND = DP // 8  # 8-column tiles of O
+    DW = DP // 2  # words of a padded row
+    SQ = stride(DP)  # row stride (words) of the Q_i, K_j and V_j tiles
+    uSQ = U(SQ)
+    # Offsets (words) of the tiles in the one dynamic SRAM array `smem`:
+    OFF_Q = U(0)  # Q_i: (Br, SQ) words, columns past d zero
+    OFF_K = U(BR * SQ)  # K_j: (Bc, SQ)
+    OFF_V = U(BR * SQ + BC * SQ)  # V_j: (Bc, SQ) words, rows of keys (read transposed by ldmatrix.trans)
+    NS = MW * NB * 4  # registers of rS: MW x NB m16n8 fragments, 4 floats per lane each
+    NO = MW * ND * 4  # registers of rO
+    NR = MW * 2  # query rows per lane (rows g and g + 8 of each m16 tile)
+    NA = MW * 4  # words of one A operand (4 per m16 tile)
+    NEG_INF = float32(-math.inf)
+    SXN = NW * _mma.HALF_SIM_SCRATCH_PER_WARP if SIM else 1  # simulator lane-exchange scratch (floats)
+    SCR = _mma.HALF_SIM_SCRATCH_PER_WARP  # one warp's share of it
+
+    NLQ, load_q, store_q = _tiles.make_word_loader(BR, DW, NT, SQ)
+    NLK, load_kv, store_kv = _tiles.make_word_loader(BC, DW, NT, SQ)  # K_j and V_j alike
+    n_key_blocks, _ = _tiles.make_block_counts(BR, BC, CAUSAL)
+
+    pack2, mma16, ldsm, ldsm_t = _mma.make_half_ops(KIND, SIM)
+    _split, _mma3, quad_max, quad_sum = _mma.make_warp_ops(SIM)
+    natural_stats = _regtile.make_natural_stats()
+
+    # [doc:fa2-half-kernel]
+    @cuda.jit(fastmath=False)
+    def kernel(gQ, gK, gV, gO, gL, gm, gl, scale_log2, group, causal_offset, seed, threshold, dropout_scale):
+        smem = cuda.shared.array(0, uint32)  # Q_i, K_j, V_j in words; offsets OFF_*
+        scale_log2 = float32(scale_log2)  # tau log2 e, applied to S in float32
+        sx = cuda.shared.array(SXN, float32)  # the simulator's lane-exchange scratch (unused on a GPU)
+        rS = cuda.local.array(NS, float32)  # S_ij, then P~_ij (float32): MW x NB fragments
+        rO = cuda.local.array(NO, float32)  # O_i: MW x ND fragments
+        rA = cuda.local.array(NA, uint32)  # A words: Q_i (L8), then P~ (L10)
+        rm = cuda.local.array(NR, float32)
+        rl = cuda.local.array(NR, float32)
+        ralpha = cuda.local.array(NR, float32)
+        rkey = cuda.local.array(NR, uint64)
+        rQn = cuda.local.array(NLQ, uint32)  # Q_i on its way to SRAM
+        rKn = cuda.local.array(NLK, uint32)  # K_j / K_{j+1} in flight (registers)
+        rVn = cuda.local.array(NLK, uint32)  # V_j / V_{j+1}
+
+        tid = U(cuda.threadIdx.x)
+        lane = cuda.threadIdx.x % 32
+        warp = cuda.threadIdx.x // 32
+        g = U(lane // 4)  # fragment row (and row + 8)
+        t = U(lane % 4)  # fragment word column t (elements 2t, 2t + 1) and t + 4
+        # ldmatrix.x4: lane l gives the address of row l % 8 of matrix l // 8 (matrix j = (j % 2, j // 2) below)
+        lr = U(lane % 8 + 8 * ((lane // 8) % 2))  # A (Q) and V: row within a 16-row slab; + 8 for matrices 1, 3
+        lw = U(4 * (lane // 16))  # A (Q): word offset 0 / 4 (k 0-7 / 8-15) for matrices 0, 1 / 2, 3
+        kr = U(lane % 8 + 8 * (lane // 16))  # K: key row within a 16-key pair of n8 tiles (matrices 2, 3: the second)
+        kw = U(4 * ((lane // 8) % 2))  # K: word offset 0 / 4 (k 0-7 / 8-15) for matrices 0, 2 / 1, 3
+        wbase = warp * SCR
+        nheads = gQ.shape[2]
+        s_q = gQ.shape[1]
+        s_k = gK.shape[1]
+        dw = gQ.shape[3]  # words of a row: d / 2
+        bh = cuda.blockIdx.y + cuda.gridDim.y * cuda.blockIdx.z  # Dev: b*h folded over grid y, z (y <= 65535)
+        b = bh // nheads
+        h = bh % nheads
+        if b >= gQ.shape[0]:
+            return  # Dev: past b*h in the last z slab of the fold
+        ub, uh, uhk = U(b), U(h), U(h // group)
+        # FA2.1 L3: for i = 1..Tr -- one thread block per i; Dev: the heaviest (causal) blocks first
+        i = cuda.gridDim.x - 1 - cuda.blockIdx.x
+        row0 = i * BR
+        wrow = U(16 * MW) * U(warp)  # this warp's first row within the block
+
+        # FA2.1 L4: load Q_i from HBM to SRAM (half words); rows past N_q and columns past d are zero
+        load_q(gQ, ub, uh, row0, s_q, dw, tid, rQn)  # HBM read: Br*d halves
+        store_q(smem, OFF_Q, tid, rQn)
+        # FA2.1 L5: on chip, O_i = 0, l_i = 0, m_i = -inf
+        for a in range(NO):
+            rO[a] = float32(0.0)
+        for r in range(NR):
+            rm[r] = NEG_INF
+            rl[r] = float32(0.0)
+            rkey[r] = uint64(0)
+            if DROPOUT:  # row of slot r: m16 tile r // 2, half r % 2
+                rkey[r] = row_key(head_key(seed, b * nheads + h), row0 + int(wrow) + 16 * (r // 2) + 8 * (r % 2) + int(g))
+
+        # Dev: causal block skipping: key blocks past the last row's horizon are never visited
+        n_blocks = n_key_blocks(row0 + BR, s_k, causal_offset)
+
+        if n_blocks > 0:
+            load_kv(gK, ub, uhk, 0, s_k, dw, tid, rKn)
+            load_kv(gV, ub, uhk, 0, s_k, dw, tid, rVn)
+        # FA2.1 L6: for j = 1..Tc
+        for j in range(n_blocks):
+            col0 = j * BC
+            cuda.syncthreads()  # Sync: all warps are done with K_{j-1}, V_{j-1} (and Q_i is stored) before the stores
+            # FA2.1 L7: load K_j, V_j from HBM to SRAM (rows of half words)
+            if not PREFETCH and j > 0:
+                load_kv(gK, ub, uhk, col0, s_k, dw, tid, rKn)  # HBM read: Bc*d halves
+                load_kv(gV, ub, uhk, col0, s_k, dw, tid, rVn)  # HBM read: Bc*d halves
+            store_kv(smem, OFF_K, tid, rKn)
+            store_kv(smem, OFF_V, tid, rVn)
+            cuda.syncthreads()  # Sync: K_j, V_j in SRAM before L8 and L10 read them
+            if PREFETCH and j + 1 < n_blocks:
+                load_kv(gK, ub, uhk, col0 + BC, s_k, dw, tid, rKn)  # HBM read: Bc*d halves (tile j+1)
+                load_kv(gV, ub, uhk, col0 + BC, s_k, dw, tid, rVn)
+
+            # [doc:fa2-half-inner-loop]
+            # FA2.1 L8: S_i^(j) = Q_i K_j^T: per 16-wide k step, A = Q rows (16 x 16 per m tile, one ldmatrix),
+            # B = K_j^T (16 x 8 per key tile: lane word K[g, 2t:2t+2] is B[2t:2t+2, g]; one ldmatrix for two tiles)
+            for a in range(NS):
+                rS[a] = float32(0.0)
+            for ks in range(KD):
+                for mt in range(MW):  # a = (Q[g, 2t:], Q[g+8, 2t:], Q[g, 2t+8:], Q[g+8, 2t+8:])
+                    rA[mt * 4], rA[mt * 4 + 1], rA[mt * 4 + 2], rA[mt * 4 + 3] = ldsm(smem, OFF_Q + (wrow + U(16 * mt) + lr) * uSQ + U(8 * ks) + lw, sx, wbase, lane)
+                for np2 in range(NB // 2):  # b of key tiles 2 np2, 2 np2 + 1 = (K[g, 2t:2t+2], K[g, 2t+8:2t+10]) each
+                    kb0, kb1, kb2, kb3 = ldsm(smem, OFF_K + (U(16 * np2) + kr) * uSQ + U(8 * ks) + kw, sx, wbase, lane)
+                    for h2 in range(2):
+                        nt = 2 * np2 + h2
+                        bb = (kb0, kb1) if h2 == 0 else (kb2, kb3)
+                        for mt in range(MW):
+                            f = (mt * NB + nt) * 4
+                            acc = mma16((rA[mt * 4], rA[mt * 4 + 1], rA[mt * 4 + 2], rA[mt * 4 + 3]), bb,
+                                        (rS[f], rS[f + 1], rS[f + 2], rS[f + 3]), sx, wbase, lane)
+                            for c in range(4):
+                                rS[f + c] = acc[c]
+            # Dev: the elementwise mask only on blocks the diagonal crosses, or the ragged last block
+            if col0 + BC > s_k or (CAUSAL and col0 + BC - 1 > row0 + causal_offset):
+                for mt in range(MW):
+                    for nt in range(NB):
+                        for c in range(4):
+                            row = row0 + int(wrow) + 16 * mt + 8 * (c // 2) + int(g)
+                            col = col0 + 8 * nt + 2 * int(t) + c % 2
+                            if col >= s_k or (CAUSAL and col > row + causal_offset):
+                                rS[(mt * NB + nt) * 4 + c] = NEG_INF
+
+            # FA2.1 L9: m_new = max(m_old, rowmax S tau log2 e) (this lane's values, then its quad);
+            # P~ = exp2(S tau log2 e - m_new), kept in rS as float32
+            for r in range(NR):
+                mt, hf = r // 2, r % 2
+                mx = rS[mt * NB * 4 + 2 * hf]
+                for nt in range(NB):
+                    for cc in range(2):
+                        mx = max(mx, rS[(mt * NB + nt) * 4 + 2 * hf + cc])
+                mx = quad_max(mx, sx, wbase, lane) * scale_log2
+                m_new = max(rm[r], mx)
+                m_safe = m_new if m_new != NEG_INF else float32(0.0)  # Dev: a row with no key yet: no NaN
+                ralpha[r] = math.exp2(rm[r] - m_safe)  # e^(m_old - m_new) in base 2 (0 when m_old = -inf)
+                rm[r] = m_new
+                psum = float32(0.0)
+                for nt in range(NB):
+                    for cc in range(2):
+                        f = (mt * NB + nt) * 4 + 2 * hf + cc
+                        p = math.exp2(rS[f] * scale_log2 - m_safe)
+                        psum += p  # l from the undropped float32 P~ (FA1 Alg.2 L13)
+                        if DROPOUT:  # Dev: as FA1 Alg.2 L14; the 1/(1-p) is applied once, at L12
+                            if not keep(rkey[r], col0 + 8 * nt + 2 * int(t) + cc, threshold):
+                                p = float32(0.0)
+                        rS[f] = p
+                # Dev: l_i = e^(m_old - m_new) l_i + rowsum P~, kept per lane; the quad is summed once, after L11
+                rl[r] = ralpha[r] * rl[r] + psum
+
+            # FA2.1 L10: O_i = diag(e^(m_old - m_new)) O_i + P~ V_j (A = P~ from registers, B = V_j by ldmatrix.trans)
+            for mt in range(MW):
+                for dn in range(ND):
+                    for c in range(4):
+                        rO[(mt * ND + dn) * 4 + c] *= ralpha[mt * 2 + c // 2]
+            for kt in range(NK):  # 16 keys per step: S tiles 2 kt and 2 kt + 1 are the A operand
+                for mt in range(MW):
+                    f0 = (mt * NB + 2 * kt) * 4
+                    f1 = f0 + 4
+                    # a = (P[g, 2t:2t+2], P[g+8, 2t:2t+2], P[g, 2t+8:2t+10], P[g+8, 2t+8:2t+10]), rounded to half
+                    rA[mt * 4] = pack2(rS[f0], rS[f0 + 1])
+                    rA[mt * 4 + 1] = pack2(rS[f0 + 2], rS[f0 + 3])
+                    rA[mt * 4 + 2] = pack2(rS[f1], rS[f1 + 1])
+                    rA[mt * 4 + 3] = pack2(rS[f1 + 2], rS[f1 + 3])
+                for dp2 in range(ND // 2):  # b of column tiles 2 dp2, 2 dp2 + 1 = (V[2t:2t+2, g], V[2t+8:2t+10, g]) each
+                    vb0, vb1, vb2, vb3 = ldsm_t(smem, OFF_V + (U(16 * kt) + lr) * uSQ + U(8 * dp2) + lw, sx, wbase, lane)
+                    for h2 in range(2):
+                        dn = 2 * dp2 + h2
+                        bb = (vb0, vb1) if h2 == 0 else (vb2, vb3)
+                        for mt in range(MW):
+                            f = (mt * ND + dn) * 4
+                            acc = mma16((rA[mt * 4], rA[mt * 4 + 1], rA[mt * 4 + 2], rA[mt * 4 + 3]), bb,
+                                        (rO[f], rO[f + 1], rO[f + 2], rO[f + 3]), sx, wbase, lane)
+                            for c in range(4):
+                                rO[f + c] = acc[c]
+            # [/doc:fa2-half-inner-loop]
+
+        for r in range(NR):
+            mt, hf = r // 2, r % 2
+            # Dev: the per-lane row sums l_i are added across the 4 lanes of the quad, once
+            l_i = quad_sum(rl[r], sx, wbase, lane)
+            row = row0 + int(wrow) + 16 * mt + 8 * hf + int(g)
+            if row < s_q:
+                # FA2.1 L12: O_i = diag(l_i)^-1 O_i, the only division (times 1/(1-p) with dropout)
+                inv_l = float32(0.0)
+                if l_i != l_i:
+                    inv_l = l_i  # Dev: a NaN score made l NaN: the row is NaN
+                if l_i > 0:
+                    inv_l = float32(1.0) / l_i
+                    if DROPOUT:
+                        inv_l *= dropout_scale
+                # FA2.1 L13: L_i = m_i + log(l_i), m_i in base 2: L = m ln 2 + ln l (+inf for a row with no key);
+                # Dev: m_i (natural units) and l_i are saved too, apart, for the backward's P (make_natural_stats)
+                m_nat, l_m, L_i = natural_stats(rm[r], l_i)
+                # FA2.1 L14: write O_i to HBM, rounded to half (lane (g, t): word 4 dn + t = columns 8 dn + 2t, + 1)
+                for dn in range(ND):
+                    x = U(4 * dn) + t
+                    if x < U(dw):
+                        f = (mt * ND + dn) * 4 + 2 * hf
+                        gO[ub, U(row), uh, x] = int32(pack2(rO[f] * inv_l, rO[f + 1] * inv_l))  # HBM write: Br*d halves
+                # FA2.1 L15: write L_i to HBM (one lane per row)
+                if t == U(0):
+                    gL[b, h, row] = L_i  # HBM write: Br
+                    gm[b, h, row] = m_nat  # HBM write: Br
+                    gl[b, h, row] = l_m  # HBM write: Br
+
+    # [/doc:fa2-half-kernel]
+    return kernel
+
+
+def default_features() -> dict:
+    """``PREFETCH``: load K_{j+1}, V_{j+1} into registers during the compute of tile j (faster at every
+    default tiling in the sweep)."""
+    return {"PREFETCH": True}
+
+
+def plan(prob: Problem, block_sizes=None, config=None, features=None):
+    """(kernel, grid, threads, dynamic SRAM bytes) of one launch, without launching."""
+    if not handles(prob):
+        raise ValueError(f"the half-precision kernel runs float16/bfloat16 inputs with an even head dim <= {HALF_MAX_HEADDIM}; "
+                         f"got {prob.dtype} and headdim {prob.headdim}")
+    d = prob.headdim
+    NW, MW, Bc, DP = config if config is not None else config_for(d, block_sizes)
+    feats = default_features()
+    feats.update(features or {})
+    prefetch = feats["PREFETCH"] if feats["PREFETCH"] is not None else DP <= 64
+    sim = _backend.is_simulator()
+    Br = 16 * MW * NW
+    nbytes = 4 * smem_words(NW, MW, Bc, DP)
+    _plan.check_sram(nbytes, Br, Bc, d)
+    kernel = fa2_forward_half_kernel(NW, MW, Bc, DP, prob.causal, prob.dropout_p > 0, bool(prefetch), sim, _mma.HALF_KINDS[prob.dtype])
+    grid = bh_grid(ceil_div(prob.seqlen_q, Br), prob.batch * prob.nheads)
+    return kernel, grid, 32 * NW, nbytes
+
+
+def choose_block_sizes(prob: Problem, block_sizes=None) -> tuple[int, int]:
+    """(Br, Bc) of the tiles: :func:`config_for` rounds an override to the tiling."""
+    NW, MW, Bc, DP = config_for(prob.headdim, block_sizes)
+    return 16 * MW * NW, Bc
+
+
+def compiled_kernels(prob: Problem, block_sizes=None) -> list[KernelLaunch]:
+    """The one launch of :func:`forward`, compiled for ``prob`` (not launched)."""
+    return _plan.one_launch(f"FA2 forward tensor cores {prob.dtype}", plan(prob, block_sizes), *choose_block_sizes(prob, block_sizes))
+
+
+def forward(q, k, v, prob: Problem, alloc, block_sizes=None, config=None, features=None):
+    """FA2 Algorithm 1 on half words (:meth:`~numba_flash._launch.Allocator.to_words`): ``ForwardOutput``
+    whose ``out`` is a word array (the caller's dtype through :meth:`~numba_flash._launch.Allocator.result`)."""
+    # FA2.1 L17: return O, L
+    return _plan.run_fa2_forward(plan(prob, block_sizes, config, features), q, k, v, prob, alloc, out_words=True)

@@ -1,0 +1,179 @@
+"""The fp16 / bf16 FA2 forward on the tensor cores (:mod:`numba_flash.fast.fa2_forward_half`).
+
+Claims checked (flash-attn's rule for half inputs, ``tests/test_flash_attn.py``: the kernel's error is at
+most 2x the error of a naive attention computed *in the same half dtype*, both against a reference
+computed in float64 from the same half inputs):
+
+* float16 and bfloat16 inputs run natively and come back in their dtype: O within the rule for ragged
+  ``N``, ``s_q != s_k``, head dims that are not a multiple of 16 (zero-padded words), causal masks,
+  GQA/MQA and dropout (the same counter-hash mask as every kernel); ``L`` (float32) within 2x the error
+  of a float32 logsumexp, since ``S`` is the float32 sum of exact half products; every output element
+  written (NaN-poisoned outputs).
+* Training on half inputs: the half forward with the float32 FFMA backward (what ``"auto"`` runs for
+  half inputs that require grad) gives gradients within 3x the error of naive attention's autograd in
+  the same half dtype.
+* What the half kernel does not take still runs, through the float32 kernels: odd head dims (no words)
+  and non-contiguous inputs (copied to words).
+* On a GPU (marker ``gpu``): the same at realistic shapes (N up to 2048, d up to 128), bitwise
+  reproducible forwards.
+
+Simulator shapes stay tiny (N <= 40, d <= 32, tiles 16): each ``mma`` there is a lane exchange with
+two block barriers.
+"""
+
+from __future__ import annotations
+
+from numba_flash import api
+from numba_flash._launch import poison_outputs
+from numba_flash.fast import fa2_forward_half
+from numba_flash_reference.alg0_standard import standard_attention
+
+import numpy as np
+import pytest
+from attn_testing import assert_error_rule, make_qkv, naive_stats_float32, torch_attention
+
+torch = pytest.importorskip("torch")
+
+DTYPES = [pytest.param(torch.float16, id="fp16"), pytest.param(torch.bfloat16, id="bf16")]
+
+#: (batch, s_q, s_k, nheads, nheads_k, d, causal, dropout_p, block_sizes): tiny simulator cases.
+SIM_CASES = [
+    pytest.param(1, 37, 37, 1, 1, 16, False, 0.0, (16, 16), id="ragged-N37-d16"),
+    pytest.param(1, 19, 40, 2, 1, 32, True, 0.0, (16, 16), id="causal-sq<sk-gqa-d32"),
+    pytest.param(1, 33, 14, 2, 2, 24, True, 0.2, (32, 16), id="causal-sq>sk-masked-rows-dropout-d24"),
+    pytest.param(2, 21, 18, 1, 1, 10, False, 0.1, (16, 32), id="d10-dropout-b2"),
+]
+
+
+def _inputs(rng, dtype, b, s_q, s_k, h, h_k, d, device="cpu"):
+    """Random half q, k, v, and the same values in float64 (the inputs the oracle sees)."""
+    q, k, v = make_qkv(rng, b, s_q, s_k, h, h_k, d)
+    th = [torch.from_numpy(x).to(device=device, dtype=dtype) for x in (q, k, v)]
+    return th, [x.to(torch.float64) for x in th]
+
+
+def _check(out, lse, th, t64, causal, p, seed):
+    """O by the half rule (2x naive attention in the input dtype), L by the float32 rule."""
+    dtype = th[0].dtype
+    assert out.dtype == dtype and out.shape == th[0].shape
+    ref = torch_attention(*t64, causal, p, seed, torch.float64)
+    naive = torch_attention(*th, causal, p, seed, dtype)
+    assert_error_rule(out.double().cpu().numpy(), ref.cpu().numpy(), naive.double().cpu().numpy(), what=f"O ({dtype})")
+    q64, k64 = (x.cpu().numpy() for x in t64[:2])
+    ref_L = naive_stats_float32(q64, k64, causal=causal)  # float32 stats of the half values: the baseline
+    L64 = standard_attention(q64, k64, t64[2].cpu().numpy(), causal=causal).L
+    got = lse.double().cpu().numpy()
+    inf = np.isinf(L64)
+    np.testing.assert_array_equal(got[inf], L64[inf], err_msg="L must be +inf exactly on the rows that see no key")
+    assert_error_rule(got[~inf], L64[~inf], ref_L[2][~inf], what="L")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("b", "s_q", "s_k", "h", "h_k", "d", "causal", "p", "bs"), SIM_CASES)
+def test_half_forward_is_within_2x_the_error_of_naive_attention_in_its_dtype(rng, dtype, b, s_q, s_k, h, h_k, d, causal, p, bs):
+    th, t64 = _inputs(rng, dtype, b, s_q, s_k, h, h_k, d)
+    seed = int(rng.integers(0, 2**32))
+    with poison_outputs():
+        out, lse, _ = api.flash_attn_func(*th, p, causal=causal, variant="tensorcore", block_sizes=bs, seed=seed, return_attn_probs=True)
+    _check(out, lse, th, t64, causal, p, seed)
+
+
+def test_half_kernel_handles_even_head_dims_and_leaves_the_rest_to_float32():
+    prob = api.check_attention_args(*(np.zeros((1, 4, 1, 8), np.float16),) * 3)
+    assert prob.dtype == "float16" and fa2_forward_half.handles(prob)
+    for d, dt in ((7, np.float16), (8, np.float32), (2 * fa2_forward_half.HALF_MAX_HEADDIM, np.float16)):
+        assert not fa2_forward_half.handles(api.check_attention_args(*(np.zeros((1, 4, 1, d), dt),) * 3))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_odd_head_dims_and_strided_inputs_run_and_keep_their_dtype(rng, dtype):
+    # d = 7 has no words: the float32 kernels run it. k, v every other position of a longer
+    # sequence (not word-aligned rows): copied to words, same result as the contiguous tensors.
+    th, t64 = _inputs(rng, dtype, 1, 17, 17, 1, 1, 7)
+    with poison_outputs():
+        out, lse, _ = api.flash_attn_func(*th, variant="tensorcore", block_sizes=(16, 16), return_attn_probs=True)
+    _check(out, lse, th, t64, False, 0.0, 0)
+    q = torch.from_numpy(rng.standard_normal((1, 2, 17, 16))).to(dtype).transpose(1, 2)
+    kv = torch.from_numpy(rng.standard_normal((2, 1, 34, 2, 16))).to(dtype)
+    k, v = kv[0][:, ::2], kv[1][:, ::2]
+    assert not (q.is_contiguous() or k.is_contiguous())
+    with poison_outputs():
+        out = api.flash_attn_func(q, k, v, variant="tensorcore", block_sizes=(16, 16))
+    dense = api.flash_attn_func(q.contiguous(), k.contiguous(), v.contiguous(), variant="tensorcore", block_sizes=(16, 16))
+    assert torch.equal(out, dense)
+
+
+def test_numpy_float16_arrays_run_natively_and_come_back_float16(rng):
+    q, k, v = (x.astype(np.float16) for x in make_qkv(rng, 1, 20, 20, 1, 1, 16))
+    with poison_outputs():
+        out = api.attention_numpy(q, k, v, variant="tensorcore", block_sizes=(16, 16))
+    assert isinstance(out, np.ndarray) and out.dtype == np.float16
+    th = [torch.from_numpy(x) for x in (q, k, v)]
+    ref = torch_attention(*(x.double() for x in th), False, 0.0, 0, torch.float64).numpy()
+    naive = torch_attention(*th, False, 0.0, 0, torch.float16).double().numpy()
+    assert_error_rule(out.astype(np.float64), ref, naive)
+
+
+def _check_grads(th, causal, p, seed, device, **kw):
+    """Gradients of sum(dout * attention) by the 3x rule against naive attention's autograd in the half dtype."""
+    dtype = th[0].dtype
+    g = torch.Generator(device="cpu").manual_seed(seed % 2**31)
+    dout = torch.randn(th[0].shape, generator=g).to(device=device, dtype=dtype)
+    grads = {}
+    for dt in (torch.float64, dtype):
+        xs = [x.detach().to(dt).requires_grad_(True) for x in th]
+        torch_attention(*xs, causal, p, seed, dt).backward(dout.to(dt))
+        grads[dt] = [x.grad.double().cpu().numpy() for x in xs]
+    xs = [x.detach().clone().requires_grad_(True) for x in th]
+    with poison_outputs():
+        api.flash_attn_func(*xs, p, causal=causal, seed=seed, **kw).backward(dout)
+    for name, x, r, n in zip(("dq", "dk", "dv"), xs, grads[torch.float64], grads[dtype]):
+        assert x.grad.dtype == dtype
+        assert_error_rule(x.grad.double().cpu().numpy(), r, n, mult=3, what=f"{name} ({dtype})")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_half_forward_with_the_float32_backward_gives_gradients_within_3x_naive_half_error(rng, dtype):
+    th, _ = _inputs(rng, dtype, 1, 19, 40, 2, 1, 16)
+    _check_grads(th, True, 0.15, int(rng.integers(0, 2**32)), "cpu", variant="tensorcore", block_sizes=(16, 16))
+
+
+# ------------------------------------------------------------------------------------------------
+# GPU: realistic shapes
+# ------------------------------------------------------------------------------------------------
+GPU_CASES = [
+    pytest.param(2, 1024, 1024, 4, 4, 64, False, 0.0, id="N1024-d64"),
+    pytest.param(1, 4096, 4096, 2, 2, 64, True, 0.0, id="N4096-d64-causal"),
+    pytest.param(1, 2048, 2048, 2, 2, 128, False, 0.0, id="N2048-d128"),
+    pytest.param(2, 777, 1029, 6, 2, 40, True, 0.0, id="ragged-sq<sk-gqa-d40-causal"),
+    pytest.param(2, 1029, 513, 4, 1, 96, True, 0.17, id="ragged-sq>sk-mqa-d96-causal-dropout"),
+    pytest.param(1, 1000, 1000, 3, 3, 110, False, 0.1, id="ragged-d110-dropout"),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("b", "s_q", "s_k", "h", "h_k", "d", "causal", "p"), GPU_CASES)
+def test_half_forward_is_within_2x_the_error_of_naive_attention_on_gpu_shapes(rng, dtype, b, s_q, s_k, h, h_k, d, causal, p):
+    th, t64 = _inputs(rng, dtype, b, s_q, s_k, h, h_k, d, device="cuda")
+    seed = int(rng.integers(0, 2**32))
+    with poison_outputs():
+        out, lse, _ = api.flash_attn_func(*th, p, causal=causal, seed=seed, return_attn_probs=True)  # auto: the half kernel
+    _check(out, lse, th, t64, causal, p, seed)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_half_forward_is_bitwise_reproducible(rng, dtype):
+    th, _ = _inputs(rng, dtype, 2, 1000, 1000, 4, 2, 64, device="cuda")
+    outs = [api.flash_attn_func(*th, causal=True, return_attn_probs=True) for _ in range(5)]
+    for o, lse, _ in outs[1:]:
+        assert torch.equal(o, outs[0][0]) and torch.equal(lse, outs[0][1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("b", "s_q", "s_k", "h", "h_k", "d", "causal", "p"), [GPU_CASES[0], GPU_CASES[2], GPU_CASES[4]])
+def test_half_training_gives_gradients_within_3x_naive_half_error_on_gpu_shapes(rng, dtype, b, s_q, s_k, h, h_k, d, causal, p):
+    th, _ = _inputs(rng, dtype, b, s_q, s_k, h, h_k, d, device="cuda")
+    _check_grads(th, causal, p, int(rng.integers(0, 2**32)), "cuda")  # auto: the half forward, the fast backward
