@@ -466,4 +466,6 @@ class BackwardKernelModule(KernelModule, Protocol):
 # [/doc:kernel-contract]
 #
 # The dropout scale 1/(1-p) has one name, :attr:`Problem.dropout_scale`; the module-level function
-# ``available()`` is optional (default: available) and says whether the variant can run here.
+# ``available()`` is optional (default: available) and says whether the variant can run here, and so is
+# ``takes_words(prob)`` (default: False): True when ``forward`` takes q, k, v as half words
+# (:meth:`Allocator.to_words`) rather than float32 kernel arrays (:mod:`numba_flash._run` asks it).

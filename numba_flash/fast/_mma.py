@@ -22,6 +22,7 @@ the kernel source is the same on both backends, and the simulator checks the fra
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 from llvmlite import ir
@@ -403,3 +404,42 @@ def make_half_ops(kind: str, simulator: bool | None = None):
 
     return (cuda.jit(device=True)(pack2), cuda.jit(device=True)(mma16), cuda.jit(device=True)(ldsm),
             cuda.jit(device=True)(ldsm_t))
+
+
+@functools.cache
+def make_fragment_steps(MW: int, NB: int, BC: int, CAUSAL: bool):
+    """``(mask_s, lane_row_max)``: steps on a warp's ``S`` tile held as m16n8 accumulator fragments.
+
+    Both tensor-core forwards (:mod:`~numba_flash.fast.fa2_forward_tc`, :mod:`~numba_flash.fast.fa2_forward_half`)
+    keep ``S_i^(j)`` as ``MW x NB`` fragments in ``rS``: fragment ``(mt, nt)`` is ``rS[(mt NB + nt) 4 + c]``,
+    lane ``(g, t)`` holding row ``16 mt + 8 (c // 2) + g`` and column ``8 nt + 2t + c % 2`` of the warp's tile.
+
+    * ``mask_s(rS, row0, wrow, g, t, col0, s_k, causal_offset)``: ``-inf`` at the columns past ``s_k`` and
+      (``CAUSAL``) above the diagonal, on the key blocks where any can occur (the ragged last block, the
+      blocks the diagonal crosses); other blocks are left as they are.
+    * ``lane_row_max(rS, r)``: the max of this lane's ``2 NB`` values of row slot ``r`` (m16 tile ``r // 2``,
+      rows ``g`` / ``g + 8`` for ``r % 2`` = 0 / 1); the quad's 4 lanes then reduce it.
+    """
+    NEG_INF = float32(-math.inf)
+
+    @cuda.jit(device=True, inline="always")
+    def mask_s(rS, row0, wrow, g, t, col0, s_k, causal_offset):
+        if col0 + BC > s_k or (CAUSAL and col0 + BC - 1 > row0 + causal_offset):
+            for mt in range(MW):
+                for nt in range(NB):
+                    for c in range(4):
+                        row = row0 + int(wrow) + 16 * mt + 8 * (c // 2) + int(g)
+                        col = col0 + 8 * nt + 2 * int(t) + c % 2
+                        if col >= s_k or (CAUSAL and col > row + causal_offset):
+                            rS[(mt * NB + nt) * 4 + c] = NEG_INF
+
+    @cuda.jit(device=True, inline="always")
+    def lane_row_max(rS, r):
+        mt, hf = r // 2, r % 2
+        mx = rS[mt * NB * 4 + 2 * hf]
+        for nt in range(NB):
+            for cc in range(2):
+                mx = max(mx, rS[(mt * NB + nt) * 4 + 2 * hf + cc])
+        return mx
+
+    return mask_s, lane_row_max

@@ -147,6 +147,7 @@ def fa2_forward_half_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DR
     pack2, mma16, ldsm, ldsm_t = _mma.make_half_ops(KIND, SIM)
     _split, _mma3, quad_max, quad_sum = _mma.make_warp_ops(SIM)
     natural_stats = _regtile.make_natural_stats()
+    mask_s, lane_row_max = _mma.make_fragment_steps(MW, NB, BC, CAUSAL)
 
     # [doc:fa2-half-kernel]
     @cuda.jit(fastmath=False)
@@ -245,24 +246,13 @@ def fa2_forward_half_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DR
                             for c in range(4):
                                 rS[f + c] = acc[c]
             # Dev: the elementwise mask only on blocks the diagonal crosses, or the ragged last block
-            if col0 + BC > s_k or (CAUSAL and col0 + BC - 1 > row0 + causal_offset):
-                for mt in range(MW):
-                    for nt in range(NB):
-                        for c in range(4):
-                            row = row0 + int(wrow) + 16 * mt + 8 * (c // 2) + int(g)
-                            col = col0 + 8 * nt + 2 * int(t) + c % 2
-                            if col >= s_k or (CAUSAL and col > row + causal_offset):
-                                rS[(mt * NB + nt) * 4 + c] = NEG_INF
+            mask_s(rS, row0, wrow, g, t, col0, s_k, causal_offset)
 
             # FA2.1 L9: m_new = max(m_old, rowmax S tau log2 e) (this lane's values, then its quad);
             # P~ = exp2(S tau log2 e - m_new), kept in rS as float32
             for r in range(NR):
                 mt, hf = r // 2, r % 2
-                mx = rS[mt * NB * 4 + 2 * hf]
-                for nt in range(NB):
-                    for cc in range(2):
-                        mx = max(mx, rS[(mt * NB + nt) * 4 + 2 * hf + cc])
-                mx = quad_max(mx, sx, wbase, lane) * scale_log2
+                mx = quad_max(lane_row_max(rS, r), sx, wbase, lane) * scale_log2
                 m_new = max(rm[r], mx)
                 m_safe = m_new if m_new != NEG_INF else float32(0.0)  # Dev: a row with no key yet: no NaN
                 ralpha[r] = math.exp2(rm[r] - m_safe)  # e^(m_old - m_new) in base 2 (0 when m_old = -inf)

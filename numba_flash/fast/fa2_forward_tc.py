@@ -191,6 +191,7 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
 
     split, mma3, quad_max, quad_sum = _mma.make_warp_ops(SIM)
     natural_stats = _regtile.make_natural_stats()
+    mask_s, lane_row_max = _mma.make_fragment_steps(MW, NB, BC, CAUSAL)
 
     # [doc:fa2-tc-kernel]
     @cuda.jit(fastmath=False)
@@ -284,23 +285,12 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
                         for c in range(4):
                             rS[f + c] = rS[f + c] + acc[c] if STAGE_S else acc[c]
             # Dev: the elementwise mask only on blocks the diagonal crosses, or the ragged last block
-            if col0 + BC > s_k or (CAUSAL and col0 + BC - 1 > row0 + causal_offset):
-                for mt in range(MW):
-                    for nt in range(NB):
-                        for c in range(4):
-                            row = row0 + int(wrow) + 16 * mt + 8 * (c // 2) + int(g)
-                            col = col0 + 8 * nt + 2 * int(t) + c % 2
-                            if col >= s_k or (CAUSAL and col > row + causal_offset):
-                                rS[(mt * NB + nt) * 4 + c] = NEG_INF
+            mask_s(rS, row0, wrow, g, t, col0, s_k, causal_offset)
 
             # FA2.1 L9: m_new = max(m_old, rowmax S) (this lane's 2 Bc/8 values, then its quad); P~ = exp2(S - m_new)
             for r in range(NR):
                 mt, hf = r // 2, r % 2
-                mx = rS[mt * NB * 4 + 2 * hf]
-                for nt in range(NB):
-                    for cc in range(2):
-                        mx = max(mx, rS[(mt * NB + nt) * 4 + 2 * hf + cc])
-                mx = quad_max(mx, sx, wbase, lane)
+                mx = quad_max(lane_row_max(rS, r), sx, wbase, lane)
                 m_new = max(rm[r], mx)
                 m_safe = m_new if m_new != NEG_INF else float32(0.0)  # Dev: a row with no key yet: no NaN
                 ralpha[r] = math.exp2(rm[r] - m_safe)  # e^(m_old - m_new) in base 2 (0 when m_old = -inf)
@@ -420,12 +410,12 @@ def takes_words(prob: Problem) -> bool:
 def plan(prob: Problem, block_sizes=None, config=None, features=None):
     """(kernel, grid, threads, dynamic SRAM bytes) of one launch, without launching (the FFMA kernel's above d = 128,
     the half kernel's for float16/bfloat16 inputs it handles)."""
+    if _ffma_fallback(prob, config):
+        return fa2_forward_fast.plan(prob, block_sizes)
     if not available():
         raise ValueError("variant='tensorcore' needs mma.sync (compute capability >= 8.0); use variant='fast'")
     if takes_words(prob):
         return fa2_forward_half.plan(prob, block_sizes, config, features)
-    if _ffma_fallback(prob, config):
-        return fa2_forward_fast.plan(prob, block_sizes)
     d = prob.headdim
     NW, MW, Bc, DP = config if config is not None else config_for(d, block_sizes)
     feats = default_features()
