@@ -9,7 +9,9 @@ build's exit status and message:
 * ``bench-table`` renders a pytest-benchmark JSON file (provenance header, one table per N, columns
   from ``extra_info``, the kernel names of a ``kernels`` dict, a speed-up column, the plot next to
   the file); a named file that is missing
-  fails the build; a ``:glob:`` that matches nothing renders a note and does not fail.
+  fails the build; a ``:glob:`` that matches nothing renders a note and does not fail. ``:where:``
+  keeps the matching rows (in one table with ``:one-table:``), ``kernels.KEY`` columns read the launch
+  reports; a ``:where:`` with an unknown column or no matching row fails the build.
 * ``io-table`` fails the build when the IO model raises, rather than printing a wrong table.
 * ``test-claims`` lists the test functions of a folder with their docstrings and markers.
 """
@@ -161,6 +163,33 @@ def test_bench_table_fails_the_build_for_a_missing_file_or_column(tmp_path):
                        {"r.json": bench_json()})
     assert rc != 0, out
     assert "results file 'results/none.json' not found" in out and "column 'tflop'" in out, out
+
+
+def test_bench_table_where_keeps_only_the_matching_rows_in_one_table_with_launch_report_columns(tmp_path):
+    png = b"\x89PNG\r\n\x1a\n" + b"\0" * 64
+    rc, out, html = build(tmp_path, {"b": page("B", """
+        .. bench-table:: results/fwd.json
+           :where: algorithm=fa2, d=64, causal=false
+           :one-table:
+           :columns: N, kernels.registers, median, tflops
+           :plot: none
+        """)}, {"results/fwd.json": bench_json(), "results/fwd.png": png})
+    assert rc == 0, out
+    text = (html / "b.html").read_text()
+    assert "algorithm = fa2, d = 64, causal = false" in text  # one table, titled with the filter
+    assert "N = 1,024" not in text and "N = 4,096" not in text  # not one table per N
+    assert "4.40" in text and "4.80" in text  # the fa2 rows' TFLOP/s ...
+    assert "64.00" not in text and "1.20" not in text  # ... and none of the standard rows (median, TFLOP/s)
+    assert "registers" in text and "<p>40</p>" in text  # kernels.registers: a field of the launch report
+    assert not (html / "_images" / "fwd.png").exists()  # :plot: none
+
+
+def test_bench_table_where_fails_the_build_for_an_unknown_column_or_no_matching_row(tmp_path):
+    rc, out, _ = build(tmp_path, {"a": page("A", ".. bench-table:: r.json\n   :where: algoritm=fa2\n"),
+                                  "b": page("B", ".. bench-table:: r.json\n   :where: algorithm=fa3|fa4\n")},
+                       {"r.json": bench_json()})
+    assert rc != 0, out
+    assert "column 'algoritm' (in :where:)" in out and "algorithm=fa3|fa4 matches no benchmark" in out, out
 
 
 def test_bench_table_glob_without_results_says_so_and_builds(tmp_path):

@@ -23,7 +23,14 @@ Usage in a page::
 * ``:baseline: ALG`` adds a speed-up column: the median of the row whose ``algorithm`` is ``ALG`` and
   whose shape (``:match:``, default ``N, d, batch, nheads, causal``) is the same, over this row's.
 * A plot ``<stem>.png`` next to the JSON file is embedded below the tables (``:plot:`` names another
-  one, which must then exist).
+  one, which must then exist; ``:plot: none`` embeds none).
+* ``:where: algorithm=flash1|flash2, d=64, causal=False`` keeps only the rows whose column has one of
+  the listed values (``|`` separates alternatives; a row without the column is left out). A key that
+  no row of the file has, or a filter that leaves no row, is an error (a typo must not empty a table).
+* ``:one-table:`` puts every kept row in one table (titled with the ``:where:`` filter) instead of one
+  table per ``N``: with ``N`` as a column, a trend across sequence lengths reads down one column.
+* A column ``kernels.KEY`` is the value of ``KEY`` in the launch reports of the row's ``kernels``
+  dict (e.g. ``kernels.grid_blocks``, ``kernels.waves``): one value when one kernel reports it.
 
 The numbers on the page are therefore always those of the committed files, never typed by hand.
 """
@@ -104,6 +111,13 @@ def cell_value(bench: dict, col: str):
         return (bench.get("params") or {})[col[len("params."):]]
     if col == "name":
         return bench["name"]
+    if col.startswith("kernels."):  # a field of the launch reports: extra_info["kernels"][name][KEY]
+        key = col[len("kernels."):]
+        reports = (bench.get("extra_info") or {}).get("kernels") or {}
+        values = [r[key] for r in reports.values() if isinstance(r, dict) and key in r]
+        if not values:
+            raise KeyError(col)
+        return values[0] if len(values) == 1 else tuple(values)
     return (bench.get("extra_info") or {})[col]
 
 
@@ -114,8 +128,13 @@ def column_label(col: str) -> str:
         "extra_mem_bytes": "extra memory", "hbm_bytes": "bytes moved", "bytes_moved": "bytes moved",
         "kernels": "kernels", "fwd_ms": "forward (ms)", "bwd_ms": "backward (ms)",
         "bwd_tflops": "backward TFLOP/s", "pass_": "pass",
+        "kernels.grid_blocks": "thread blocks", "kernels.blocks_per_sm": "blocks per SM",
+        "kernels.waves": "waves", "kernels.sm_fill": "SM fill", "kernels.threads_per_block": "threads per block",
     }
-    return labels.get(col, col[len("params."):] if col.startswith("params.") else col)
+    for prefix in ("params.", "kernels."):
+        if col not in labels and col.startswith(prefix):
+            return col[len(prefix):]
+    return labels.get(col, col)
 
 
 def fmt(col: str, value) -> str:
@@ -125,6 +144,8 @@ def fmt(col: str, value) -> str:
         return "yes" if value else "no"
     if isinstance(value, dict):  # e.g. extra_info["kernels"]: name -> launch report; show the names
         return "; ".join(str(k) for k in value) or "–"
+    if isinstance(value, tuple):  # a kernels.KEY column of a row with several kernels: one value each
+        return " / ".join(fmt(col, v) for v in value)
     if col.endswith("bytes") and isinstance(value, (int, float)):
         v = float(value)
         for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
@@ -240,6 +261,8 @@ class BenchTable(SphinxDirective):
         "baseline": directives.unchanged_required,
         "match": directives.unchanged_required,
         "plot": directives.unchanged_required,
+        "where": directives.unchanged_required,
+        "one-table": directives.flag,
     }
 
     def run(self):
@@ -252,6 +275,8 @@ class BenchTable(SphinxDirective):
             return self.render(Path(path), self.arguments[0], explicit_plot=self.options.get("plot"), strict=True)
         if "plot" in self.options:
             raise self.error("bench-table: :plot: needs a single results file, not :glob:")
+        if "where" in self.options:
+            raise self.error("bench-table: :where: needs a single results file, not :glob:")
         pattern = self.options["glob"]
         _, abs_pattern = self.env.relfn2path(pattern, self.env.docname)
         files = sorted(globmod.glob(abs_pattern))
@@ -290,7 +315,7 @@ class BenchTable(SphinxDirective):
             data = load_results(path)
         except BenchResultsError as exc:
             raise self.error(f"bench-table: {exc}") from None
-        benches = data["benchmarks"]
+        benches = self._where(data["benchmarks"], shown) if "where" in self.options else data["benchmarks"]
         cols = ([c.strip() for c in self.options["columns"].split(",") if c.strip()]
                 if "columns" in self.options else default_columns(benches))
         for c in cols:
@@ -326,7 +351,7 @@ class BenchTable(SphinxDirective):
 
         groups: dict = {}
         for b in benches:
-            groups.setdefault(seq_len(b), []).append(b)
+            groups.setdefault("all" if "one-table" in self.options else seq_len(b), []).append(b)
         header = [column_label(c) for c in cols] + ([f"speed-up vs {baseline}"] if baseline else [])
         for n in sorted(groups, key=lambda x: (x is None, x if x is not None else 0)):
             rows = []
@@ -335,11 +360,16 @@ class BenchTable(SphinxDirective):
                 if baseline:
                     row.append(self._speedup(b, groups[n], baseline, match_keys))
                 rows.append(row)
-            title = f"N = {n:,}" if isinstance(n, int) else ("all benchmarks" if n is None else f"N = {n}")
+            if n == "all":
+                title = ", ".join(f"{k} = {' or '.join(v)}" for k, v in self._filters()) or "all benchmarks"
+            else:
+                title = f"N = {n:,}" if isinstance(n, int) else ("all benchmarks" if n is None else f"N = {n}")
             result.append(_table(title, header, rows))
 
         plot = None
-        if explicit_plot:
+        if explicit_plot == "none":
+            pass
+        elif explicit_plot:
             _, p = self.env.relfn2path(explicit_plot, self.env.docname)
             if not os.path.isfile(p):
                 raise self.error(f"bench-table: plot {explicit_plot!r} not found ({p})")
@@ -351,6 +381,28 @@ class BenchTable(SphinxDirective):
             uri = "/" + plot.resolve().relative_to(srcdir.resolve()).as_posix()
             result.append(nodes.image(uri=uri, alt=f"plot of {shown}"))
         return result
+
+    def _filters(self) -> list[tuple[str, list[str]]]:
+        """``:where:`` as [(column, [accepted values])], in the order written."""
+        out = []
+        for clause in (c.strip() for c in self.options.get("where", "").split(",") if c.strip()):
+            key, sep, values = clause.partition("=")
+            if not sep or not key.strip() or not values.strip():
+                raise self.error(f"bench-table: :where: clause {clause!r} is not COLUMN=VALUE[|VALUE...]")
+            out.append((key.strip(), [v.strip() for v in values.split("|")]))
+        return out
+
+    def _where(self, benches: list[dict], shown: str) -> list[dict]:
+        """The rows that pass every ``:where:`` clause (values compared as text, case-insensitively)."""
+        kept = benches
+        for key, accepted in self._filters():
+            if not any(_has(b, key) for b in benches):
+                raise self.error(f"bench-table {shown}: no benchmark in the file has column {key!r} (in :where:)")
+            wanted = {a.lower() for a in accepted}
+            kept = [b for b in kept if _has(b, key) and str(_get(b, key)).lower() in wanted]
+        if not kept:
+            raise self.error(f"bench-table {shown}: :where: {self.options['where']} matches no benchmark")
+        return kept
 
     @staticmethod
     def _speedup(b, group, baseline, match_keys) -> str:

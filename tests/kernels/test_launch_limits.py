@@ -10,12 +10,25 @@ grid x (limit 2^31 - 1) and need nothing.
 In the simulator the limit is not enforced, so the tests lower ``numba_flash._launch.MAX_GRID_Y`` to 2:
 the folded path (several z slabs, a ragged last slab) then runs on tiny shapes, with the same kernel
 code as a real 70000-head launch. On a GPU (marker ``gpu``) the real limit is crossed.
+
+The other limit is FA1's parallelism (FA2 §3.2): FA1's grid is ``b h`` blocks, so at the benchmark
+convention (``b N = 16k`` tokens) it shrinks as ``1/N``, to fewer blocks than SMs, while FA2's grid
+``(Tr, b h)`` stays the same size. Those tests read the grids from the kernel modules' launch plans
+(``plan``, nothing is launched or compiled), at the benchmark shapes and at the shapes of the committed
+results that docs/flash2.rst quotes ("Why FA1 idles at long sequences").
 """
 
 from __future__ import annotations
 
-from numba_flash import _launch, attention_backward_numpy, attention_numpy, registry
-from numba_flash._launch import poison_outputs
+import json
+import math
+from pathlib import Path
+
+from numba_flash import _inspect, _launch, attention_backward_numpy, attention_numpy, registry
+from numba_flash._launch import Problem, poison_outputs
+from numba_flash.fast import alg1_forward as fa1_fast
+from numba_flash.fast import fa2_forward as fa2_ffma
+from numba_flash.fast import fa2_forward_tc as fa2_tc
 from numba_flash_reference.alg0_standard import standard_attention
 from numba_flash_reference.alg3_backward import standard_backward
 
@@ -81,3 +94,70 @@ def test_seventy_thousand_heads_run_on_a_gpu(rng, algorithm, variant):
         ref, naive = standard_backward(ds, qs, ks, vs), naive_attention_backward_float32(ds, qs, ks, vs)
         for name, g, r, nv in zip(("dq", "dk", "dv"), grads, ref, naive):
             assert_error_rule(g[sl], r, nv, mult=3.0, what=name)
+
+
+# ----------------------------------------------------------------------------------------------
+# FA1's parallelism limit, FA2's fix (FA2 §3.2), read from the launch plans
+# ----------------------------------------------------------------------------------------------
+RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results"
+#: FA2's benchmark convention (FA2 §4.1): b N = 16k tokens, hidden size h d = 2048.
+TOKENS, HIDDEN = 16384, 2048
+
+
+def _bench_problem(N: int, d: int = 64, causal: bool = False, batch: int | None = None) -> Problem:
+    h = HIDDEN // d
+    return Problem(batch=TOKENS // N if batch is None else batch, seqlen_q=N, seqlen_k=N, nheads=h, nheads_k=h,
+                   headdim=d, softmax_scale=d ** -0.5, causal=causal, dropout_p=0.0, seed=0)
+
+
+def _blocks(module, prob: Problem) -> int:
+    """Thread blocks of the one launch ``module.forward`` makes for ``prob``: its plan's grid, not launched."""
+    return math.prod(module.plan(prob)[1])
+
+
+def test_fa2_parallelizes_over_query_blocks_where_fa1_has_only_batch_times_heads_blocks():
+    """FA1's grid is one block per (batch, head): at 16k tokens and 32 heads it halves with every doubling
+    of N, down to 32 blocks at N = 16384, under a quarter of an H100's or H200's 132 SMs. FA2's grid
+    (Tr, b h) has Tr = ceil(N / Br) query blocks per (batch, head): Tr b h blocks, the same at every N."""
+    sms = (_inspect.device_limits() or _inspect._DEFAULT_LIMITS)["sm_count"]
+    fa2_blocks = {}
+    for N in (1024, 2048, 4096, 8192, 16384):
+        prob = _bench_problem(N)
+        bh = prob.batch * prob.nheads
+        assert bh == TOKENS * (HIDDEN // 64) // N
+        assert fa1_fast.plan(prob)[1] == (bh,)  # FA1: b h blocks along x, nothing else
+        for module in (fa2_ffma, fa2_tc):
+            Br = module.choose_block_sizes(prob)[0]
+            grid = module.plan(prob)[1]
+            assert grid[0] == math.ceil(N / Br)  # FA2.1 L3: one block per query block Q_i
+            assert math.prod(grid) == math.ceil(N / Br) * bh
+            fa2_blocks.setdefault(module.__name__, set()).add(math.prod(grid))
+    prob = _bench_problem(16384)
+    assert prob.batch == 1 and _blocks(fa1_fast, prob) == 32 and 4 * 32 < sms  # 100 of 132 SMs get no block
+    for name, counts in fa2_blocks.items():
+        assert len(counts) == 1, (name, counts)  # b N fixed: Tr b h = (N / Br) (16384 h / N) at every N
+        assert counts.pop() >= 10 * sms, name  # many waves: every SM busy, a small tail
+
+
+def _committed_rows(name: str, algorithms: tuple[str, ...]) -> list[dict]:
+    data = json.loads((RESULTS / name).read_text(encoding="utf-8"))
+    return [b["extra_info"] for b in data["benchmarks"]
+            if b["extra_info"].get("algorithm") in algorithms and b["extra_info"].get("pass_", "forward") == "forward"]
+
+
+@pytest.mark.parametrize(("results", "algorithm", "module"), [
+    ("forward_h200.json", "flash1", fa1_fast),
+    ("fa2_h200.json", "flash2", fa2_tc),
+    ("fa2_h200.json", "flash2_ffma", fa2_ffma),
+])
+def test_committed_benchmarks_ran_the_grids_the_launch_plans_give(results, algorithm, module):
+    """The thread-block counts that docs/flash2.rst shows from the committed results are those the kernels
+    launch today: for every forward row, the recorded ``grid_blocks`` is the plan's grid at the row's shape
+    (a retiling that changes Br makes the docs' FA2 block counts stale, and fails here)."""
+    rows = _committed_rows(results, (algorithm,))
+    assert len(rows) >= 5, results  # N = 512 .. 16384 at least
+    for row in rows:
+        (report,) = row["kernels"].values()
+        prob = _bench_problem(row["N"], row["d"], row["causal"], row["batch"])
+        assert prob.nheads == row["nheads"], row
+        assert _blocks(module, prob) == report["grid_blocks"], (row["N"], row["d"], row["causal"])
