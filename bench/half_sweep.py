@@ -1,9 +1,12 @@
-"""Tiling sweep of the fp16/bf16 FA2 forward (:mod:`numba_flash.fast.fa2_forward_half`) for one GPU call.
+"""Tiling sweep of the fp16/bf16 FA2 forward (:mod:`numba_flash.fast.fa2_forward_half`) or, with ``--backward``,
+backward (:mod:`numba_flash.fast.fa2_backward_half`) for one GPU call.
 
-For each tiling ``(NW, MW, Bc, PREFETCH)`` at each head dim it
+For each tiling ``(NW, MW, Bc, PREFETCH)`` (backward: ``(NW, MW, Br, PREFETCH)``, ``Bc = 16 MW NW``) at each
+head dim it
 
 1. checks correctness on a ragged causal GQA shape: the error against torch float64 at most 2x that of
-   torch's naive attention in the same half dtype (NaN-poisoned outputs);
+   torch's naive attention in the same half dtype (NaN-poisoned outputs; backward: each gradient at most
+   3x naive autograd's error);
 2. reads registers, local memory (spills) and shared memory of the compiled kernel;
 3. times the forward with CUDA events (median of ``--repeats`` after warm-up) on the FA2 benchmark
    convention (16k tokens, hidden 2048) beside torch SDPA's flash, cuDNN and memory-efficient backends
@@ -13,6 +16,7 @@ Run on a GPU machine from the repository root::
 
     source bench/gpu/setup_env.sh
     python3 -m bench.half_sweep --seqlens 1024 4096 --out $OUT/half_sweep.json
+    python3 -m bench.half_sweep --backward --seqlens 1024 4096 --out $OUT/half_bwd_sweep.json
 
 The JSON holds every row and the provenance; the table printed last is the summary.
 """
@@ -24,6 +28,7 @@ import json
 
 from numba_flash import _inspect
 from numba_flash._launch import Allocator, check_attention_args, poison_outputs
+from numba_flash.fast import fa2_backward_half as HB
 from numba_flash.fast import fa2_forward_half as H
 
 from bench import _utils as bu
@@ -32,6 +37,12 @@ from bench import _utils as bu
 TILINGS = {
     64: [(4, 2, 64, True), (4, 2, 64, False), (4, 1, 64, True), (8, 1, 64, True), (4, 2, 32, True), (4, 1, 128, False)],
     128: [(8, 1, 64, False), (8, 1, 64, True), (4, 1, 64, False), (4, 2, 32, False), (8, 1, 32, False), (4, 1, 128, False)],
+}
+
+#: head dim -> backward tilings (NW, MW, Br, PREFETCH); the first is the module's default
+BWD_TILINGS = {
+    64: [(4, 1, 64, True), (4, 1, 64, False), (4, 1, 32, True), (8, 1, 32, True), (8, 1, 64, True), (2, 2, 64, True)],
+    128: [(4, 1, 32, True), (4, 1, 16, True), (4, 1, 16, False), (8, 1, 16, False), (8, 1, 32, False), (2, 1, 32, True)],
 }
 
 
@@ -46,6 +57,43 @@ def _call(q, k, v, causal, tiling):
         return alloc.result(fwd.out, q.dtype)
 
     return run, prob, cfg
+
+
+def _call_bwd(q, k, v, causal, tiling):
+    """The half forward, then the backward with ``tiling``: ``(run, prob, cfg)``, ``run() -> (dq, dk, dv)``."""
+    NW, MW, Br, pf = tiling
+    prob = check_attention_args(q, k, v, 0.0, None, causal, 0)
+    cfg = (NW, MW, Br, H.config_for(prob.headdim)[3])
+    dout = q.detach().clone().normal_()
+
+    def run():
+        alloc = Allocator(q)
+        kq, kk, kv = (alloc.to_words(x) for x in (q, k, v))
+        fwd = H.forward(kq, kk, kv, prob, alloc)
+        grads = HB.backward(alloc.to_words(dout), kq, kk, kv, fwd.out, fwd, prob, alloc, config=cfg, features={"PREFETCH": pf})
+        return tuple(alloc.result(x, q.dtype) for x in grads)
+
+    run.dout = dout
+    return run, prob, cfg
+
+
+def check_bwd(tiling, d, dtype, torch):
+    """max over dq, dk, dv of error / (3 x naive-in-dtype autograd error) on a ragged causal GQA shape (<= 1 passes)."""
+    g = torch.Generator(device="cuda").manual_seed(d)
+    q = torch.randn(2, 777, 4, d, device="cuda", generator=g).to(dtype)
+    k, v = (torch.randn(2, 1029, 2, d, device="cuda", generator=g).to(dtype) for _ in range(2))
+    run, _, _ = _call_bwd(q, k, v, True, tiling)
+    with poison_outputs():
+        got = run()
+    worst = 0.0
+    grads = {}
+    for dt in (torch.float64, dtype):
+        xs = [x.detach().to(dt).requires_grad_(True) for x in (q, k, v)]
+        bu.torch_naive_attention(*xs, causal=True).backward(run.dout.to(dt))
+        grads[dt] = [x.grad.double() for x in xs]
+    for x, r, n in zip(got, grads[torch.float64], grads[dtype]):
+        worst = max(worst, float((x.double() - r).abs().max()) / (3 * float((n - r).abs().max())))
+    return worst
 
 
 def check(tiling, d, dtype, torch):
@@ -63,6 +111,20 @@ def check(tiling, d, dtype, torch):
     return err / (2 * base)
 
 
+def _sdpa_call(q, k, v, causal, backend, backward):
+    """SDPA with one backend: the forward, or (``backward``) forward + backward with a fixed dO."""
+    if not backward:
+        return lambda: bu.torch_sdpa(q, k, v, causal, backend)
+    dout = q.detach().clone().normal_()
+
+    def step():
+        for x in (q, k, v):
+            x.grad = None
+        bu.torch_sdpa(q, k, v, causal, backend).backward(dout)
+
+    return step
+
+
 def parser() -> argparse.ArgumentParser:
     """The command line of ``python -m bench.half_sweep``."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -70,6 +132,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--headdims", type=int, nargs="+", default=[64, 128])
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--backward", action="store_true", help="sweep the backward's tilings (forward + backward timed)")
     ap.add_argument("--out")
     ap.add_argument("--dry-run", action="store_true", help="list each tiling's threads and SRAM; run nothing (works in the simulator)")
     return ap
@@ -77,6 +140,13 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv=None):
     args = parser().parse_args(argv)
+    if args.dry_run and args.backward:
+        for d in args.headdims:
+            DP = HB.config_for(d)[3]
+            for NW, MW, Br, pf in BWD_TILINGS[d]:
+                print(f"backward d={d} NW={NW} MW={MW} Br={Br} Bc={16 * NW * MW} prefetch={pf}: {32 * NW} threads, "
+                      f"{4 * HB.smem_words(NW, MW, Br, DP)} B dynamic SRAM")
+        return 0
     if args.dry_run:
         for d in args.headdims:
             DP = H.config_for(d)[3]
@@ -87,26 +157,28 @@ def main(argv=None):
     import torch
 
     dtype = getattr(torch, args.dtype)
+    tilings, call, plan, chk = (BWD_TILINGS, _call_bwd, HB.plan, check_bwd) if args.backward else (TILINGS, _call, H.plan, check)
+    tag = "half bwd" if args.backward else "half"
     rows = []
     for d in args.headdims:
         for n in args.seqlens:
             shape = bu.fa2_shape(n, d)
             b, h = shape["batch"], shape["nheads"]
-            q, k, v = bu.make_inputs(b, h, n, d, seed=n + d, dtype=args.dtype)
+            q, k, v = bu.make_inputs(b, h, n, d, seed=n + d, dtype=args.dtype, requires_grad=args.backward)
             for causal in (False, True):
-                flops = bu.flops_forward(b, h, n, n, d, causal)
-                cands = [("sdpa_" + be, (lambda be=be, q=q, k=k, v=v, causal=causal: bu.torch_sdpa(q, k, v, causal, be)), None) for be in ("flash", "cudnn", "efficient")]
-                cands += [(f"half NW{t[0]} MW{t[1]} Bc{t[2]} pf{int(t[3])}", None, t) for t in TILINGS[d]]
+                flops = bu.flops_forward(b, h, n, n, d, causal) * (3.5 if args.backward else 1.0)
+                cands = [("sdpa_" + be, _sdpa_call(q, k, v, causal, be, args.backward), None) for be in ("flash", "cudnn", "efficient")]
+                cands += [(f"{tag} NW{t[0]} MW{t[1]} {'Br' if args.backward else 'Bc'}{t[2]} pf{int(t[3])}", None, t) for t in tilings[d]]
                 for name, fn, tiling in cands:
                     row = dict(impl=name, N=n, d=d, batch=b, nheads=h, causal=causal, dtype=args.dtype)
                     try:
                         if tiling is not None:
-                            fn, prob, cfg = _call(q, k, v, causal, tiling)
-                            kernel = H.plan(prob, config=cfg, features={"PREFETCH": tiling[3]})[0]
+                            fn, prob, cfg = call(q, k, v, causal, tiling)
+                            kernel = plan(prob, config=cfg, features={"PREFETCH": tiling[3]})[0]
                             fn()  # compile
                             res = _inspect.kernel_resources(kernel)
                             row.update(regs=res["regs_per_thread"], local=res["local_mem_per_thread"],
-                                       err_over_bound=check(tiling, d, dtype, torch) if n == args.seqlens[0] and not causal else None)
+                                       err_over_bound=chk(tiling, d, dtype, torch) if n == args.seqlens[0] and not causal else None)
                         med, lo, hi = bu.cuda_time_ms(fn, warmup=2, repeats=args.repeats)
                         row.update(time_ms=med, tflops=bu.tflops(flops, med / 1e3))
                     except Exception as exc:  # a tiling that does not fit is a row, not the end of the sweep

@@ -37,7 +37,8 @@ default ``/tmp/cu13b/nvidia/cu13/bin/nvdisasm``. When any piece is missing the s
 exits with status 0 (a skip, not a failure). ``--kernel NAME`` (repeatable) restricts the report to
 ``alg1_forward_fast``, ``fa2_forward_fast``, ``fa2_forward_tc``, ``fa2_forward_half_f16``,
 ``fa2_forward_half_bf16``, ``alg4_backward_fast``,
-``fa2_backward_fast`` or ``fa2_backward_fast_dq`` (the names of the table; the modules are
+``fa2_backward_fast``, ``fa2_backward_fast_dq``, ``fa2_backward_half_f16``, ``fa2_backward_half_bf16`` or
+``fa2_backward_half_dq_bf16`` (the names of the table; the modules are
 ``numba_flash/fast/alg1_forward.py`` ...); ``--d`` picks head dims.
 """
 
@@ -55,7 +56,7 @@ import sys
 import tempfile
 
 KERNELS = ("alg1_forward_fast", "fa2_forward_fast", "fa2_forward_tc", "fa2_forward_half_f16", "fa2_forward_half_bf16", "alg4_backward_fast",
-           "fa2_backward_fast", "fa2_backward_fast_dq")
+           "fa2_backward_fast", "fa2_backward_fast_dq", "fa2_backward_half_f16", "fa2_backward_half_bf16", "fa2_backward_half_dq_bf16")
 
 
 def _gpu_backend() -> None:
@@ -127,6 +128,10 @@ def _signatures():
         "fa2_backward_fast": (a4,) * 4 + (a3,) * 3 + (a4,) * 3 + (f64, f64, i64, i64, i64, i64, f64),
         # gQ, gK, gV, gdO, gm, gl, gD, gdQ, tau, c1, group, causal_offset, seed, threshold, dropout_scale
         "fa2_backward_fast_dq": (a4,) * 4 + (a3,) * 3 + (a4,) + (f64, f64, i64, i64, i64, i64, f64),
+        # the same with q, k, v, dO, dK, dV as half words (dQ float32 for the atomics; half words in the dQ kernel)
+        "fa2_backward_half_f16": (w4,) * 4 + (a3,) * 3 + (a4, w4, w4) + (f64, f64, i64, i64, i64, i64, f64),
+        "fa2_backward_half_bf16": (w4,) * 4 + (a3,) * 3 + (a4, w4, w4) + (f64, f64, i64, i64, i64, i64, f64),
+        "fa2_backward_half_dq_bf16": (w4,) * 4 + (a3,) * 3 + (w4,) + (f64, f64, i64, i64, i64, i64, f64),
     }
 
 
@@ -135,6 +140,7 @@ def _kernel(name: str, d: int, causal: bool):
     from numba_flash.fast import alg1_forward as A1
     from numba_flash.fast import alg4_backward as A4
     from numba_flash.fast import fa2_backward as B2
+    from numba_flash.fast import fa2_backward_half as HB
     from numba_flash.fast import fa2_forward as F2
     from numba_flash.fast import fa2_forward_half as H
     from numba_flash.fast import fa2_forward_tc as TC
@@ -158,6 +164,11 @@ def _kernel(name: str, d: int, causal: bool):
     if name == "alg4_backward_fast":
         f = A4.default_features()
         return A4.alg4_backward_fast_kernel(*A4.config_for(d), causal, False, False, f["VEC"], f["MAXREG"])
+    if name.startswith("fa2_backward_half_dq_"):
+        NW, MW, BC, DP = H.config_for(d)
+        return HB.fa2_backward_half_dq_kernel(NW, MW, BC, DP, causal, False, HB.default_features()["PREFETCH"], False, "bf16")
+    if name.startswith("fa2_backward_half_"):
+        return HB.fa2_backward_half_kernel(*HB.config_for(d), causal, False, True, HB.default_features()["PREFETCH"], False, name.rsplit("_", 1)[1])
     f = B2.default_features()
     if name == "fa2_backward_fast":
         return B2.fa2_backward_fast_kernel(*B2.config_for(d), causal, False, True, f["VEC"], f["PREFETCH"], f["MAXREG"])

@@ -4,8 +4,9 @@ Usage (from the repository root; needs matplotlib, ``pip install -e ".[plot]"``)
 
     python -m bench.plot_half docs/results/half_h100.json -o docs/results/half_h100.png
 
-Two rows (bfloat16, float16), panels: forward TFLOP/s against N for (d = 64, 128) x (non-causal,
-causal), and forward + backward (bfloat16, d = 64 and 128). Each implementation is a line. Device,
+One row per (dtype, pass) in the JSON (forward in bfloat16 and float16, forward + backward in
+bfloat16), four panels each: TFLOP/s against N for (d = 64, 128) x (non-causal, causal). Each
+implementation is a line. Device,
 date and versions come from the JSON's machine_info.
 """
 
@@ -43,12 +44,12 @@ def main(argv=None):
     data = json.loads(Path(args.json).read_text())
     rows = [b["extra_info"] for b in data["benchmarks"] if b.get("extra_info", {}).get("tflops") is not None]
     prov = data.get("machine_info", {}).get("numba_flash", {})
-    dtypes = [dt for dt in ("bfloat16", "float16") if any(r["dtype"] == dt for r in rows)]
-    panels = [("forward", 64, False), ("forward", 64, True), ("forward", 128, False), ("forward", 128, True),
-              ("fwd+bwd", 64, False), ("fwd+bwd", 128, False)]
-    fig, axes = plt.subplots(len(dtypes), len(panels), figsize=(4.0 * len(panels), 3.9 * len(dtypes)), sharey=True, squeeze=False)
-    for axrow, dt in zip(axes, dtypes):
-        for ax, (pas, d, causal) in zip(axrow, panels):
+    lines = [(dt, pas) for pas in ("forward", "fwd+bwd") for dt in ("bfloat16", "float16")
+             if any(r["dtype"] == dt and r.get("pass_") == pas for r in rows)]
+    panels = [(64, False), (64, True), (128, False), (128, True)]
+    fig, axes = plt.subplots(len(lines), len(panels), figsize=(4.0 * len(panels), 3.9 * len(lines)), sharey=True, squeeze=False)
+    for axrow, (dt, pas) in zip(axes, lines):
+        for ax, (d, causal) in zip(axrow, panels):
             series = defaultdict(list)
             for r in rows:
                 if r["dtype"] == dt and r.get("pass_") == pas and r["d"] == d and bool(r["causal"]) == causal:

@@ -26,5 +26,7 @@ def forward(q, k, v, prob: Problem, kernel: Kernel, block_sizes, alloc: Allocato
 def backward(dout, q, k, v, out, fwd: ForwardOutput, prob: Problem, kernel: Kernel, block_sizes, deterministic, alloc: Allocator):
     """``kernel``'s backward: (dq, dk, dv) kernel arrays, from the caller's arrays and the forward's statistics ``fwd``."""
     _cost.warn_if_slow(kernel, prob, block_sizes, stacklevel=4)
-    kq, kk, kv, ko, kdo = (alloc.to_kernel(x) for x in (q, k, v, out, dout))
+    takes_words = getattr(kernel.module, "takes_words", None)
+    to_kernel = alloc.to_words if takes_words is not None and takes_words(prob) else alloc.to_kernel
+    kq, kk, kv, ko, kdo = (to_kernel(x) for x in (q, k, v, out, dout))
     return kernel.module.backward(kdo, kq, kk, kv, ko, fwd, prob, alloc, block_sizes=block_sizes, deterministic=deterministic)

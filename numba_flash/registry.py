@@ -31,8 +31,8 @@ from . import _backend, alg0_standard, alg1_forward, alg3_backward, alg4_backwar
 from .fast import alg1_forward as fast_alg1_forward
 from .fast import alg4_backward as fast_alg4_backward
 from .fast import fa2_backward as fast_fa2_backward
+from .fast import fa2_backward_tc, fa2_forward_tc
 from .fast import fa2_forward as fast_fa2_forward
-from .fast import fa2_forward_tc
 
 ALGORITHMS = ("standard", "flash1", "flash2")
 PASSES = ("forward", "backward")
@@ -54,6 +54,7 @@ KERNELS: dict[tuple[str, str, str], ModuleType] = {
     ("flash2", "forward", "tensorcore"): fa2_forward_tc,
     ("flash2", "backward", "readable"): fa2_backward,  # FA2 Algorithm 2
     ("flash2", "backward", "fast"): fast_fa2_backward,
+    ("flash2", "backward", "tensorcore"): fa2_backward_tc,
 }
 # [/doc:registry-table]
 

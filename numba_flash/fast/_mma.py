@@ -289,6 +289,59 @@ ldmatrix_x4_asm = _ldmatrix_asm(False)
 ldmatrix_x4_trans_asm = _ldmatrix_asm(True)
 
 
+def _unpack2_asm(ptx_type: str):
+    """An intrinsic ``(lo, hi) = f(word)``: the two halves of a word as float32 (exact).
+
+    fp16: ``cvt.f32.f16`` of each 16-bit half; bf16: a bf16 is the upper 16 bits of a float32, so the low
+    half is the word shifted left by 16 and the high half the word with its low 16 bits cleared.
+    """
+    if ptx_type == "f16":
+        text = "{ .reg .b16 l, h; mov.b32 {l, h}, $2; cvt.f32.f16 $0, l; cvt.f32.f16 $1, h; }"
+    else:
+        text = "{ .reg .b32 l, h; shl.b32 l, $2, 16; and.b32 h, $2, -65536; mov.b32 $0, l; mov.b32 $1, h; }"
+    f32 = ir.FloatType()
+    fnty = ir.FunctionType(ir.LiteralStructType([f32, f32]), [ir.IntType(32)])
+
+    @intrinsic
+    def unpack2(typingctx, word):
+        def codegen(context, builder, signature, args):
+            w = context.cast(builder, args[0], signature.args[0], types.uint32)
+            r = builder.call(ir.InlineAsm(fnty, text, "=f,=f,r"), [w])
+            return context.make_tuple(builder, signature.return_type, [builder.extract_value(r, 0), builder.extract_value(r, 1)])
+
+        return types.UniTuple(types.float32, 2)(word), codegen
+
+    return unpack2
+
+
+unpack2_f16_asm = _unpack2_asm("f16")
+unpack2_bf16_asm = _unpack2_asm("bf16")
+
+
+@functools.cache
+def make_unpack2(kind: str, simulator: bool | None = None):
+    """``unpack2(word) -> (lo, hi)``: the two ``kind`` halves of a word (:func:`_pack2_asm`'s layout) as float32.
+
+    The half backward's pre-pass ``D = rowsum(dO o O)`` reads O and dO this way (the mma does not need it).
+    """
+    if kind not in ("f16", "bf16"):
+        raise ValueError(f"kind must be 'f16' or 'bf16', got {kind!r}")
+    if not (_backend.is_simulator() if simulator is None else simulator):
+        asm = unpack2_f16_asm if kind == "f16" else unpack2_bf16_asm
+
+        @cuda.jit(device=True, inline="always")
+        def unpack2(word):
+            return asm(word)
+
+        return unpack2
+
+    def unpack2(word):
+        w = int(word) & 0xFFFFFFFF
+        return float32(half_value_host(w, kind)), float32(half_value_host(w >> 16, kind))
+
+    return cuda.jit(device=True)(unpack2)
+
+
 def half_bits_host(x, kind: str) -> int:
     """The 16-bit pattern of float32 ``x`` rounded to nearest-even in ``kind`` (``"f16"`` or ``"bf16"``)."""
     x = np.float32(x)

@@ -3,8 +3,8 @@
 Implementations (``extra_info["algorithm"]``), all in the inputs' half dtype and in the same session:
 
 * ``flash2``: ``flash_attn_func(..., algorithm="flash2")`` with its default kernels: on a GPU the half
-  forward of :mod:`numba_flash.fast.fa2_forward_half`; the backward is the float32 FFMA kernel (on
-  upcast inputs, :mod:`numba_flash.fast.fa2_backward`);
+  forward of :mod:`numba_flash.fast.fa2_forward_half` and the half backward of
+  :mod:`numba_flash.fast.fa2_backward_half` (both ``mma.sync.m16n8k16``, no upcast);
 * ``sdpa_flash`` (FA2's own CUDA kernels), ``sdpa_cudnn`` (cuDNN's fused attention), ``sdpa_mem_efficient``
   (xformers' CUTLASS kernel): ``scaled_dot_product_attention`` with one backend forced;
 * ``torch_naive``: ``softmax(q k^T * scale) v`` in the half dtype (the N x N matrices in HBM).
@@ -32,7 +32,7 @@ IMPLS = ("flash2", *SDPA_IMPLS, "torch_naive") if bu.ON_GPU else ("flash2",)
 DTYPES = ("bfloat16", "float16") if bu.ON_GPU else ("float16",)
 SEQLENS = (512, 1024, 2048, 4096, 8192, 16384) if bu.ON_GPU else (bu.SIM_SHAPE["seqlen"],)
 HEADDIMS = bu.HEADDIMS if bu.ON_GPU else (bu.SIM_SHAPE["headdim"],)
-FWDBWD_SEQLENS = (1024, 2048, 4096) if bu.ON_GPU else (bu.SIM_SHAPE["seqlen"],)
+FWDBWD_SEQLENS = (1024, 2048, 4096, 8192, 16384) if bu.ON_GPU else (bu.SIM_SHAPE["seqlen"],)
 
 
 def _forward_call(impl, q, k, v, causal):
@@ -91,16 +91,17 @@ def test_bench_half_forward(benchmark, impl, dtype, seqlen, headdim, causal):
     _record(benchmark, bu.flops_forward(b, h, n, n, d, causal))
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
 @pytest.mark.parametrize("headdim", HEADDIMS)
 @pytest.mark.parametrize("seqlen", FWDBWD_SEQLENS)
 @pytest.mark.parametrize("dtype", DTYPES[:1])
 @pytest.mark.parametrize("impl", [i for i in IMPLS if i != "torch_naive"])
-def test_bench_half_forward_backward(benchmark, impl, dtype, seqlen, headdim):
-    """Forward + backward, non-causal, bfloat16 (our backward is the float32 FFMA kernel on upcast inputs)."""
+def test_bench_half_forward_backward(benchmark, impl, dtype, seqlen, headdim, causal):
+    """Forward + backward, bfloat16, causal and not."""
     shape = bu.fa2_shape(seqlen, headdim)
     b, h, n, d = shape["batch"], shape["nheads"], shape["seqlen"], shape["headdim"]
-    benchmark.group = f"half fwd+bwd {dtype} d={d} N={n}"
-    benchmark.extra_info.update(algorithm=impl, dtype=dtype, pass_="fwd+bwd", N=n, d=d, batch=b, nheads=h, causal=False,
+    benchmark.group = f"half fwd+bwd {dtype} d={d} N={n} causal={causal}"
+    benchmark.extra_info.update(algorithm=impl, dtype=dtype, pass_="fwd+bwd", N=n, d=d, batch=b, nheads=h, causal=causal,
                                 device=bu.device_name(), functional_only=not bu.ON_GPU)
     if not bu.ON_GPU:
         from numba_flash import attention_backward_numpy, attention_numpy
@@ -110,7 +111,7 @@ def test_bench_half_forward_backward(benchmark, impl, dtype, seqlen, headdim):
         q, k, v = bu.make_inputs(b, h, n, d, dtype=dtype)
 
         def step():
-            out, st = attention_numpy(q, k, v, algorithm="flash2", variant="tensorcore", return_stats=True)
+            out, st = attention_numpy(q, k, v, causal=causal, algorithm="flash2", variant="tensorcore", return_stats=True)
             return attention_backward_numpy(np.ones_like(q), q, k, v, out, st)
 
         benchmark.pedantic(step, rounds=1, iterations=1)
@@ -121,7 +122,7 @@ def test_bench_half_forward_backward(benchmark, impl, dtype, seqlen, headdim):
     bu.free_memory()
     q, k, v = bu.make_inputs(b, h, n, d, seed=n + d, requires_grad=True, dtype=dtype)
     dout = torch.randn_like(q)
-    fwd = _forward_call(impl, q, k, v, False)
+    fwd = _forward_call(impl, q, k, v, causal)
 
     def step():
         for x in (q, k, v):
@@ -129,4 +130,4 @@ def test_bench_half_forward_backward(benchmark, impl, dtype, seqlen, headdim):
         fwd().backward(dout)
 
     _run(benchmark, step, 3, 0)
-    _record(benchmark, 3.5 * bu.flops_forward(b, h, n, n, d))
+    _record(benchmark, 3.5 * bu.flops_forward(b, h, n, n, d, causal))

@@ -1,4 +1,5 @@
-"""The fp16 / bf16 FA2 forward on the tensor cores (:mod:`numba_flash.fast.fa2_forward_half`).
+"""The fp16 / bf16 FA2 forward and backward on the tensor cores (:mod:`numba_flash.fast.fa2_forward_half`,
+:mod:`numba_flash.fast.fa2_backward_half`).
 
 Claims checked (flash-attn's rule for half inputs, ``tests/test_flash_attn.py``: the kernel's error is at
 most 2x the error of a naive attention computed *in the same half dtype*, both against a reference
@@ -9,13 +10,14 @@ computed in float64 from the same half inputs):
   GQA/MQA and dropout (the same counter-hash mask as every kernel); ``L`` (float32) within 2x the error
   of a float32 logsumexp, since ``S`` is the float32 sum of exact half products; every output element
   written (NaN-poisoned outputs).
-* Training on half inputs: the half forward with the float32 FFMA backward (what ``"auto"`` runs for
-  half inputs that require grad) gives gradients within 3x the error of naive attention's autograd in
-  the same half dtype.
+* Training on half inputs: the half forward with the half backward (what ``"tensorcore"`` runs, and
+  ``"auto"`` on a GPU) gives dQ, dK, dV in the input dtype within 3x the error of naive attention's
+  autograd in the same half dtype, on the same ragged/causal/GQA/dropout cases; ``deterministic=True``
+  (the dQ kernel, no atomics) too, with dK, dV bitwise equal to the atomic mode's (the same main kernel).
 * What the half kernel does not take still runs, through the float32 kernels: odd head dims (no words)
   and non-contiguous inputs (copied to words).
-* On a GPU (marker ``gpu``): the same at realistic shapes (N up to 2048, d up to 128), bitwise
-  reproducible forwards.
+* On a GPU (marker ``gpu``): the same at realistic shapes (N up to 4096, d up to 128), bitwise
+  reproducible forwards and deterministic backwards.
 
 Simulator shapes stay tiny (N <= 40, d <= 32, tiles 16): each ``mma`` there is a lane exchange with
 two block barriers.
@@ -25,7 +27,7 @@ from __future__ import annotations
 
 from numba_flash import api
 from numba_flash._launch import poison_outputs
-from numba_flash.fast import fa2_forward_half
+from numba_flash.fast import fa2_backward_half, fa2_backward_tc, fa2_forward_half
 from numba_flash_reference.alg0_standard import standard_attention
 
 import numpy as np
@@ -133,9 +135,52 @@ def _check_grads(th, causal, p, seed, device, **kw):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_half_forward_with_the_float32_backward_gives_gradients_within_3x_naive_half_error(rng, dtype):
-    th, _ = _inputs(rng, dtype, 1, 19, 40, 2, 1, 16)
-    _check_grads(th, True, 0.15, int(rng.integers(0, 2**32)), "cpu", variant="tensorcore", block_sizes=(16, 16))
+@pytest.mark.parametrize(("b", "s_q", "s_k", "h", "h_k", "d", "causal", "p", "bs"), SIM_CASES)
+def test_half_backward_gives_gradients_within_3x_naive_half_error(rng, monkeypatch, dtype, b, s_q, s_k, h, h_k, d, causal, p, bs):
+    th, _ = _inputs(rng, dtype, b, s_q, s_k, h, h_k, d)
+    ran = _spy(monkeypatch)
+    _check_grads(th, causal, p, int(rng.integers(0, 2**32)), "cpu", variant="tensorcore", block_sizes=bs)
+    assert ran == [False], "the half backward (atomic dQ) must be what ran"
+
+
+def _spy(monkeypatch):
+    """Record the ``deterministic`` flag of every call of the half backward."""
+    ran = []
+    real = fa2_backward_half.backward
+
+    def spy(*args, **kw):
+        ran.append(kw.get("deterministic"))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(fa2_backward_half, "backward", spy)
+    return ran
+
+
+@pytest.mark.parametrize(("dtype", "case"), [pytest.param(torch.float16, SIM_CASES[2].values, id="fp16-" + SIM_CASES[2].id),
+                                           pytest.param(torch.bfloat16, SIM_CASES[1].values, id="bf16-" + SIM_CASES[1].id)])
+def test_deterministic_half_backward_is_within_3x_and_shares_dk_dv_with_the_atomic_one(rng, monkeypatch, dtype, case):
+    b, s_q, s_k, h, h_k, d, causal, p, bs = case
+    th, _ = _inputs(rng, dtype, b, s_q, s_k, h, h_k, d)
+    seed = int(rng.integers(0, 2**32))
+    ran = _spy(monkeypatch)
+    _check_grads(th, causal, p, seed, "cpu", variant="tensorcore", block_sizes=bs, deterministic=True)
+    g = torch.Generator(device="cpu").manual_seed(seed % 2**31)
+    dout = torch.randn(th[0].shape, generator=g).to(dtype)
+    grads = []
+    for det in (False, True):
+        xs = [x.detach().clone().requires_grad_(True) for x in th]
+        api.flash_attn_func(*xs, p, causal=causal, seed=seed, variant="tensorcore", block_sizes=bs, deterministic=det).backward(dout)
+        grads.append([x.grad for x in xs])
+    assert ran == [True, False, True]
+    assert torch.equal(grads[0][1], grads[1][1]) and torch.equal(grads[0][2], grads[1][2]), "dK, dV come from the same main kernel"
+
+
+def test_float32_and_odd_head_dims_keep_the_ffma_backward_in_the_tensorcore_variant():
+    for dt, d, half in ((np.float16, 16, True), (np.float16, 7, False), (np.float32, 16, False)):
+        prob = api.check_attention_args(*(np.zeros((1, 20, 1, d), dt),) * 3)
+        names = [k.name for k in fa2_backward_tc.compiled_kernels(prob, (16, 16))]
+        assert fa2_backward_tc.takes_words(prob) == half
+        assert all(("tensor cores" in n) == half for n in names), names
 
 
 # ------------------------------------------------------------------------------------------------
@@ -173,7 +218,24 @@ def test_half_forward_is_bitwise_reproducible(rng, dtype):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize(("b", "s_q", "s_k", "h", "h_k", "d", "causal", "p"), [GPU_CASES[0], GPU_CASES[2], GPU_CASES[4]])
-def test_half_training_gives_gradients_within_3x_naive_half_error_on_gpu_shapes(rng, dtype, b, s_q, s_k, h, h_k, d, causal, p):
+@pytest.mark.parametrize(("b", "s_q", "s_k", "h", "h_k", "d", "causal", "p"), GPU_CASES)
+def test_half_training_gives_gradients_within_3x_naive_half_error_on_gpu_shapes(rng, monkeypatch, dtype, b, s_q, s_k, h, h_k, d, causal, p):
     th, _ = _inputs(rng, dtype, b, s_q, s_k, h, h_k, d, device="cuda")
-    _check_grads(th, causal, p, int(rng.integers(0, 2**32)), "cuda")  # auto: the half forward, the fast backward
+    ran = _spy(monkeypatch)
+    _check_grads(th, causal, p, int(rng.integers(0, 2**32)), "cuda")  # auto: the half forward and the half backward
+    assert ran == [False]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_deterministic_half_backward_is_bitwise_reproducible_and_within_3x(rng, dtype):
+    th, _ = _inputs(rng, dtype, 2, 1000, 1000, 4, 2, 64, device="cuda")
+    _check_grads(th, True, 0.0, 7, "cuda", deterministic=True)
+    dout = torch.randn(th[0].shape, device="cuda").to(dtype)
+    runs = []
+    for _ in range(3):
+        xs = [x.detach().clone().requires_grad_(True) for x in th]
+        api.flash_attn_func(*xs, causal=True, deterministic=True).backward(dout)
+        runs.append([x.grad for x in xs])
+    for r in runs[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(r, runs[0]))

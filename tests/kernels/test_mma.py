@@ -215,3 +215,40 @@ def test_ldmatrix_x4_gives_each_lane_its_fragment_words(rng):
             M = H[8 * j:8 * j + 8]
             assert R[lane, j] == W[8 * j + g, t], "ldmatrix: word t of row g of matrix j"
             assert RT[lane, j] == M[2 * t, g] | (M[2 * t + 1, g] << 16), "ldmatrix.trans: elements (2t, g), (2t + 1, g)"
+
+
+_UNPACK = {kind: _mma.make_unpack2(kind) for kind in ("f16", "bf16")}
+
+
+def _make_unpack_kernel(kind):
+    unpack2 = _UNPACK[kind]
+
+    @cuda.jit
+    def unpack_kernel(words, lo, hi):
+        i = cuda.grid(1)
+        if i < words.size:
+            lo[i], hi[i] = unpack2(words[i])
+
+    return unpack_kernel
+
+
+_UNPACK_KERNELS = {kind: _make_unpack_kernel(kind) for kind in ("f16", "bf16")}
+
+
+@pytest.mark.skipif(not _tf32_ok(), reason="needs mma.sync (compute capability >= 8.0)")
+@pytest.mark.parametrize("kind", ["f16", "bf16"])
+def test_unpack2_gives_back_both_halves_of_a_word_exactly(rng, kind):
+    # every finite pattern class: random bits (subnormals, both signs, large exponents), plus +-0 and +-inf;
+    # NaN patterns are left out (their payload is not a value)
+    bits = rng.integers(0, 2**16, 4096).astype(np.uint32)
+    vals = np.array([_mma.half_value_host(b, kind) for b in bits])
+    bits = np.concatenate([bits[np.isfinite(vals)], _host_bits(np.array([0.0, -0.0, np.inf, -np.inf], np.float32), kind)])
+    lo_bits, hi_bits = bits, bits[::-1].copy()
+    words = (lo_bits | (hi_bits << 16)).astype(np.uint32)
+    lo = np.full(words.size, np.nan, np.float32)
+    hi = np.full(words.size, np.nan, np.float32)
+    _UNPACK_KERNELS[kind][(words.size + 127) // 128, 128](words, lo, hi)
+    want_lo = np.array([_mma.half_value_host(b, kind) for b in lo_bits], np.float32)
+    want_hi = np.array([_mma.half_value_host(b, kind) for b in hi_bits], np.float32)
+    assert np.array_equal(lo.view(np.uint32), want_lo.view(np.uint32)), "low half (bits, so -0.0 counts)"
+    assert np.array_equal(hi.view(np.uint32), want_hi.view(np.uint32)), "high half"

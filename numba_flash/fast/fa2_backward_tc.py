@@ -1,0 +1,47 @@
+"""FlashAttention-2 Algorithm 2, variant ``"tensorcore"``: which backward kernel runs on the tensor cores.
+
+* float16 / bfloat16 inputs with an even head dim up to 128 (:func:`takes_words`): the native half
+  backward :mod:`numba_flash.fast.fa2_backward_half` (``mma.sync.m16n8k16``, float32 accumulation), on
+  half words, as the half forward :mod:`numba_flash.fast.fa2_forward_half` runs them.
+* everything else (float32 inputs, odd or large head dims): the float32 FFMA kernel
+  :mod:`numba_flash.fast.fa2_backward` (a 3xTF32 tensor-core backward for float32 is not written yet);
+  :func:`compiled_kernels` names the kernel that runs, so the stats of a call say which one it was.
+"""
+
+from __future__ import annotations
+
+from .._launch import KernelLaunch, Problem
+from . import fa2_backward as fa2_backward_fast
+from . import fa2_backward_half
+from .fa2_forward_tc import available  # noqa: F401  (the kernel contract's optional available())
+
+
+def takes_words(prob: Problem) -> bool:
+    """Whether :func:`backward` takes q, k, v, O, dO as half words (the half kernel runs ``prob``)."""
+    return fa2_backward_half.handles(prob)
+
+
+def choose_block_sizes(prob: Problem, block_sizes=None) -> tuple[int, int]:
+    """(Br, Bc) of the main kernel that runs ``prob``."""
+    module = fa2_backward_half if takes_words(prob) else fa2_backward_fast
+    return module.choose_block_sizes(prob, block_sizes)
+
+
+def sram_bytes(prob: Problem, block_sizes=None) -> int:
+    """Dynamic shared memory per block of the main kernel that runs ``prob``, in bytes."""
+    module = fa2_backward_half if takes_words(prob) else fa2_backward_fast
+    return module.sram_bytes(prob, block_sizes)
+
+
+def compiled_kernels(prob: Problem, block_sizes=None, deterministic=False) -> list[KernelLaunch]:
+    """The kernels :func:`backward` launches for ``prob``, compiled (not launched)."""
+    if takes_words(prob):
+        return fa2_backward_half.compiled_kernels(prob, block_sizes, deterministic)
+    return [KernelLaunch(f"{k.name} (the tensor-core module's float32 path)", k.dispatcher, k.threads, k.blocks)
+            for k in fa2_backward_fast.compiled_kernels(prob, block_sizes, deterministic)]
+
+
+def backward(dout, q, k, v, out, fwd, prob: Problem, alloc, block_sizes=None, deterministic=False):
+    """FA2 Algorithm 2: the half kernel on words for the inputs it :func:`takes_words`, the FFMA kernel otherwise."""
+    module = fa2_backward_half if takes_words(prob) else fa2_backward_fast
+    return module.backward(dout, q, k, v, out, fwd, prob, alloc, block_sizes=block_sizes, deterministic=deterministic)
