@@ -39,10 +39,10 @@ TILINGS = {
     128: [(8, 1, 64, False), (8, 1, 64, True), (4, 1, 64, False), (4, 2, 32, False), (8, 1, 32, False), (4, 1, 128, False)],
 }
 
-#: head dim -> backward tilings (NW, MW, Br, PREFETCH); the first is the module's default
+#: head dim -> backward tilings (NW, MW, Br, PREFETCH, RED2); the first is the module's default on sm_90
 BWD_TILINGS = {
-    64: [(4, 1, 64, True), (4, 1, 64, False), (4, 1, 32, True), (8, 1, 32, True), (8, 1, 64, True), (2, 2, 64, True)],
-    128: [(4, 1, 32, True), (4, 1, 16, True), (4, 1, 16, False), (8, 1, 16, False), (8, 1, 32, False), (2, 1, 32, True)],
+    64: [(8, 1, 64, True, True), (8, 1, 64, True, False), (8, 1, 32, True, True), (4, 1, 64, True, True)],
+    128: [(8, 1, 32, True, True), (8, 1, 32, True, False), (8, 1, 32, False, True), (8, 1, 16, False, True)],
 }
 
 
@@ -61,16 +61,17 @@ def _call(q, k, v, causal, tiling):
 
 def _call_bwd(q, k, v, causal, tiling):
     """The half forward, then the backward with ``tiling``: ``(run, prob, cfg)``, ``run() -> (dq, dk, dv)``."""
-    NW, MW, Br, pf = tiling
+    NW, MW, Br, pf, red2 = tiling
     prob = check_attention_args(q, k, v, 0.0, None, causal, 0)
     cfg = (NW, MW, Br, H.config_for(prob.headdim)[3])
+    feats = {"PREFETCH": pf, "RED2": red2}
     dout = q.detach().clone().normal_()
 
     def run():
         alloc = Allocator(q)
         kq, kk, kv = (alloc.to_words(x) for x in (q, k, v))
         fwd = H.forward(kq, kk, kv, prob, alloc)
-        grads = HB.backward(alloc.to_words(dout), kq, kk, kv, fwd.out, fwd, prob, alloc, config=cfg, features={"PREFETCH": pf})
+        grads = HB.backward(alloc.to_words(dout), kq, kk, kv, fwd.out, fwd, prob, alloc, config=cfg, features=feats)
         return tuple(alloc.result(x, q.dtype) for x in grads)
 
     run.dout = dout
@@ -143,8 +144,8 @@ def main(argv=None):
     if args.dry_run and args.backward:
         for d in args.headdims:
             DP = HB.config_for(d)[3]
-            for NW, MW, Br, pf in BWD_TILINGS[d]:
-                print(f"backward d={d} NW={NW} MW={MW} Br={Br} Bc={16 * NW * MW} prefetch={pf}: {32 * NW} threads, "
+            for NW, MW, Br, pf, red2 in BWD_TILINGS[d]:
+                print(f"backward d={d} NW={NW} MW={MW} Br={Br} Bc={16 * NW * MW} prefetch={pf} red2={red2}: {32 * NW} threads, "
                       f"{4 * HB.smem_words(NW, MW, Br, DP)} B dynamic SRAM")
         return 0
     if args.dry_run:
@@ -168,13 +169,14 @@ def main(argv=None):
             for causal in (False, True):
                 flops = bu.flops_forward(b, h, n, n, d, causal) * (3.5 if args.backward else 1.0)
                 cands = [("sdpa_" + be, _sdpa_call(q, k, v, causal, be, args.backward), None) for be in ("flash", "cudnn", "efficient")]
-                cands += [(f"{tag} NW{t[0]} MW{t[1]} {'Br' if args.backward else 'Bc'}{t[2]} pf{int(t[3])}", None, t) for t in tilings[d]]
+                cands += [(f"{tag} NW{t[0]} MW{t[1]} {'Br' if args.backward else 'Bc'}{t[2]} pf{int(t[3])}" + (f" red2{int(t[4])}" if args.backward else ""), None, t)
+                          for t in tilings[d]]
                 for name, fn, tiling in cands:
                     row = dict(impl=name, N=n, d=d, batch=b, nheads=h, causal=causal, dtype=args.dtype)
                     try:
                         if tiling is not None:
                             fn, prob, cfg = call(q, k, v, causal, tiling)
-                            kernel = plan(prob, config=cfg, features={"PREFETCH": tiling[3]})[0]
+                            kernel = plan(prob, config=cfg, features={"PREFETCH": tiling[3], **({"RED2": tiling[4]} if args.backward else {})})[0]
                             fn()  # compile
                             res = _inspect.kernel_resources(kernel)
                             row.update(regs=res["regs_per_thread"], local=res["local_mem_per_thread"],

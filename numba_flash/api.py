@@ -21,8 +21,9 @@ a kernel module; every module follows the contract of :class:`numba_flash._launc
 kernel arrays, and this module does the checking, conversion and dispatch once for all of them.
 
 Precision: the kernels compute in float32 whatever the inputs' floating dtype (float16, bfloat16,
-float32, float64), except FA2's tensor-core forward, which runs float16/bfloat16 natively (half inputs,
-float32 accumulation and softmax, :mod:`numba_flash.fast.fa2_forward_half`); outputs and gradients
+float32, float64), except FA2's tensor-core kernels, which run float16/bfloat16 natively (half inputs,
+float32 accumulation and softmax, :mod:`numba_flash.fast.fa2_forward_half` and
+:mod:`numba_flash.fast.fa2_backward_half`); outputs and gradients
 come back in the input's dtype. float64 inputs therefore
 get float32 accuracy (about 1e-7 relative), and ``torch.autograd.gradcheck`` needs a step and
 tolerances sized for float32 (see :func:`flash_attn_func`).

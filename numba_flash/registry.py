@@ -6,7 +6,9 @@ of one *algorithm* (``"standard"``, ``"flash1"``, ``"flash2"``) in one *variant*
 * ``"readable"``: the kernel that follows the paper line by line (``numba_flash/<name>.py``, tagged
   ``# Alg.1 L9: ...``), the one to read beside the paper and beside ``reference/<name>.py``;
 * ``"fast"``: its register-blocked twin (``numba_flash/fast/<name>.py``), same algorithm and schedule;
-* ``"tensorcore"``: FA2's forward on the tensor cores (3xTF32 ``mma.sync``, float32 accuracy).
+* ``"tensorcore"``: FA2 on the tensor cores: the forward in 3xTF32 ``mma.sync`` (float32 accuracy) or,
+  for float16/bfloat16 inputs, ``m16n8k16``; the backward ``m16n8k16`` for half inputs, the FFMA
+  kernel for float32 (:mod:`numba_flash.fast.fa2_backward_tc` says which ran).
 
 :data:`KERNELS` maps ``(algorithm, pass, variant)`` to the module, with plain imports, so a reader
 (or a tool) can follow every call statically. Every module follows the one contract of
@@ -182,7 +184,7 @@ def resolve_pair(algorithm, variant="auto") -> tuple[Kernel, Kernel]:
     """(forward, backward) kernels for ``variant`` (names as :func:`pair_variants` gives them).
 
     A named variant must exist for at least one pass; a pass that lacks it runs its ``"auto"`` kernel
-    (e.g. ``variant="tensorcore"`` runs FA2's tensor-core forward and its fast backward). Both
+    (e.g. ``variant="tensorcore"`` of ``"flash1"`` does not exist: the named variant must exist for one pass). Both
     kernels that ran are reported in the stats, so this is never silent.
     """
     fwd_variant, bwd_variant = pair_variants(algorithm, variant)

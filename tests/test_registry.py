@@ -233,5 +233,5 @@ def test_auto_pairs_the_ffma_forward_with_the_backward_when_training():
     assert registry.pair_variants("flash2", "auto") == ("auto", "auto")
     assert registry.pair_variants("flash2", "auto", training=True) == ("fast", "auto")
     assert registry.pair_variants("flash2", "auto", training=True, half=True) == ("auto", "auto")  # the half kernel trains
-    assert registry.pair_variants("flash2", "tensorcore", training=True) == ("tensorcore", "auto")
+    assert registry.pair_variants("flash2", "tensorcore", training=True) == ("tensorcore", "tensorcore")
     assert registry.pair_variants("flash1", "auto", training=True) == ("auto", "auto")

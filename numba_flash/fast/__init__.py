@@ -13,6 +13,8 @@ module                             variant       what it is
 ``fast/fa2_forward_tc.py``         ``tensorcore``  FA2 Algorithm 1 on the tensor cores (3xTF32 mma.sync)
 ``fast/fa2_forward_half.py``       (tensorcore)  the same for fp16/bf16 inputs (m16n8k16), run by fa2_forward_tc
 ``fast/fa2_backward.py``           ``fast``      FA2 Algorithm 2, register-blocked
+``fast/fa2_backward_tc.py``        ``tensorcore``  FA2 Algorithm 2: the half kernel for fp16/bf16, else fa2_backward
+``fast/fa2_backward_half.py``      (tensorcore)  FA2 Algorithm 2 for fp16/bf16 inputs (m16n8k16), run by fa2_backward_tc
 =================================  ============  =================================================
 
 Helpers: :mod:`~numba_flash.fast._regtile` (register-tile steps shared by the FFMA kernels),

@@ -27,6 +27,7 @@ import math
 import numpy as np
 from llvmlite import ir
 from numba import cuda, float32, types, uint32
+from numba.core import cgutils
 from numba.core.extending import intrinsic
 
 from .. import _backend
@@ -340,6 +341,59 @@ def make_unpack2(kind: str, simulator: bool | None = None):
         return float32(half_value_host(w, kind)), float32(half_value_host(w >> 16, kind))
 
     return cuda.jit(device=True)(unpack2)
+
+
+def _red_add_v2_asm():
+    """An intrinsic ``f(arr, (i0, .., ik), x, y)``: ``arr[i0, .., ik] += x`` and the next element ``+= y``, in one
+    ``red.global.add.v2.f32`` (sm_90).
+
+    ``arr`` is a float32 array in global memory whose last dimension is contiguous, and the last index is
+    even (the vector needs 8-byte alignment). Half the reduction instructions of two scalar atomic adds.
+    """
+    text = "{ .reg .u64 a; cvta.to.global.u64 a, $0; red.global.add.v2.f32 [a], {$1, $2}; }"
+    fnty = ir.FunctionType(ir.VoidType(), [ir.IntType(64), ir.FloatType(), ir.FloatType()])
+
+    @intrinsic
+    def red_add_v2(typingctx, arr, index, x, y):
+        def codegen(context, builder, signature, args):
+            aryty, idxty, _, _ = signature.args
+            ary = context.make_array(aryty)(context, builder, args[0])
+            idx = [context.cast(builder, builder.extract_value(args[1], k), idxty[k], types.intp) for k in range(aryty.ndim)]
+            ptr = cgutils.get_item_pointer(context, builder, aryty, ary, idx, wraparound=False)
+            addr = builder.ptrtoint(ptr, ir.IntType(64))
+            builder.call(ir.InlineAsm(fnty, text, "l,f,f", side_effect=True), [addr, args[2], args[3]])
+            return context.get_dummy_value()
+
+        return types.void(arr, index, types.float32, types.float32), codegen
+
+    return red_add_v2
+
+
+red_add_v2_asm = _red_add_v2_asm()
+
+
+@functools.cache
+def make_atomic_add2(vector: bool, simulator: bool | None = None):
+    """``add2(arr, (b, r, h, c), x, y)``: ``arr[b, r, h, c] += x`` and ``arr[b, r, h, c + 1] += y``, atomically (float32).
+
+    ``vector`` (a GPU of compute capability 9.0+): one ``red.global.add.v2.f32``; otherwise, and in the
+    simulator, two ``cuda.atomic.add``. The half backward adds its dQ fragments (two adjacent columns
+    per lane) this way.
+    """
+    if vector and not (_backend.is_simulator() if simulator is None else simulator):
+
+        @cuda.jit(device=True, inline="always")
+        def add2(arr, idx, x, y):
+            red_add_v2_asm(arr, idx, x, y)
+
+        return add2
+
+    @cuda.jit(device=True, inline="always")
+    def add2(arr, idx, x, y):
+        cuda.atomic.add(arr, idx, x)
+        cuda.atomic.add(arr, (idx[0], idx[1], idx[2], idx[3] + 1), y)
+
+    return add2
 
 
 def half_bits_host(x, kind: str) -> int:

@@ -156,7 +156,7 @@ def row_dot_words(out, dout, prob: Problem, alloc):
 
 @functools.cache
 def fa2_backward_half_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, DROPOUT: bool, ATOMIC_DQ: bool,
-                             PREFETCH: bool, SIM: bool, KIND: str, FROM_LSE: bool = False):
+                             PREFETCH: bool, SIM: bool, KIND: str, FROM_LSE: bool = False, RED2: bool = False):
     """The main (column-block) half backward kernel: dK, dV, and with ``ATOMIC_DQ`` the atomic dQ adds.
 
     Kernel arguments: ``gQ, gdO (b, s_q, h, d/2)``, ``gK, gV (b, s_k, h_k, d/2)`` (int32 words), ``gm, gl,
@@ -218,6 +218,7 @@ def fa2_backward_half_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
     _, first_row_block = _tiles.make_block_counts(BR, BC, CAUSAL)
     pack2, mma16, ldsm, ldsm_t = _mma.make_half_ops(KIND, SIM)
     row_stats = _regtile.make_row_stats(FROM_LSE)
+    add2 = _mma.make_atomic_add2(RED2, SIM)
 
     # [doc:fa2-half-bwd-kernel]
     @cuda.jit(fastmath=False)
@@ -443,9 +444,9 @@ def fa2_backward_half_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
                         if row < s_q:
                             for dn in range(NDW):
                                 col = 8 * (dq0 + dn) + 2 * int(t)
-                                for cc in range(2):
-                                    if col + cc < 2 * dw:
-                                        cuda.atomic.add(gdQ, (b, row, h, col + cc), rdQ[(qq * NDW + dn) * 4 + 2 * hf + cc])  # HBM read+write: Br*d
+                                if col < 2 * dw:  # d is even: both columns or neither
+                                    f = (qq * NDW + dn) * 4 + 2 * hf
+                                    add2(gdQ, (b, row, h, col), rdQ[f], rdQ[f + 1])  # HBM read+write: Br*d
             # [/doc:fa2-half-bwd-inner-loop]
 
         # FA2.2 L17-L18: write dK_j, dV_j to HBM, rounded to half (lane (g, t): word 4 dn + t of key rows g, g + 8)
@@ -663,8 +664,11 @@ def available() -> bool:
 
 def default_features() -> dict:
     """``PREFETCH``: load the next step's Q_i, dO_i (main kernel) or K_j, V_j (dQ kernel) into registers
-    during the compute of this one."""
-    return {"PREFETCH": True}
+    during the compute of this one. ``RED2``: add the dQ fragments with ``red.global.add.v2.f32`` (two
+    columns per instruction). None: on compute capability 9.0+, except causal at d > 64, where the
+    vector form's extra registers made ptxas spill 144 B instead of 80 B and the kernel 17-21 % slower
+    (``docs/results/sweeps/half_bwd_sweep_h100_v2_red2.json``); elsewhere it is 1-8 % faster."""
+    return {"PREFETCH": True, "RED2": None}
 
 
 def plan(prob: Problem, block_sizes=None, config=None, features=None, deterministic=False, from_lse=False):
@@ -682,7 +686,11 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None, determinis
     nbytes = 4 * smem_words(NW, MW, BR, DP)
     _plan.check_sram(nbytes, BR, BC, d)
     dropout = prob.dropout_p > 0
-    main = fa2_backward_half_kernel(NW, MW, BR, DP, prob.causal, dropout, not deterministic, bool(feats["PREFETCH"]), sim, kind, bool(from_lse))
+    red2 = feats["RED2"]
+    if red2 is None:
+        red2 = not sim and cuda.get_current_device().compute_capability >= (9, 0) and not (prob.causal and DP > 64)
+    main = fa2_backward_half_kernel(NW, MW, BR, DP, prob.causal, dropout, not deterministic, bool(feats["PREFETCH"]), sim, kind,
+                                    bool(from_lse), bool(red2))
     grid = bh_grid(ceil_div(prob.seqlen_k, BC), prob.batch * prob.nheads_k)
     dq = None
     NWq, MWq, BCq, _ = fa2_forward_half.config_for(d, block_sizes)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from .._launch import KernelLaunch, Problem
 from . import fa2_backward as fa2_backward_fast
 from . import fa2_backward_half
+from .fa2_backward import backward as _ffma_backward  # bound once: a call here is this module's, not the "fast" entry's
 from .fa2_forward_tc import available  # noqa: F401  (the kernel contract's optional available())
 
 
@@ -43,5 +44,5 @@ def compiled_kernels(prob: Problem, block_sizes=None, deterministic=False) -> li
 
 def backward(dout, q, k, v, out, fwd, prob: Problem, alloc, block_sizes=None, deterministic=False):
     """FA2 Algorithm 2: the half kernel on words for the inputs it :func:`takes_words`, the FFMA kernel otherwise."""
-    module = fa2_backward_half if takes_words(prob) else fa2_backward_fast
-    return module.backward(dout, q, k, v, out, fwd, prob, alloc, block_sizes=block_sizes, deterministic=deterministic)
+    run = fa2_backward_half.backward if takes_words(prob) else _ffma_backward
+    return run(dout, q, k, v, out, fwd, prob, alloc, block_sizes=block_sizes, deterministic=deterministic)

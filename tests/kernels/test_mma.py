@@ -252,3 +252,30 @@ def test_unpack2_gives_back_both_halves_of_a_word_exactly(rng, kind):
     want_hi = np.array([_mma.half_value_host(b, kind) for b in hi_bits], np.float32)
     assert np.array_equal(lo.view(np.uint32), want_lo.view(np.uint32)), "low half (bits, so -0.0 counts)"
     assert np.array_equal(hi.view(np.uint32), want_hi.view(np.uint32)), "high half"
+
+
+def _make_add2_kernel(vector):
+    add2 = _mma.make_atomic_add2(vector)
+
+    @cuda.jit
+    def add2_kernel(out, vals):
+        """Thread i adds vals[i, 0], vals[i, 1] to columns 2 (i % 4), + 1 of row (i // 4) % 3 of out[1, :, 1, :]."""
+        i = cuda.grid(1)
+        if i < vals.shape[0]:
+            add2(out, (1, (i // 4) % 3, 1, 2 * (i % 4)), vals[i, 0], vals[i, 1])
+
+    return add2_kernel
+
+
+@pytest.mark.parametrize("vector", [pytest.param(False, id="two-atomics"), pytest.param(True, id="red.v2")])
+def test_atomic_add2_adds_both_columns_of_every_lane(rng, vector):
+    if vector and not _backend.is_simulator() and cuda.get_current_device().compute_capability < (9, 0):
+        pytest.skip("red.global.add.v2.f32 needs compute capability 9.0")
+    vals = rng.integers(-64, 65, (96, 2)).astype(np.float32)  # small integers: every order of the sums is exact
+    out = np.zeros((2, 3, 2, 8), np.float32)
+    d_out = cuda.to_device(out)
+    _make_add2_kernel(vector)[1, 96](d_out, vals)
+    want = np.zeros_like(out)
+    for i in range(96):
+        want[1, (i // 4) % 3, 1, 2 * (i % 4):2 * (i % 4) + 2] += vals[i]
+    np.testing.assert_array_equal(d_out.copy_to_host(), want)
