@@ -168,7 +168,10 @@ def _kernel(name: str, d: int, causal: bool):
         NW, MW, BC, DP = H.config_for(d)
         return HB.fa2_backward_half_dq_kernel(NW, MW, BC, DP, causal, False, HB.default_features()["PREFETCH"], False, "bf16")
     if name.startswith("fa2_backward_half_"):
-        return HB.fa2_backward_half_kernel(*HB.config_for(d), causal, False, True, HB.default_features()["PREFETCH"], False, name.rsplit("_", 1)[1])
+        NW, MW, BR, DP = HB.config_for(d)
+        red2 = not (causal and DP > 64)  # as HB.plan on compute capability 9.0
+        return HB.fa2_backward_half_kernel(NW, MW, BR, DP, causal, False, True, HB.default_features()["PREFETCH"], False,
+                                           name.rsplit("_", 1)[1], False, red2)
     f = B2.default_features()
     if name == "fa2_backward_fast":
         return B2.fa2_backward_fast_kernel(*B2.config_for(d), causal, False, True, f["VEC"], f["PREFETCH"], f["MAXREG"])

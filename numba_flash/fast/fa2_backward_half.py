@@ -155,6 +155,61 @@ def row_dot_words(out, dout, prob: Problem, alloc):
 
 
 @functools.cache
+def make_fragment_products(MW: int, NB: int, KD: int, SQ: int, KIND: str, SIM: bool):
+    """``(mma_pair_products, pack_a)``: the steps both half backward kernels run on m16n8k16 fragments.
+
+    * ``mma_pair_products(smem, OFF_A, OFF_A2, OFF_B, OFF_B2, wrow, lr, lw, kr, kw, rA, rA2, rS, rS2, sx, wbase, lane)``:
+      ``rS = A B^T`` and ``rS2 = A2 B2^T`` over ``16 KD`` columns, A and A2 the warp's ``16 MW`` rows at
+      ``wrow`` of the SRAM tiles at ``OFF_A``, ``OFF_A2`` (ldmatrix), B and B2 the ``8 NB`` rows of the tiles
+      at ``OFF_B``, ``OFF_B2`` (ldmatrix, two n8 tiles per load); row stride ``SQ`` words, accumulators in the
+      layout of :func:`numba_flash.fast._mma.make_fragment_steps`. The main kernel computes ``S^T = K Q^T``,
+      ``dP^T = V dO^T`` with it, the dQ kernel ``S = Q K^T``, ``dP = dO V^T``.
+    * ``pack_a(rX, f0) -> 4 words``: fragments ``f0`` and ``f0 + 4`` (two adjacent n8 tiles) of ``rX`` rounded
+      to half in pairs: the A operand of a 16-wide k step (the accumulator layout is the A layout).
+    """
+    pack2, mma16, ldsm, _ = _mma.make_half_ops(KIND, SIM)
+    uSQ = U(SQ)
+    NS = MW * NB * 4
+    ZERO = float32(0.0)
+
+    @cuda.jit(device=True, inline="always")
+    def mma_pair_products(smem, OFF_A, OFF_A2, OFF_B, OFF_B2, wrow, lr, lw, kr, kw, rA, rA2, rS, rS2, sx, wbase, lane):
+        for a in range(NS):
+            rS[a] = ZERO
+            rS2[a] = ZERO
+        for ks in range(KD):
+            for mt in range(MW):
+                aa = (wrow + U(16 * mt) + lr) * uSQ + U(8 * ks) + lw
+                rA[mt * 4], rA[mt * 4 + 1], rA[mt * 4 + 2], rA[mt * 4 + 3] = ldsm(smem, OFF_A + aa, sx, wbase, lane)
+                rA2[mt * 4], rA2[mt * 4 + 1], rA2[mt * 4 + 2], rA2[mt * 4 + 3] = ldsm(smem, OFF_A2 + aa, sx, wbase, lane)
+            for np2 in range(NB // 2):
+                ba = (U(16 * np2) + kr) * uSQ + U(8 * ks) + kw
+                b0, b1, b2, b3 = ldsm(smem, OFF_B + ba, sx, wbase, lane)
+                c0, c1, c2, c3 = ldsm(smem, OFF_B2 + ba, sx, wbase, lane)
+                for h2 in range(2):
+                    nt = 2 * np2 + h2
+                    bb = (b0, b1) if h2 == 0 else (b2, b3)
+                    bc = (c0, c1) if h2 == 0 else (c2, c3)
+                    for mt in range(MW):
+                        f = (mt * NB + nt) * 4
+                        acc = mma16((rA[mt * 4], rA[mt * 4 + 1], rA[mt * 4 + 2], rA[mt * 4 + 3]), bb,
+                                    (rS[f], rS[f + 1], rS[f + 2], rS[f + 3]), sx, wbase, lane)
+                        for c in range(4):
+                            rS[f + c] = acc[c]
+                        acc = mma16((rA2[mt * 4], rA2[mt * 4 + 1], rA2[mt * 4 + 2], rA2[mt * 4 + 3]), bc,
+                                    (rS2[f], rS2[f + 1], rS2[f + 2], rS2[f + 3]), sx, wbase, lane)
+                        for c in range(4):
+                            rS2[f + c] = acc[c]
+
+    @cuda.jit(device=True, inline="always")
+    def pack_a(rX, f0):
+        return (pack2(rX[f0], rX[f0 + 1]), pack2(rX[f0 + 2], rX[f0 + 3]), pack2(rX[f0 + 4], rX[f0 + 5]),
+                pack2(rX[f0 + 6], rX[f0 + 7]))
+
+    return mma_pair_products, pack_a
+
+
+@functools.cache
 def fa2_backward_half_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, DROPOUT: bool, ATOMIC_DQ: bool,
                              PREFETCH: bool, SIM: bool, KIND: str, FROM_LSE: bool = False, RED2: bool = False):
     """The main (column-block) half backward kernel: dK, dV, and with ``ATOMIC_DQ`` the atomic dQ adds.
@@ -217,6 +272,7 @@ def fa2_backward_half_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
     NLK, load_kv, store_kv = _tiles.make_word_loader(BC, DW, NT, SQ)
     _, first_row_block = _tiles.make_block_counts(BR, BC, CAUSAL)
     pack2, mma16, ldsm, ldsm_t = _mma.make_half_ops(KIND, SIM)
+    mma_pair_products, pack_a = make_fragment_products(MW, NB, KD, SQ, KIND, SIM)
     row_stats = _regtile.make_row_stats(FROM_LSE)
     add2 = _mma.make_atomic_add2(RED2, SIM)
 
@@ -333,32 +389,7 @@ def fa2_backward_half_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
             # [doc:fa2-half-bwd-inner-loop]
             # FA2.2 L10: S_ij^T = K_j Q_i^T; FA2.2 L13: dP_ij^T = V_j dO_i^T -- per 16-wide d step,
             # A = this warp's K_j (V_j) rows by ldmatrix, B = two n8 query tiles of Q_i (dO_i) rows by ldmatrix
-            for a in range(NS):
-                rS[a] = ZERO
-                rdP[a] = ZERO
-            for ks in range(KD):
-                for mt in range(MW):
-                    ka = (wrow + U(16 * mt) + lr) * uSQ + U(8 * ks) + lw
-                    rA[mt * 4], rA[mt * 4 + 1], rA[mt * 4 + 2], rA[mt * 4 + 3] = ldsm(smem, OFF_K + ka, sx, wbase, lane)
-                    rB[mt * 4], rB[mt * 4 + 1], rB[mt * 4 + 2], rB[mt * 4 + 3] = ldsm(smem, OFF_V + ka, sx, wbase, lane)
-                for np2 in range(NB // 2):
-                    qa = (U(16 * np2) + kr) * uSQ + U(8 * ks) + kw
-                    qb0, qb1, qb2, qb3 = ldsm(smem, OFF_Q + qa, sx, wbase, lane)
-                    ob0, ob1, ob2, ob3 = ldsm(smem, OFF_DO + qa, sx, wbase, lane)
-                    for h2 in range(2):
-                        nt = 2 * np2 + h2
-                        bq = (qb0, qb1) if h2 == 0 else (qb2, qb3)
-                        bo = (ob0, ob1) if h2 == 0 else (ob2, ob3)
-                        for mt in range(MW):
-                            f = (mt * NB + nt) * 4
-                            acc = mma16((rA[mt * 4], rA[mt * 4 + 1], rA[mt * 4 + 2], rA[mt * 4 + 3]), bq,
-                                        (rS[f], rS[f + 1], rS[f + 2], rS[f + 3]), sx, wbase, lane)
-                            for c in range(4):
-                                rS[f + c] = acc[c]
-                            acc = mma16((rB[mt * 4], rB[mt * 4 + 1], rB[mt * 4 + 2], rB[mt * 4 + 3]), bo,
-                                        (rdP[f], rdP[f + 1], rdP[f + 2], rdP[f + 3]), sx, wbase, lane)
-                            for c in range(4):
-                                rdP[f + c] = acc[c]
+            mma_pair_products(smem, OFF_K, OFF_V, OFF_Q, OFF_DO, wrow, lr, lw, kr, kw, rA, rB, rS, rdP, sx, wbase, lane)
             # FA2.2 L11: P_ij = exp(S_ij - L_i) as exp2(S tau log2 e - M_i) / l_i, masked (a column of P^T is a query)
             # FA2.2 L14: dS_ij = P_ij o (dP_ij - D_i), times tau (Dev: dropout: P o Z for L12, dP o Z in L14)
             masked = col0 + BC > s_k or (CAUSAL and col0 + BC - 1 > row0 + causal_offset)
@@ -387,15 +418,8 @@ def fa2_backward_half_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
             for kt in range(NQ16):
                 for mt in range(MW):
                     f0 = (mt * NB + 2 * kt) * 4
-                    f1 = f0 + 4
-                    rA[mt * 4] = pack2(rS[f0], rS[f0 + 1])
-                    rA[mt * 4 + 1] = pack2(rS[f0 + 2], rS[f0 + 3])
-                    rA[mt * 4 + 2] = pack2(rS[f1], rS[f1 + 1])
-                    rA[mt * 4 + 3] = pack2(rS[f1 + 2], rS[f1 + 3])
-                    rB[mt * 4] = pack2(rdP[f0], rdP[f0 + 1])
-                    rB[mt * 4 + 1] = pack2(rdP[f0 + 2], rdP[f0 + 3])
-                    rB[mt * 4 + 2] = pack2(rdP[f1], rdP[f1 + 1])
-                    rB[mt * 4 + 3] = pack2(rdP[f1 + 2], rdP[f1 + 3])
+                    rA[mt * 4], rA[mt * 4 + 1], rA[mt * 4 + 2], rA[mt * 4 + 3] = pack_a(rS, f0)
+                    rB[mt * 4], rB[mt * 4 + 1], rB[mt * 4 + 2], rB[mt * 4 + 3] = pack_a(rdP, f0)
                     da = OFF_DS + (wrow + U(16 * mt) + g) * uSD + U(8 * kt) + t  # dS^T[key g, queries 16 kt + 2t, + 1]
                     smem[da] = rB[mt * 4]
                     smem[da + U(8) * uSD] = rB[mt * 4 + 1]
@@ -504,6 +528,7 @@ def fa2_backward_half_dq_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool
     NLK, load_kv, store_kv = _tiles.make_word_loader(BC, DW, NT, SQ)
     n_key_blocks, _ = _tiles.make_block_counts(BR, BC, CAUSAL)
     pack2, mma16, ldsm, ldsm_t = _mma.make_half_ops(KIND, SIM)
+    mma_pair_products, pack_a = make_fragment_products(MW, NB, KD, SQ, KIND, SIM)
     row_stats = _regtile.make_row_stats(FROM_LSE)
 
     @cuda.jit(fastmath=False)
@@ -579,32 +604,7 @@ def fa2_backward_half_dq_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool
                 load_kv(gK, ub, uhk, col0 + BC, s_k, dw, tid, rKn)  # HBM read: Bc*d halves (tile j+1)
                 load_kv(gV, ub, uhk, col0 + BC, s_k, dw, tid, rVn)
             # FA2.2 L10: S_ij = Q_i K_j^T; FA2.2 L13: dP_ij = dO_i V_j^T (the forward's S, with dO, V as the second pair)
-            for a in range(NS):
-                rS[a] = ZERO
-                rdP[a] = ZERO
-            for ks in range(KD):
-                for mt in range(MW):
-                    qa = (wrow + U(16 * mt) + lr) * uSQ + U(8 * ks) + lw
-                    rA[mt * 4], rA[mt * 4 + 1], rA[mt * 4 + 2], rA[mt * 4 + 3] = ldsm(smem, OFF_Q + qa, sx, wbase, lane)
-                    rB[mt * 4], rB[mt * 4 + 1], rB[mt * 4 + 2], rB[mt * 4 + 3] = ldsm(smem, OFF_DO + qa, sx, wbase, lane)
-                for np2 in range(NB // 2):
-                    ka = (U(16 * np2) + kr) * uSQ + U(8 * ks) + kw
-                    kb0, kb1, kb2, kb3 = ldsm(smem, OFF_K + ka, sx, wbase, lane)
-                    vb0, vb1, vb2, vb3 = ldsm(smem, OFF_V + ka, sx, wbase, lane)
-                    for h2 in range(2):
-                        nt = 2 * np2 + h2
-                        bk = (kb0, kb1) if h2 == 0 else (kb2, kb3)
-                        bv = (vb0, vb1) if h2 == 0 else (vb2, vb3)
-                        for mt in range(MW):
-                            f = (mt * NB + nt) * 4
-                            acc = mma16((rA[mt * 4], rA[mt * 4 + 1], rA[mt * 4 + 2], rA[mt * 4 + 3]), bk,
-                                        (rS[f], rS[f + 1], rS[f + 2], rS[f + 3]), sx, wbase, lane)
-                            for c in range(4):
-                                rS[f + c] = acc[c]
-                            acc = mma16((rB[mt * 4], rB[mt * 4 + 1], rB[mt * 4 + 2], rB[mt * 4 + 3]), bv,
-                                        (rdP[f], rdP[f + 1], rdP[f + 2], rdP[f + 3]), sx, wbase, lane)
-                            for c in range(4):
-                                rdP[f + c] = acc[c]
+            mma_pair_products(smem, OFF_Q, OFF_DO, OFF_K, OFF_V, wrow, lr, lw, kr, kw, rA, rB, rS, rdP, sx, wbase, lane)
             # FA2.2 L11: P_ij = exp(S_ij - L_i) as exp2(S tau log2 e - M_i) / l_i, masked
             # FA2.2 L14: tau dS_ij = tau P_ij o (dP_ij o Z_ij - D_i)
             masked = col0 + BC > s_k or (CAUSAL and col0 + BC - 1 > row0 + causal_offset)
@@ -627,12 +627,7 @@ def fa2_backward_half_dq_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool
             # ldmatrix.trans; Dev: deterministic: each lane sums its dQ fragments over j in a fixed order
             for kt in range(NK):
                 for mt in range(MW):
-                    f0 = (mt * NB + 2 * kt) * 4
-                    f1 = f0 + 4
-                    rA[mt * 4] = pack2(rdP[f0], rdP[f0 + 1])
-                    rA[mt * 4 + 1] = pack2(rdP[f0 + 2], rdP[f0 + 3])
-                    rA[mt * 4 + 2] = pack2(rdP[f1], rdP[f1 + 1])
-                    rA[mt * 4 + 3] = pack2(rdP[f1 + 2], rdP[f1 + 3])
+                    rA[mt * 4], rA[mt * 4 + 1], rA[mt * 4 + 2], rA[mt * 4 + 3] = pack_a(rdP, (mt * NB + 2 * kt) * 4)
                 for dp2 in range(ND // 2):
                     kb0, kb1, kb2, kb3 = ldsm_t(smem, OFF_K + (U(16 * kt) + lr) * uSQ + U(8 * dp2) + lw, sx, wbase, lane)
                     for h2 in range(2):
