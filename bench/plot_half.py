@@ -42,7 +42,8 @@ def main(argv=None):
     import matplotlib.pyplot as plt
 
     data = json.loads(Path(args.json).read_text())
-    rows = [b["extra_info"] for b in data["benchmarks"] if b.get("extra_info", {}).get("tflops") is not None]
+    rows = [b["extra_info"] for b in data["benchmarks"] if b.get("extra_info", {}).get("tflops") is not None
+            and b["extra_info"].get("shape", "fa2_grid") == "fa2_grid"]  # the FA1 Figure 2 shape is a table, not a line
     prov = data.get("machine_info", {}).get("numba_flash", {})
     lines = [(dt, pas) for pas in ("forward", "fwd+bwd") for dt in ("bfloat16", "float16")
              if any(r["dtype"] == dt and r.get("pass_") == pas for r in rows)]

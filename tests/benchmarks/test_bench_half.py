@@ -7,10 +7,13 @@ Implementations (``extra_info["algorithm"]``), all in the inputs' half dtype and
   :mod:`numba_flash.fast.fa2_backward_half` (both ``mma.sync.m16n8k16``, no upcast);
 * ``sdpa_flash`` (FA2's own CUDA kernels), ``sdpa_cudnn`` (cuDNN's fused attention), ``sdpa_mem_efficient``
   (xformers' CUTLASS kernel): ``scaled_dot_product_attention`` with one backend forced;
-* ``torch_naive``: ``softmax(q k^T * scale) v`` in the half dtype (the N x N matrices in HBM).
+* ``torch_naive``: ``softmax(q k^T * scale) v`` in the half dtype (the N x N matrices in HBM): the
+  standard attention of the tiled-vs-standard comparison, forward and forward + backward.
 
 The FA2 paper's convention (section 4.1): 16k tokens (``batch = 16384 // N``), hidden 2048, N = 512 ...
-16384, d = 64 and 128, causal and not, bfloat16 and float16. Forward FLOPs ``4 b h N^2 d`` (halved when
+16384, d = 64 and 128, causal and not, bfloat16 and float16 (``extra_info["shape"] = "fa2_grid"``); and FA1's
+Figure 2 (left) shape as the paper ran it, fp16 forward + backward at batch 64, 16 heads, N = 1024, d = 64
+(``"fa1_figure2"``). Forward FLOPs ``4 b h N^2 d`` (halved when
 causal); forward + backward 3.5x that. ``extra_info`` per row: algorithm, dtype, N, d, batch, nheads,
 causal, pass, time_ms (median), tflops, extra_mem_bytes, device.
 
@@ -84,7 +87,7 @@ def test_bench_half_forward(benchmark, impl, dtype, seqlen, headdim, causal):
     b, h, n, d = shape["batch"], shape["nheads"], shape["seqlen"], shape["headdim"]
     benchmark.group = f"half forward {dtype} d={d} N={n} causal={causal}"
     benchmark.extra_info.update(algorithm=impl, dtype=dtype, pass_="forward", N=n, d=d, batch=b, nheads=h, causal=causal,
-                                device=bu.device_name(), functional_only=not bu.ON_GPU)
+                                shape="fa2_grid", device=bu.device_name(), functional_only=not bu.ON_GPU)
     bu.free_memory()
     q, k, v = bu.make_inputs(b, h, n, d, seed=n + d, dtype=dtype)
     _run(benchmark, _forward_call(impl, q, k, v, causal), 5 if n >= 8192 else 10, b * n * h * d * 2)
@@ -95,14 +98,31 @@ def test_bench_half_forward(benchmark, impl, dtype, seqlen, headdim, causal):
 @pytest.mark.parametrize("headdim", HEADDIMS)
 @pytest.mark.parametrize("seqlen", FWDBWD_SEQLENS)
 @pytest.mark.parametrize("dtype", DTYPES[:1])
-@pytest.mark.parametrize("impl", [i for i in IMPLS if i != "torch_naive"])
+@pytest.mark.parametrize("impl", IMPLS)
 def test_bench_half_forward_backward(benchmark, impl, dtype, seqlen, headdim, causal):
-    """Forward + backward, bfloat16, causal and not."""
+    """Forward + backward, bfloat16, causal and not (torch naive: the standard attention, tiled vs standard)."""
     shape = bu.fa2_shape(seqlen, headdim)
-    b, h, n, d = shape["batch"], shape["nheads"], shape["seqlen"], shape["headdim"]
-    benchmark.group = f"half fwd+bwd {dtype} d={d} N={n} causal={causal}"
+    _forward_backward(benchmark, impl, dtype, shape["batch"], shape["nheads"], shape["seqlen"], shape["headdim"], causal)
+
+
+#: FA1 Figure 2 (left), "as the paper ran it": GPT-2 medium's attention, batch 64, 16 heads, N = 1024, d = 64,
+#: forward + backward in fp16 (the paper: standard 41.7 ms, FlashAttention 7.3 ms on an A100).
+PAPER_SHAPE = {"batch": 64, "nheads": 16, "seqlen": 1024, "headdim": 64} if bu.ON_GPU else {
+    "batch": 1, "nheads": 1, "seqlen": bu.SIM_SHAPE["seqlen"], "headdim": bu.SIM_SHAPE["headdim"]}
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_bench_half_tiled_vs_standard_at_the_fa1_figure2_shape(benchmark, impl):
+    """Tiled (ours, SDPA's) against standard attention (torch naive) in fp16 at the paper's Figure 2 shape."""
+    s = PAPER_SHAPE
+    _forward_backward(benchmark, impl, "float16", s["batch"], s["nheads"], s["seqlen"], s["headdim"], False, shape="fa1_figure2")
+
+
+def _forward_backward(benchmark, impl, dtype, b, h, n, d, causal, shape="fa2_grid"):
+    """Time forward + backward of ``impl`` (in the simulator: one functional call of our kernels)."""
+    benchmark.group = f"half fwd+bwd {dtype} d={d} N={n} causal={causal}" + ("" if shape == "fa2_grid" else f" {shape}")
     benchmark.extra_info.update(algorithm=impl, dtype=dtype, pass_="fwd+bwd", N=n, d=d, batch=b, nheads=h, causal=causal,
-                                device=bu.device_name(), functional_only=not bu.ON_GPU)
+                                shape=shape, device=bu.device_name(), functional_only=not bu.ON_GPU)
     if not bu.ON_GPU:
         from numba_flash import attention_backward_numpy, attention_numpy
 
