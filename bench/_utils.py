@@ -303,3 +303,24 @@ def free_memory():
 
         gc.collect()
         torch.cuda.empty_cache()
+
+
+def time_or_skip_oom(benchmark, fn, rounds: int, io_bytes: int, what: str):
+    """Time ``fn`` with pytest-benchmark (``rounds`` rounds after one warm-up) and record its extra memory.
+
+    ``peak_extra_memory`` runs first (it is also the warm-up that compiles). An out-of-memory error (torch
+    naive attention at long N) becomes a recorded JSONL row, then a skip naming ``what``; anything else raises.
+    """
+    import pytest
+
+    try:
+        extra = peak_extra_memory(fn, io_bytes=io_bytes)
+        benchmark.pedantic(synced(fn), rounds=rounds, warmup_rounds=1, iterations=1)
+    except Exception as exc:
+        if not is_oom(exc):
+            raise
+        benchmark.extra_info.update(oom=True, error=str(exc)[:200])
+        record_jsonl(dict(benchmark.extra_info))
+        free_memory()
+        pytest.skip(f"{what}: out of device memory")
+    benchmark.extra_info["extra_mem_bytes"] = extra

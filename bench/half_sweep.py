@@ -78,11 +78,17 @@ def _call_bwd(q, k, v, causal, tiling):
     return run, prob, cfg
 
 
-def check_bwd(tiling, d, dtype, torch):
-    """max over dq, dk, dv of error / (3 x naive-in-dtype autograd error) on a ragged causal GQA shape (<= 1 passes)."""
+def _check_inputs(d, dtype, torch):
+    """q, k, v of the correctness check: ragged (777 queries, 1029 keys), GQA (4 query heads, 2 KV heads), batch 2."""
     g = torch.Generator(device="cuda").manual_seed(d)
     q = torch.randn(2, 777, 4, d, device="cuda", generator=g).to(dtype)
     k, v = (torch.randn(2, 1029, 2, d, device="cuda", generator=g).to(dtype) for _ in range(2))
+    return q, k, v
+
+
+def check_bwd(tiling, d, dtype, torch):
+    """max over dq, dk, dv of error / (3 x naive-in-dtype autograd error) on a ragged causal GQA shape (<= 1 passes)."""
+    q, k, v = _check_inputs(d, dtype, torch)
     run, _, _ = _call_bwd(q, k, v, True, tiling)
     with poison_outputs():
         got = run()
@@ -99,9 +105,7 @@ def check_bwd(tiling, d, dtype, torch):
 
 def check(tiling, d, dtype, torch):
     """max error / (2 x naive-in-dtype error) on a ragged causal GQA shape (<= 1 passes)."""
-    g = torch.Generator(device="cuda").manual_seed(d)
-    q = torch.randn(2, 777, 4, d, device="cuda", generator=g).to(dtype)
-    k, v = (torch.randn(2, 1029, 2, d, device="cuda", generator=g).to(dtype) for _ in range(2))
+    q, k, v = _check_inputs(d, dtype, torch)
     run, _, _ = _call(q, k, v, True, tiling)
     with poison_outputs():
         out = run()

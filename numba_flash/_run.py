@@ -14,19 +14,23 @@ from ._launch import Allocator, ForwardOutput, Problem
 from .registry import Kernel
 
 
+def _converter(kernel: Kernel, prob: Problem, alloc: Allocator):
+    """How the caller's arrays become kernel arrays: words of two halves for a module that runs half inputs
+    natively (its optional ``takes_words(prob)``), float32 otherwise."""
+    takes_words = getattr(kernel.module, "takes_words", None)
+    return alloc.to_words if takes_words is not None and takes_words(prob) else alloc.to_kernel
+
+
 def forward(q, k, v, prob: Problem, kernel: Kernel, block_sizes, alloc: Allocator) -> ForwardOutput:
     """``kernel``'s forward on the caller's q, k, v: a :class:`~numba_flash._launch.ForwardOutput` of kernel arrays."""
     _cost.warn_if_slow(kernel, prob, block_sizes, stacklevel=4)
-    # A module that runs half inputs natively (takes_words) gets them as words of two halves, else float32.
-    takes_words = getattr(kernel.module, "takes_words", None)
-    to_kernel = alloc.to_words if takes_words is not None and takes_words(prob) else alloc.to_kernel
+    to_kernel = _converter(kernel, prob, alloc)
     return kernel.module.forward(to_kernel(q), to_kernel(k), to_kernel(v), prob, alloc, block_sizes=block_sizes)
 
 
 def backward(dout, q, k, v, out, fwd: ForwardOutput, prob: Problem, kernel: Kernel, block_sizes, deterministic, alloc: Allocator):
     """``kernel``'s backward: (dq, dk, dv) kernel arrays, from the caller's arrays and the forward's statistics ``fwd``."""
     _cost.warn_if_slow(kernel, prob, block_sizes, stacklevel=4)
-    takes_words = getattr(kernel.module, "takes_words", None)
-    to_kernel = alloc.to_words if takes_words is not None and takes_words(prob) else alloc.to_kernel
+    to_kernel = _converter(kernel, prob, alloc)
     kq, kk, kv, ko, kdo = (to_kernel(x) for x in (q, k, v, out, dout))
     return kernel.module.backward(kdo, kq, kk, kv, ko, fwd, prob, alloc, block_sizes=block_sizes, deterministic=deterministic)

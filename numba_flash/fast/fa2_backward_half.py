@@ -271,7 +271,7 @@ def fa2_backward_half_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
     NLQ, load_q, store_q = _tiles.make_word_loader(BR, DW, NT, SQ)
     NLK, load_kv, store_kv = _tiles.make_word_loader(BC, DW, NT, SQ)
     _, first_row_block = _tiles.make_block_counts(BR, BC, CAUSAL)
-    pack2, mma16, ldsm, ldsm_t = _mma.make_half_ops(KIND, SIM)
+    pack2, mma16, _, ldsm_t = _mma.make_half_ops(KIND, SIM)
     mma_pair_products, pack_a = make_fragment_products(MW, NB, KD, SQ, KIND, SIM)
     row_stats = _regtile.make_row_stats(FROM_LSE)
     add2 = _mma.make_atomic_add2(RED2, SIM)
@@ -527,7 +527,7 @@ def fa2_backward_half_dq_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool
     NLQ, load_q, store_q = _tiles.make_word_loader(BR, DW, NT, SQ)
     NLK, load_kv, store_kv = _tiles.make_word_loader(BC, DW, NT, SQ)
     n_key_blocks, _ = _tiles.make_block_counts(BR, BC, CAUSAL)
-    pack2, mma16, ldsm, ldsm_t = _mma.make_half_ops(KIND, SIM)
+    pack2, mma16, _, ldsm_t = _mma.make_half_ops(KIND, SIM)
     mma_pair_products, pack_a = make_fragment_products(MW, NB, KD, SQ, KIND, SIM)
     row_stats = _regtile.make_row_stats(FROM_LSE)
 
@@ -650,11 +650,6 @@ def fa2_backward_half_dq_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool
                         gdQ[ub, U(row), uh, x] = int32(pack2(rdQ[f], rdQ[f + 1]))  # HBM write: Br*d halves
 
     return kernel
-
-
-def available() -> bool:
-    """True where this kernel can run: the simulator, or a GPU of compute capability >= 8.0."""
-    return _backend.is_simulator() or cuda.get_current_device().compute_capability >= (8, 0)
 
 
 def default_features() -> dict:

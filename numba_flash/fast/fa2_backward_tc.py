@@ -22,16 +22,19 @@ def takes_words(prob: Problem) -> bool:
     return fa2_backward_half.handles(prob)
 
 
+def _module(prob: Problem):
+    """The kernel module that runs ``prob``: the half kernel's or the FFMA kernel's."""
+    return fa2_backward_half if takes_words(prob) else fa2_backward_fast
+
+
 def choose_block_sizes(prob: Problem, block_sizes=None) -> tuple[int, int]:
     """(Br, Bc) of the main kernel that runs ``prob``."""
-    module = fa2_backward_half if takes_words(prob) else fa2_backward_fast
-    return module.choose_block_sizes(prob, block_sizes)
+    return _module(prob).choose_block_sizes(prob, block_sizes)
 
 
 def sram_bytes(prob: Problem, block_sizes=None) -> int:
     """Dynamic shared memory per block of the main kernel that runs ``prob``, in bytes."""
-    module = fa2_backward_half if takes_words(prob) else fa2_backward_fast
-    return module.sram_bytes(prob, block_sizes)
+    return _module(prob).sram_bytes(prob, block_sizes)
 
 
 def compiled_kernels(prob: Problem, block_sizes=None, deterministic=False) -> list[KernelLaunch]:

@@ -99,17 +99,7 @@ def test_bench_fa2_forward(benchmark, impl, seqlen, headdim, causal, sgemm_tflop
     q, k, v = bu.make_inputs(b, h, n, d, seed=n + d)
     fn = _forward_call(impl, q, k, v, causal)
     io_bytes = b * n * h * d * 4 + (b * h * n * 4 if impl in NUMBA_IMPLS else 0)
-    try:
-        extra = bu.peak_extra_memory(fn, io_bytes=io_bytes)
-        benchmark.pedantic(bu.synced(fn), rounds=5 if n >= 8192 else 10, warmup_rounds=1, iterations=1)
-    except Exception as exc:
-        if not bu.is_oom(exc):
-            raise
-        benchmark.extra_info.update(oom=True, error=str(exc)[:200])
-        bu.record_jsonl(dict(benchmark.extra_info))
-        bu.free_memory()
-        pytest.skip(f"{impl} at N={n}, d={d}: out of device memory")
-    benchmark.extra_info["extra_mem_bytes"] = extra
+    bu.time_or_skip_oom(benchmark, fn, 5 if n >= 8192 else 10, io_bytes, f"{impl} at N={n}, d={d}")
     if impl in NUMBA_IMPLS:
         benchmark.extra_info.update(fast_kernel_info(q, k, v, causal, impl))
     _record(benchmark, bu.flops_forward(b, h, n, n, d, causal), sgemm_tflops)
@@ -152,14 +142,5 @@ def test_bench_fa2_forward_backward(benchmark, impl, seqlen, sgemm_tflops):
             x.grad = None
         fwd().backward(dout)
 
-    try:
-        extra = bu.peak_extra_memory(step, io_bytes=0)
-        benchmark.pedantic(bu.synced(step), rounds=3, warmup_rounds=1, iterations=1)
-    except Exception as exc:
-        if not bu.is_oom(exc):
-            raise
-        benchmark.extra_info.update(oom=True, error=str(exc)[:200])
-        bu.record_jsonl(dict(benchmark.extra_info))
-        pytest.skip(f"{impl} fwd+bwd at N={n}: out of device memory")
-    benchmark.extra_info["extra_mem_bytes"] = extra
+    bu.time_or_skip_oom(benchmark, step, 3, 0, f"{impl} fwd+bwd at N={n}")
     _record(benchmark, 3.5 * bu.flops_forward(b, h, n, n, d), sgemm_tflops)

@@ -67,18 +67,7 @@ def test_bench_forward(benchmark, impl, seqlen, headdim, sgemm_tflops):
     q, k, v = bu.make_inputs(b, h, n, d, seed=n + d)
     fn = _call(impl, q, k, v)
     io_bytes = b * n * h * d * 4 + (b * h * n * 4 if impl in NUMBA_IMPLS else 0)  # O (and lse)
-    try:
-        extra = bu.peak_extra_memory(fn, io_bytes=io_bytes)  # also the warm-up that compiles
-        rounds = 3 if n >= 4096 else 5
-        benchmark.pedantic(bu.synced(fn), rounds=rounds, warmup_rounds=1, iterations=1)
-    except Exception as exc:
-        if not bu.is_oom(exc):
-            raise
-        benchmark.extra_info.update(oom=True, error=str(exc)[:200])
-        bu.record_jsonl(dict(benchmark.extra_info))
-        bu.free_memory()
-        pytest.skip(f"{impl} at N={n}, d={d}: out of device memory")
-    benchmark.extra_info["extra_mem_bytes"] = extra
+    bu.time_or_skip_oom(benchmark, fn, 3 if n >= 4096 else 5, io_bytes, f"{impl} at N={n}, d={d}")
     benchmark.extra_info.update(kernel_info(impl, q, k, v))
     stats = getattr(benchmark, "stats", None)
     if stats is not None and bu.ON_GPU:

@@ -62,21 +62,6 @@ def _record(benchmark, flops):
     bu.record_jsonl(dict(benchmark.extra_info))
 
 
-def _run(benchmark, fn, rounds, io_bytes):
-    """Time ``fn``; an out-of-memory (torch naive at 16k) is a recorded row, then a skip."""
-    try:
-        extra = bu.peak_extra_memory(fn, io_bytes=io_bytes)
-        benchmark.pedantic(bu.synced(fn), rounds=rounds, warmup_rounds=1, iterations=1)
-    except Exception as exc:
-        if not bu.is_oom(exc):
-            raise
-        benchmark.extra_info.update(oom=True, error=str(exc)[:200])
-        bu.record_jsonl(dict(benchmark.extra_info))
-        bu.free_memory()
-        pytest.skip(f"{benchmark.extra_info['algorithm']}: out of device memory")
-    benchmark.extra_info["extra_mem_bytes"] = extra
-
-
 @pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
 @pytest.mark.parametrize("headdim", HEADDIMS)
 @pytest.mark.parametrize("seqlen", SEQLENS)
@@ -90,7 +75,7 @@ def test_bench_half_forward(benchmark, impl, dtype, seqlen, headdim, causal):
                                 shape="fa2_grid", device=bu.device_name(), functional_only=not bu.ON_GPU)
     bu.free_memory()
     q, k, v = bu.make_inputs(b, h, n, d, seed=n + d, dtype=dtype)
-    _run(benchmark, _forward_call(impl, q, k, v, causal), 5 if n >= 8192 else 10, b * n * h * d * 2)
+    bu.time_or_skip_oom(benchmark, _forward_call(impl, q, k, v, causal), 5 if n >= 8192 else 10, b * n * h * d * 2, impl)
     _record(benchmark, bu.flops_forward(b, h, n, n, d, causal))
 
 
@@ -149,5 +134,5 @@ def _forward_backward(benchmark, impl, dtype, b, h, n, d, causal, shape="fa2_gri
             x.grad = None
         fwd().backward(dout)
 
-    _run(benchmark, step, 3, 0)
+    bu.time_or_skip_oom(benchmark, step, 3, 0, impl)
     _record(benchmark, 3.5 * bu.flops_forward(b, h, n, n, d, causal))
