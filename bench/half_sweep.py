@@ -1,8 +1,9 @@
 """Tiling sweep of the fp16/bf16 FA2 forward (:mod:`numba_flash.fast.fa2_forward_half`) or, with ``--backward``,
 backward (:mod:`numba_flash.fast.fa2_backward_half`) for one GPU call.
 
-For each tiling ``(NW, MW, Bc, PREFETCH)`` (backward: ``(NW, MW, Br, PREFETCH)``, ``Bc = 16 MW NW``) at each
-head dim it
+For each tiling ``(NW, MW, Bc, PREFETCH)`` (backward: ``(NW, MW, Br, PREFETCH, RED2)``, ``Bc = 16 MW NW``) at each
+head dim (forward: the tilings of :data:`TILINGS` with the default cp.async pipeline, then those of
+:data:`REGISTER_TILINGS` on the register path, ``CP_ASYNC=False``) it
 
 1. checks correctness on a ragged causal GQA shape: the error against torch float64 at most 2x that of
    torch's naive attention in the same half dtype (NaN-poisoned outputs; backward: each gradient at most
@@ -33,11 +34,25 @@ from numba_flash.fast import fa2_forward_half as H
 
 from bench import _utils as bu
 
-#: head dim -> tilings (NW, MW, Bc, PREFETCH); the first is the module's default
+#: head dim -> tilings (NW, MW, Bc, PREFETCH) run with the module's default features (the cp.async pipeline at
+#: d % 8 == 0, where PREFETCH does nothing: the two stages prefetch); the first is the module's default tiling.
+#: MW = 2 at d = 128 fits the registers only with cp.async (bench/offline_resources.py --half-tiling).
 TILINGS = {
-    64: [(4, 2, 64, True), (4, 2, 64, False), (4, 1, 64, True), (8, 1, 64, True), (4, 2, 32, True), (4, 1, 128, False)],
-    128: [(8, 1, 64, False), (8, 1, 64, True), (4, 1, 64, False), (4, 2, 32, False), (8, 1, 32, False), (4, 1, 128, False)],
+    64: [(4, 2, 64, False), (4, 2, 32, False), (4, 1, 64, False), (8, 1, 64, False), (4, 1, 128, False)],
+    128: [(4, 2, 32, False), (8, 1, 64, False), (4, 2, 64, False), (8, 1, 32, False), (4, 1, 64, False)],
 }
+
+#: head dim -> tilings (NW, MW, Bc, PREFETCH) run on the register path (``CP_ASYNC=False``): the default tiling
+#: as it was before cp.async, the baseline of the comparison
+REGISTER_TILINGS = {
+    64: [(4, 2, 32, True)],
+    128: [(8, 1, 64, True)],
+}
+
+
+def forward_tilings(d: int) -> list[tuple]:
+    """The forward rows of one head dim: ``(NW, MW, Bc, PREFETCH, CP_ASYNC)``."""
+    return [(*t, True) for t in TILINGS[d]] + [(*t, False) for t in REGISTER_TILINGS[d]]
 
 #: head dim -> backward tilings (NW, MW, Br, PREFETCH, RED2); the first is the module's default on sm_90
 BWD_TILINGS = {
@@ -46,14 +61,19 @@ BWD_TILINGS = {
 }
 
 
+def _features(tiling) -> dict:
+    """The half forward's features of a TILINGS row."""
+    return {"PREFETCH": tiling[3], "CP_ASYNC": tiling[4]}
+
+
 def _call(q, k, v, causal, tiling):
-    NW, MW, Bc, pf = tiling
+    NW, MW, Bc = tiling[:3]
     prob = check_attention_args(q, k, v, 0.0, None, causal, 0)
     cfg = (NW, MW, Bc, H.config_for(prob.headdim)[3])
 
     def run():
         alloc = Allocator(q)
-        fwd = H.forward(alloc.to_words(q), alloc.to_words(k), alloc.to_words(v), prob, alloc, config=cfg, features={"PREFETCH": pf})
+        fwd = H.forward(alloc.to_words(q), alloc.to_words(k), alloc.to_words(v), prob, alloc, config=cfg, features=_features(tiling))
         return alloc.result(fwd.out, q.dtype)
 
     return run, prob, cfg
@@ -155,14 +175,16 @@ def main(argv=None):
     if args.dry_run:
         for d in args.headdims:
             DP = H.config_for(d)[3]
-            for NW, MW, Bc, pf in TILINGS[d]:
-                print(f"d={d} NW={NW} MW={MW} Br={16 * NW * MW} Bc={Bc} prefetch={pf}: {32 * NW} threads, "
-                      f"{4 * H.smem_words(NW, MW, Bc, DP)} B dynamic SRAM")
+            for NW, MW, Bc, pf, cp in forward_tilings(d):
+                cp = cp and H.cp_async_ok(d)
+                print(f"d={d} NW={NW} MW={MW} Br={16 * NW * MW} Bc={Bc} prefetch={pf}: cp_async={cp}, {32 * NW} threads, "
+                      f"{4 * H.smem_words(NW, MW, Bc, DP, H.kv_stages(cp))} B dynamic SRAM")
         return 0
     import torch
 
     dtype = getattr(torch, args.dtype)
-    tilings, call, plan, chk = (BWD_TILINGS, _call_bwd, HB.plan, check_bwd) if args.backward else (TILINGS, _call, H.plan, check)
+    tilings, call, plan, chk = ((BWD_TILINGS, _call_bwd, HB.plan, check_bwd) if args.backward else
+                                ({d: forward_tilings(d) for d in TILINGS}, _call, H.plan, check))
     tag = "half bwd" if args.backward else "half"
     rows = []
     for d in args.headdims:
@@ -173,14 +195,16 @@ def main(argv=None):
             for causal in (False, True):
                 flops = bu.flops_forward(b, h, n, n, d, causal) * (3.5 if args.backward else 1.0)
                 cands = [("sdpa_" + be, _sdpa_call(q, k, v, causal, be, args.backward), None) for be in ("flash", "cudnn", "efficient")]
-                cands += [(f"{tag} NW{t[0]} MW{t[1]} {'Br' if args.backward else 'Bc'}{t[2]} pf{int(t[3])}" + (f" red2{int(t[4])}" if args.backward else ""), None, t)
+                cands += [(f"{tag} NW{t[0]} MW{t[1]} {'Br' if args.backward else 'Bc'}{t[2]} pf{int(t[3])}"
+                           + (f" red2{int(t[4])}" if args.backward else f" cp{int(t[4])}"), None, t)
                           for t in tilings[d]]
                 for name, fn, tiling in cands:
                     row = dict(impl=name, N=n, d=d, batch=b, nheads=h, causal=causal, dtype=args.dtype)
                     try:
                         if tiling is not None:
                             fn, prob, cfg = call(q, k, v, causal, tiling)
-                            kernel = plan(prob, config=cfg, features={"PREFETCH": tiling[3], **({"RED2": tiling[4]} if args.backward else {})})[0]
+                            feats = {"PREFETCH": tiling[3], "RED2": tiling[4]} if args.backward else _features(tiling)
+                            kernel = plan(prob, config=cfg, features=feats)[0]
                             fn()  # compile
                             res = _inspect.kernel_resources(kernel)
                             row.update(regs=res["regs_per_thread"], local=res["local_mem_per_thread"],

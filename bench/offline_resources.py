@@ -40,6 +40,15 @@ exits with status 0 (a skip, not a failure). ``--kernel NAME`` (repeatable) rest
 ``fa2_backward_fast``, ``fa2_backward_fast_dq``, ``fa2_backward_half_f16``, ``fa2_backward_half_bf16`` or
 ``fa2_backward_half_dq_bf16`` (the names of the table; the modules are
 ``numba_flash/fast/alg1_forward.py`` ...); ``--d`` picks head dims.
+
+``--half-tiling NW,MW,BC,CP`` (repeatable) compiles the half forward (``fa2_forward_half_f16`` / ``_bf16``) at
+that tiling instead of its default: ``NW`` warps of ``MW`` m16 tiles (``Br = 16 MW NW``), key block
+``BC``, ``CP`` 1 for the cp.async pipeline (``CP_ASYNC``; where ``d % 8 == 0``, as ``plan``) or 0 for the
+register path with prefetch; ``tiling`` in the table says which ran. E.g. the d = 128 candidates::
+
+    cd /tmp && PYTHONPATH=/work/main:/tmp/cu13site LD_LIBRARY_PATH=/tmp/cu13site/nvidia/cu13/lib \
+        NVDISASM=/tmp/cu13site/nvidia/cu13/bin/nvdisasm .venv/bin/python /work/main/bench/offline_resources.py \
+        --kernel fa2_forward_half_bf16 --d 128 --half-tiling 8,1,64,0 --half-tiling 4,2,64,1
 """
 
 from __future__ import annotations
@@ -135,8 +144,9 @@ def _signatures():
     }
 
 
-def _kernel(name: str, d: int, causal: bool):
-    """The dispatcher of ``name`` in its default configuration at head dim ``d`` (dropout off)."""
+def _kernel(name: str, d: int, causal: bool, tiling=None):
+    """The dispatcher of ``name`` in its default configuration at head dim ``d`` (dropout off); ``tiling``
+    ``(NW, MW, BC, CP)``: the half forward at that tiling (see ``--half-tiling``)."""
     from numba_flash.fast import alg1_forward as A1
     from numba_flash.fast import alg4_backward as A4
     from numba_flash.fast import fa2_backward as B2
@@ -158,9 +168,14 @@ def _kernel(name: str, d: int, causal: bool):
         return TC.fa2_forward_tc_kernel(NW, MW, BC, DP, causal, False, bool(prefetch), False, f["STAGE_S"], f["STAGE_O"])
     if name.startswith("fa2_forward_half_"):
         NW, MW, BC, DP = H.config_for(d)
-        prefetch = H.default_features()["PREFETCH"]
-        prefetch = prefetch if prefetch is not None else DP <= 64  # as H.plan
-        return H.fa2_forward_half_kernel(NW, MW, BC, DP, causal, False, bool(prefetch), False, name.rsplit("_", 1)[1])
+        f = H.default_features()
+        if tiling is not None:
+            NW, MW, BC, cp = tiling
+            f["CP_ASYNC"] = bool(cp)
+        cp_async = bool(f["CP_ASYNC"]) and H.cp_async_ok(d)  # as H.plan
+        prefetch = f["PREFETCH"] if f["PREFETCH"] is not None else DP <= 64
+        prefetch = bool(prefetch) and not cp_async
+        return H.fa2_forward_half_kernel(NW, MW, BC, DP, causal, False, prefetch, False, name.rsplit("_", 1)[1], cp_async)
     if name == "alg4_backward_fast":
         f = A4.default_features()
         return A4.alg4_backward_fast_kernel(*A4.config_for(d), causal, False, False, f["VEC"], f["MAXREG"])
@@ -180,12 +195,12 @@ def _kernel(name: str, d: int, causal: bool):
     raise ValueError(name)
 
 
-def resources(name: str, d: int, causal: bool, nvdisasm: str) -> dict:
+def resources(name: str, d: int, causal: bool, nvdisasm: str, tiling=None) -> dict:
     """Compile, link and disassemble one kernel: ``{regs, spill_st, spill_ld, stack, sass, v4}``."""
     from cuda.core import Linker, LinkerOptions, ObjectCode
     from numba import cuda
 
-    k = _kernel(name, d, causal)
+    k = _kernel(name, d, causal, tiling)
     ptx, _ = cuda.compile_ptx(k.py_func, _signatures()[name], cc=(9, 0), fastmath=False)
     lk = Linker(ObjectCode.from_ptx(ptx.encode()), options=LinkerOptions(arch="sm_90", verbose=True))
     cubin = lk.link("cubin")
@@ -212,7 +227,7 @@ def resources(name: str, d: int, causal: bool, nvdisasm: str) -> dict:
     }
 
 
-def _one(name: str, d: int, causal: bool, nvd: str) -> dict:
+def _one(name: str, d: int, causal: bool, nvd: str, tiling=None) -> dict:
     """:func:`resources` in a fresh interpreter: the machine code must not depend on what was compiled before.
 
     (Numba's mangled names and ptxas' tie-breaking depend on the process history: in one process, a
@@ -221,11 +236,21 @@ def _one(name: str, d: int, causal: bool, nvd: str) -> dict:
     # the same way this process was started: ``-m bench.offline_resources`` from the root, or by path
     how = ["-m", __spec__.name] if __spec__ is not None and __spec__.name else [os.path.abspath(__file__)]
     cmd = [sys.executable, *how, "--one", name, str(d), "1" if causal else "0"]
+    if tiling is not None:
+        cmd += ["--half-tiling", ",".join(str(int(x)) for x in tiling)]
     env = dict(os.environ, NVDISASM=nvd)
     out = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if out.returncode != 0:
         raise RuntimeError(f"{name} d={d} causal={causal}: compile failed:\n{out.stderr[-4000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _tiling(text: str) -> tuple[int, int, int, int]:
+    """``"NW,MW,BC,CP"`` -> a tuple of four ints (``--half-tiling``)."""
+    parts = tuple(int(x) for x in text.split(","))
+    if len(parts) != 4:
+        raise argparse.ArgumentTypeError(f"expected NW,MW,BC,CP, got {text!r}")
+    return parts
 
 
 def parser() -> argparse.ArgumentParser:
@@ -235,6 +260,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--d", type=int, action="append", help="head dim(s) (default: 64 and 128)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="compiles at once (one process each)")
     ap.add_argument("--one", nargs=3, metavar=("KERNEL", "D", "CAUSAL"), help=argparse.SUPPRESS)
+    ap.add_argument("--half-tiling", action="append", type=_tiling, metavar="NW,MW,BC,CP",
+                    help="half forward at this tiling (repeatable): warps, m16 tiles per warp, key block, cp.async 1/0")
     return ap
 
 
@@ -243,17 +270,20 @@ def main(argv=None) -> int:
     _gpu_backend()
     if args.one:
         name, d, causal = args.one
-        print(json.dumps(resources(name, int(d), causal == "1", os.environ["NVDISASM"])))
+        tiling = args.half_tiling[0] if args.half_tiling else None
+        print(json.dumps(resources(name, int(d), causal == "1", os.environ["NVDISASM"], tiling)))
         return 0
     nvd = _toolchain()
-    cases = [(name, d, causal) for name in args.kernel or KERNELS for d in args.d or (64, 128) for causal in (False, True)]
+    cases = [(name, d, causal, t) for name in args.kernel or KERNELS for d in args.d or (64, 128)
+             for t in (args.half_tiling or [None] if name.startswith("fa2_forward_half_") else [None]) for causal in (False, True)]
+    tcol = " tiling NW,MW,BC,CP" if args.half_tiling else ""
     print(f"{'kernel':<22} {'d':>4} {'causal':>6} {'regs':>5} {'spill st/ld B':>14} {'stack B':>8} {'SASS':>6} "
-          f"{'LDS.v4 (ptx)':>12}  SASS sha256")
+          f"{'LDS.v4 (ptx)':>12}  SASS sha256{tcol}")
     with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
-        results = pool.map(lambda c: _one(*c, nvd), cases)
-        for (name, d, causal), r in zip(cases, results):
+        results = pool.map(lambda c: _one(c[0], c[1], c[2], nvd, c[3]), cases)
+        for (name, d, causal, t), r in zip(cases, results):
             print(f"{name:<22} {d:>4} {str(causal):>6} {r['regs']:>5} {str(r['spill_st']) + '/' + str(r['spill_ld']):>14} "
-                  f"{r['stack']:>8} {r['sass']:>6} {r['v4']:>12}  {r['sha']}", flush=True)
+                  f"{r['stack']:>8} {r['sass']:>6} {r['v4']:>12}  {r['sha']}" + (f" {','.join(map(str, t))}" if t else ""), flush=True)
     return 0
 
 

@@ -550,3 +550,125 @@ def make_fragment_steps(MW: int, NB: int, BC: int, CAUSAL: bool):
         return mx
 
     return mask_s, lane_row_max
+
+
+# ---------------------------------------------------------------------------------------------
+# Asynchronous copies HBM -> SRAM (cp.async, sm_80+)
+# ---------------------------------------------------------------------------------------------
+def _cp_async_cg16_asm():
+    """An intrinsic ``f(smem, i, garr, (i0, .., ik), src_size)``: ``cp.async.cg.shared.global`` of 16 bytes.
+
+    Copies the 16 bytes at ``garr[i0, .., ik]`` (global memory; the last dimension contiguous) to the
+    shared ``uint32`` array ``smem`` at word ``i``, without passing through registers: the copy is
+    *issued* here and lands later (``.cg``: cached in L2 only). Only the first ``src_size`` bytes are read,
+    the rest of the 16 are written as zeros: ``src_size = 0`` writes 16 zero bytes and reads nothing
+    (the zero rows past N and words past d of a tile). Both addresses must be 16-byte aligned. The
+    copies of a thread become a *group* at :data:`cp_async_commit_asm` and are waited for with
+    :func:`cp_async_wait_group_asm`; other threads see them only after a barrier that follows the wait.
+    As :func:`_ldmatrix_asm`, the generic addresses are converted in the PTX block (``cvta.to.shared``,
+    ``cvta.to.global``); the ``memory`` clobber keeps the compiler from moving SRAM accesses across it.
+    """
+    text = ("{ .reg .u64 s, g; cvta.to.shared.u64 s, $0; cvta.to.global.u64 g, $1; "
+            "cp.async.cg.shared.global [s], [g], 16, $2; }")
+    i64 = ir.IntType(64)
+    fnty = ir.FunctionType(ir.VoidType(), [i64, i64, ir.IntType(32)])
+
+    @intrinsic
+    def cp_async_cg16(typingctx, sarr, sindex, garr, gindex, src_size):
+        def codegen(context, builder, signature, args):
+            saryty, sidxty, garyty, gidxty, sizety = signature.args
+            sary = context.make_array(saryty)(context, builder, args[0])
+            sidx = context.cast(builder, args[1], sidxty, types.intp)
+            saddr = builder.ptrtoint(builder.gep(sary.data, [sidx]), i64)
+            gary = context.make_array(garyty)(context, builder, args[2])
+            gidx = [context.cast(builder, builder.extract_value(args[3], k), gidxty[k], types.intp) for k in range(garyty.ndim)]
+            gaddr = builder.ptrtoint(cgutils.get_item_pointer(context, builder, garyty, gary, gidx, wraparound=False), i64)
+            size = context.cast(builder, args[4], sizety, types.uint32)
+            builder.call(ir.InlineAsm(fnty, text, "l,l,r,~{memory}", side_effect=True), [saddr, gaddr, size])
+            return context.get_dummy_value()
+
+        return types.void(sarr, sindex, garr, gindex, src_size), codegen
+
+    return cp_async_cg16
+
+
+#: 16-byte ``cp.async.cg`` HBM -> SRAM with zero fill (see :func:`_cp_async_cg16_asm`).
+cp_async_cg16_asm = _cp_async_cg16_asm()
+
+
+def _cp_async_void_asm(text: str):
+    """An intrinsic ``f()`` issuing the operand-free PTX ``text`` (a ``memory`` clobber, never reordered)."""
+    fnty = ir.FunctionType(ir.VoidType(), [])
+
+    @intrinsic
+    def op(typingctx):
+        def codegen(context, builder, signature, args):
+            builder.call(ir.InlineAsm(fnty, text, "~{memory}", side_effect=True), [])
+            return context.get_dummy_value()
+
+        return types.void(), codegen
+
+    op.__doc__ = f"``{text}``"
+    return op
+
+
+#: ``cp.async.commit_group``: this thread's cp.async issued since the last commit form one group.
+cp_async_commit_asm = _cp_async_void_asm("cp.async.commit_group;")
+
+
+@functools.cache
+def cp_async_wait_group_asm(n: int):
+    """The intrinsic ``f()``: ``cp.async.wait_group n``, wait until at most ``n`` of this thread's committed
+    groups are still in flight (``n`` is an immediate of the instruction: one intrinsic per ``n``)."""
+    if not (isinstance(n, int) and 0 <= n <= 7):
+        raise ValueError(f"cp.async.wait_group takes an immediate 0..7, got {n!r}")
+    return _cp_async_void_asm(f"cp.async.wait_group {n};")
+
+
+@functools.cache
+def make_cp_async(simulator: bool | None = None):
+    """``(copy16, commit, wait0)``: asynchronous HBM -> SRAM copies (sm_80+) for the backend.
+
+    * ``copy16(smem, i, garr, (i0, .., ik), src_size)``: issue the copy of the 4 words (16 bytes) at
+      ``garr[i0, .., ik]`` .. ``garr[i0, .., ik + 3]`` to ``smem[i]`` .. ``smem[i + 3]`` (``smem`` a shared
+      ``uint32`` array, ``garr`` an ``int32``/``uint32`` array in global memory); ``src_size`` in
+      {0, 4, 8, 12, 16} bytes are read, the rest zero-filled (``0``: four zero words, ``garr`` not
+      read). Both addresses 16-byte aligned on a GPU. :func:`_cp_async_cg16_asm`.
+    * ``commit()``: ``cp.async.commit_group``; ``wait0()``: ``cp.async.wait_group 0`` (this thread's copies
+      have all landed; a ``syncthreads`` after it makes every thread's copies visible to the block).
+
+    The simulator's twins copy at once (plain Python, 4 words) and make commit and wait no-ops: the
+    copy is already done when it is issued, so a missing *wait* cannot show there, but a missing
+    barrier before a buffer is refilled still does (the copy overwrites the buffer at once).
+    """
+    sim = _backend.is_simulator() if simulator is None else simulator
+    if not sim:
+        wait0_asm = cp_async_wait_group_asm(0)
+
+        @cuda.jit(device=True, inline="always")
+        def copy16(smem, i, garr, gidx, src_size):
+            cp_async_cg16_asm(smem, i, garr, gidx, src_size)
+
+        @cuda.jit(device=True, inline="always")
+        def commit():
+            cp_async_commit_asm()
+
+        @cuda.jit(device=True, inline="always")
+        def wait0():
+            wait0_asm()
+
+        return copy16, commit, wait0
+
+    def copy16(smem, i, garr, gidx, src_size):
+        nw = int(src_size) // 4
+        head = tuple(gidx[:-1])
+        for w in range(4):
+            smem[i + w] = uint32(garr[head + (int(gidx[-1]) + w,)]) if w < nw else uint32(0)
+
+    def commit():
+        pass
+
+    def wait0():
+        pass
+
+    return cuda.jit(device=True)(copy16), cuda.jit(device=True)(commit), cuda.jit(device=True)(wait0)

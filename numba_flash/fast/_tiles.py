@@ -9,14 +9,15 @@ blocks those rows can see the same way. This module holds those pieces once, as 
 factories cached on their compile-time constants (``inline="always"``, unsigned indices: see
 :mod:`numba_flash.fast._regtile` for why that changes nothing in the machine code).
 
-=====================  ==========================================================  ====================
-factory                what                                                        used by
-=====================  ==========================================================  ====================
-make_pair_loader       (NROWS, d) rows of two HBM arrays -> registers -> SRAM      all fast kernels
-make_scaled_q_loader   Q_i times tau log2 e, HBM -> SRAM (zero rows past N_q)      FA2 forward, fast/tc
-make_block_counts      key blocks visible from query rows < row_end (causal)       FA1/FA2 fast kernels
-make_word_loader       (NROWS, DW) words (half pairs) -> registers -> SRAM         FA2 half forward
-=====================  ==========================================================  ====================
+======================  ==========================================================  ====================
+factory                 what                                                        used by
+======================  ==========================================================  ====================
+make_pair_loader        (NROWS, d) rows of two HBM arrays -> registers -> SRAM      all fast kernels
+make_scaled_q_loader    Q_i times tau log2 e, HBM -> SRAM (zero rows past N_q)      FA2 forward, fast/tc
+make_block_counts       key blocks visible from query rows < row_end (causal)       FA1/FA2 fast kernels
+make_word_loader        (NROWS, DW) words (half pairs) -> registers -> SRAM         FA2 half forward
+make_word_loader_async  (NROWS, DW) words, HBM -> SRAM by cp.async (no registers)  FA2 half forward
+======================  ==========================================================  ====================
 
 ``tests/benchmarks/offline_resources.py`` checks that the kernels' machine code is what it was when
 these loops were written out in each kernel.
@@ -30,6 +31,7 @@ import math
 from numba import cuda, float32, uint32
 
 from .._constants import U
+from . import _mma
 
 #: The quiet NaN 0x7fc00000, which the 3xTF32 split keeps a NaN (see make_pair_loader's QUIET_NAN).
 QNAN = float32(math.nan)
@@ -199,3 +201,42 @@ def make_word_loader(NROWS: int, DW: int, NT: int, SA: int):
 
     return NL, load, store
 
+
+
+@functools.cache
+def make_word_loader_async(NROWS: int, DW: int, NT: int, SA: int, SIM: bool):
+    """``(NC, load_async)``: rows ``row0 .. row0 + NROWS - 1`` of a half array in words, HBM -> SRAM by ``cp.async``.
+
+    The tile of :func:`make_word_loader` without the registers: ``load_async(smem, off, gA, ub, uh, row0,
+    n_rows, dw, tid)`` *issues* 16-byte copies (4 words; :func:`numba_flash.fast._mma.make_cp_async`, the
+    simulator's twin when ``SIM``) of ``gA[b, row0 + r, h, 4c .. 4c + 3]`` to the SRAM tile at ``off`` (row
+    stride ``SA`` words), zero-filled for rows ``>= n_rows`` and chunks ``4c >= dw``. Chunk ``e = tid + NT it``
+    (``NC`` per thread) is row ``e // (DW / 4)``, chunk ``e % (DW / 4)``: consecutive threads on consecutive
+    16 bytes of a row, coalesced. The caller commits the group, waits for it and puts a barrier before
+    the tile is read.
+
+    Needs ``DW`` and ``dw`` multiples of 4 (a chunk is all inside d or all past it: d a multiple of 8),
+    16-byte aligned rows in HBM (``gA``'s base and row strides) and ``SA``, ``off`` multiples of 4 words.
+    A chunk outside the array reads nothing; its address is clamped to row 0, word 0 all the same, so no
+    out-of-range address is ever formed.
+    """
+    CW = DW // 4  # 16-byte chunks of a padded row
+    NC = (NROWS * CW + NT - 1) // NT
+    EXACT = NROWS * CW % NT == 0
+    uNT, uCW, uSA, uTOT = U(NT), U(CW), U(SA), U(NROWS * CW)
+    u0, u4, u16 = U(0), U(4), uint32(16)
+    z = uint32(0)
+    copy16, _commit, _wait0 = _mma.make_cp_async(SIM)
+
+    @cuda.jit(device=True, inline="always")
+    def load_async(smem, off, gA, ub, uh, row0, n_rows, dw, tid):
+        for it in range(NC):
+            e = tid + uNT * U(it)
+            if EXACT or e < uTOT:
+                r = e // uCW
+                c = u4 * (e % uCW)  # first word of the chunk
+                row = U(row0) + r
+                inside = c < U(dw) and row < U(n_rows)
+                copy16(smem, off + r * uSA + c, gA, (ub, row if inside else u0, uh, c if inside else u0), u16 if inside else z)
+
+    return NC, load_async

@@ -495,7 +495,7 @@ def fa2_backward_half_dq_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool
     """The deterministic dQ kernel: one block per (query block, batch, head), ``dQ_i`` in registers.
 
     Lines 10-15 with the loops swapped (query block outer, key blocks inner) and the half forward's
-    geometry (:func:`numba_flash.fast.fa2_forward_half.config_for`: ``NW`` warps of ``16 MW`` query rows,
+    geometry (:func:`numba_flash.fast.fa2_forward_half.config_for` of the register path: ``NW`` warps of ``16 MW`` query rows,
     ``Bc`` keys per step): ``S = Q_i K_j^T`` and ``dP = dO_i V_j^T`` as the forward's ``S``, the statistics
     of a lane's rows in registers, and ``dS`` (rounded to half in pairs) the A operand of ``dS K_j`` straight
     from the accumulators, as ``P~`` is the A operand of ``P~ V_j`` in the forward. Each ``dQ`` element is one
@@ -683,7 +683,7 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None, determinis
                                     bool(from_lse), bool(red2))
     grid = bh_grid(ceil_div(prob.seqlen_k, BC), prob.batch * prob.nheads_k)
     dq = None
-    NWq, MWq, BCq, _ = fa2_forward_half.config_for(d, block_sizes)
+    NWq, MWq, BCq, _ = fa2_forward_half.config_for(d, block_sizes, cp_async=False)  # the dQ kernel loads through registers
     BRq = 16 * MWq * NWq
     nbytes_dq = 4 * (2 * BRq + 2 * BCq) * stride(DP)
     if deterministic:

@@ -32,6 +32,16 @@ What half precision changes
   the performance log has both.
 * **Bank-conflict-free SRAM.** The Q, K, V rows have ``DW + 4`` words (``DW`` = ``DP / 2``, a multiple
   of 8): an ldmatrix phase reads 8 rows of 16 bytes, which start 4 banks apart.
+* **K_j, V_j stream in by cp.async, two stages deep** (``CP_ASYNC``, the default where ``d % 8 == 0``).
+  ``cp.async.cg`` copies 16 bytes HBM -> SRAM without a register on the way
+  (:func:`numba_flash.fast._mma.make_cp_async`, :func:`numba_flash.fast._tiles.make_word_loader_async`);
+  its ``src_size = 0`` form writes zeros, which gives the zero rows past N and words past d. K_j, V_j
+  alternate between two SRAM stages: the copies of block j+1 are issued before block j is computed and
+  waited for (``cp.async.wait_group 0``) after it, with one ``syncthreads`` per key block instead of two.
+  Q_i comes the same way, in the first group. The register path it replaces (loads into registers
+  ``rKn``, ``rVn``, a register prefetch of block j+1, stores to one SRAM stage) held ``2 Bc DW / (32 NW)``
+  more registers per thread and stays for ``d % 8 != 0`` (``d = 110``: a row's 16-byte chunks are not
+  16-byte aligned in HBM), for inputs not 16-byte aligned (:func:`aligned16`), and as ``CP_ASYNC=False``.
 
 Accuracy (flash-attn's rule for half inputs): at most 2x the error of a naive attention computed in the
 same half dtype (S, P and O rounded to it), both against a float64 reference
@@ -40,10 +50,12 @@ flash-attn.
 
 Launch geometry
 ---------------
-grid ``(Tr, batch * nheads)``, block ``32 NW`` threads, ``Br = 16 MW NW``. SRAM (``uint32`` words, one
-dynamic array ``smem`` at offsets ``OFF_*``, :func:`smem_words`): ``Q_i`` Br (DW+4) + ``K_j``, ``V_j``
-Bc (DW+4) each, with ``DP`` = d padded to a multiple of 16 and ``DW = DP / 2`` (+ a 384-float exchange
-scratch per warp in the simulator).
+grid ``(Tr, batch * nheads)``, block ``32 NW`` threads, ``Br = 16 MW NW``; warp ``w`` owns the query rows
+``16 MW w .. 16 MW (w + 1) - 1`` of the block. SRAM (``uint32`` words, one dynamic array ``smem`` at
+offsets ``OFF_*``, :func:`smem_words`): ``Q_i`` Br (DW+4) + ``stages`` x (``K_j``, ``V_j`` Bc (DW+4)
+each), ``stages`` = 2 with ``CP_ASYNC`` (stage ``j % 2`` holds block j), 1 without; ``DP`` = d padded
+to a multiple of 16 and ``DW = DP / 2`` (+ a 384-float exchange scratch per warp in the simulator).
+At d = 128, Br = 128, Bc = 64: 34 KiB + 2 x 34 KiB = 102 KiB with cp.async (2 blocks fit an H100 SM).
 
 GPU: compute capability 8.0 or newer. The simulator runs the same source with the Python twins of
 :func:`numba_flash.fast._mma.make_half_ops`.
@@ -73,16 +85,21 @@ def handles(prob: Problem) -> bool:
 
 
 @functools.cache
-def config_for(d: int, block_sizes=None):
+def config_for(d: int, block_sizes=None, cp_async=None):
     """The tiling ``(NW, MW, Bc, DP)``: warps per block, m16 tiles per warp, key block, d padded to 16.
 
-    Defaults (the sweep ``docs/results/sweeps/half_sweep_h100_v2_ldmatrix.json``, docs/notes/performance-log.md):
-    ``d <= 64``: 4 warps, ``MW = 2`` (Br = 128), ``Bc = 32`` (236 registers; ``Bc = 64`` spills); above:
-    8 warps, ``MW = 1`` (Br = 128), ``Bc = 64``. ``block_sizes=(Br, Bc)`` is rounded up to
-    the mma granularity (Br to a multiple of 16, Bc of 16; above Br = 64 the warps take ``MW = Br / 64``).
+    Defaults on the ``cp.async`` path (``cp_async``; None: where :func:`cp_async_ok`), from the sweeps
+    ``docs/results/sweeps/half_sweep_h100_v3_cpasync_d64.json`` / ``_d128.json`` (docs/notes/performance-log.md):
+    4 warps of ``MW = 2`` m16 tiles (Br = 128) with ``Bc = 64`` at ``d <= 64`` (232 registers, no spill) and
+    ``Bc = 32`` above (248); on the register path (d % 8 != 0, unaligned inputs, ``CP_ASYNC=False``) the
+    tilings it was measured with before: ``d <= 64``: 4 warps, ``MW = 2``, ``Bc = 32`` (``Bc = 64`` spills);
+    above: 8 warps, ``MW = 1``, ``Bc = 64``. ``block_sizes=(Br, Bc)`` is rounded up to the mma granularity
+    (Br to a multiple of 16, Bc of 16; above Br = 64 the warps take ``MW = Br / 64``).
     """
     DP = 16 * ((d + 15) // 16)
     if block_sizes is None:
+        if cp_async_ok(d) if cp_async is None else cp_async:
+            return (4, 2, 64, DP) if d <= 64 else (4, 2, 32, DP)
         return (4, 2, 32, DP) if d <= 64 else (8, 1, 64, DP)
     Br, Bc = (int(n) for n in block_sizes)
     m16 = (Br + 15) // 16
@@ -96,14 +113,31 @@ def stride(DP: int) -> int:
     return DP // 2 + 4
 
 
-def smem_words(NW: int, MW: int, BC: int, DP: int) -> int:
-    """Dynamic SRAM of the kernel in 32-bit words (see the module docstring)."""
-    return (16 * MW * NW + 2 * BC) * stride(DP)
+def smem_words(NW: int, MW: int, BC: int, DP: int, stages: int = 1) -> int:
+    """Dynamic SRAM of the kernel in 32-bit words (see the module docstring): Q_i and ``stages`` copies of
+    K_j, V_j (2 with ``CP_ASYNC``, :func:`kv_stages`)."""
+    return (16 * MW * NW + 2 * stages * BC) * stride(DP)
+
+
+def cp_async_ok(d: int) -> bool:
+    """Whether head dim ``d`` can take the ``cp.async`` path: a row of ``d / 2`` words is whole 16-byte
+    chunks (``d % 8 == 0``), so every chunk of a row is 16-byte aligned in HBM and all inside or all past d."""
+    return d % 8 == 0
+
+
+def kv_stages(cp_async: bool) -> int:
+    """SRAM stages of K_j, V_j: 2 for the cp.async pipeline, 1 for the register path."""
+    return 2 if cp_async else 1
 
 
 @functools.cache
-def fa2_forward_half_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROPOUT: bool, PREFETCH: bool, SIM: bool, KIND: str):
+def fa2_forward_half_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROPOUT: bool, PREFETCH: bool, SIM: bool, KIND: str,
+                            CP_ASYNC: bool = False):
     """The fp16/bf16 FA2 forward kernel for one specialization (see the module docstring).
+
+    ``CP_ASYNC`` (d a multiple of 8): Q_i, K_j, V_j go HBM -> SRAM by ``cp.async`` into two SRAM stages of
+    K_j, V_j (``PREFETCH`` is then unused); otherwise through registers into one stage (``PREFETCH``: the
+    loads of K_{j+1}, V_{j+1} in flight during block j).
 
     Symbol table (paper symbol -> variable -> memory space):
 
@@ -111,8 +145,8 @@ def fa2_forward_half_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DR
     Q, K, V, O (half words)   gQ, gK, gV, gO       HBM, int32 views (b, s, h, d / 2)
     L, m, l                   gL, gm, gl           HBM, float32 (b, h, s)
     Q_i                       smem[OFF_Q ...]      SRAM (Br, DW+4) words, loaded once (L4)
-    K_j                       smem[OFF_K ...]      SRAM (Bc, DW+4) words, loaded each step (L7)
-    V_j                       smem[OFF_V ...]      SRAM (Bc, DW+4) words, loaded each step (L7)
+    K_j                       smem[kbase ...]      SRAM (Bc, DW+4) words, loaded each step (L7); CP_ASYNC: 2 stages
+    V_j                       smem[vbase ...]      SRAM (Bc, DW+4) words, loaded each step (L7); CP_ASYNC: 2 stages
     S_i^(j)                   rS                   registers: MW x (Bc/8) m16n8 float32 fragments per warp
     P~_i^(j) (half)           rP                   registers: the A words of one 16-key step
     O_i^(j) (un-normalized)   rO                   registers: MW x (DP/8) m16n8 float32 fragments
@@ -132,6 +166,7 @@ def fa2_forward_half_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DR
     OFF_Q = U(0)  # Q_i: (Br, SQ) words, columns past d zero
     OFF_K = U(BR * SQ)  # K_j: (Bc, SQ)
     OFF_V = U(BR * SQ + BC * SQ)  # V_j: (Bc, SQ) words, rows of keys (read transposed by ldmatrix.trans)
+    uSTAGE = U(2 * BC * SQ)  # CP_ASYNC: stage 1 (K, V of the odd blocks) follows stage 0 at OFF_K + uSTAGE
     NS = MW * NB * 4  # registers of rS: MW x NB m16n8 fragments, 4 floats per lane each
     NO = MW * ND * 4  # registers of rO
     NR = MW * 2  # query rows per lane (rows g and g + 8 of each m16 tile)
@@ -142,6 +177,10 @@ def fa2_forward_half_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DR
 
     NLQ, load_q, store_q = _tiles.make_word_loader(BR, DW, NT, SQ)
     NLK, load_kv, store_kv = _tiles.make_word_loader(BC, DW, NT, SQ)  # K_j and V_j alike
+    RQ, RK = (1, 1) if CP_ASYNC else (NLQ, NLK)  # register staging of Q_i, K_j, V_j (none with cp.async)
+    _, load_q_async = _tiles.make_word_loader_async(BR, DW, NT, SQ, SIM)
+    _, load_kv_async = _tiles.make_word_loader_async(BC, DW, NT, SQ, SIM)
+    _copy16, cp_commit, cp_wait0 = _mma.make_cp_async(SIM)
     n_key_blocks, _ = _tiles.make_block_counts(BR, BC, CAUSAL)
 
     pack2, mma16, ldsm, ldsm_t = _mma.make_half_ops(KIND, SIM)
@@ -162,9 +201,9 @@ def fa2_forward_half_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DR
         rl = cuda.local.array(NR, float32)
         ralpha = cuda.local.array(NR, float32)
         rkey = cuda.local.array(NR, uint64)
-        rQn = cuda.local.array(NLQ, uint32)  # Q_i on its way to SRAM
-        rKn = cuda.local.array(NLK, uint32)  # K_j / K_{j+1} in flight (registers)
-        rVn = cuda.local.array(NLK, uint32)  # V_j / V_{j+1}
+        rQn = cuda.local.array(RQ, uint32)  # Q_i on its way to SRAM (register path)
+        rKn = cuda.local.array(RK, uint32)  # K_j / K_{j+1} in flight (register path)
+        rVn = cuda.local.array(RK, uint32)  # V_j / V_{j+1}
 
         tid = U(cuda.threadIdx.x)
         lane = cuda.threadIdx.x % 32
@@ -193,8 +232,10 @@ def fa2_forward_half_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DR
         wrow = U(16 * MW) * U(warp)  # this warp's first row within the block
 
         # FA2.1 L4: load Q_i from HBM to SRAM (half words); rows past N_q and columns past d are zero
-        load_q(gQ, ub, uh, row0, s_q, dw, tid, rQn)  # HBM read: Br*d halves
-        store_q(smem, OFF_Q, tid, rQn)
+        # (CP_ASYNC: issued below, in one cp.async group with K_1, V_1)
+        if not CP_ASYNC:
+            load_q(gQ, ub, uh, row0, s_q, dw, tid, rQn)  # HBM read: Br*d halves
+            store_q(smem, OFF_Q, tid, rQn)
         # FA2.1 L5: on chip, O_i = 0, l_i = 0, m_i = -inf
         for a in range(NO):
             rO[a] = float32(0.0)
@@ -208,23 +249,49 @@ def fa2_forward_half_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DR
         # Dev: causal block skipping: key blocks past the last row's horizon are never visited
         n_blocks = n_key_blocks(row0 + BR, s_k, causal_offset)
 
-        if n_blocks > 0:
+        # Dev: CP_ASYNC, a two-stage pipeline. K_j, V_j live in SRAM stage j % 2. Before computing block j,
+        # each thread issues the cp.async copies of K_{j+1}, V_{j+1} into the *other* stage; the copies go
+        # HBM -> SRAM on their own (no registers hold them) while the warps run L8-L10 on stage j % 2, and
+        # the thread only waits for them (cp.async.wait_group 0) at the top of block j+1. One barrier per
+        # block then does two jobs: every thread's copies of K_{j+1}, V_{j+1} are visible, and every warp has
+        # finished reading block j-1's stage, which is the one the next copies overwrite.
+        if CP_ASYNC and n_blocks > 0:  # Dev: a block whose rows see no key reads neither Q_i nor K, V
+            load_q_async(smem, OFF_Q, gQ, ub, uh, row0, s_q, dw, tid)  # HBM read: Br*d halves (L4)
+            # FA2.1 L7: K_1, V_1 (before the loop) into stage 0, in one cp.async group with Q_i
+            load_kv_async(smem, OFF_K, gK, ub, uhk, 0, s_k, dw, tid)  # HBM read: Bc*d halves
+            load_kv_async(smem, OFF_V, gV, ub, uhk, 0, s_k, dw, tid)  # HBM read: Bc*d halves
+            cp_commit()
+        if not CP_ASYNC and n_blocks > 0:
             load_kv(gK, ub, uhk, 0, s_k, dw, tid, rKn)
             load_kv(gV, ub, uhk, 0, s_k, dw, tid, rVn)
         # FA2.1 L6: for j = 1..Tc
         for j in range(n_blocks):
             col0 = j * BC
-            cuda.syncthreads()  # Sync: all warps are done with K_{j-1}, V_{j-1} (and Q_i is stored) before the stores
-            # FA2.1 L7: load K_j, V_j from HBM to SRAM (rows of half words)
-            if not PREFETCH and j > 0:
-                load_kv(gK, ub, uhk, col0, s_k, dw, tid, rKn)  # HBM read: Bc*d halves
-                load_kv(gV, ub, uhk, col0, s_k, dw, tid, rVn)  # HBM read: Bc*d halves
-            store_kv(smem, OFF_K, tid, rKn)
-            store_kv(smem, OFF_V, tid, rVn)
-            cuda.syncthreads()  # Sync: K_j, V_j in SRAM before L8 and L10 read them
-            if PREFETCH and j + 1 < n_blocks:
-                load_kv(gK, ub, uhk, col0 + BC, s_k, dw, tid, rKn)  # HBM read: Bc*d halves (tile j+1)
-                load_kv(gV, ub, uhk, col0 + BC, s_k, dw, tid, rVn)
+            kbase = OFF_K  # this block's K_j, V_j in SRAM
+            vbase = OFF_V
+            if CP_ASYNC:
+                stage = U(j % 2) * uSTAGE
+                kbase = OFF_K + stage
+                vbase = OFF_V + stage
+                cp_wait0()  # this thread's copies of K_j, V_j (and Q_i) have landed
+                cuda.syncthreads()  # Sync: all copies of K_j, V_j (Q_i) in SRAM before L8/L10; all warps done with block j-1's stage before it is refilled
+                if j + 1 < n_blocks:
+                    # Dev: L7 of block j+1 issued now: K_{j+1}, V_{j+1} into the other stage, landing during L8-L10 of block j
+                    load_kv_async(smem, OFF_K + (uSTAGE - stage), gK, ub, uhk, col0 + BC, s_k, dw, tid)  # HBM read: Bc*d halves
+                    load_kv_async(smem, OFF_V + (uSTAGE - stage), gV, ub, uhk, col0 + BC, s_k, dw, tid)  # HBM read: Bc*d halves
+                    cp_commit()
+            else:
+                cuda.syncthreads()  # Sync: all warps are done with K_{j-1}, V_{j-1} (and Q_i is stored) before the stores
+                # FA2.1 L7: load K_j, V_j from HBM to SRAM (rows of half words)
+                if not PREFETCH and j > 0:
+                    load_kv(gK, ub, uhk, col0, s_k, dw, tid, rKn)  # HBM read: Bc*d halves
+                    load_kv(gV, ub, uhk, col0, s_k, dw, tid, rVn)  # HBM read: Bc*d halves
+                store_kv(smem, OFF_K, tid, rKn)
+                store_kv(smem, OFF_V, tid, rVn)
+                cuda.syncthreads()  # Sync: K_j, V_j in SRAM before L8 and L10 read them
+                if PREFETCH and j + 1 < n_blocks:
+                    load_kv(gK, ub, uhk, col0 + BC, s_k, dw, tid, rKn)  # HBM read: Bc*d halves (tile j+1)
+                    load_kv(gV, ub, uhk, col0 + BC, s_k, dw, tid, rVn)
 
             # [doc:fa2-half-inner-loop]
             # FA2.1 L8: S_i^(j) = Q_i K_j^T: per 16-wide k step, A = Q rows (16 x 16 per m tile, one ldmatrix),
@@ -235,7 +302,7 @@ def fa2_forward_half_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DR
                 for mt in range(MW):  # a = (Q[g, 2t:], Q[g+8, 2t:], Q[g, 2t+8:], Q[g+8, 2t+8:])
                     rA[mt * 4], rA[mt * 4 + 1], rA[mt * 4 + 2], rA[mt * 4 + 3] = ldsm(smem, OFF_Q + (wrow + U(16 * mt) + lr) * uSQ + U(8 * ks) + lw, sx, wbase, lane)
                 for np2 in range(NB // 2):  # b of key tiles 2 np2, 2 np2 + 1 = (K[g, 2t:2t+2], K[g, 2t+8:2t+10]) each
-                    kb0, kb1, kb2, kb3 = ldsm(smem, OFF_K + (U(16 * np2) + kr) * uSQ + U(8 * ks) + kw, sx, wbase, lane)
+                    kb0, kb1, kb2, kb3 = ldsm(smem, kbase + (U(16 * np2) + kr) * uSQ + U(8 * ks) + kw, sx, wbase, lane)
                     for h2 in range(2):
                         nt = 2 * np2 + h2
                         bb = (kb0, kb1) if h2 == 0 else (kb2, kb3)
@@ -285,7 +352,7 @@ def fa2_forward_half_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DR
                     rA[mt * 4 + 2] = pack2(rS[f1], rS[f1 + 1])
                     rA[mt * 4 + 3] = pack2(rS[f1 + 2], rS[f1 + 3])
                 for dp2 in range(ND // 2):  # b of column tiles 2 dp2, 2 dp2 + 1 = (V[2t:2t+2, g], V[2t+8:2t+10, g]) each
-                    vb0, vb1, vb2, vb3 = ldsm_t(smem, OFF_V + (U(16 * kt) + lr) * uSQ + U(8 * dp2) + lw, sx, wbase, lane)
+                    vb0, vb1, vb2, vb3 = ldsm_t(smem, vbase + (U(16 * kt) + lr) * uSQ + U(8 * dp2) + lw, sx, wbase, lane)
                     for h2 in range(2):
                         dn = 2 * dp2 + h2
                         bb = (vb0, vb1) if h2 == 0 else (vb2, vb3)
@@ -331,9 +398,22 @@ def fa2_forward_half_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DR
 
 
 def default_features() -> dict:
-    """``PREFETCH``: load K_{j+1}, V_{j+1} into registers during the compute of tile j (faster at every
-    default tiling in the sweep)."""
-    return {"PREFETCH": True}
+    """``CP_ASYNC``: Q_i, K_j, V_j HBM -> SRAM by ``cp.async`` into two SRAM stages of K_j, V_j, where the head
+    dim allows it (:func:`cp_async_ok`) and the inputs are 16-byte aligned (:func:`aligned16`); else, and
+    with ``False``, the register path. ``PREFETCH`` (register path only): load K_{j+1}, V_{j+1} into
+    registers during the compute of tile j (faster at every default tiling of the register path's sweep)."""
+    return {"CP_ASYNC": True, "PREFETCH": True}
+
+
+def aligned16(*arrays) -> bool:
+    """Whether every kernel array (device, or the simulator's) has a 16-byte aligned base and 16-byte
+    multiples as the strides of its leading dimensions (those of extent > 1): what 16-byte ``cp.async``
+    of its rows needs. A slice of a tensor at an odd offset can fail it; the register path then runs."""
+    for a in arrays:
+        iface = getattr(a, "__cuda_array_interface__", None) or a.__array_interface__
+        if iface["data"][0] % 16 or any(st % 16 for st, n in zip(a.strides[:-1], a.shape[:-1]) if n > 1):
+            return False
+    return True
 
 
 def plan(prob: Problem, block_sizes=None, config=None, features=None):
@@ -342,15 +422,17 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None):
         raise ValueError(f"the half-precision kernel runs float16/bfloat16 inputs with an even head dim <= {HALF_MAX_HEADDIM}; "
                          f"got {prob.dtype} and headdim {prob.headdim}")
     d = prob.headdim
-    NW, MW, Bc, DP = config if config is not None else config_for(d, block_sizes)
     feats = default_features()
     feats.update(features or {})
+    cp_async = bool(feats["CP_ASYNC"]) and cp_async_ok(d)  # Dev: d % 8 != 0 (d = 110): the register path
+    NW, MW, Bc, DP = config if config is not None else config_for(d, block_sizes, cp_async)
     prefetch = feats["PREFETCH"] if feats["PREFETCH"] is not None else DP <= 64
+    prefetch = bool(prefetch) and not cp_async  # unused by the cp.async path: one compiled kernel, not two
     sim = _backend.is_simulator()
     Br = 16 * MW * NW
-    nbytes = 4 * smem_words(NW, MW, Bc, DP)
+    nbytes = 4 * smem_words(NW, MW, Bc, DP, kv_stages(cp_async))
     _plan.check_sram(nbytes, Br, Bc, d)
-    kernel = fa2_forward_half_kernel(NW, MW, Bc, DP, prob.causal, prob.dropout_p > 0, bool(prefetch), sim, _mma.HALF_KINDS[prob.dtype])
+    kernel = fa2_forward_half_kernel(NW, MW, Bc, DP, prob.causal, prob.dropout_p > 0, prefetch, sim, _mma.HALF_KINDS[prob.dtype], cp_async)
     grid = bh_grid(ceil_div(prob.seqlen_q, Br), prob.batch * prob.nheads)
     return kernel, grid, 32 * NW, nbytes
 
@@ -369,5 +451,7 @@ def compiled_kernels(prob: Problem, block_sizes=None) -> list[KernelLaunch]:
 def forward(q, k, v, prob: Problem, alloc, block_sizes=None, config=None, features=None):
     """FA2 Algorithm 1 on half words (:meth:`~numba_flash._launch.Allocator.to_words`): ``ForwardOutput``
     whose ``out`` is a word array (the caller's dtype through :meth:`~numba_flash._launch.Allocator.result`)."""
+    if not aligned16(q, k, v):  # Dev: cp.async needs 16-byte aligned rows (an odd slice of a tensor): the register path
+        features = {**(features or {}), "CP_ASYNC": False}
     # FA2.1 L17: return O, L
     return _plan.run_fa2_forward(plan(prob, block_sizes, config, features), q, k, v, prob, alloc, out_words=True)

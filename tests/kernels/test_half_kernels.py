@@ -16,6 +16,12 @@ computed in float64 from the same half inputs):
   (the dQ kernel, no atomics) too, with dK, dV bitwise equal to the atomic mode's (the same main kernel).
 * What the half kernel does not take still runs, through the float32 kernels: odd head dims (no words)
   and non-contiguous inputs (copied to words).
+* The forward's two load paths compute the same thing: K_j, V_j by ``cp.async`` into two SRAM stages (the
+  default where ``d % 8 == 0``) and through registers into one (``CP_ASYNC=False``) give bitwise equal
+  O, L, m, l on ragged, causal (blocks that see no key included), GQA, dropout and ``MW = 2`` shapes, at head
+  dims whose rows are whole 16-byte chunks but not whole 32-byte ones (d = 24, 40, 48); the cp.async tile
+  loader zero-fills the rows past N and the words past d of a poisoned SRAM tile. Where cp.async cannot
+  run (d = 110; inputs not 16-byte aligned) the register path runs and the result is the same.
 * On a GPU (marker ``gpu``): the same at realistic shapes (N up to 4096, d up to 128), bitwise
   reproducible forwards and deterministic backwards.
 
@@ -25,14 +31,15 @@ two block barriers.
 
 from __future__ import annotations
 
-from numba_flash import api
-from numba_flash._launch import poison_outputs
-from numba_flash.fast import fa2_backward_half, fa2_backward_tc, fa2_forward_half
+from numba_flash import _backend, api
+from numba_flash._launch import Allocator, check_attention_args, poison_outputs
+from numba_flash.fast import _mma, _tiles, fa2_backward_half, fa2_backward_tc, fa2_forward_half
 from numba_flash_reference.alg0_standard import standard_attention
 
 import numpy as np
 import pytest
 from attn_testing import assert_error_rule, make_qkv, naive_stats_float32, torch_attention
+from numba import cuda, uint32
 
 torch = pytest.importorskip("torch")
 
@@ -114,6 +121,130 @@ def test_numpy_float16_arrays_run_natively_and_come_back_float16(rng):
     ref = torch_attention(*(x.double() for x in th), False, 0.0, 0, torch.float64).numpy()
     naive = torch_attention(*th, False, 0.0, 0, torch.float16).double().numpy()
     assert_error_rule(out.astype(np.float64), ref, naive)
+
+
+# ------------------------------------------------------------------------------------------------
+# Forward: the cp.async pipeline and the register path
+# ------------------------------------------------------------------------------------------------
+def _forward_paths(th, causal, p, seed, bs, words=None):
+    """The half forward at kernel level with ``CP_ASYNC`` on and off: for each, ``(O, L, m, l)`` as NumPy
+    arrays (O as half words), the SRAM bytes and the features it ran with. ``words``: kernel arrays of q, k, v."""
+    q = th[0]
+    prob = check_attention_args(*th, p, None, causal, seed)
+    runs = {}
+    ran = []  # the features forward() handed to plan()
+    real = fa2_forward_half.plan
+
+    def spy(*args, **kw):
+        ran.append(dict(args[3] if len(args) > 3 else kw.get("features") or {}))
+        return real(*args, **kw)
+
+    for cp in (True, False):
+        alloc = Allocator(q)
+        kq, kk, kv = words if words is not None else [alloc.to_words(x) for x in th]
+        ran.clear()
+        fa2_forward_half.plan = spy
+        try:
+            with poison_outputs():
+                fwd = fa2_forward_half.forward(kq, kk, kv, prob, alloc, block_sizes=bs, features={"CP_ASYNC": cp})
+        finally:
+            fa2_forward_half.plan = real
+        nbytes = real(prob, bs, None, ran[0])[3]
+        host = [np.array(x.copy_to_host() if hasattr(x, "copy_to_host") else x) for x in (fwd.out, fwd.lse, fwd.m, fwd.l)]
+        runs[cp] = (host, nbytes, ran[0], alloc.result(fwd.out, q.dtype), alloc.result(fwd.lse))
+    return runs
+
+
+#: (batch, s_q, s_k, nheads, nheads_k, d, causal, dropout_p, block_sizes): several key blocks each, so the
+#: two SRAM stages alternate; ragged N everywhere
+CP_CASES = [
+    pytest.param(1, 37, 40, 2, 1, 64, False, 0.0, (16, 16), id="ragged-gqa-d64"),
+    pytest.param(1, 33, 45, 2, 1, 40, True, 0.0, (16, 16), id="causal-gqa-d40"),
+    pytest.param(1, 29, 35, 1, 1, 48, True, 0.1, (32, 16), id="causal-dropout-d48"),
+    pytest.param(1, 45, 14, 2, 2, 24, True, 0.0, (16, 16), id="causal-sq>sk-blocks-without-keys-d24"),
+    pytest.param(1, 37, 40, 1, 1, 40, True, 0.0, (128, 16), id="mw2-4warps-causal-d40"),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("b", "s_q", "s_k", "h", "h_k", "d", "causal", "p", "bs"), CP_CASES)
+def test_cp_async_pipeline_equals_the_register_path_bit_for_bit(rng, dtype, b, s_q, s_k, h, h_k, d, causal, p, bs):
+    th, t64 = _inputs(rng, dtype, b, s_q, s_k, h, h_k, d)
+    seed = int(rng.integers(0, 2**32))
+    runs = _forward_paths(th, causal, p, seed, bs)
+    (cp_out, cp_bytes, cp_feats, out, lse), (reg_out, reg_bytes, reg_feats, _, _) = runs[True], runs[False]
+    NW, MW, Bc, DP = fa2_forward_half.config_for(d, bs)
+    assert cp_bytes == 4 * fa2_forward_half.smem_words(NW, MW, Bc, DP, 2), "cp.async: two SRAM stages of K_j, V_j"
+    assert reg_bytes == 4 * fa2_forward_half.smem_words(NW, MW, Bc, DP, 1)
+    assert cp_feats["CP_ASYNC"] and not reg_feats["CP_ASYNC"]
+    for name, x, y in zip(("O", "L", "m", "l"), cp_out, reg_out):
+        np.testing.assert_array_equal(x.view(np.uint32), y.view(np.uint32), err_msg=f"{name}: cp.async and register paths differ")
+    _check(out, lse, th, t64, causal, p, seed)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_head_dim_110_and_unaligned_inputs_fall_back_to_the_register_path(rng, dtype):
+    # d = 110: a row is 55 words, its 16-byte chunks are not 16-byte aligned in HBM: the plan must not
+    # take cp.async even when asked to, and must give the same answer as the register path
+    assert not fa2_forward_half.cp_async_ok(110) and fa2_forward_half.cp_async_ok(40)
+    th, t64 = _inputs(rng, dtype, 1, 19, 21, 1, 1, 110)
+    runs = _forward_paths(th, False, 0.0, 0, (16, 16))
+    NW, MW, Bc, DP = fa2_forward_half.config_for(110, (16, 16))
+    for cp in (True, False):
+        assert runs[cp][1] == 4 * fa2_forward_half.smem_words(NW, MW, Bc, DP, 1), "d = 110: one SRAM stage (register path)"
+    for x, y in zip(runs[True][0], runs[False][0]):
+        np.testing.assert_array_equal(x.view(np.uint32), y.view(np.uint32))
+    _check(runs[True][3], runs[True][4], th, t64, False, 0.0, 0)
+    # d = 32, word arrays whose base is 4 bytes past a 16-byte boundary: forward() drops CP_ASYNC
+    th, _ = _inputs(rng, dtype, 1, 20, 20, 1, 1, 32)
+    words = []
+    for x in th:
+        w = x.contiguous().view(torch.int32).numpy()
+        buf = np.empty(w.size + 4, np.int32)
+        off = (4 - buf.ctypes.data % 16 // 4) % 4 + 1  # words to a 16-byte boundary, plus one
+        shifted = buf[off:off + w.size].reshape(w.shape)
+        shifted[...] = w
+        words.append(shifted)
+    assert not fa2_forward_half.aligned16(*words) and fa2_forward_half.aligned16(*(w.copy() for w in words))
+    runs = _forward_paths(th, False, 0.0, 0, (16, 16), words=words)
+    assert not runs[True][2]["CP_ASYNC"], "unaligned inputs: forward() must ask for the register path"
+    aligned = _forward_paths(th, False, 0.0, 0, (16, 16))
+    for x, y in zip(runs[True][0], aligned[True][0]):
+        np.testing.assert_array_equal(x.view(np.uint32), y.view(np.uint32))
+
+
+def _make_async_tile_kernel(NROWS, DW, NT, SA):
+    NC, load_async = _tiles.make_word_loader_async(NROWS, DW, NT, SA, _backend.is_simulator())
+    _copy16, commit, wait0 = _mma.make_cp_async()
+
+    @cuda.jit
+    def tile_kernel(gA, row0, n_rows, dw, out):
+        """One block: poison an SRAM tile, cp.async rows row0.. of gA[0, :, 0, :] into it, copy it out."""
+        smem = cuda.shared.array(0, uint32)  # (NROWS, SA) words
+        tid = cuda.threadIdx.x
+        for i in range(tid, NROWS * SA, NT):
+            smem[i] = uint32(0xFFFFFFFF)
+        cuda.syncthreads()  # Sync: the poison is stored before the copies land
+        load_async(smem, 0, gA, 0, 0, row0, n_rows, dw, tid)
+        commit()
+        wait0()
+        cuda.syncthreads()  # Sync: every thread's copies landed before the tile is read
+        for i in range(tid, NROWS * SA, NT):
+            out[i // SA, i % SA] = smem[i]
+
+    return tile_kernel
+
+
+def test_cp_async_tile_loader_zero_fills_rows_past_n_and_words_past_d(rng):
+    # d = 40: 20 words of a row, padded to DW = 24 (6 chunks of 4 words; the 6th is past d); rows 30.. of 35
+    NROWS, DW, NT, SA, dw, n_rows, row0 = 16, 24, 32, 28, 20, 35, 30
+    gA = rng.integers(-2**31, 2**31 - 1, size=(1, n_rows, 1, dw), dtype=np.int64).astype(np.int32)
+    out = np.zeros((NROWS, SA), np.uint32)
+    _make_async_tile_kernel(NROWS, DW, NT, SA)[1, NT, 0, 4 * NROWS * SA](gA, row0, n_rows, dw, out)
+    want = np.zeros((NROWS, DW), np.uint32)
+    want[: n_rows - row0, :dw] = gA[0, row0:, 0, :].view(np.uint32)
+    np.testing.assert_array_equal(out[:, :DW], want)
+    assert (out[:, DW:] == 0xFFFFFFFF).all(), "the 4 padding words of a row are not the tile's: left alone"
 
 
 def _check_grads(th, causal, p, seed, device, **kw):
