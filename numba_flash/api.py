@@ -251,8 +251,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, re
     algorithm : "standard", "flash1" or "flash2" (keyword-only)
     variant : "auto" (default), "readable", "fast" or "tensorcore" (keyword-only): which kernel of the
         algorithm runs (:func:`variants`); ``"readable"`` runs the paper-shaped kernels of both passes.
-        ``"auto"`` runs the fastest kernel; when float32 q, k or v requires grad, FA2's forward is the
-        FFMA one (``registry.TRAINING_FORWARD``), whose S the backward reproduces exactly (sharp softmaxes)
+        ``"auto"`` runs the fastest kernel; when float32 q, k or v requires grad, FA2 runs its FFMA pair
+        (``registry.TRAINING_VARIANT``), whose backward reproduces the forward's S exactly (sharp softmaxes)
     block_sizes : (Br, Bc) override (keyword-only)
     seed : dropout seed in [0, 2**32); drawn from torch's generator when None (keyword-only)
     deterministic : run a backward without atomics (FA2), bitwise reproducible (keyword-only)

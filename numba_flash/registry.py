@@ -72,11 +72,12 @@ PAPER = {
 
 #: The preference of ``variant="auto"``, fastest first.
 AUTO_ORDER = ("tensorcore", "fast", "readable")
-#: The forward ``"auto"`` runs when a backward will follow (``flash_attn_func`` on inputs that require grad):
-#: the tensor-core forward's 3xTF32 ``S`` is not the float32 ``S`` that the FFMA backward recomputes, and on
-#: sharp softmaxes (scores of std >= 4) that mismatch breaks the gradient error rule (docs/backward.rst,
-#: "Large logits"); the FFMA forward's ``S`` the backward reproduces bit for bit.
-TRAINING_FORWARD = {"flash2": "fast"}
+#: The variant ``"auto"`` runs for both passes when a backward will follow (``flash_attn_func`` on float32
+#: inputs that require grad): the FFMA pair. The tensor-core pair (3xTF32 forward and backward, whose backward
+#: recomputes the forward's ``S`` bit for bit) is 1.05-1.25x faster on an H100 but its ``S`` carries the
+#: 3xTF32 split's ~2^-22 relative error, and on a sharp softmax (scores of std 16) its dV exceeds the rule
+#: on the GPU (docs/backward.rst, "Large logits"); ``variant="tensorcore"`` runs it when asked for.
+TRAINING_VARIANT = {"flash2": "fast"}
 
 
 @dataclass(frozen=True)
@@ -161,8 +162,8 @@ def pair_variants(algorithm, variant="auto", training: bool = False, half: bool 
     """(forward, backward) variant names that :func:`resolve_pair` resolves, found without the device.
 
     A named variant must exist for at least one pass; a pass that lacks it gets ``"auto"``. With
-    ``training`` (a backward will follow), ``"auto"`` picks the forward of :data:`TRAINING_FORWARD`, except for
-    ``half`` (float16/bfloat16) inputs: the half kernel's S is the float32 sum of exact products, which the
+    ``training`` (a backward will follow), ``"auto"`` picks the variant of :data:`TRAINING_VARIANT` for both
+    passes, except for ``half`` (float16/bfloat16) inputs: the half kernel's S is the float32 sum of exact products, which the
     backward recomputes up to float32 rounding, far inside the half error rule. Only the
     table is read, so this runs inside ``torch.compile``'s tracing (the device query of ``"auto"`` and
     of :meth:`Kernel.available` takes numba's driver lock, which Dynamo cannot trace); the custom ops
@@ -171,7 +172,9 @@ def pair_variants(algorithm, variant="auto", training: bool = False, half: bool 
     algorithm = check_algorithm(algorithm)
     variant = check_variant(variant)
     if variant == "auto":
-        return (TRAINING_FORWARD.get(algorithm, "auto") if training and not half else "auto"), "auto"
+        if training and not half and algorithm in TRAINING_VARIANT:
+            return TRAINING_VARIANT[algorithm], TRAINING_VARIANT[algorithm]
+        return "auto", "auto"
     has = {p: (algorithm, p, variant) in KERNELS for p in PASSES}
     if not any(has.values()):
         have = list(dict.fromkeys(v for (a, _p, v) in KERNELS if a == algorithm))

@@ -36,7 +36,7 @@ MODULES = sorted(m.name for m in pkgutil.iter_modules(bench.__path__))
 #: Helper modules of the GPU measurement tools (imported by them, not run on their own).
 LIBRARIES = {"common", "ncu"}
 TOOLS = [m for m in MODULES if not m.startswith("_") and m not in LIBRARIES]
-SWEEPS = ["alg4_sweep", "fa2_bwd_sweep", "fa2_sweep", "half_sweep", "sweep_fa1_fast", "sweep_forward_tiles"]
+SWEEPS = ["alg4_sweep", "fa2_bwd_sweep", "fa2_sweep", "half_sweep", "sweep_fa1_fast", "sweep_forward_tiles", "tf32_bwd_sweep"]
 #: Where commands and results files are written down for readers.
 DOC_FILES = sorted({ROOT / "README.md", ROOT / "CONTRIBUTING.md", *ROOT.glob("bench/**/*.md"), *ROOT.glob("bench/*.py"),
                     *ROOT.glob("docs/*.rst"), *ROOT.glob("tests/benchmarks/*.py"), *ROOT.glob("numba_flash/**/*.py")})

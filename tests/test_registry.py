@@ -228,10 +228,10 @@ def test_imports_run_one_way_api_registry_kernels_plumbing():
     assert "numba_flash.api" not in graph["numba_flash.registry"]
 
 
-def test_auto_pairs_the_ffma_forward_with_the_backward_when_training():
-    """The tensor-core forward runs for inference; a backward gets the forward whose S it reproduces."""
+def test_auto_trains_float32_with_the_ffma_pair():
+    """The tensor-core forward runs for inference; training gets a forward and the backward that recomputes its S."""
     assert registry.pair_variants("flash2", "auto") == ("auto", "auto")
-    assert registry.pair_variants("flash2", "auto", training=True) == ("fast", "auto")
+    assert registry.pair_variants("flash2", "auto", training=True) == ("fast", "fast")
     assert registry.pair_variants("flash2", "auto", training=True, half=True) == ("auto", "auto")  # the half kernel trains
     assert registry.pair_variants("flash2", "tensorcore", training=True) == ("tensorcore", "tensorcore")
     assert registry.pair_variants("flash1", "auto", training=True) == ("auto", "auto")

@@ -3,16 +3,19 @@
 * float16 / bfloat16 inputs with an even head dim up to 128 (:func:`takes_words`): the native half
   backward :mod:`numba_flash.fast.fa2_backward_half` (``mma.sync.m16n8k16``, float32 accumulation), on
   half words, as the half forward :mod:`numba_flash.fast.fa2_forward_half` runs them.
-* everything else (float32 inputs, odd or large head dims): the float32 FFMA kernel
-  :mod:`numba_flash.fast.fa2_backward` (a 3xTF32 tensor-core backward for float32 is not written yet);
-  :func:`compiled_kernels` names the kernel that runs, so the stats of a call say which one it was.
+* float32 kernel arrays (float32 inputs, and half inputs the half kernel does not run) up to head dim 128:
+  the 3xTF32 backward :mod:`numba_flash.fast.fa2_backward_tf32`, the twin of the 3xTF32 forward (it
+  recomputes the forward's ``S`` bit for bit).
+* above head dim 128: the float32 FFMA kernel :mod:`numba_flash.fast.fa2_backward`, as the forward runs
+  its FFMA kernel there. :func:`compiled_kernels` names the kernel that runs, so the stats of a call say
+  which one it was.
 """
 
 from __future__ import annotations
 
 from .._launch import KernelLaunch, Problem
 from . import fa2_backward as fa2_backward_fast
-from . import fa2_backward_half
+from . import fa2_backward_half, fa2_backward_tf32
 from .fa2_backward import backward as _ffma_backward  # bound once: a call here is this module's, not the "fast" entry's
 from .fa2_forward_tc import available  # noqa: F401  (the kernel contract's optional available())
 
@@ -23,8 +26,10 @@ def takes_words(prob: Problem) -> bool:
 
 
 def _module(prob: Problem):
-    """The kernel module that runs ``prob``: the half kernel's or the FFMA kernel's."""
-    return fa2_backward_half if takes_words(prob) else fa2_backward_fast
+    """The kernel module that runs ``prob``: the half kernel's, the 3xTF32 kernel's or the FFMA kernel's."""
+    if takes_words(prob):
+        return fa2_backward_half
+    return fa2_backward_tf32 if fa2_backward_tf32.handles(prob) else fa2_backward_fast
 
 
 def choose_block_sizes(prob: Problem, block_sizes=None) -> tuple[int, int]:
@@ -39,13 +44,16 @@ def sram_bytes(prob: Problem, block_sizes=None) -> int:
 
 def compiled_kernels(prob: Problem, block_sizes=None, deterministic=False) -> list[KernelLaunch]:
     """The kernels :func:`backward` launches for ``prob``, compiled (not launched)."""
-    if takes_words(prob):
-        return fa2_backward_half.compiled_kernels(prob, block_sizes, deterministic)
-    return [KernelLaunch(f"{k.name} (the tensor-core module's float32 path)", k.dispatcher, k.threads, k.blocks)
+    module = _module(prob)
+    if module is not fa2_backward_fast:
+        return module.compiled_kernels(prob, block_sizes, deterministic)
+    return [KernelLaunch(f"{k.name} (the tensor-core module above d = 128)", k.dispatcher, k.threads, k.blocks)
             for k in fa2_backward_fast.compiled_kernels(prob, block_sizes, deterministic)]
 
 
 def backward(dout, q, k, v, out, fwd, prob: Problem, alloc, block_sizes=None, deterministic=False):
-    """FA2 Algorithm 2: the half kernel on words for the inputs it :func:`takes_words`, the FFMA kernel otherwise."""
-    run = fa2_backward_half.backward if takes_words(prob) else _ffma_backward
+    """FA2 Algorithm 2: the half kernel on words for the inputs it :func:`takes_words`, the 3xTF32 kernel on float32
+    arrays up to head dim 128, the FFMA kernel above."""
+    module = _module(prob)
+    run = _ffma_backward if module is fa2_backward_fast else module.backward
     return run(dout, q, k, v, out, fwd, prob, alloc, block_sizes=block_sizes, deterministic=deterministic)

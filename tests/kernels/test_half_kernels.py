@@ -14,8 +14,8 @@ computed in float64 from the same half inputs):
   ``"auto"`` on a GPU) gives dQ, dK, dV in the input dtype within 3x the error of naive attention's
   autograd in the same half dtype, on the same ragged/causal/GQA/dropout cases; ``deterministic=True``
   (the dQ kernel, no atomics) too, with dK, dV bitwise equal to the atomic mode's (the same main kernel).
-* What the half kernel does not take still runs, through the float32 kernels: odd head dims (no words)
-  and non-contiguous inputs (copied to words).
+* What the half kernel does not take still runs, through the float32 kernels (the 3xTF32 backward): odd
+  head dims (no words) and non-contiguous inputs (copied to words).
 * The forward's two load paths compute the same thing: K_j, V_j by ``cp.async`` into two SRAM stages (the
   default where ``d % 8 == 0``) and through registers into one (``CP_ASYNC=False``) give bitwise equal
   O, L, m, l on ragged, causal (blocks that see no key included), GQA, dropout and ``MW = 2`` shapes, at head
@@ -306,12 +306,12 @@ def test_deterministic_half_backward_is_within_3x_and_shares_dk_dv_with_the_atom
     assert torch.equal(grads[0][1], grads[1][1]) and torch.equal(grads[0][2], grads[1][2]), "dK, dV come from the same main kernel"
 
 
-def test_float32_and_odd_head_dims_keep_the_ffma_backward_in_the_tensorcore_variant():
+def test_float32_and_odd_head_dims_run_the_float32_backward_in_the_tensorcore_variant():
     for dt, d, half in ((np.float16, 16, True), (np.float16, 7, False), (np.float32, 16, False)):
         prob = api.check_attention_args(*(np.zeros((1, 20, 1, d), dt),) * 3)
         names = [k.name for k in fa2_backward_tc.compiled_kernels(prob, (16, 16))]
         assert fa2_backward_tc.takes_words(prob) == half
-        assert all(("tensor cores" in n) == half for n in names), names
+        assert all(("float16" in n) == half and ("3xTF32" in n) != half for n in names), names
 
 
 # ------------------------------------------------------------------------------------------------

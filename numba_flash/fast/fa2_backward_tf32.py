@@ -1,0 +1,747 @@
+"""FlashAttention-2 Algorithm 2 on the tensor cores, in float32 accuracy (3xTF32 ``mma.sync.m16n8k8``).
+
+Paper: Dao, "FlashAttention-2", Algorithm 2 ([FA2-ICLR] Appendix A). Same algorithm, semantics, paper tags
+and launch grid as :mod:`numba_flash.fa2_backward` (readable) and :mod:`numba_flash.fast.fa2_backward`
+(float32 FFMA); read those first, then the 3xTF32 forward :mod:`numba_flash.fast.fa2_forward_tc` (the
+split ``x ~ big + small`` and why each product is three ``mma``) and the half backward
+:mod:`numba_flash.fast.fa2_backward_half` (whose warp layout this kernel shares). It runs the backward of
+float32 inputs for ``variant="tensorcore"`` (:mod:`numba_flash.fast.fa2_backward_tc`), the twin of the
+3xTF32 forward.
+
+What changes from the FFMA kernel
+---------------------------------
+* **All five products on the tensor cores, three ``mma`` each.** Every operand is split into two tf32
+  parts and ``a b ~ a_big b_big + a_big b_small + a_small b_big`` (the forward's docstring); each 8-wide k
+  step runs into a zeroed accumulator that is then added with an IEEE float32 add (the forward's
+  "staging": the tensor cores' float32 accumulation is not rounded like an FFMA, and ``dK_j, dV_j`` take
+  ``3 N / 8`` such accumulations).
+* **Each warp owns 16 key rows** (``MW`` m16 tiles), as in the half backward, so ``dK_j, dV_j`` are sums over
+  queries of the warp's own rows and stay in its registers for the whole kernel.
+* **The forward's S.** The warp computes ``S_ij = Q_i K_j^T`` and ``dP_ij = dO_i V_j^T`` for all ``Br``
+  queries and its keys with the forward's operands in the forward's roles (A = ``Q_i tau log2 e`` rows,
+  B = ``K_j`` rows), the same split, the same order of the three ``mma`` and the same staging, so ``S`` is
+  the 3xTF32 forward's and ``P = exp2(S' - M) / l`` is the forward's ``P``. An FFMA backward recomputes
+  ``S`` with FFMAs, 4-12 float32 roundings away from the 3xTF32 forward's, and sharp softmaxes magnify that
+  past the error rule; with this pair the simulator's sharp-softmax and large-logit cases pass. On an H100
+  the sharp-softmax case still misses the rule by 1.5x on dV (the 3xTF32 ``S`` is less accurate than a
+  float32 one), so ``variant="auto"`` trains float32 with the FFMA pair (``registry.TRAINING_VARIANT``).
+* **P and dS through SRAM, read back by renaming the queries.** ``P o Z`` and ``tau dS`` go to SRAM
+  (``Br x (Bc + 4)``, row = query); each warp reads back only its own key columns (``syncwarp``). The A operand
+  of ``dV_j += P^T dO_i`` (keys x 8 queries) is read with the k index renamed: the order of a summed index is
+  ours to choose, so k position ``t`` is query ``2t`` and ``t + 4`` is query ``2t + 1``, and the B operand reads
+  ``dO_i`` rows ``2t, 2t + 1``. With row strides of 4 mod 16 floats lane ``(g, t)`` then hits bank ``8t + g``:
+  no conflicts. (Reading ``P^T`` straight from the accumulators needs a loop nest NVVM would not unroll: the
+  performance log has the 256-byte local array it made.)
+* **dQ from the same SRAM tile.** After a barrier each warp multiplies a slice of ``tau dS`` (all the block's
+  keys) by ``K_j`` (the keys of a k step renamed the same way, so ``K_j`` rows ``2t, 2t + 1`` are read) and adds
+  the slice to a float32 ``dQ`` with atomics (``red.global.add.v2.f32`` on sm_90 at even ``d``:
+  :func:`numba_flash.fast._mma.make_atomic_add2`).
+* ``deterministic=True``: :func:`fa2_backward_tf32_dq_kernel`, the forward's geometry (warps own query
+  rows; ``S`` computed as the forward computes it), ``dS`` through the warp's own SRAM rows into the A
+  operand of ``dS K_j``, ``dQ_i`` summed in a fixed order; ``dK, dV`` bitwise equal across the modes.
+
+Accuracy: every gradient within 3x the error of float32 naive attention's autograd, both against float64
+(``tests/kernels``, ``tests/test_edge_values.py``), after the 3xTF32 forward.
+
+Launch geometry
+---------------
+pre-pass ``D = rowsum(dO o O)``: :func:`numba_flash._fa2_prepass.row_dot`. Main kernel: grid
+``(Tc, batch * nheads_k)``, block ``32 NW`` threads, ``Bc = 16 MW NW`` keys; the block loops over the ``G``
+query heads of its KV head and the visible query blocks of ``Br`` rows (one flat loop, as the FFMA kernel).
+SRAM (float32, one dynamic array): ``Q_i, dO_i`` Br (DP+4) each, ``K_j, V_j`` Bc (DP+4) each, ``P_ij o Z_ij``
+and ``tau dS_ij`` Br (Bc+4) each (:func:`smem_floats`), ``DP`` = d rounded up to 8; plus ``M_i, 1/l_i, D_i`` (float32, static) and
+the simulator's exchange scratch.
+
+GPU: compute capability 8.0 or newer. The simulator runs the same source with the Python twins of
+:func:`numba_flash.fast._mma.make_warp_ops`.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+from numba import cuda, float32, uint32, uint64
+
+from .. import _backend
+from .._constants import LOG2E, U
+from .._dropout import head_key, keep, row_key
+from .._fa2_prepass import allocate_grads, row_dot
+from .._launch import KernelLaunch, Problem, bh_grid, ceil_div
+from . import _mma, _plan, _regtile, _smem, _tiles, fa2_forward_tc
+
+#: Largest head dim of this kernel: the 3xTF32 forward's (:data:`numba_flash.fast.fa2_forward_tc.TC_MAX_HEADDIM`).
+TF32_MAX_HEADDIM = fa2_forward_tc.TC_MAX_HEADDIM
+
+
+def handles(prob: Problem) -> bool:
+    """Whether this kernel runs ``prob``: float32 kernel arrays (not half words) with a head dim up to 128."""
+    return not fa2_forward_tc.takes_words(prob) and prob.headdim <= TF32_MAX_HEADDIM
+
+
+@functools.cache
+def config_for(d: int, block_sizes=None, causal: bool = False):
+    """The tiling ``(NW, MW, BR, DP)``: warps, key m16 tiles per warp (``Bc = 16 MW NW``), query rows per step, d padded to 8.
+
+    Defaults (the H100 sweeps ``docs/results/sweeps/tf32_bwd_sweep_h100_v1.json``, ``_v2.json``,
+    docs/notes/performance-log.md): at ``d <= 64`` 8 warps of 16 keys (``Bc = 128``) with ``Br = 64``
+    (1.07-1.24x the FFMA backward), but 4 warps with ``Br = 32`` when ``causal`` (the causal build of the
+    first spills 272 bytes and is 3-8 % slower); above, 8 warps with ``Br = 32`` (1.02-1.27x). Where
+    :func:`dq_split` cannot split that dQ tile (d = 24: 3 column tiles), the first of 4 warps x ``Br = 32``,
+    4 x 64, 1 x 16 that it can. ``block_sizes=(Br, Bc)`` is rounded up to multiples of 16; ``Bc / 16`` m16
+    tiles go to as many warps (up to 8) as the dQ split allows, the rest to ``MW``.
+    """
+    DP = 8 * ((d + 7) // 8)
+    if block_sizes is None:
+        first = (8, 32) if DP > 64 else (4, 32) if causal else (8, 64)
+        for NW, BR in (first, (4, 32), (4, 64), (1, 16)):
+            if dq_split(NW, BR, DP) is not None:
+                return NW, 1, BR, DP
+    BR, BC = (16 * ((int(n) + 15) // 16) for n in block_sizes)
+    m16 = BC // 16
+    NW = max(w for w in (1, 2, 4, 8) if m16 % w == 0 and dq_split(w, BR, DP) is not None)
+    return NW, m16 // NW, BR, DP
+
+
+def dq_split(NW: int, BR: int, DP: int):
+    """How ``dQ_i += dS K_j`` (``BR x DP``) is split over ``NW`` warps: ``(QPW, DSPLIT)`` or None.
+
+    ``QT = BR / 16`` query m16 tiles, ``ND = DP / 8`` n8 column tiles. With ``QT >= NW`` a warp takes
+    ``QPW = QT / NW`` query tiles and every column (``DSPLIT = 1``); otherwise ``DSPLIT = NW / QT`` warps
+    share a query tile, ``ND / DSPLIT`` column tiles each.
+    """
+    QT, ND = BR // 16, DP // 8
+    if QT >= NW:
+        return (QT // NW, 1) if QT % NW == 0 else None
+    return (1, NW // QT) if NW % QT == 0 and ND % (NW // QT) == 0 else None
+
+
+def smem_floats(NW: int, MW: int, BR: int, DP: int) -> int:
+    """Dynamic SRAM of the main kernel in float32 elements: Q_i, dO_i, K_j, V_j, P_ij o Z_ij and tau dS_ij (module docstring)."""
+    BC = 16 * MW * NW
+    return (2 * BR + 2 * BC) * (DP + 4) + 2 * BR * (BC + 4)
+
+
+def smem_floats_dq(NW: int, MW: int, BC: int, DP: int) -> int:
+    """Dynamic SRAM of the deterministic dQ kernel in float32 elements: Q_i, dO_i, K_j, V_j and tau dS_ij."""
+    BR = 16 * MW * NW
+    return (2 * BR + 2 * BC) * (DP + 4) + BR * (BC + 4)
+
+
+def dq_config(d: int):
+    """The tiling ``(NW, MW, BC, DP)`` of the deterministic dQ kernel: 4 warps of 16 query rows, 64 keys per step.
+
+    Its ``S`` is the forward's whatever the tiling (the same k loop per element), so it need not take the
+    forward's ``MW = 2``: one m16 tile per warp keeps ``S, dP, dQ_i`` in registers at d = 128."""
+    return 4, 1, 64, 8 * ((d + 7) // 8)
+
+
+def _allocate_grads(prob: Problem, alloc, deterministic: bool):
+    # FA2.2 L3: dQ = (0) in HBM (the atomic adds need zeros; the deterministic kernel writes every row); dK, dV: Tc blocks
+    return allocate_grads(prob, alloc, deterministic)  # numba_flash._fa2_prepass, shared with the other float32 FA2 backwards
+
+
+def _prepass(out, dout, prob: Problem, alloc):
+    # FA2.2 L4: D_i = rowsum(dO_i o O_i), a separate pre-pass (numba_flash._fa2_prepass)
+    return row_dot(out, dout, prob, alloc)
+
+
+@functools.cache
+def make_score_products(QT: int, NKN: int, KD: int, SQ: int, SIM: bool):
+    """``mma_score_products(smem, OFF_Q, OFF_DO, OFF_K, OFF_V, wrow, g, t, c1, rKb, rKs, rVb, rVs, rS, rdP, sx, wbase, lane)``.
+
+    ``rS = S = (Q_i tau log2 e) K_j^T`` and ``rdP = dP = dO_i V_j^T`` for the ``16 QT`` query rows of the tiles and
+    the warp's ``8 NKN`` key rows at ``wrow`` (row stride ``SQ``), over ``8 KD`` columns, as ``QT x NKN`` m16n8
+    fragments (fragment ``(qt, kn)`` is ``rS[(qt NKN + kn) 4 + c]``; lane ``(g, t)``: queries ``16 qt + g (+ 8)``,
+    keys ``8 kn + 2t (+ 1)``). The forward's products exactly: A = ``Q_i tau log2 e`` rows, B = ``K_j`` rows,
+    3xTF32 in the forward's order, each k step staged, so ``S`` is the 3xTF32 forward's ``S`` bit for bit.
+    ``rKb, rKs, rVb, rVs`` (``2 NKN`` words each): the B fragments of one k step.
+    """
+    split, mma3, _, _ = _mma.make_warp_ops(SIM)
+    uSQ = U(SQ)
+    NS = QT * NKN * 4
+    ZERO = float32(0.0)
+    Z4 = (ZERO, ZERO, ZERO, ZERO)
+
+    @cuda.jit(device=True, inline="always")
+    def mma_score_products(smem, OFF_Q, OFF_DO, OFF_K, OFF_V, wrow, g, t, c1, rKb, rKs, rVb, rVs, rS, rdP, sx, wbase, lane):
+        for a in range(NS):
+            rS[a] = ZERO
+            rdP[a] = ZERO
+        for ks in range(KD):
+            for kn in range(NKN):  # b = (K[g, t], K[g, t+4]) of the warp's key tile kn (V the same)
+                ka = (wrow + U(8 * kn) + g) * uSQ + U(8 * ks) + t
+                rKb[2 * kn], rKs[2 * kn] = split(smem[OFF_K + ka])
+                rKb[2 * kn + 1], rKs[2 * kn + 1] = split(smem[OFF_K + ka + U(4)])
+                rVb[2 * kn], rVs[2 * kn] = split(smem[OFF_V + ka])
+                rVb[2 * kn + 1], rVs[2 * kn + 1] = split(smem[OFF_V + ka + U(4)])
+            for qt in range(QT):  # a = (Q'[g, t], Q'[g+8, t], Q'[g, t+4], Q'[g+8, t+4]), Q' = Q tau log2 e (the forward's)
+                qa = (U(16 * qt) + g) * uSQ + U(8 * ks) + t
+                qb0, qs0 = split(smem[OFF_Q + qa] * c1)
+                qb1, qs1 = split(smem[OFF_Q + qa + U(8) * uSQ] * c1)
+                qb2, qs2 = split(smem[OFF_Q + qa + U(4)] * c1)
+                qb3, qs3 = split(smem[OFF_Q + qa + U(8) * uSQ + U(4)] * c1)
+                ob0, os0 = split(smem[OFF_DO + qa])
+                ob1, os1 = split(smem[OFF_DO + qa + U(8) * uSQ])
+                ob2, os2 = split(smem[OFF_DO + qa + U(4)])
+                ob3, os3 = split(smem[OFF_DO + qa + U(8) * uSQ + U(4)])
+                for kn in range(NKN):
+                    f = (qt * NKN + kn) * 4
+                    acc = mma3((qb0, qb1, qb2, qb3), (qs0, qs1, qs2, qs3), (rKb[2 * kn], rKb[2 * kn + 1]), (rKs[2 * kn], rKs[2 * kn + 1]),
+                               Z4, sx, wbase, lane)
+                    for c in range(4):
+                        rS[f + c] += acc[c]
+                    acc = mma3((ob0, ob1, ob2, ob3), (os0, os1, os2, os3), (rVb[2 * kn], rVb[2 * kn + 1]), (rVs[2 * kn], rVs[2 * kn + 1]),
+                               Z4, sx, wbase, lane)
+                    for c in range(4):
+                        rdP[f + c] += acc[c]
+
+    return mma_score_products
+
+
+@functools.cache
+def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, DROPOUT: bool, ATOMIC_DQ: bool,
+                             PREFETCH: bool, SIM: bool, FROM_LSE: bool = False, RED2: bool = False):
+    """The main (column-block) 3xTF32 backward kernel: dK, dV, and with ``ATOMIC_DQ`` the atomic dQ adds.
+
+    Kernel arguments: ``gQ, gdO (b, s_q, h, d)``, ``gK, gV (b, s_k, h_k, d)`` float32, ``gm, gl, gD (b, h, s_q)``
+    (the forward's ``m, l``; with ``FROM_LSE`` only ``L``, passed as ``gm``), ``gdQ (b, s_q, h, d)`` zeros
+    (unused without ``ATOMIC_DQ``), ``gdK, gdV (b, s_k, h_k, d)``; ``tau``, ``c1 = tau log2 e``, ``group``,
+    ``causal_offset``, dropout ``seed``, ``threshold``, ``dropout_scale``. ``RED2``: dQ added two columns per
+    ``red.global.add.v2.f32`` (even ``d``, sm_90).
+
+    Symbol table (paper symbol -> variable -> memory space):
+
+    ========================  ===================  ==================================================
+    Q, K, V, dO               gQ, gK, gV, gdO      HBM, float32
+    m, l (or L), D            gm, gl, gD           HBM, float32 (b, h, s_q)
+    dQ, dK, dV                gdQ, gdK, gdV        HBM, float32
+    Q_i, dO_i                 smem[OFF_Q/OFF_DO]   SRAM (Br, DP+4)
+    K_j, V_j                  smem[OFF_K/OFF_V]    SRAM (Bc, DP+4), loaded once (L6)
+    tau dS_ij                 smem[OFF_DS]         SRAM (Br, Bc+4), for L15
+    M_i, 1/l_i, D_i           sM, sIL, sD          SRAM (Br,)
+    S_ij (base 2), then -     rS                   registers: (Br/16) x 2 MW m16n8 fragments per warp (its keys)
+    dP_ij                     rdP                  registers, same layout
+    P_ij o Z_ij               smem[OFF_P]          SRAM (Br, Bc+4); a warp reads back its own key columns
+    dK_j, dV_j                rdK, rdV             registers: MW x (DP/8) fragments, the warp's key rows
+    dQ_i slice                rdQ                  registers: QPW x (DP/(8 DSPLIT)) fragments
+    ========================  ===================  ==================================================
+    """
+    NT = 32 * NW
+    BC = 16 * MW * NW
+    NB = BR // 8  # 8-query k steps of P^T dO_i, dS^T Q_i
+    QT = BR // 16  # m16 query tiles of S, dP
+    NKN = 2 * MW  # n8 key tiles of S, dP (the warp's 16 MW keys)
+    NKB = BC // 8  # 8-key k steps of dS K_j
+    KD = DP // 8  # 8-wide d steps of K Q^T and V dO^T
+    ND = DP // 8  # n8 column tiles of dK, dV
+    SQ = DP + 4  # row stride of Q_i, dO_i, K_j, V_j: 4 mod 8 (A/B loads conflict free), 4 or 12 mod 16 (renamed rows)
+    SD = BC + 4  # row stride of dS: 4 mod 16 (the stores of dS^T fragments hit bank 8t + g)
+    uSQ, uSD = U(SQ), U(SD)
+    OFF_Q = U(0)
+    OFF_DO = U(BR * SQ)
+    OFF_K = U(2 * BR * SQ)
+    OFF_V = U(2 * BR * SQ + BC * SQ)
+    OFF_P = U(2 * BR * SQ + 2 * BC * SQ)
+    OFF_DS = U(2 * BR * SQ + 2 * BC * SQ + BR * SD)
+    split_dq = dq_split(NW, BR, DP)
+    if split_dq is None:
+        raise ValueError(f"3xTF32 backward: Br={BR}, Bc={BC} (d padded to {DP}) cannot split dQ over {NW} warps")
+    QPW, DSPLIT = split_dq
+    NDW = ND // DSPLIT  # n8 column tiles of dQ per warp
+    NS = MW * NB * 4
+    NKV = MW * ND * 4
+    NQ = QPW * NDW * 4
+    NA = MW * 4
+    NQA = QPW * 4
+    NSR = (BR + NT - 1) // NT  # query rows whose statistics one thread moves
+    SXN = NW * _mma.SIM_SCRATCH_PER_WARP if SIM else 1
+    SCR = _mma.SIM_SCRATCH_PER_WARP
+    NKEY = BR if DROPOUT else 1
+    ZERO = float32(0.0)
+    Z4 = (ZERO, ZERO, ZERO, ZERO)
+    CAP = float32(64.0)
+    QNAN = _tiles.QNAN
+
+    NLQ, load_q, store_q = _tiles.make_pair_loader(BR, DP, NT, SQ, QUIET_NAN=True)  # Q_i with dO_i
+    NLK, load_kv, store_kv = _tiles.make_pair_loader(BC, DP, NT, SQ, QUIET_NAN=True)  # K_j with V_j
+    _, first_row_block = _tiles.make_block_counts(BR, BC, CAUSAL)
+    split, mma3, _, _ = _mma.make_warp_ops(SIM)
+    mma_score_products = make_score_products(QT, NKN, KD, SQ, SIM)
+    row_stats = _regtile.make_row_stats(FROM_LSE)
+    add2 = _mma.make_atomic_add2(RED2, SIM)
+
+    # [doc:fa2-tf32-bwd-kernel]
+    @cuda.jit(fastmath=False)
+    def kernel(gQ, gK, gV, gdO, gm, gl, gD, gdQ, gdK, gdV, tau, c1, group, causal_offset, seed, threshold, dropout_scale):
+        smem = cuda.shared.array(0, float32)  # Q_i, dO_i, K_j, V_j, tau dS_ij; offsets OFF_*
+        sM = cuda.shared.array(BR, float32)  # M_i: the forward's base-2 row max of each query of the block
+        sIL = cuda.shared.array(BR, float32)  # 1/l_i (0 past N_q or for a query that sees no key)
+        sD = cuda.shared.array(BR, float32)  # D_i
+        sKey = cuda.shared.array(NKEY, uint64)  # dropout row keys of the Br queries
+        sx = cuda.shared.array(SXN, float32)  # the simulator's lane-exchange scratch (unused on a GPU)
+        tau = float32(tau)
+        c1 = float32(c1)
+        dropout_scale = float32(dropout_scale)
+        rS = cuda.local.array(NS, float32)  # S_ij (the warp's key columns)
+        rdP = cuda.local.array(NS, float32)  # dP_ij
+        rdK = cuda.local.array(NKV, float32)
+        rdV = cuda.local.array(NKV, float32)
+        rdQ = cuda.local.array(NQ, float32)
+        rKb = cuda.local.array(NA, uint32)  # tf32 big / small parts: B of K_j (L10), then A of P^T (L12)
+        rKs = cuda.local.array(NA, uint32)
+        rVb = cuda.local.array(NA, uint32)  # B of V_j (L13), then A of dS^T (L16)
+        rVs = cuda.local.array(NA, uint32)
+        rQb = cuda.local.array(NQA, uint32)  # dS rows of the dQ slice (L15)
+        rQs = cuda.local.array(NQA, uint32)
+        rQn = cuda.local.array(NLQ, float32)  # Q_i / Q_{i+1} in flight
+        rdOn = cuda.local.array(NLQ, float32)
+        rKn = cuda.local.array(NLK, float32)
+        rVn = cuda.local.array(NLK, float32)
+        rMn = cuda.local.array(NSR, float32)  # M, 1/l, D of the next step's queries
+        rIn = cuda.local.array(NSR, float32)
+        rDn = cuda.local.array(NSR, float32)
+
+        tid = U(cuda.threadIdx.x)
+        lane = cuda.threadIdx.x % 32
+        warp = cuda.threadIdx.x // 32
+        g = U(lane // 4)
+        t = U(lane % 4)
+        wbase = warp * SCR
+        nheads = gQ.shape[2]
+        nheads_k = gK.shape[2]
+        s_q = gQ.shape[1]
+        s_k = gK.shape[1]
+        d = gQ.shape[3]
+        bhk = cuda.blockIdx.y + cuda.gridDim.y * cuda.blockIdx.z  # Dev: b*h_k folded over grid y, z (y <= 65535)
+        b = bhk // nheads_k
+        hk = bhk % nheads_k
+        if b >= gQ.shape[0]:
+            return  # Dev: past b*h_k in the last z slab of the fold
+        ub, uhk = U(b), U(hk)
+        wrow = U(16 * MW) * U(warp)  # this warp's first key row within the block
+        qw = warp // DSPLIT  # dQ slice of this warp: query tiles qw, qw + NW / DSPLIT, ...; column tiles from dq0
+        dq0 = (warp % DSPLIT) * NDW
+        # FA2.2 L5: for j = 1..Tc -- one thread block per (j, batch, KV head)
+        j = cuda.blockIdx.x
+        col0 = j * BC
+        # FA2.2 L6: load K_j, V_j from HBM to SRAM (ragged rows and padded columns zero)
+        load_kv(gK, gV, ub, uhk, col0, s_k, d, tid, rKn, rVn)  # HBM read: 2 Bc*d
+        store_kv(smem, OFF_K, OFF_V, tid, rKn, rVn)
+        # FA2.2 L7: dK_j = (0), dV_j = (0) on chip (registers)
+        for a in range(NKV):
+            rdK[a] = ZERO
+            rdV[a] = ZERO
+        # Dev: causal block skipping: query blocks before the first one that sees key col0 are fully masked
+        i_first = first_row_block(col0, causal_offset)
+        n_i = max(0, (s_q + BR - 1) // BR - i_first)
+        n_steps = group * n_i  # Dev: GQA: the G query heads of the group and their blocks, one flat loop
+        if n_steps > 0:
+            h0 = hk * group
+            load_q(gQ, gdO, ub, U(h0), i_first * BR, s_q, d, tid, rQn, rdOn)  # HBM read: 2 Br*d (first step)
+            for e in range(NSR):
+                row = i_first * BR + int(tid) + NT * e
+                rMn[e], rIn[e] = row_stats(gm, gl, b, h0, row, s_q)
+                rDn[e] = gD[b, h0, row] if row < s_q else ZERO
+        # FA2.2 L8: for i = 1..Tr (times the G query heads of the group)
+        for st in range(n_steps):
+            h = hk * group + st // n_i
+            i = i_first + st % n_i
+            row0 = i * BR
+            cuda.syncthreads()  # Sync: K_j, V_j stored (first step); Q, dO, stats, dS of the previous step read by all
+            # FA2.2 L9: load Q_i, dO_i, L_i (as M_i and 1/l_i), D_i from HBM to SRAM (Dev: from the prefetch registers)
+            if not PREFETCH and st > 0:
+                load_q(gQ, gdO, ub, U(h), row0, s_q, d, tid, rQn, rdOn)  # HBM read: 2 Br*d
+                for e in range(NSR):
+                    row = row0 + int(tid) + NT * e
+                    rMn[e], rIn[e] = row_stats(gm, gl, b, h, row, s_q)
+                    rDn[e] = gD[b, h, row] if row < s_q else ZERO
+            store_q(smem, OFF_Q, OFF_DO, tid, rQn, rdOn)
+            for e in range(NSR):
+                r = int(tid) + NT * e
+                if r < BR:
+                    sM[r] = rMn[e]
+                    sIL[r] = rIn[e]
+                    sD[r] = rDn[e]
+                    if DROPOUT:
+                        sKey[r] = row_key(head_key(seed, b * nheads + h), row0 + r)
+            cuda.syncthreads()  # Sync: Q_i, dO_i, M_i, 1/l_i, D_i in SRAM before L10-L16 read them
+            if PREFETCH and st + 1 < n_steps:
+                hn = hk * group + (st + 1) // n_i
+                rown = (i_first + (st + 1) % n_i) * BR
+                load_q(gQ, gdO, ub, U(hn), rown, s_q, d, tid, rQn, rdOn)  # HBM read: 2 Br*d (step st+1)
+                for e in range(NSR):
+                    row = rown + int(tid) + NT * e
+                    rMn[e], rIn[e] = row_stats(gm, gl, b, hn, row, s_q)
+                    rDn[e] = gD[b, hn, row] if row < s_q else ZERO
+
+            # [doc:fa2-tf32-bwd-inner-loop]
+            # FA2.2 L10: S_ij = Q_i K_j^T (the forward's S, base 2, bit for bit); FA2.2 L13: dP_ij = dO_i V_j^T --
+            # A = Q_i tau log2 e (dO_i) rows, B = this warp's K_j (V_j) rows, 3xTF32 as the forward, each d step staged
+            mma_score_products(smem, OFF_Q, OFF_DO, OFF_K, OFF_V, wrow, g, t, c1, rKb, rKs, rVb, rVs, rS, rdP, sx, wbase, lane)
+            # FA2.2 L11: P_ij = exp(S_ij - L_i) as exp2(S' - M_i) / l_i, masked (a column of P^T is a query)
+            # FA2.2 L14: dS_ij = P_ij o (dP_ij - D_i), times tau; P o Z and tau dS to SRAM (row = query)
+            masked = col0 + BC > s_k or (CAUSAL and col0 + BC - 1 > row0 + causal_offset)
+            for qt in range(QT):
+                for kn in range(NKN):
+                    for c in range(4):
+                        f = (qt * NKN + kn) * 4 + c
+                        qi = U(16 * qt + 8 * (c // 2)) + g  # query row within the block
+                        kr = wrow + U(8 * kn + c % 2) + U(2) * t  # key row within the block
+                        key = col0 + int(kr)
+                        # Dev: min(., 64): no overflow on masked entries (exp2 overflow, then inf * 0 = NaN)
+                        p = math.exp2(min(rS[f] - sM[qi], CAP)) * sIL[qi]
+                        if masked:
+                            if key >= s_k or (CAUSAL and key > row0 + int(qi) + causal_offset):
+                                p = ZERO
+                        dp = rdP[f]
+                        pz = p
+                        if DROPOUT:
+                            z = dropout_scale if keep(sKey[qi], key, threshold) else ZERO
+                            pz = p * z
+                            dp = dp * z
+                        ds = tau * (p * (dp - sD[qi]))
+                        # Dev: a NaN as the quiet NaN 0x7fc00000 (the split would turn the GPU's 0x7fffffff into -0.0)
+                        smem[OFF_P + qi * uSD + kr] = pz if pz == pz else QNAN
+                        smem[OFF_DS + qi * uSD + kr] = ds if ds == ds else QNAN
+            if SIM:
+                cuda.syncthreads()  # Sync: (simulator) P, dS columns in SRAM before L12, L16 read them
+            else:
+                cuda.syncwarp(0xFFFFFFFF)  # Sync: this warp's key columns of P, dS in SRAM; L12, L16 read only those
+            # FA2.2 L12: dV_j += (P_ij o Z_ij)^T dO_i -- A = this warp's columns of P (keys x 8 queries), B = dO_i rows;
+            # Dev: the 8 queries of a k step in the order 2t, 2t + 1 (k positions t, t + 4): bank 8t + g, conflict free
+            # FA2.2 L16: dK_j += tau dS_ij^T Q_i -- the same with dS and Q_i
+            for nt in range(NB):
+                for mt in range(MW):  # a = (X[2t, g], X[2t, g+8], X[2t+1, g], X[2t+1, g+8]) of the (query, key) tiles
+                    pa = (U(8 * nt) + U(2) * t) * uSD + wrow + U(16 * mt) + g
+                    for c in range(4):
+                        off = pa + U(c // 2) * uSD + U(8 * (c % 2))
+                        rKb[mt * 4 + c], rKs[mt * 4 + c] = split(smem[OFF_P + off])
+                        rVb[mt * 4 + c], rVs[mt * 4 + c] = split(smem[OFF_DS + off])
+                for dn in range(ND):
+                    ra = (U(8 * nt) + U(2) * t) * uSQ + U(8 * dn) + g  # b = (X[2t, g], X[2t+1, g]) of column tile dn
+                    ob0, os0 = split(smem[OFF_DO + ra])
+                    ob1, os1 = split(smem[OFF_DO + ra + uSQ])
+                    qb0, qs0 = split(smem[OFF_Q + ra])
+                    qb1, qs1 = split(smem[OFF_Q + ra + uSQ])
+                    for mt in range(MW):
+                        f = (mt * ND + dn) * 4
+                        acc = mma3((rKb[mt * 4], rKb[mt * 4 + 1], rKb[mt * 4 + 2], rKb[mt * 4 + 3]),
+                                   (rKs[mt * 4], rKs[mt * 4 + 1], rKs[mt * 4 + 2], rKs[mt * 4 + 3]), (ob0, ob1), (os0, os1), Z4, sx, wbase, lane)
+                        for c in range(4):
+                            rdV[f + c] += acc[c]
+                        acc = mma3((rVb[mt * 4], rVb[mt * 4 + 1], rVb[mt * 4 + 2], rVb[mt * 4 + 3]),
+                                   (rVs[mt * 4], rVs[mt * 4 + 1], rVs[mt * 4 + 2], rVs[mt * 4 + 3]), (qb0, qb1), (qs0, qs1), Z4, sx, wbase, lane)
+                        for c in range(4):
+                            rdK[f + c] += acc[c]
+            if ATOMIC_DQ:
+                cuda.syncthreads()  # Sync: every warp's tau dS in SRAM before L15 reads it
+                # FA2.2 L15: dQ_i += tau dS_ij K_j -- A = dS rows of this warp's query tiles, B = K_j; the 8 keys of a k step
+                # in the order 2t, 2t + 1 (K_j rows 2t, 2t + 1: bank 8t + g); each k step staged; then float32 atomic adds
+                for a in range(NQ):
+                    rdQ[a] = ZERO
+                for kb in range(NKB):
+                    for qq in range(QPW):  # a = (dS[g, 2t], dS[g+8, 2t], dS[g, 2t+1], dS[g+8, 2t+1]) of query tile qt
+                        qa = OFF_DS + (U(16 * (qw + (NW // DSPLIT) * qq)) + g) * uSD + U(8 * kb) + U(2) * t
+                        for c in range(4):
+                            rQb[qq * 4 + c], rQs[qq * 4 + c] = split(smem[qa + U(8 * (c % 2)) * uSD + U(c // 2)])
+                    for dn in range(NDW):
+                        ka = OFF_K + (U(8 * kb) + U(2) * t) * uSQ + U(8 * (dq0 + dn)) + g  # b = (K[2t, g], K[2t+1, g])
+                        kb0, ks0 = split(smem[ka])
+                        kb1, ks1 = split(smem[ka + uSQ])
+                        for qq in range(QPW):
+                            f = (qq * NDW + dn) * 4
+                            acc = mma3((rQb[qq * 4], rQb[qq * 4 + 1], rQb[qq * 4 + 2], rQb[qq * 4 + 3]),
+                                       (rQs[qq * 4], rQs[qq * 4 + 1], rQs[qq * 4 + 2], rQs[qq * 4 + 3]), (kb0, kb1), (ks0, ks1), Z4, sx, wbase, lane)
+                            for c in range(4):
+                                rdQ[f + c] += acc[c]
+                for qq in range(QPW):
+                    qt = qw + (NW // DSPLIT) * qq
+                    for hf in range(2):
+                        row = row0 + 16 * qt + 8 * hf + int(g)
+                        if row < s_q:
+                            for dn in range(NDW):
+                                col = 8 * (dq0 + dn) + 2 * int(t)
+                                f = (qq * NDW + dn) * 4 + 2 * hf
+                                if col + 1 < d:
+                                    add2(gdQ, (b, row, h, col), rdQ[f], rdQ[f + 1])  # HBM read+write: Br*d
+                                elif col < d:  # Dev: the last column of an odd d
+                                    cuda.atomic.add(gdQ, (b, row, h, col), rdQ[f])
+            # [/doc:fa2-tf32-bwd-inner-loop]
+
+        # FA2.2 L17-L18: write dK_j, dV_j to HBM (lane (g, t): columns 8 dn + 2t, + 1 of key rows g, g + 8)
+        for mt in range(MW):
+            for hf in range(2):
+                key = col0 + int(wrow) + 16 * mt + 8 * hf + int(g)
+                if key < s_k:
+                    for dn in range(ND):
+                        for cc in range(2):
+                            x = 8 * dn + 2 * int(t) + cc
+                            if x < d:
+                                f = (mt * ND + dn) * 4 + 2 * hf + cc
+                                gdK[ub, U(key), uhk, U(x)] = rdK[f]  # HBM write: Bc*d
+                                gdV[ub, U(key), uhk, U(x)] = rdV[f]  # HBM write: Bc*d
+
+    # [/doc:fa2-tf32-bwd-kernel]
+    return kernel
+
+
+@functools.cache
+def fa2_backward_tf32_dq_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROPOUT: bool, SIM: bool, FROM_LSE: bool = False):
+    """The deterministic dQ kernel: one block per (query block, batch, head), ``dQ_i`` in registers.
+
+    Lines 10-15 with the loops swapped (query block outer, key blocks inner) and the 3xTF32 forward's
+    geometry (:func:`numba_flash.fast.fa2_forward_tc.config_for`: ``NW`` warps of ``16 MW`` query rows, ``Bc``
+    keys per step): ``S = Q_i K_j^T`` computed exactly as the forward computes it, ``dP = dO_i V_j^T`` the same
+    way, and ``tau dS`` through the warp's own rows of an SRAM tile (``OFF_DS``, row stride ``Bc + 4``) into the
+    A operand of ``dS K_j`` (the 8 keys of a k step in the order ``2t, 2t + 1``, as in the main kernel's
+    ``dQ``). Each ``dQ`` element is one lane's sum in a fixed order: bitwise reproducible. Arguments as
+    :func:`fa2_backward_tf32_kernel`, with ``gdQ`` written (not added to). Tiling: :func:`dq_config`.
+    """
+    NT = 32 * NW
+    BR = 16 * MW * NW
+    NB = BC // 8
+    KD = DP // 8
+    ND = DP // 8
+    SQ = DP + 4
+    uSQ = U(SQ)
+    OFF_Q = U(0)
+    OFF_DO = U(BR * SQ)
+    OFF_K = U(2 * BR * SQ)
+    OFF_V = U(2 * BR * SQ + BC * SQ)
+    SD = BC + 4  # row stride of dS
+    uSD = U(SD)
+    OFF_DS = U(2 * BR * SQ + 2 * BC * SQ)  # tau dS_ij: (Br, SD); warp w writes and reads its own 16 MW rows
+    NS = MW * NB * 4
+    NO = MW * ND * 4
+    NR = MW * 2
+    NA = MW * 4
+    SXN = NW * _mma.SIM_SCRATCH_PER_WARP if SIM else 1
+    SCR = _mma.SIM_SCRATCH_PER_WARP
+    ZERO = float32(0.0)
+    Z4 = (ZERO, ZERO, ZERO, ZERO)
+    CAP = float32(64.0)
+
+    NLQ, load_q, store_q = _tiles.make_pair_loader(BR, DP, NT, SQ, QUIET_NAN=True)
+    NLK, load_kv, store_kv = _tiles.make_pair_loader(BC, DP, NT, SQ, QUIET_NAN=True)
+    n_key_blocks, _ = _tiles.make_block_counts(BR, BC, CAUSAL)
+    split, mma3, _, _ = _mma.make_warp_ops(SIM)
+    row_stats = _regtile.make_row_stats(FROM_LSE)
+    QNAN = _tiles.QNAN
+
+    @cuda.jit(fastmath=False)
+    def kernel(gQ, gK, gV, gdO, gm, gl, gD, gdQ, tau, c1, group, causal_offset, seed, threshold, dropout_scale):
+        smem = cuda.shared.array(0, float32)  # Q_i, dO_i, K_j, V_j, tau dS_ij; offsets OFF_*
+        sx = cuda.shared.array(SXN, float32)  # the simulator's lane-exchange scratch (unused on a GPU)
+        tau = float32(tau)
+        c1 = float32(c1)
+        dropout_scale = float32(dropout_scale)
+        rS = cuda.local.array(NS, float32)  # S_ij, then P_ij
+        rdP = cuda.local.array(NS, float32)  # dP_ij, then tau dS_ij
+        rdQ = cuda.local.array(NO, float32)
+        rAb = cuda.local.array(NA, uint32)  # A operands (tf32 big / small): Q_i, then dS
+        rAs = cuda.local.array(NA, uint32)
+        rA2b = cuda.local.array(NA, uint32)  # dO_i
+        rA2s = cuda.local.array(NA, uint32)
+        rM = cuda.local.array(NR, float32)
+        rIL = cuda.local.array(NR, float32)
+        rD = cuda.local.array(NR, float32)
+        rkey = cuda.local.array(NR, uint64)
+        rQn = cuda.local.array(NLQ, float32)
+        rdOn = cuda.local.array(NLQ, float32)
+        rKn = cuda.local.array(NLK, float32)
+        rVn = cuda.local.array(NLK, float32)
+
+        tid = U(cuda.threadIdx.x)
+        lane = cuda.threadIdx.x % 32
+        warp = cuda.threadIdx.x // 32
+        g = U(lane // 4)
+        t = U(lane % 4)
+        wbase = warp * SCR
+        nheads = gQ.shape[2]
+        s_q = gQ.shape[1]
+        s_k = gK.shape[1]
+        d = gQ.shape[3]
+        bh = cuda.blockIdx.y + cuda.gridDim.y * cuda.blockIdx.z  # Dev: b*h folded over grid y, z (y <= 65535)
+        b = bh // nheads
+        h = bh % nheads
+        if b >= gQ.shape[0]:
+            return  # Dev: past b*h in the last z slab of the fold
+        ub, uh, uhk = U(b), U(h), U(h // group)
+        i = cuda.gridDim.x - 1 - cuda.blockIdx.x  # Dev: the heaviest (causal) blocks first
+        row0 = i * BR
+        wrow = U(16 * MW) * U(warp)
+        load_q(gQ, gdO, ub, uh, row0, s_q, d, tid, rQn, rdOn)  # HBM read: 2 Br*d
+        store_q(smem, OFF_Q, OFF_DO, tid, rQn, rdOn)
+        for r in range(NR):  # this lane's rows: m16 tile r // 2, row g (+ 8 for odd r)
+            row = row0 + int(wrow) + 16 * (r // 2) + 8 * (r % 2) + int(g)
+            rM[r], rIL[r] = row_stats(gm, gl, b, h, row, s_q)
+            rD[r] = gD[b, h, row] if row < s_q else ZERO
+            rkey[r] = uint64(0)
+            if DROPOUT:
+                rkey[r] = row_key(head_key(seed, b * nheads + h), row)
+        for a in range(NO):
+            rdQ[a] = ZERO
+        n_blocks = n_key_blocks(row0 + BR, s_k, causal_offset)
+        for j in range(n_blocks):
+            col0 = j * BC
+            load_kv(gK, gV, ub, uhk, col0, s_k, d, tid, rKn, rVn)  # HBM read: 2 Bc*d
+            cuda.syncthreads()  # Sync: K_{j-1}, V_{j-1} read by all (and Q_i, dO_i stored) before the stores
+            store_kv(smem, OFF_K, OFF_V, tid, rKn, rVn)
+            cuda.syncthreads()  # Sync: K_j, V_j in SRAM before they are read
+            # FA2.2 L10: S_ij = Q_i K_j^T (as the forward: A = Q_i tau log2 e, B = K_j, 3xTF32, each d step staged);
+            # FA2.2 L13: dP_ij = dO_i V_j^T (the same with dO_i, V_j)
+            for a in range(NS):
+                rS[a] = ZERO
+                rdP[a] = ZERO
+            for ks in range(KD):
+                for mt in range(MW):
+                    q0 = (wrow + U(16 * mt) + g) * uSQ + U(8 * ks) + t
+                    for c in range(4):  # a = (Q[g, t], Q[g+8, t], Q[g, t+4], Q[g+8, t+4])
+                        off = q0 + U(8 * (c % 2)) * uSQ + U(4 * (c // 2))
+                        rAb[mt * 4 + c], rAs[mt * 4 + c] = split(smem[OFF_Q + off] * c1)
+                        rA2b[mt * 4 + c], rA2s[mt * 4 + c] = split(smem[OFF_DO + off])
+                for nt in range(NB):
+                    k0 = (U(8 * nt) + g) * uSQ + U(8 * ks) + t  # b = (K[g, t], K[g, t+4])
+                    kb0, ks0 = split(smem[OFF_K + k0])
+                    kb1, ks1 = split(smem[OFF_K + k0 + U(4)])
+                    vb0, vs0 = split(smem[OFF_V + k0])
+                    vb1, vs1 = split(smem[OFF_V + k0 + U(4)])
+                    for mt in range(MW):
+                        f = (mt * NB + nt) * 4
+                        acc = mma3((rAb[mt * 4], rAb[mt * 4 + 1], rAb[mt * 4 + 2], rAb[mt * 4 + 3]),
+                                   (rAs[mt * 4], rAs[mt * 4 + 1], rAs[mt * 4 + 2], rAs[mt * 4 + 3]), (kb0, kb1), (ks0, ks1), Z4, sx, wbase, lane)
+                        for c in range(4):
+                            rS[f + c] += acc[c]
+                        acc = mma3((rA2b[mt * 4], rA2b[mt * 4 + 1], rA2b[mt * 4 + 2], rA2b[mt * 4 + 3]),
+                                   (rA2s[mt * 4], rA2s[mt * 4 + 1], rA2s[mt * 4 + 2], rA2s[mt * 4 + 3]), (vb0, vb1), (vs0, vs1), Z4, sx, wbase, lane)
+                        for c in range(4):
+                            rdP[f + c] += acc[c]
+            # FA2.2 L11: P_ij = exp(S_ij - L_i) as exp2(S' - M_i) / l_i, masked
+            # FA2.2 L14: tau dS_ij = tau P_ij o (dP_ij o Z_ij - D_i)
+            masked = col0 + BC > s_k or (CAUSAL and col0 + BC - 1 > row0 + causal_offset)
+            for mt in range(MW):
+                for nt in range(NB):
+                    for c in range(4):
+                        f = (mt * NB + nt) * 4 + c
+                        r = mt * 2 + c // 2
+                        row = row0 + int(wrow) + 16 * mt + 8 * (c // 2) + int(g)
+                        col = col0 + 8 * nt + 2 * int(t) + c % 2
+                        p = math.exp2(min(rS[f] - rM[r], CAP)) * rIL[r]
+                        if masked:
+                            if col >= s_k or (CAUSAL and col > row + causal_offset):
+                                p = ZERO
+                        dp = rdP[f]
+                        if DROPOUT:
+                            dp = dp * (dropout_scale if keep(rkey[r], col, threshold) else ZERO)
+                        ds = tau * (p * (dp - rD[r]))
+                        smem[OFF_DS + (wrow + U(16 * mt + 8 * (c // 2)) + g) * uSD + U(8 * nt + c % 2) + U(2) * t] = ds if ds == ds else QNAN
+            if SIM:
+                cuda.syncthreads()  # Sync: (simulator) dS rows in SRAM before L15 reads them
+            else:
+                cuda.syncwarp(0xFFFFFFFF)  # Sync: this warp's dS rows in SRAM; L15 reads only those
+            # FA2.2 L15: dQ_i += tau dS_ij K_j -- A = this warp's dS rows, B = K_j, the 8 keys of a k step in the order
+            # 2t, 2t + 1 (K_j rows 2t, 2t + 1: bank 8t + g); each k step staged; Dev: deterministic: a fixed order
+            for nt in range(NB):
+                for mt in range(MW):  # a = (dS[g, 2t], dS[g+8, 2t], dS[g, 2t+1], dS[g+8, 2t+1])
+                    da = OFF_DS + (wrow + U(16 * mt) + g) * uSD + U(8 * nt) + U(2) * t
+                    for c in range(4):
+                        rAb[mt * 4 + c], rAs[mt * 4 + c] = split(smem[da + U(8 * (c % 2)) * uSD + U(c // 2)])
+                for dn in range(ND):
+                    ka = OFF_K + (U(8 * nt) + U(2) * t) * uSQ + U(8 * dn) + g  # b = (K[2t, g], K[2t+1, g])
+                    kb0, ks0 = split(smem[ka])
+                    kb1, ks1 = split(smem[ka + uSQ])
+                    for mt in range(MW):
+                        f = (mt * ND + dn) * 4
+                        acc = mma3((rAb[mt * 4], rAb[mt * 4 + 1], rAb[mt * 4 + 2], rAb[mt * 4 + 3]),
+                                   (rAs[mt * 4], rAs[mt * 4 + 1], rAs[mt * 4 + 2], rAs[mt * 4 + 3]), (kb0, kb1), (ks0, ks1), Z4, sx, wbase, lane)
+                        for c in range(4):
+                            rdQ[f + c] += acc[c]
+        for r in range(NR):
+            mt, hf = r // 2, r % 2
+            row = row0 + int(wrow) + 16 * mt + 8 * hf + int(g)
+            if row < s_q:
+                for dn in range(ND):
+                    for cc in range(2):
+                        x = 8 * dn + 2 * int(t) + cc
+                        if x < d:
+                            gdQ[ub, U(row), uh, U(x)] = rdQ[(mt * ND + dn) * 4 + 2 * hf + cc]  # HBM write: Br*d
+
+    return kernel
+
+
+def default_features() -> dict:
+    """``PREFETCH``: load the next step's Q_i, dO_i into registers during the compute of this one (off: its
+    registers made the default tilings spill). ``RED2``:
+    add the dQ fragments with ``red.global.add.v2.f32`` (two columns per instruction); None: on compute
+    capability 9.0+ at even head dims (8-byte aligned rows)."""
+    return {"PREFETCH": False, "RED2": None}
+
+
+def plan(prob: Problem, block_sizes=None, config=None, features=None, deterministic=False, from_lse=False):
+    """(main kernel, main grid, dQ kernel or None, dQ grid, threads, SRAM bytes of each), without launching."""
+    if not handles(prob):
+        raise ValueError(f"the 3xTF32 backward runs float32 kernel arrays with a head dim <= {TF32_MAX_HEADDIM}; "
+                         f"got {prob.dtype} and headdim {prob.headdim}")
+    d = prob.headdim
+    NW, MW, BR, DP = config if config is not None else config_for(d, block_sizes, prob.causal)
+    feats = default_features()
+    feats.update(features or {})
+    sim = _backend.is_simulator()
+    BC = 16 * MW * NW
+    nbytes = 4 * smem_floats(NW, MW, BR, DP)
+    _plan.check_sram(nbytes, BR, BC, d)
+    dropout = prob.dropout_p > 0
+    red2 = feats["RED2"]
+    if red2 is None:
+        red2 = not sim and cuda.get_current_device().compute_capability >= (9, 0)
+    red2 = bool(red2) and d % 2 == 0  # Dev: red.v2 needs 8-byte aligned pairs: rows of d floats, d even
+    main = fa2_backward_tf32_kernel(NW, MW, BR, DP, prob.causal, dropout, not deterministic, bool(feats["PREFETCH"]), sim,
+                                    bool(from_lse), red2)
+    grid = bh_grid(ceil_div(prob.seqlen_k, BC), prob.batch * prob.nheads_k)
+    dq = None
+    NWq, MWq, BCq, _ = dq_config(d)
+    BRq = 16 * MWq * NWq
+    nbytes_dq = 4 * smem_floats_dq(NWq, MWq, BCq, DP)
+    if deterministic:
+        _plan.check_sram(nbytes_dq, BRq, BCq, d)
+        dq = fa2_backward_tf32_dq_kernel(NWq, MWq, BCq, DP, prob.causal, dropout, sim, bool(from_lse))
+    return main, grid, dq, bh_grid(ceil_div(prob.seqlen_q, BRq), prob.batch * prob.nheads), (32 * NW, 32 * NWq), (nbytes, nbytes_dq)
+
+
+def choose_block_sizes(prob: Problem, block_sizes=None) -> tuple[int, int]:
+    """(Br, Bc) of the main kernel's tiles: :func:`config_for` rounds an override to the tiling."""
+    NW, MW, BR, _ = config_for(prob.headdim, block_sizes, prob.causal)
+    return BR, 16 * MW * NW
+
+
+def sram_bytes(prob: Problem, block_sizes=None) -> int:
+    """Dynamic shared memory per block of the main kernel, in bytes."""
+    return plan(prob, block_sizes)[5][0]
+
+
+def compiled_kernels(prob: Problem, block_sizes=None, deterministic=False) -> list[KernelLaunch]:
+    """The main kernel (and the deterministic dQ kernel), compiled for ``prob`` (not launched)."""
+    main, grid, dqk, grid_dq, (nt, nt_dq), _ = plan(prob, block_sizes, deterministic=deterministic)
+    BR, BC = choose_block_sizes(prob, block_sizes)
+    out = [KernelLaunch(f"FA2 backward tensor cores 3xTF32 (Br, Bc) = ({BR}, {BC})", main, nt, math.prod(grid))]
+    if deterministic:
+        out.append(KernelLaunch("FA2 backward tensor cores 3xTF32 dQ", dqk, nt_dq, math.prod(grid_dq)))
+    return out
+
+
+def backward(dout, q, k, v, out, fwd, prob: Problem, alloc, block_sizes=None, deterministic=False, config=None, features=None):
+    """FA2 Algorithm 2 on the tensor cores (3xTF32), on float32 kernel arrays: ``(dq, dk, dv)`` (dk, dv summed
+    over each GQA group); dq by atomic adds or, with ``deterministic``, by :func:`fa2_backward_tf32_dq_kernel`."""
+    from_lse = fwd.m is None or fwd.l is None
+    main, grid, dqk, grid_dq, (nt, nt_dq), (nbytes, nbytes_dq) = plan(prob, block_sizes, config, features, deterministic, from_lse)
+    dq, dk, dv = _allocate_grads(prob, alloc, deterministic)
+    delta = _prepass(out, dout, prob, alloc)  # D = rowsum(dO o O), line 4
+    tau = prob.softmax_scale
+    opts = (tau, tau * LOG2E, prob.group, prob.causal_offset, prob.seed, prob.threshold, prob.dropout_scale)
+    m, l = (fwd.lse, fwd.lse) if from_lse else (fwd.m, fwd.l)
+    _smem.launch(main, grid, nt, nbytes, q, k, v, dout, m, l, delta, dq, dk, dv, *opts)
+    if deterministic:
+        _smem.launch(dqk, grid_dq, nt_dq, nbytes_dq, q, k, v, dout, m, l, delta, dq, *opts)
+    # FA2.2 L20: return dQ, dK, dV
+    return dq, dk, dv
