@@ -4,8 +4,8 @@ Usage (from the repository root; needs matplotlib, ``pip install -e ".[plot]"``)
 
     python -m bench.plot_fa2 docs/results/fa2_h200.json -o docs/results/fa2_h200.png
 
-Panels: forward TFLOP/s against N for (d = 64, 128) x (non-causal, causal), and forward + backward at
-d = 64. Each implementation (``extra_info["algorithm"]``) is a line; the dashed line is the cuBLAS
+Panels: TFLOP/s against N for (d = 64, 128) x (non-causal, causal), the forward in the top row and
+forward + backward in the bottom one. Each implementation (``extra_info["algorithm"]``) is a line; the dashed line is the cuBLAS
 SGEMM rate measured in the same run. Device, date and versions come from the JSON's machine_info.
 """
 
@@ -17,7 +17,8 @@ from collections import defaultdict
 from pathlib import Path
 
 STYLE = {
-    "flash2": dict(color="tab:green", marker="^", label="Numba FA2 (tensor cores, 3xTF32)"),
+    "flash2": dict(color="tab:green", marker="^", label="Numba FA2 default (fwd: 3xTF32; training: FFMA pair)"),
+    "flash2_tc": dict(color="tab:cyan", marker="s", label="Numba FA2 tensor-core pair (3xTF32 fwd + bwd)"),
     "flash2_ffma": dict(color="tab:olive", marker="o", label="Numba FA2 (fast FFMA kernel)"),
     "torch_naive": dict(color="tab:gray", marker="v", label="torch naive (fp32, TF32 off)"),
     "sdpa_mem_efficient": dict(color="tab:purple", marker="D", label="torch SDPA mem-efficient (fp32)"),
@@ -43,8 +44,10 @@ def main(argv=None):
     rows = [b["extra_info"] for b in data["benchmarks"] if b.get("extra_info", {}).get("tflops") is not None]
     prov = data.get("machine_info", {}).get("numba_flash", {})
     sgemm = prov.get("sgemm_tflops_4096_fp32")
-    panels = [("forward", 64, False), ("forward", 64, True), ("forward", 128, False), ("forward", 128, True), ("fwd+bwd", 64, False)]
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.4 * len(panels), 4.2), sharey=True)
+    cells = [(64, False), (64, True), (128, False), (128, True)]
+    panels = [(pas, d, causal) for pas in ("forward", "fwd+bwd") for d, causal in cells]
+    fig, grid = plt.subplots(2, len(cells), figsize=(4.4 * len(cells), 8.0), sharey=True)
+    axes = list(grid.flat)
     for ax, (pas, d, causal) in zip(axes, panels):
         series = defaultdict(list)
         for r in rows:
@@ -59,8 +62,10 @@ def main(argv=None):
         ax.set_title(f"{pas}, d={d}{', causal' if causal else ''}")
         ax.set_xlabel("sequence length N (batch = 16k / N)")
         ax.grid(alpha=0.3)
-    axes[0].set_ylabel("TFLOP/s (fp32)")
-    axes[-1].legend(fontsize=8, loc="center right")
+    for row in grid:
+        row[0].set_ylabel("TFLOP/s (fp32)")
+    for ax in (axes[len(cells) - 1], axes[-1]):
+        ax.legend(fontsize=7, loc="center right")
     fig.suptitle(f"FlashAttention-2 in Numba vs torch, fp32 - {prov.get('device', '?')}, {prov.get('date_utc', '')}, "
                  f"numba {prov.get('numba', '?')}, torch {prov.get('torch', '?')}", fontsize=10)
     fig.tight_layout()

@@ -109,7 +109,8 @@ def test_every_sweep_dry_run_plans_every_candidate(name, capsys):
     module = importlib.import_module(f"bench.{name}")
     args = {"alg4_sweep": ["--dims", "64,128"], "fa2_bwd_sweep": ["--headdims", "64", "128"],
             "fa2_sweep": ["--headdims", "64", "128", "--causal", "both"], "sweep_fa1_fast": ["--headdim", "64"],
-            "sweep_forward_tiles": ["--headdim", "64", "128"], "half_sweep": ["--headdims", "64", "128"]}[name]
+            "sweep_forward_tiles": ["--headdim", "64", "128"], "half_sweep": ["--headdims", "64", "128"],
+            "tf32_bwd_sweep": ["--headdims", "64", "128"]}[name]
     assert module.main([*args, "--dry-run"]) == 0
     out = capsys.readouterr().out
     if name in ("fa2_sweep", "fa2_bwd_sweep"):
@@ -123,6 +124,8 @@ def test_every_sweep_dry_run_plans_every_candidate(name, capsys):
     elif name == "half_sweep":
         assert all(f"d={d} NW={nw} MW={mw} Br={16 * nw * mw} Bc={bc} prefetch={pf}:" in out
                    for d in (64, 128) for nw, mw, bc, pf in module.TILINGS[d])
+    elif name == "tf32_bwd_sweep":
+        assert all(f"d={d} {t:14} threads" in out for d in (64, 128) for t in module.TILINGS[d] if t != "ffma")
     else:
         assert out.count("tiles=") + out.count("skipped") == len(module.CANDIDATES[64]) + len(module.CANDIDATES[128])
 

@@ -1,13 +1,15 @@
 """FlashAttention-2 benchmarks: the FA2 forward kernels, and FA2 forward + backward, beside torch (fp32).
 
 Implementations (``extra_info["algorithm"]``): ``flash2`` is ``flash_attn_func(..., algorithm="flash2")``
-with its default kernel (on a GPU: the tensor-core forward, :mod:`numba_flash.fast.fa2_forward_tc`);
-``flash2_ffma`` the same with the register-blocked FFMA forward (:mod:`numba_flash.fast.fa2_forward`).
-Both use the same (fast, FFMA) backward.
+with its default kernels (on a GPU the forward is the tensor-core one, :mod:`numba_flash.fast.fa2_forward_tc`;
+for training ``"auto"`` runs the FFMA pair, ``registry.TRAINING_VARIANT``); ``flash2_ffma`` the forward with
+the register-blocked FFMA kernel (:mod:`numba_flash.fast.fa2_forward`); ``flash2_tc`` (forward + backward
+only) ``variant="tensorcore"``: the 3xTF32 forward and the 3xTF32 backward
+(:mod:`numba_flash.fast.fa2_backward_tf32`).
 
 The FA2 paper's convention (section 4.1): 16k tokens (``batch = 16384 // N``), hidden 2048 (32 heads at
 d = 64, 16 at d = 128), N = 512 ... 16384, causal and not. Forward FLOPs ``4 b h N^2 d`` (halved when
-causal); forward + backward 3.5x that. ``extra_info`` holds, per row: algorithm, N, d, batch, nheads,
+causal); forward + backward 3.5x that, on the same grid (issue #15's cells). ``extra_info`` holds, per row: algorithm, N, d, batch, nheads,
 causal, pass, time_ms (median), tflops, pct_sgemm (of the cuBLAS SGEMM rate measured in the same run),
 extra_mem_bytes (peak device memory beyond inputs and outputs), device, and for the Numba kernels
 their registers, shared memory (static + dynamic) and theoretical occupancy.
@@ -35,20 +37,23 @@ from bench import _utils as bu
 TORCH_IMPLS = ("torch_naive", "sdpa_mem_efficient") if bu.ON_GPU else ()
 #: the Numba FA2 implementations and the forward kernel variant each one runs
 NUMBA_IMPLS = {"flash2": "auto", "flash2_ffma": "fast"} if bu.ON_GPU else {"flash2": "auto"}
+#: the forward + backward implementations: "auto" (the FFMA pair when training float32) and the 3xTF32 pair
+FWDBWD_IMPLS = {"flash2": "auto", "flash2_tc": "tensorcore"} if bu.ON_GPU else {"flash2": "auto"}
 SEQLENS = (512, 1024, 2048, 4096, 8192, 16384) if bu.ON_GPU else (bu.SIM_SHAPE["seqlen"],)
 HEADDIMS = bu.HEADDIMS if bu.ON_GPU else (bu.SIM_SHAPE["headdim"],)
-FWDBWD_SEQLENS = (1024, 2048, 4096) if bu.ON_GPU else (bu.SIM_SHAPE["seqlen"],)
+FWDBWD_SEQLENS = (1024, 2048, 4096, 8192, 16384) if bu.ON_GPU else (bu.SIM_SHAPE["seqlen"],)
 
 
 def _forward_call(impl, q, k, v, causal):
-    if impl in NUMBA_IMPLS:
+    variants = {**NUMBA_IMPLS, **FWDBWD_IMPLS}
+    if impl in variants:
         if bu.ON_GPU:
             from numba_flash import flash_attn_func
 
-            return lambda: flash_attn_func(q, k, v, causal=causal, algorithm="flash2", variant=NUMBA_IMPLS[impl])
+            return lambda: flash_attn_func(q, k, v, causal=causal, algorithm="flash2", variant=variants[impl])
         from numba_flash import attention_numpy
 
-        return lambda: attention_numpy(q, k, v, causal=causal, algorithm="flash2", variant=NUMBA_IMPLS[impl])
+        return lambda: attention_numpy(q, k, v, causal=causal, algorithm="flash2", variant=variants[impl])
     if impl == "torch_naive":
         return lambda: bu.torch_naive_attention(q, k, v, causal=causal)
     return lambda: bu.torch_sdpa_mem_efficient(q, k, v, causal=causal)
@@ -105,15 +110,16 @@ def test_bench_fa2_forward(benchmark, impl, seqlen, headdim, causal, sgemm_tflop
     _record(benchmark, bu.flops_forward(b, h, n, n, d, causal), sgemm_tflops)
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
+@pytest.mark.parametrize("headdim", HEADDIMS)
 @pytest.mark.parametrize("seqlen", FWDBWD_SEQLENS)
-@pytest.mark.parametrize("impl", tuple(NUMBA_IMPLS) + TORCH_IMPLS)
-def test_bench_fa2_forward_backward(benchmark, impl, seqlen, sgemm_tflops):
-    """Forward + backward at d = 64, non-causal (the issue's fwd+bwd bar)."""
-    d = 64 if bu.ON_GPU else bu.SIM_SHAPE["headdim"]
-    shape = bu.fa2_shape(seqlen, d)
-    b, h, n = shape["batch"], shape["nheads"], shape["seqlen"]
-    benchmark.group = f"fa2 fwd+bwd d={d} N={n}"
-    benchmark.extra_info.update(algorithm=impl, pass_="fwd+bwd", N=n, d=d, batch=b, nheads=h, causal=False,
+@pytest.mark.parametrize("impl", tuple(FWDBWD_IMPLS) + TORCH_IMPLS)
+def test_bench_fa2_forward_backward(benchmark, impl, seqlen, headdim, causal, sgemm_tflops):
+    """Forward + backward on the forward's grid (issue #15's fwd+bwd cells)."""
+    shape = bu.fa2_shape(seqlen, headdim)
+    b, h, n, d = shape["batch"], shape["nheads"], shape["seqlen"], shape["headdim"]
+    benchmark.group = f"fa2 fwd+bwd d={d} N={n} causal={causal}"
+    benchmark.extra_info.update(algorithm=impl, pass_="fwd+bwd", N=n, d=d, batch=b, nheads=h, causal=causal,
                                 device=bu.device_name(), functional_only=not bu.ON_GPU)
     if not bu.ON_GPU:
         from numba_flash import attention_backward_numpy, attention_numpy
@@ -124,7 +130,7 @@ def test_bench_fa2_forward_backward(benchmark, impl, seqlen, sgemm_tflops):
         dout = np.ones_like(q)
 
         def step():
-            out, st = attention_numpy(q, k, v, algorithm="flash2", return_stats=True)
+            out, st = attention_numpy(q, k, v, causal=causal, algorithm="flash2", return_stats=True)
             return attention_backward_numpy(dout, q, k, v, out, st)
 
         benchmark.pedantic(step, rounds=1, iterations=1)
@@ -135,7 +141,7 @@ def test_bench_fa2_forward_backward(benchmark, impl, seqlen, sgemm_tflops):
     bu.free_memory()
     q, k, v = bu.make_inputs(b, h, n, d, seed=n + d, requires_grad=True)
     dout = torch.randn_like(q)
-    fwd = _forward_call(impl, q, k, v, False)
+    fwd = _forward_call(impl, q, k, v, causal)
 
     def step():
         for x in (q, k, v):
@@ -143,4 +149,4 @@ def test_bench_fa2_forward_backward(benchmark, impl, seqlen, sgemm_tflops):
         fwd().backward(dout)
 
     bu.time_or_skip_oom(benchmark, step, 3, 0, f"{impl} fwd+bwd at N={n}")
-    _record(benchmark, 3.5 * bu.flops_forward(b, h, n, n, d), sgemm_tflops)
+    _record(benchmark, 3.5 * bu.flops_forward(b, h, n, n, d, causal), sgemm_tflops)
