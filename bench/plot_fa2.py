@@ -64,11 +64,14 @@ def main(argv=None):
         ax.grid(alpha=0.3)
     for row in grid:
         row[0].set_ylabel("TFLOP/s (fp32)")
-    for ax in (axes[len(cells) - 1], axes[-1]):
-        ax.legend(fontsize=7, loc="center right")
+    handles = {}  # one legend for the figure, below the panels (every implementation once)
+    for ax in axes:
+        for hnd, lab in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(lab, hnd)
+    fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=min(len(handles), 6), fontsize=8)
     fig.suptitle(f"FlashAttention-2 in Numba vs torch, fp32 - {prov.get('device', '?')}, {prov.get('date_utc', '')}, "
                  f"numba {prov.get('numba', '?')}, torch {prov.get('torch', '?')}", fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
     fig.savefig(args.out, dpi=110)
     print("wrote", args.out)
 
