@@ -15,6 +15,14 @@ off (``fa2_forward_half.default_features`` patched), it prints medians of 20 syn
 ``--profile`` instead prints, at N = 1024, d = 64, the host time per call of 20 back-to-back calls of each pass
 (no synchronization inside) and a cProfile of them (the functions with the most time of their own).
 
+``--host`` instead times the forward alone at N = 1024 (d = 64 and 128; bf16 through the half kernel, float32
+through the 3xTF32 kernel) two ways: the kernel module's ``forward`` on arrays converted once (what the
+kernel and its launch cost) and ``flash_attn_func`` (plus the API's checks, conversions and the torch custom
+op). For each, the median of 50 synchronized calls, the host time per call of 50 back-to-back calls, the
+wall time of those calls once synchronized, and CUDA events around them: where the host time per call is as
+large as the total, the GPU waits for the host. Then the host time of one ``cuda.as_cuda_array`` (with and
+without ``sync``) and of one ``check_attention_args``.
+
 Run on a GPU machine::
 
     source bench/gpu/setup_env.sh
@@ -137,10 +145,72 @@ def profile(torch):
         pstats.Stats(pr).sort_stats("tottime").print_stats(22)
 
 
+def _host_timings(fn, torch, n=50):
+    """One ``--host`` line: synced median, host time per call, loop total and CUDA-event time per call (ms)."""
+    fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(n):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        ts.append(time.perf_counter() - t0)
+    synced = 1e3 * statistics.median(ts)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    host = (time.perf_counter() - t0) / n * 1e3
+    torch.cuda.synchronize()
+    tot = (time.perf_counter() - t0) / n * 1e3
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record()
+    for _ in range(n):
+        fn()
+    e1.record()
+    torch.cuda.synchronize()
+    return f"synced {synced:.3f}  host-loop {host:.3f}  loop-total {tot:.3f}  events {e0.elapsed_time(e1) / n:.3f} ms"
+
+
+def host(torch):
+    """The ``--host`` table of the module docstring."""
+    import os
+
+    from numba_flash import flash_attn_func
+    from numba_flash._launch import Allocator, check_attention_args
+    from numba_flash.fast import fa2_forward_half, fa2_forward_tc
+
+    from numba import cuda
+
+    print("NUMBA_CUDA_ARRAY_INTERFACE_SYNC =", os.environ.get("NUMBA_CUDA_ARRAY_INTERFACE_SYNC", "(default)"), flush=True)
+    for dt, mod, conv in ((torch.bfloat16, fa2_forward_half, "to_words"), (torch.float32, fa2_forward_tc, "to_kernel")):
+        for d in (64, 128):
+            N, b, h = 1024, 16, 2048 // d
+            q, k, v = (torch.randn(b, N, h, d, device="cuda", dtype=dt) for _ in range(3))
+            prob = check_attention_args(q, k, v, 0.0, None, False, 0)
+            alloc = Allocator(q)
+            kq, kk, kv = (getattr(alloc, conv)(x) for x in (q, k, v))
+            print(f"{dt} d={d} N={N} kernel-level  ", _host_timings(lambda: mod.forward(kq, kk, kv, prob, alloc), torch), flush=True)  # noqa: B023
+            print(f"{dt} d={d} N={N} flash_attn_func", _host_timings(lambda: flash_attn_func(q, k, v), torch), flush=True)  # noqa: B023
+    x = torch.randn(16, 1024, 32, 64, device="cuda").view(torch.int32)
+    for sync in (True, False):
+        t0 = time.perf_counter()
+        for _ in range(1000):
+            cuda.as_cuda_array(x, sync=sync)
+        print(f"as_cuda_array sync={sync}: {(time.perf_counter() - t0):.3f} ms per call", flush=True)
+    t0 = time.perf_counter()
+    for _ in range(1000):
+        check_attention_args(q, k, v, 0.0, None, False, 0)
+    print(f"check_attention_args: {(time.perf_counter() - t0):.3f} ms per call")
+
+
 def parser() -> argparse.ArgumentParser:
     """The command line of ``python -m bench.short_seq_probe``."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--profile", action="store_true", help="host time per call and a cProfile at N = 1024, d = 64")
+    how = ap.add_mutually_exclusive_group()
+    how.add_argument("--profile", action="store_true", help="host time per call and a cProfile at N = 1024, d = 64")
+    how.add_argument("--host", action="store_true", help="the forward at N = 1024: kernel level against flash_attn_func, host and GPU")
     return ap
 
 
@@ -153,7 +223,7 @@ def main(argv=None) -> int:
         return 1
     import torch
 
-    (profile if args.profile else probe)(torch)
+    (profile if args.profile else host if args.host else probe)(torch)
     return 0
 
 
