@@ -147,16 +147,7 @@ def profile(torch):
 
 def _host_timings(fn, torch, n=50):
     """One ``--host`` line: synced median, host time per call, loop total and CUDA-event time per call (ms)."""
-    fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(n):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        ts.append(time.perf_counter() - t0)
-    synced = 1e3 * statistics.median(ts)
+    synced = _median_ms(fn, torch, n)
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     for _ in range(n):
