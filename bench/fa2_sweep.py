@@ -71,6 +71,11 @@ VARIANTS_D64 = {
     "tc-MW1": (("tc", (4, 1, 64)), {}),
     "tc-Bc32": (("tc", (4, 2, 32)), {}),
     "tc-NW8-MW1": (("tc", (8, 1, 64)), {}),
+    # cp.async K_j, V_j into two SRAM stages (CP_ASYNC; offline sm_90: 4x2x64 252 registers without the register
+    # path's 108-byte spill, 4x2x32 218, 8x1x64 161)
+    "tc-cp": (("tc", None), {"CP_ASYNC": True}),
+    "tc-cp-Bc32": (("tc", (4, 2, 32)), {"CP_ASYNC": True}),
+    "tc-cp-NW8-MW1": (("tc", (8, 1, 64)), {"CP_ASYNC": True}),
 }
 VARIANTS_D128 = {
     "readable": ("readable", {}),
@@ -85,6 +90,10 @@ VARIANTS_D128 = {
     "tc-Bc32": (("tc", (4, 1, 32)), {}),  # "tc-Bc32-stageS" of sweep_tc2
     "tc-Bc32-stageO": (("tc", (4, 1, 32)), {"STAGE_S": False}),  # "tc-Bc32" of sweep_tc2
     "tc-MW2-Bc32": (("tc", (4, 2, 32)), {"STAGE_S": False}),  # as in sweep_tc2
+    # cp.async K_j, V_j into two SRAM stages (CP_ASYNC; offline sm_90: 8x1x32 222 registers against 250; 4x1x32
+    # fits two blocks per SM)
+    "tc-cp": (("tc", None), {"CP_ASYNC": True}),
+    "tc-cp-64x32": (("tc", (4, 1, 32)), {"CP_ASYNC": True}),
 }
 
 

@@ -41,8 +41,8 @@ exits with status 0 (a skip, not a failure). ``--kernel NAME`` (repeatable) rest
 ``fa2_backward_half_dq_bf16`` (the names of the table; the modules are
 ``numba_flash/fast/alg1_forward.py`` ...); ``--d`` picks head dims.
 
-``--half-tiling NW,MW,BC,CP`` (repeatable) compiles the half forward (``fa2_forward_half_f16`` / ``_bf16``) at
-that tiling instead of its default: ``NW`` warps of ``MW`` m16 tiles (``Br = 16 MW NW``), key block
+``--half-tiling NW,MW,BC,CP`` (repeatable) compiles the half forward (``fa2_forward_half_f16`` / ``_bf16``) and
+the 3xTF32 forward (``fa2_forward_tc``; ``CP`` 1 there where ``d % 4 == 0``) at that tiling instead of its default: ``NW`` warps of ``MW`` m16 tiles (``Br = 16 MW NW``), key block
 ``BC``, ``CP`` 1 for the cp.async pipeline (``CP_ASYNC``; where ``d % 8 == 0``, as ``plan``) or 0 for the
 register path with prefetch; ``tiling`` in the table says which ran. E.g. the d = 128 candidates::
 
@@ -144,9 +144,22 @@ def _signatures():
     }
 
 
+def _forward_tiling(module, d: int, tiling=None):
+    """``(NW, MW, BC, DP, features, PREFETCH, CP_ASYNC)`` of the 3xTF32 or half forward ``module`` at head dim ``d``,
+    as its ``plan`` chooses them: the default tiling, or ``tiling = (NW, MW, BC, CP)`` (``--half-tiling``)."""
+    f = module.default_features()
+    NW, MW, BC, DP = module.config_for(d)
+    if tiling is not None:
+        NW, MW, BC, cp = tiling
+        f["CP_ASYNC"] = bool(cp)
+    cp_async = bool(f["CP_ASYNC"]) and module.cp_async_ok(d)
+    prefetch = f["PREFETCH"] if f["PREFETCH"] is not None else DP <= 64
+    return NW, MW, BC, DP, f, bool(prefetch) and not cp_async, cp_async
+
+
 def _kernel(name: str, d: int, causal: bool, tiling=None):
     """The dispatcher of ``name`` in its default configuration at head dim ``d`` (dropout off); ``tiling``
-    ``(NW, MW, BC, CP)``: the half forward at that tiling (see ``--half-tiling``)."""
+    ``(NW, MW, BC, CP)``: the half or 3xTF32 forward at that tiling (see ``--half-tiling``)."""
     from numba_flash.fast import alg1_forward as A1
     from numba_flash.fast import alg4_backward as A4
     from numba_flash.fast import fa2_backward as B2
@@ -162,19 +175,10 @@ def _kernel(name: str, d: int, causal: bool, tiling=None):
         f = F2.default_features()
         return F2.fa2_forward_fast_kernel(*F2.config_for(d), causal, False, f["SHFL"], f["VEC"], f["REVERSE"], f["PREFETCH"], f["MAXREG"])
     if name == "fa2_forward_tc":
-        f = TC.default_features()
-        NW, MW, BC, DP = TC.config_for(d)
-        prefetch = f["PREFETCH"] if f["PREFETCH"] is not None else DP <= 64  # as TC.plan
-        return TC.fa2_forward_tc_kernel(NW, MW, BC, DP, causal, False, bool(prefetch), False, f["STAGE_S"], f["STAGE_O"])
+        NW, MW, BC, DP, f, prefetch, cp_async = _forward_tiling(TC, d, tiling)
+        return TC.fa2_forward_tc_kernel(NW, MW, BC, DP, causal, False, prefetch, False, f["STAGE_S"], f["STAGE_O"], cp_async)
     if name.startswith("fa2_forward_half_"):
-        NW, MW, BC, DP = H.config_for(d)
-        f = H.default_features()
-        if tiling is not None:
-            NW, MW, BC, cp = tiling
-            f["CP_ASYNC"] = bool(cp)
-        cp_async = bool(f["CP_ASYNC"]) and H.cp_async_ok(d)  # as H.plan
-        prefetch = f["PREFETCH"] if f["PREFETCH"] is not None else DP <= 64
-        prefetch = bool(prefetch) and not cp_async
+        NW, MW, BC, DP, f, prefetch, cp_async = _forward_tiling(H, d, tiling)
         return H.fa2_forward_half_kernel(NW, MW, BC, DP, causal, False, prefetch, False, name.rsplit("_", 1)[1], cp_async)
     if name == "alg4_backward_fast":
         f = A4.default_features()
@@ -261,7 +265,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="compiles at once (one process each)")
     ap.add_argument("--one", nargs=3, metavar=("KERNEL", "D", "CAUSAL"), help=argparse.SUPPRESS)
     ap.add_argument("--half-tiling", action="append", type=_tiling, metavar="NW,MW,BC,CP",
-                    help="half forward at this tiling (repeatable): warps, m16 tiles per warp, key block, cp.async 1/0")
+                    help="half or 3xTF32 forward at this tiling (repeatable): warps, m16 tiles per warp, key block, cp.async 1/0")
     return ap
 
 
@@ -275,7 +279,8 @@ def main(argv=None) -> int:
         return 0
     nvd = _toolchain()
     cases = [(name, d, causal, t) for name in args.kernel or KERNELS for d in args.d or (64, 128)
-             for t in (args.half_tiling or [None] if name.startswith("fa2_forward_half_") else [None]) for causal in (False, True)]
+             for t in (args.half_tiling or [None] if name.startswith(("fa2_forward_half_", "fa2_forward_tc")) else [None])
+             for causal in (False, True)]
     tcol = " tiling NW,MW,BC,CP" if args.half_tiling else ""
     print(f"{'kernel':<22} {'d':>4} {'causal':>6} {'regs':>5} {'spill st/ld B':>14} {'stack B':>8} {'SASS':>6} "
           f"{'LDS.v4 (ptx)':>12}  SASS sha256{tcol}")

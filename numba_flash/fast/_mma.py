@@ -631,7 +631,8 @@ def make_cp_async(simulator: bool | None = None):
 
     * ``copy16(smem, i, garr, (i0, .., ik), src_size)``: issue the copy of the 4 words (16 bytes) at
       ``garr[i0, .., ik]`` .. ``garr[i0, .., ik + 3]`` to ``smem[i]`` .. ``smem[i + 3]`` (``smem`` a shared
-      ``uint32`` array, ``garr`` an ``int32``/``uint32`` array in global memory); ``src_size`` in
+      ``uint32`` array and ``garr`` an ``int32``/``uint32`` array in global memory, or both ``float32``: the
+      copy moves bits); ``src_size`` in
       {0, 4, 8, 12, 16} bytes are read, the rest zero-filled (``0``: four zero words, ``garr`` not
       read). Both addresses 16-byte aligned on a GPU. :func:`_cp_async_cg16_asm`.
     * ``commit()``: ``cp.async.commit_group``; ``wait0()``: ``cp.async.wait_group 0`` (this thread's copies
@@ -662,8 +663,9 @@ def make_cp_async(simulator: bool | None = None):
     def copy16(smem, i, garr, gidx, src_size):
         nw = int(src_size) // 4
         head = tuple(gidx[:-1])
-        for w in range(4):
-            smem[i + w] = uint32(garr[head + (int(gidx[-1]) + w,)]) if w < nw else uint32(0)
+        for w in range(4):  # a bit copy: words (int32 -> uint32) or float32 -> float32
+            v = garr[head + (int(gidx[-1]) + w,)] if w < nw else 0
+            smem[i + w] = v if smem.dtype == garr.dtype else uint32(v)
 
     def commit():
         pass

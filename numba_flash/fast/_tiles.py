@@ -16,7 +16,8 @@ make_pair_loader        (NROWS, d) rows of two HBM arrays -> registers -> SRAM  
 make_scaled_q_loader    Q_i times tau log2 e, HBM -> SRAM (zero rows past N_q)      FA2 forward, fast/tc
 make_block_counts       key blocks visible from query rows < row_end (causal)       FA1/FA2 fast kernels
 make_word_loader        (NROWS, DW) words (half pairs) -> registers -> SRAM         FA2 half forward
-make_word_loader_async  (NROWS, DW) words, HBM -> SRAM by cp.async (no registers)  FA2 half forward
+make_word_loader_async  (NROWS, DW) words, HBM -> SRAM by cp.async (no registers)  FA2 half and tc forward
+make_quiet_nan_pass     a thread's cp.async chunks: NaN -> the quiet NaN, in SRAM   FA2 tc forward
 ======================  ==========================================================  ====================
 
 ``tests/benchmarks/offline_resources.py`` checks that the kernels' machine code is what it was when
@@ -207,6 +208,9 @@ def make_word_loader(NROWS: int, DW: int, NT: int, SA: int):
 def make_word_loader_async(NROWS: int, DW: int, NT: int, SA: int, SIM: bool):
     """``(NC, load_async)``: rows ``row0 .. row0 + NROWS - 1`` of a half array in words, HBM -> SRAM by ``cp.async``.
 
+    "Words" are any 4-byte elements: a float32 array (and a float32 SRAM tile) works the same, with ``DW``
+    and ``dw`` then counted in floats (the 3xTF32 forward's K_j, V_j).
+
     The tile of :func:`make_word_loader` without the registers: ``load_async(smem, off, gA, ub, uh, row0,
     n_rows, dw, tid)`` *issues* 16-byte copies (4 words; :func:`numba_flash.fast._mma.make_cp_async`, the
     simulator's twin when ``SIM``) of ``gA[b, row0 + r, h, 4c .. 4c + 3]`` to the SRAM tile at ``off`` (row
@@ -240,3 +244,33 @@ def make_word_loader_async(NROWS: int, DW: int, NT: int, SA: int, SIM: bool):
                 copy16(smem, off + r * uSA + c, gA, (ub, row if inside else u0, uh, c if inside else u0), u16 if inside else z)
 
     return NC, load_async
+
+
+@functools.cache
+def make_quiet_nan_pass(NROWS: int, DW: int, NT: int, SA: int):
+    """``quiet(smem, off, tid)``: in the float32 SRAM tile at ``off`` (row stride ``SA``), each NaN among the
+    chunks that thread ``tid`` copied with :func:`make_word_loader_async` (same ``NROWS, DW, NT``) becomes the
+    quiet NaN ``0x7fc00000``.
+
+    What :func:`make_pair_loader`'s ``QUIET_NAN`` does at its register store, for tiles that arrive by
+    ``cp.async`` and never pass through registers: run it after ``cp.async.wait_group`` (a thread's own
+    copies have landed) and before the barrier that publishes the tile. Zero-filled chunks hold no NaN.
+    One SRAM read per element, and a write only for a NaN.
+    """
+    CW = DW // 4
+    NC = (NROWS * CW + NT - 1) // NT
+    EXACT = NROWS * CW % NT == 0
+    uNT, uCW, uSA, uTOT, u4 = U(NT), U(CW), U(SA), U(NROWS * CW), U(4)
+
+    @cuda.jit(device=True, inline="always")
+    def quiet(smem, off, tid):
+        for it in range(NC):
+            e = tid + uNT * U(it)
+            if EXACT or e < uTOT:
+                base = off + (e // uCW) * uSA + u4 * (e % uCW)
+                for w in range(4):
+                    v = smem[base + U(w)]
+                    if v != v:
+                        smem[base + U(w)] = QNAN
+
+    return quiet

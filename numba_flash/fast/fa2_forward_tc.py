@@ -43,6 +43,15 @@ What changed from the fast (FFMA) kernel
 * Kept from the fast kernel: ``Q_i`` scaled by ``tau log2 e`` at load (``exp2``), K/V tile loads
   unrolled into registers (optionally prefetched one tile ahead), causal block skipping, dropout by
   the counter hash, > 48 KB dynamic SRAM, per-lane row sums reduced once after the loop.
+* **K_j, V_j by cp.async, two stages deep** (``CP_ASYNC``, off by default): the half forward's pipeline
+  (:mod:`numba_flash.fast.fa2_forward_half`) for float32 tiles, 16-byte chunks of 4 floats (``d % 4 == 0``,
+  16-byte aligned K and V). The register path turns each NaN into the quiet NaN at its SRAM store
+  (``QUIET_NAN``); tiles that arrive by ``cp.async`` get the same from each thread over its own chunks
+  after the wait (:func:`numba_flash.fast._tiles.make_quiet_nan_pass`). Offline (sm_90) it takes the
+  default tiling from 255 registers and a 108-byte spill to 252 and none at d = 64, and from 250 to 222
+  registers at d = 128 (``bench/offline_resources.py --half-tiling``); tested in the simulator (bitwise
+  the register path's result), not yet timed on a GPU, so the register path stays the default until a
+  sweep (``bench/fa2_sweep.py``, variants ``tc-cp*``) says otherwise.
 
 * **Staged accumulation (accuracy).** Accumulating the three products straight into ``S`` and ``O``
   broke the tests' error rule on the GPU (up to 4.4x the float32 error at N = 1024, d = 64; the NumPy
@@ -139,24 +148,38 @@ def strides(BC: int, DP: int):
     return DP + 4, sv, BC + 4
 
 
-def smem_floats(NW: int, MW: int, BC: int, DP: int, simulator: bool = False) -> int:
-    """Dynamic SRAM of the kernel in float32 elements (see the module docstring)."""
+def smem_floats(NW: int, MW: int, BC: int, DP: int, simulator: bool = False, stages: int = 1) -> int:
+    """Dynamic SRAM of the kernel in float32 elements (see the module docstring); ``stages`` copies of
+    K_j, V_j (2 with ``CP_ASYNC``)."""
     SQ, SV, SP = strides(BC, DP)
-    n = 16 * MW * NW * (SQ + SP) + BC * (SQ + SV)
+    n = 16 * MW * NW * (SQ + SP) + stages * BC * (SQ + SV)
     return n + (NW * _mma.SIM_SCRATCH_PER_WARP if simulator else 0)
 
 
+def cp_async_ok(d: int) -> bool:
+    """Whether head dim ``d`` can take the ``cp.async`` path: a row of ``d`` floats is whole 16-byte chunks
+    (``d % 4 == 0``), so every chunk of a row is 16-byte aligned in HBM and all inside or all past d."""
+    return d % 4 == 0
+
+
 @functools.cache
-def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROPOUT: bool, PREFETCH: bool, SIM: bool, STAGE_S: bool = True, STAGE_O: bool = True):
+def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROPOUT: bool, PREFETCH: bool, SIM: bool, STAGE_S: bool = True, STAGE_O: bool = True,
+                          CP_ASYNC: bool = False):
     """The 3xTF32 FA2 forward kernel for one specialization (see the module docstring).
+
+    ``CP_ASYNC`` (d a multiple of 4): K_j, V_j go HBM -> SRAM by ``cp.async`` into two SRAM stages, the
+    copies of block j+1 in flight while block j is computed, as in the half forward
+    (:mod:`numba_flash.fast.fa2_forward_half`); each thread then turns the NaNs of its own chunks into the
+    quiet NaN in SRAM (:func:`numba_flash.fast._tiles.make_quiet_nan_pass`: the register path does it at
+    its store). ``PREFETCH`` is then unused. Q_i still goes through registers (it is scaled by tau log2 e).
 
     Symbol table (paper symbol -> variable -> memory space):
 
     ========================  ===================  ==================================================
     Q, K, V, O, L             gQ, gK, gV, gO, gL   HBM
     Q_i (times tau log2 e)    smem[OFF_Q ...]      SRAM (Br, DP+4), loaded once (L4)
-    K_j                       smem[OFF_K ...]      SRAM (Bc, DP+4), loaded each step (L7)
-    V_j                       smem[OFF_V ...]      SRAM (Bc, SV), loaded each step (L7)
+    K_j                       smem[kbase ...]      SRAM (Bc, DP+4), loaded each step (L7); CP_ASYNC: 2 stages
+    V_j                       smem[vbase ...]      SRAM (Bc, SV), loaded each step (L7); CP_ASYNC: 2 stages
     S_i^(j)                   rS                   registers: MW x (Bc/8) m16n8 fragments per warp
     P~_i^(j)                  smem[OFF_P ...]      SRAM (Br, Bc+4): each warp writes and reads its own rows
     O_i^(j) (un-normalized)   rO                   registers: MW x (DP/8) m16n8 fragments per warp
@@ -175,7 +198,8 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
     OFF_Q = U(0)  # Q_i: (Br, SQ), rows of d values (tau log2 e applied), zero-padded to DP
     OFF_K = U(BR * SQ)  # K_j: (Bc, SQ)
     OFF_V = U(BR * SQ + BC * SQ)  # V_j: (Bc, SV)
-    OFF_P = U(BR * SQ + BC * SQ + BC * SV)  # P~_ij: (Br, SP); warp w owns rows 16 MW w .. 16 MW (w+1) - 1
+    uSTAGE = U(BC * SQ + BC * SV)  # CP_ASYNC: stage 1 (K, V of the odd blocks) follows stage 0 at OFF_K + uSTAGE
+    OFF_P = U(BR * SQ) + U(2 if CP_ASYNC else 1) * uSTAGE  # P~_ij: (Br, SP); warp w owns rows 16 MW w .. 16 MW (w+1) - 1
     NS = MW * NB * 4  # registers of rS: MW x NB m16n8 fragments, 4 floats per lane each
     NO = MW * ND * 4  # registers of rO (and rT): MW x ND fragments
     NR = MW * 2  # query rows per lane (rows g and g + 8 of each m16 tile)
@@ -186,7 +210,14 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
 
     # K_j, V_j: HBM -> registers (NL floats each per thread) -> SRAM (V with its own stride SV); Q_i: times tau log2 e
     NL, load_kv, store_kv = _tiles.make_pair_loader(BC, DP, NT, SQ, SV, STEP_ROWS=False, QUIET_NAN=True)
+    RK = 1 if CP_ASYNC else NL  # register staging of K_j, V_j (none with cp.async)
     load_q = _tiles.make_scaled_q_loader(BR, DP, NT, SQ, QUIET_NAN=True)
+    # CP_ASYNC: K_j, V_j as 16-byte chunks of 4 floats (their own row strides), and the NaN pass over them
+    _, load_k_async = _tiles.make_word_loader_async(BC, DP, NT, SQ, SIM)
+    _, load_v_async = _tiles.make_word_loader_async(BC, DP, NT, SV, SIM)
+    quiet_k = _tiles.make_quiet_nan_pass(BC, DP, NT, SQ)
+    quiet_v = _tiles.make_quiet_nan_pass(BC, DP, NT, SV)
+    _copy16, cp_commit, cp_wait0 = _mma.make_cp_async(SIM)
     n_key_blocks, _ = _tiles.make_block_counts(BR, BC, CAUSAL)
 
     split, mma3, quad_max, quad_sum = _mma.make_warp_ops(SIM)
@@ -208,8 +239,8 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
         rkey = cuda.local.array(NR, uint64)
         rAb = cuda.local.array(NA, uint32)  # A fragments (tf32 big / small parts)
         rAs = cuda.local.array(NA, uint32)
-        rKn = cuda.local.array(NL, float32)  # K_j / K_{j+1} in flight (registers)
-        rVn = cuda.local.array(NL, float32)
+        rKn = cuda.local.array(RK, float32)  # K_j / K_{j+1} in flight (registers; register path)
+        rVn = cuda.local.array(RK, float32)
 
         tid = U(cuda.threadIdx.x)
         lane = cuda.threadIdx.x % 32
@@ -247,19 +278,43 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
         # Dev: causal block skipping: key blocks past the last row's horizon are never visited
         n_blocks = n_key_blocks(row0 + BR, s_k, causal_offset)
 
-        if n_blocks > 0:
+        # Dev: CP_ASYNC, the half forward's two-stage pipeline: K_j, V_j live in SRAM stage j % 2; the copies of
+        # K_{j+1}, V_{j+1} are issued into the other stage right after the barrier of block j and waited for at
+        # the top of block j+1, where one barrier publishes them and retires block j-1's stage
+        if CP_ASYNC and n_blocks > 0:
+            # FA2.1 L7: K_1, V_1 (before the loop) into stage 0
+            load_k_async(smem, OFF_K, gK, ub, uhk, 0, s_k, d, tid)  # HBM read: Bc*d
+            load_v_async(smem, OFF_V, gV, ub, uhk, 0, s_k, d, tid)  # HBM read: Bc*d
+            cp_commit()
+        if not CP_ASYNC and n_blocks > 0:
             load_kv(gK, gV, ub, uhk, 0, s_k, d, tid, rKn, rVn)
         # FA2.1 L6: for j = 1..Tc
         for j in range(n_blocks):
             col0 = j * BC
-            cuda.syncthreads()  # Sync: all warps are done with K_{j-1}, V_{j-1} (and Q_i is stored) before the stores
-            # FA2.1 L7: load K_j, V_j from HBM to SRAM (coalesced along d; ragged rows and padded columns zero)
-            if not PREFETCH and j > 0:
-                load_kv(gK, gV, ub, uhk, col0, s_k, d, tid, rKn, rVn)  # HBM read: 2 Bc*d
-            store_kv(smem, OFF_K, OFF_V, tid, rKn, rVn)
-            cuda.syncthreads()  # Sync: K_j, V_j in SRAM before L8 and L10 read them
-            if PREFETCH and j + 1 < n_blocks:
-                load_kv(gK, gV, ub, uhk, col0 + BC, s_k, d, tid, rKn, rVn)  # HBM read: 2 Bc*d (tile j+1)
+            kbase = OFF_K  # this block's K_j, V_j in SRAM
+            vbase = OFF_V
+            if CP_ASYNC:
+                stage = U(j % 2) * uSTAGE
+                kbase = OFF_K + stage
+                vbase = OFF_V + stage
+                cp_wait0()  # this thread's copies of K_j, V_j have landed
+                quiet_k(smem, kbase, tid)  # Dev: NaN -> quiet NaN in this thread's chunks (the split keeps it a NaN)
+                quiet_v(smem, vbase, tid)
+                cuda.syncthreads()  # Sync: all of K_j, V_j in SRAM (and Q_i stored) before L8/L10; all warps done with block j-1's stage before it is refilled
+                if j + 1 < n_blocks:
+                    # Dev: L7 of block j+1 issued now, into the other stage, landing during L8-L10 of block j
+                    load_k_async(smem, OFF_K + (uSTAGE - stage), gK, ub, uhk, col0 + BC, s_k, d, tid)  # HBM read: Bc*d
+                    load_v_async(smem, OFF_V + (uSTAGE - stage), gV, ub, uhk, col0 + BC, s_k, d, tid)  # HBM read: Bc*d
+                    cp_commit()
+            else:
+                cuda.syncthreads()  # Sync: all warps are done with K_{j-1}, V_{j-1} (and Q_i is stored) before the stores
+                # FA2.1 L7: load K_j, V_j from HBM to SRAM (coalesced along d; ragged rows and padded columns zero)
+                if not PREFETCH and j > 0:
+                    load_kv(gK, gV, ub, uhk, col0, s_k, d, tid, rKn, rVn)  # HBM read: 2 Bc*d
+                store_kv(smem, OFF_K, OFF_V, tid, rKn, rVn)
+                cuda.syncthreads()  # Sync: K_j, V_j in SRAM before L8 and L10 read them
+                if PREFETCH and j + 1 < n_blocks:
+                    load_kv(gK, gV, ub, uhk, col0 + BC, s_k, d, tid, rKn, rVn)  # HBM read: 2 Bc*d (tile j+1)
 
             # [doc:fa2-tc-inner-loop]
             # FA2.1 L8: S_i^(j) = Q_i K_j^T: per 8-wide k step, A = Q rows (16 x 8 per m tile),
@@ -272,7 +327,7 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
                     for c in range(4):  # a = (Q[g, t], Q[g+8, t], Q[g, t+4], Q[g+8, t+4])
                         rAb[mt * 4 + c], rAs[mt * 4 + c] = split(smem[q0 + U(8 * (c % 2)) * uSQ + U(4 * (c // 2))])
                 for nt in range(NB):
-                    k0 = OFF_K + (U(8 * nt) + g) * uSQ + U(8 * ks) + t  # b = (K[g, t], K[g, t+4])
+                    k0 = kbase + (U(8 * nt) + g) * uSQ + U(8 * ks) + t  # b = (K[g, t], K[g, t+4])
                     bb0, bs0 = split(smem[k0])
                     bb1, bs1 = split(smem[k0 + U(4)])
                     for mt in range(MW):
@@ -327,7 +382,7 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
                     for c in range(4):
                         rAb[mt * 4 + c], rAs[mt * 4 + c] = split(smem[p0 + U(8 * (c % 2)) * uSP + U(4 * (c // 2))])
                 for dn in range(ND):
-                    v0 = OFF_V + (U(8 * kt) + t) * uSV + U(8 * dn) + g  # b = (V[t, g], V[t+4, g])
+                    v0 = vbase + (U(8 * kt) + t) * uSV + U(8 * dn) + g  # b = (V[t, g], V[t+4, g])
                     bb0, bs0 = split(smem[v0])
                     bb1, bs1 = split(smem[v0 + U(4) * uSV])
                     for mt in range(MW):
@@ -392,8 +447,11 @@ def available() -> bool:
 def default_features() -> dict:
     """``PREFETCH``: load K_{j+1}, V_{j+1} into registers during the compute of tile j (None: at d <= 64).
     ``STAGE_S`` / ``STAGE_O``: each 8-wide k step of S (each j step of P~ V) is computed by the tensor
-    cores into a zeroed accumulator and added to S (to O) with IEEE float32 adds (see the docstring)."""
-    return {"PREFETCH": None, "STAGE_S": True, "STAGE_O": True}
+    cores into a zeroed accumulator and added to S (to O) with IEEE float32 adds (see the docstring).
+    ``CP_ASYNC``: K_j, V_j by ``cp.async`` into two SRAM stages where :func:`cp_async_ok` and the inputs are
+    16-byte aligned (:func:`numba_flash.fast.fa2_forward_half.aligned16`). Off by default: written and
+    tested in the simulator, not yet timed on a GPU (the performance log has the prediction)."""
+    return {"PREFETCH": None, "STAGE_S": True, "STAGE_O": True, "CP_ASYNC": False}
 
 
 def _ffma_fallback(prob: Problem, config=None) -> bool:
@@ -420,12 +478,15 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None):
     NW, MW, Bc, DP = config if config is not None else config_for(d, block_sizes)
     feats = default_features()
     feats.update(features or {})
+    cp_async = bool(feats["CP_ASYNC"]) and cp_async_ok(d)
     prefetch = feats["PREFETCH"] if feats["PREFETCH"] is not None else DP <= 64
+    prefetch = bool(prefetch) and not cp_async  # unused by the cp.async path: one compiled kernel, not two
     sim = _backend.is_simulator()
     Br = 16 * MW * NW
-    nbytes = 4 * smem_floats(NW, MW, Bc, DP, sim)
+    nbytes = 4 * smem_floats(NW, MW, Bc, DP, sim, 2 if cp_async else 1)
     _plan.check_sram(nbytes, Br, Bc, d)
-    kernel = fa2_forward_tc_kernel(NW, MW, Bc, DP, prob.causal, prob.dropout_p > 0, bool(prefetch), sim, bool(feats["STAGE_S"]), bool(feats["STAGE_O"]))
+    kernel = fa2_forward_tc_kernel(NW, MW, Bc, DP, prob.causal, prob.dropout_p > 0, prefetch, sim, bool(feats["STAGE_S"]), bool(feats["STAGE_O"]),
+                                   cp_async)
     grid = bh_grid(ceil_div(prob.seqlen_q, Br), prob.batch * prob.nheads)
     return kernel, grid, 32 * NW, nbytes
 
@@ -461,6 +522,8 @@ def forward(q, k, v, prob: Problem, alloc, block_sizes=None, config=None, featur
     """
     if takes_words(prob):
         return fa2_forward_half.forward(q, k, v, prob, alloc, block_sizes, config, features)
+    if not fa2_forward_half.aligned16(k, v):  # Dev: cp.async needs 16-byte aligned rows of K, V: else the register path
+        features = {**(features or {}), "CP_ASYNC": False}
     fwd = _plan.run_fa2_forward(plan(prob, block_sizes, config, features), q, k, v, prob, alloc)
     # FA2.1 L17: return O, L
     return fwd

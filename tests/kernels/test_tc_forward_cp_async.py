@@ -1,0 +1,151 @@
+"""The 3xTF32 forward's two load paths for K_j, V_j (:mod:`numba_flash.fast.fa2_forward_tc`, ``CP_ASYNC``).
+
+Claims checked:
+
+* ``cp.async`` into two SRAM stages (``features={"CP_ASYNC": True}``) and the register path (one stage, the
+  default until the GPU timing decides) compute the same thing: bitwise equal O, L, m, l on ragged, causal
+  (blocks whose rows see no key included), GQA, dropout and ``MW = 2`` shapes, at head dims whose padded rows
+  end in a chunk past d (d = 20 pads to 24), and with NaNs in K and V (the cp.async path turns them into the
+  quiet NaN in SRAM, as the register path does at its store, so the 3xTF32 split keeps them NaNs); and the
+  result follows the forward's error rule. The NaN case can only fail on a GPU: the simulator's split is
+  ``cvt.rna`` (NaN stays NaN), the GPU's five-instruction split carries the canonical NaN ``0x7fffffff``
+  into the sign bit (checked: without the NaN pass the case passes in the simulator).
+* Where ``cp.async`` cannot run, the register path runs: a head dim that is not a multiple of 4 (rows are not
+  whole 16-byte chunks) and K, V arrays whose rows are not 16-byte aligned.
+* The pass that quiets NaNs changes only NaNs, in the chunks of the calling thread.
+* On a GPU (marker ``gpu``): the two paths are bitwise equal at realistic shapes.
+
+Simulator shapes stay tiny (N <= 45, d <= 24): each ``mma`` is a lane exchange with two block barriers there.
+"""
+
+from __future__ import annotations
+
+from numba_flash import _backend
+from numba_flash._launch import Allocator, check_attention_args, poison_outputs
+from numba_flash.fast import _tiles, fa2_forward_half, fa2_forward_tc
+from numba_flash_reference.alg0_standard import standard_attention
+
+import numpy as np
+import pytest
+from attn_testing import assert_error_rule, make_qkv, naive_attention_float32
+from numba import cuda, float32
+
+
+def _run(q, k, v, causal, p, seed, bs, cp, words=None):
+    """The tc forward at kernel level with ``CP_ASYNC`` = ``cp``: ((O, L, m, l) as NumPy, features it ran with)."""
+    prob = check_attention_args(q, k, v, p, None, causal, seed)
+    alloc = Allocator(q)
+    kq, kk, kv = words if words is not None else [alloc.to_kernel(x) for x in (q, k, v)]
+    ran = []
+    real = fa2_forward_tc.plan
+
+    def spy(prob_, block_sizes=None, config=None, features=None):
+        ran.append(dict(features or {}))
+        return real(prob_, block_sizes, config, features)
+
+    fa2_forward_tc.plan = spy
+    try:
+        with poison_outputs():
+            fwd = fa2_forward_tc.forward(kq, kk, kv, prob, alloc, block_sizes=bs, features={"CP_ASYNC": cp})
+    finally:
+        fa2_forward_tc.plan = real
+    host = [np.array(x.copy_to_host() if hasattr(x, "copy_to_host") else x) for x in (fwd.out, fwd.lse, fwd.m, fwd.l)]
+    return host, ran[0]
+
+
+def _assert_same(a, b):
+    for name, x, y in zip(("O", "L", "m", "l"), a, b):
+        np.testing.assert_array_equal(x.view(np.uint32), y.view(np.uint32), err_msg=f"{name}: cp.async and register paths differ")
+
+
+#: (batch, s_q, s_k, nheads, nheads_k, d, causal, dropout_p, block_sizes): several key blocks, so both stages are used
+CASES = [
+    pytest.param(1, 37, 40, 2, 1, 16, False, 0.0, (16, 16), id="ragged-gqa-d16"),
+    pytest.param(1, 33, 45, 2, 1, 20, True, 0.0, (16, 16), id="causal-gqa-d20-padded-chunk"),
+    pytest.param(1, 29, 35, 1, 1, 12, True, 0.1, (32, 16), id="causal-dropout-d12"),
+    pytest.param(1, 45, 14, 1, 1, 8, True, 0.0, (16, 8), id="causal-sq>sk-blocks-without-keys-d8"),
+    pytest.param(1, 40, 37, 1, 1, 24, True, 0.0, (128, 16), id="mw2-4warps-causal-d24"),
+]
+
+
+@pytest.mark.parametrize(("b", "s_q", "s_k", "h", "h_k", "d", "causal", "p", "bs"), CASES)
+def test_cp_async_pipeline_equals_the_register_path_bit_for_bit(rng, b, s_q, s_k, h, h_k, d, causal, p, bs):
+    q, k, v = make_qkv(rng, b, s_q, s_k, h, h_k, d)
+    seed = int(rng.integers(0, 2**32))
+    (cp_out, cp_feats), (reg_out, reg_feats) = (_run(q, k, v, causal, p, seed, bs, cp) for cp in (True, False))
+    prob = check_attention_args(q, k, v, p, None, causal, seed)
+    NW, MW, Bc, DP = fa2_forward_tc.config_for(d, bs)
+    sim = _backend.is_simulator()
+    assert fa2_forward_tc.plan(prob, bs, None, cp_feats)[3] == 4 * fa2_forward_tc.smem_floats(NW, MW, Bc, DP, sim, 2)
+    assert fa2_forward_tc.plan(prob, bs, None, reg_feats)[3] == 4 * fa2_forward_tc.smem_floats(NW, MW, Bc, DP, sim, 1)
+    _assert_same(cp_out, reg_out)
+    if p == 0.0:  # the error rule on the result (with dropout the two paths' equality is the claim)
+        ref = standard_attention(q, k, v, causal=causal).O
+        assert_error_rule(cp_out[0], ref, naive_attention_float32(q, k, v, causal=causal), what="O")
+
+
+def test_nans_in_k_and_v_stay_nans_on_the_cp_async_path(rng):
+    q, k, v = make_qkv(rng, 1, 20, 23, 1, 1, 16)
+    k[0, 5, 0, 3] = np.float32(np.nan)  # one key: its scores are NaN in every row
+    v[0, 17, 0, 9] = np.frombuffer(np.uint32(0x7FFFFFFF).tobytes(), np.float32)[0]  # the GPU's canonical NaN, in V
+    (cp_out, _), (reg_out, _) = (_run(q, k, v, False, 0.0, 0, (16, 16), cp) for cp in (True, False))
+    _assert_same(cp_out, reg_out)
+    assert np.isnan(cp_out[0]).all(), "a NaN score makes every row's softmax NaN"
+
+
+def test_head_dims_not_a_multiple_of_4_and_unaligned_inputs_take_the_register_path(rng):
+    assert fa2_forward_tc.cp_async_ok(12) and not fa2_forward_tc.cp_async_ok(6)
+    q, k, v = make_qkv(rng, 1, 19, 21, 1, 1, 6)
+    prob = check_attention_args(q, k, v, 0.0, None, False, 0)
+    NW, MW, Bc, DP = fa2_forward_tc.config_for(6, (16, 16))
+    assert fa2_forward_tc.plan(prob, (16, 16), None, {"CP_ASYNC": True})[3] == 4 * fa2_forward_tc.smem_floats(
+        NW, MW, Bc, DP, _backend.is_simulator(), 1), "d = 6: one SRAM stage (the register path)"
+    # d = 16, K and V whose base is 4 bytes past a 16-byte boundary: forward() drops CP_ASYNC
+    q, k, v = make_qkv(rng, 1, 20, 20, 1, 1, 16)
+    shifted = []
+    for x in (q, k, v):
+        buf = np.empty(x.size + 4, np.float32)
+        off = (4 - buf.ctypes.data % 16 // 4) % 4 + 1  # floats to a 16-byte boundary, plus one
+        y = buf[off:off + x.size].reshape(x.shape)
+        y[...] = x
+        shifted.append(y)
+    assert not fa2_forward_half.aligned16(*shifted[1:]) and fa2_forward_half.aligned16(k, v)
+    out, feats = _run(q, k, v, False, 0.0, 0, (16, 16), True, words=shifted)
+    assert not feats["CP_ASYNC"], "unaligned K, V: forward() must ask for the register path"
+    aligned, _ = _run(q, k, v, False, 0.0, 0, (16, 16), True)
+    _assert_same(out, aligned)
+
+
+def test_the_quiet_nan_pass_changes_only_nans_in_the_threads_chunks():
+    NROWS, DW, NT, SA = 4, 8, 4, 12
+    quiet = _tiles.make_quiet_nan_pass(NROWS, DW, NT, SA)
+
+    @cuda.jit
+    def run(tile):
+        smem = cuda.shared.array(48, float32)  # (NROWS, SA)
+        tid = cuda.threadIdx.x
+        for i in range(tid, NROWS * SA, NT):
+            smem[i] = tile[i]
+        cuda.syncthreads()  # Sync: the tile is in SRAM before the pass
+        quiet(smem, 0, tid)
+        cuda.syncthreads()  # Sync: every thread's pass is done before the copy out
+        for i in range(tid, NROWS * SA, NT):
+            tile[i] = smem[i]
+
+    bits = np.arange(NROWS * SA, dtype=np.uint32) + np.uint32(0x3F800000)  # 1.0, 1.0 + ulp, ...
+    bits[[3, 14, 25]] = (0x7FFFFFFF, 0xFFC00001, 0x7F800001)  # NaNs inside the chunks (rows 0, 1, 2)
+    bits[10] = 0x7FFFFFFF  # a NaN in the padding words of row 0 (columns 8..11): not a chunk, left alone
+    tile = bits.view(np.float32).copy()
+    run[1, NT](tile)
+    want = bits.copy()
+    want[[3, 14, 25]] = 0x7FC00000
+    np.testing.assert_array_equal(tile.view(np.uint32), want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("n", "d", "causal"), [(1000, 64, False), (1000, 128, True), (777, 96, True), (2048, 32, False)])
+def test_cp_async_pipeline_equals_the_register_path_on_gpu_shapes(rng, n, d, causal):
+    q, k, v = make_qkv(rng, 2, n, n, 4, 2, d)
+    (cp_out, cp_feats), (reg_out, _) = (_run(q, k, v, causal, 0.0, 0, None, cp) for cp in (True, False))
+    assert cp_feats["CP_ASYNC"]
+    _assert_same(cp_out, reg_out)
