@@ -29,6 +29,7 @@ are in ``docs/notes/performance-log.md``.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -151,7 +152,13 @@ def torch_grads(q, k, v, dout, causal, dtype):
     return [x.grad for x in xs]
 
 
-def check(variants, d, log):
+def check_backward(makers, d, log):
+    """Max error of each gradient (and of torch float32's) against torch float64 on a ragged causal GQA shape.
+
+    ``makers``: name -> ``make(q, k, v, dout, causal) -> (bwd, alloc)``, the backward callable of one variant and
+    its allocator (``run_backward`` here, :func:`bench.tf32_bwd_sweep.run_backward` there). The rule: at most 3x
+    torch float32's error (TF32 off), plus the float32 ulp floor.
+    """
     import torch
 
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -164,9 +171,9 @@ def check(variants, d, log):
     ref = torch_grads(q, k, v, dout, True, torch.float64)
     naive = torch_grads(q, k, v, dout, True, torch.float32)
     out = {}
-    for name, (cfg, feats, det) in variants.items():
+    for name, make in makers.items():
         try:
-            bwd, alloc = run_backward(cfg, feats, det, q, k, v, dout, True)
+            bwd, alloc = make(q, k, v, dout, True)
             with poison_outputs():
                 grads = [alloc.result(g) for g in bwd()]
             res = []
@@ -179,6 +186,11 @@ def check(variants, d, log):
             out[name] = [dict(err=float("nan"), naive32_err=float("nan"), ok=False)]
             log.append(f"check {name} d={d}: {type(exc).__name__}: {exc}\n{traceback.format_exc()[-1500:]}")
     return out
+
+
+def check(variants, d, log):
+    """:func:`check_backward` of this sweep's variants ``(cfg, feats, deterministic)``."""
+    return check_backward({name: functools.partial(run_backward, cfg, feats, det) for name, (cfg, feats, det) in variants.items()}, d, log)
 
 
 def time_backward(variants, n, d, causals, repeats, sgemm, rows, log):

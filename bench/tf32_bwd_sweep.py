@@ -4,7 +4,7 @@ For each tiling ``(NW, MW, Br)`` (warps of 16 keys, key tiles per warp, query ro
 at d = 64 and 128:
 
 1. checks the gradients after the 3xTF32 forward on a ragged causal GQA shape against torch float64 (the
-   error rule: at most 3x the error of torch float32 with TF32 off, :func:`bench.fa2_bwd_sweep.check`'s test);
+   error rule: at most 3x the error of torch float32 with TF32 off, :func:`bench.fa2_bwd_sweep.check_backward`);
 2. reads registers, SRAM, local memory and theoretical occupancy of the main kernel;
 3. times the backward alone (pre-pass + main kernel) on the FA2 convention (16k tokens, hidden 2048) beside
    the FFMA backward (:mod:`numba_flash.fast.fa2_backward`, the tensor-core variant's float32 backward before
@@ -25,6 +25,7 @@ to exit, so compilation overlaps the tests but the timings do not. Run on a GPU 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -32,13 +33,13 @@ import time
 import traceback
 
 from numba_flash import _inspect
-from numba_flash._launch import Allocator, check_attention_args, poison_outputs
+from numba_flash._launch import Allocator, check_attention_args
 from numba_flash.fast import fa2_backward as fa2_backward_fast
 from numba_flash.fast import fa2_backward_tf32 as T
 from numba_flash.fast import fa2_forward_tc
 
 from bench import _utils as bu
-from bench.fa2_bwd_sweep import torch_grads
+from bench.fa2_bwd_sweep import check_backward
 
 #: d -> name -> ((NW, MW, Br) or None for the default, features); "ffma" is the FFMA backward's default.
 TILINGS = {
@@ -80,34 +81,8 @@ def resources(cfg, feats, prob):
 
 
 def check(tilings, d, log):
-    """Max error of each gradient (and of torch float32's) against torch float64 on a ragged causal GQA shape."""
-    import torch
-
-    torch.backends.cuda.matmul.allow_tf32 = False
-    gen = torch.Generator(device="cuda").manual_seed(d)
-    b, s_q, s_k, h, h_k = 1, 777, 1029, 4, 2
-    q = torch.randn(b, s_q, h, d, device="cuda", generator=gen)
-    k = torch.randn(b, s_k, h_k, d, device="cuda", generator=gen)
-    v = torch.randn(b, s_k, h_k, d, device="cuda", generator=gen)
-    dout = torch.randn(b, s_q, h, d, device="cuda", generator=gen)
-    ref = torch_grads(q, k, v, dout, True, torch.float64)
-    naive = torch_grads(q, k, v, dout, True, torch.float32)
-    out = {}
-    for name, (cfg, feats) in tilings.items():
-        try:
-            bwd, alloc = run_backward(cfg, feats, q, k, v, dout, True)
-            with poison_outputs():
-                grads = [alloc.result(g) for g in bwd()]
-            res = []
-            for g, r, n in zip(grads, ref, naive):
-                err = float((g.double() - r).abs().max())
-                base = float((n.double() - r).abs().max())
-                res.append(dict(err=err, naive32_err=base, ok=bool(err <= 3 * base + 4 * 1.19e-7 * max(1.0, float(r.abs().max())))))
-            out[name] = res
-        except Exception as exc:
-            out[name] = [dict(err=float("nan"), naive32_err=float("nan"), ok=False)]
-            log.append(f"check {name} d={d}: {type(exc).__name__}: {exc}\n{traceback.format_exc()[-1500:]}")
-    return out
+    """:func:`bench.fa2_bwd_sweep.check_backward` of the tilings (the 3x rule against torch float64)."""
+    return check_backward({name: functools.partial(run_backward, cfg, feats) for name, (cfg, feats) in tilings.items()}, d, log)
 
 
 def time_backward(tilings, n, d, causal, repeats, rows, log):
