@@ -416,6 +416,15 @@ def aligned16(*arrays) -> bool:
     return True
 
 
+def register_path_if_unaligned(features, defaults: dict, *arrays):
+    """``features``, with ``CP_ASYNC`` turned off where it is on (here or in ``defaults``) but ``arrays`` are not
+    16-byte aligned (:func:`aligned16`): ``cp.async`` of their rows would fault, the register path runs instead.
+    The alignment is only read when the feature is on (the call is on every forward's host path)."""
+    if {**defaults, **(features or {})}["CP_ASYNC"] and not aligned16(*arrays):
+        return {**(features or {}), "CP_ASYNC": False}
+    return features
+
+
 def plan(prob: Problem, block_sizes=None, config=None, features=None):
     """(kernel, grid, threads, dynamic SRAM bytes) of one launch, without launching."""
     if not handles(prob):
@@ -451,7 +460,6 @@ def compiled_kernels(prob: Problem, block_sizes=None) -> list[KernelLaunch]:
 def forward(q, k, v, prob: Problem, alloc, block_sizes=None, config=None, features=None):
     """FA2 Algorithm 1 on half words (:meth:`~numba_flash._launch.Allocator.to_words`): ``ForwardOutput``
     whose ``out`` is a word array (the caller's dtype through :meth:`~numba_flash._launch.Allocator.result`)."""
-    if not aligned16(q, k, v):  # Dev: cp.async needs 16-byte aligned rows (an odd slice of a tensor): the register path
-        features = {**(features or {}), "CP_ASYNC": False}
+    features = register_path_if_unaligned(features, default_features(), q, k, v)  # Dev: an odd slice of a tensor
     # FA2.1 L17: return O, L
     return _plan.run_fa2_forward(plan(prob, block_sizes, config, features), q, k, v, prob, alloc, out_words=True)

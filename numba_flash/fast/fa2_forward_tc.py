@@ -522,8 +522,7 @@ def forward(q, k, v, prob: Problem, alloc, block_sizes=None, config=None, featur
     """
     if takes_words(prob):
         return fa2_forward_half.forward(q, k, v, prob, alloc, block_sizes, config, features)
-    if not fa2_forward_half.aligned16(k, v):  # Dev: cp.async needs 16-byte aligned rows of K, V: else the register path
-        features = {**(features or {}), "CP_ASYNC": False}
+    features = fa2_forward_half.register_path_if_unaligned(features, default_features(), k, v)  # Dev: cp.async of K, V rows
     fwd = _plan.run_fa2_forward(plan(prob, block_sizes, config, features), q, k, v, prob, alloc)
     # FA2.1 L17: return O, L
     return fwd
