@@ -170,3 +170,29 @@ def torch_attention(q, k, v, causal, p, seed, dtype):
         Z = np.stack([np.stack([dropout_scale_matrix(seed, bi * h + hi, range(s_q), range(s_k), p) for hi in range(h)]) for bi in range(b)])
         P = P * torch.tensor(Z, device=q.device, dtype=dtype)
     return torch.einsum("bhij,bjhd->bihd", P, vv)
+
+
+def forward_recording_plan(module, kernel_arrays, prob, alloc, block_sizes, features):
+    """``module.forward`` (a kernel module) on kernel arrays, outputs NaN-poisoned, recording what it plans.
+
+    Returns ``(fwd, host, planned)``: the :class:`~numba_flash._launch.ForwardOutput`, its ``(O, L, m, l)`` as
+    NumPy arrays, and the features ``forward()`` handed to ``module.plan`` (after its own fallbacks, e.g. an
+    unaligned input turning ``CP_ASYNC`` off).
+    """
+    from numba_flash._launch import poison_outputs
+
+    planned = []
+    real = module.plan
+
+    def spy(prob_, block_sizes=None, config=None, features=None):
+        planned.append(dict(features or {}))
+        return real(prob_, block_sizes, config, features)
+
+    module.plan = spy
+    try:
+        with poison_outputs():
+            fwd = module.forward(*kernel_arrays, prob, alloc, block_sizes=block_sizes, features=features)
+    finally:
+        module.plan = real
+    host = [np.array(x.copy_to_host() if hasattr(x, "copy_to_host") else x) for x in (fwd.out, fwd.lse, fwd.m, fwd.l)]
+    return fwd, host, planned[0]

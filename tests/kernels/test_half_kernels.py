@@ -38,7 +38,7 @@ from numba_flash_reference.alg0_standard import standard_attention
 
 import numpy as np
 import pytest
-from attn_testing import assert_error_rule, make_qkv, naive_stats_float32, torch_attention
+from attn_testing import assert_error_rule, forward_recording_plan, make_qkv, naive_stats_float32, torch_attention
 from numba import cuda, uint32
 
 torch = pytest.importorskip("torch")
@@ -132,26 +132,12 @@ def _forward_paths(th, causal, p, seed, bs, words=None):
     q = th[0]
     prob = check_attention_args(*th, p, None, causal, seed)
     runs = {}
-    ran = []  # the features forward() handed to plan()
-    real = fa2_forward_half.plan
-
-    def spy(*args, **kw):
-        ran.append(dict(args[3] if len(args) > 3 else kw.get("features") or {}))
-        return real(*args, **kw)
-
     for cp in (True, False):
         alloc = Allocator(q)
         kq, kk, kv = words if words is not None else [alloc.to_words(x) for x in th]
-        ran.clear()
-        fa2_forward_half.plan = spy
-        try:
-            with poison_outputs():
-                fwd = fa2_forward_half.forward(kq, kk, kv, prob, alloc, block_sizes=bs, features={"CP_ASYNC": cp})
-        finally:
-            fa2_forward_half.plan = real
-        nbytes = real(prob, bs, None, ran[0])[3]
-        host = [np.array(x.copy_to_host() if hasattr(x, "copy_to_host") else x) for x in (fwd.out, fwd.lse, fwd.m, fwd.l)]
-        runs[cp] = (host, nbytes, ran[0], alloc.result(fwd.out, q.dtype), alloc.result(fwd.lse))
+        fwd, host, planned = forward_recording_plan(fa2_forward_half, (kq, kk, kv), prob, alloc, bs, {"CP_ASYNC": cp})
+        nbytes = fa2_forward_half.plan(prob, bs, None, planned)[3]
+        runs[cp] = (host, nbytes, planned, alloc.result(fwd.out, q.dtype), alloc.result(fwd.lse))
     return runs
 
 

@@ -21,13 +21,13 @@ Simulator shapes stay tiny (N <= 45, d <= 24): each ``mma`` is a lane exchange w
 from __future__ import annotations
 
 from numba_flash import _backend
-from numba_flash._launch import Allocator, check_attention_args, poison_outputs
+from numba_flash._launch import Allocator, check_attention_args
 from numba_flash.fast import _tiles, fa2_forward_half, fa2_forward_tc
 from numba_flash_reference.alg0_standard import standard_attention
 
 import numpy as np
 import pytest
-from attn_testing import assert_error_rule, make_qkv, naive_attention_float32
+from attn_testing import assert_error_rule, forward_recording_plan, make_qkv, naive_attention_float32
 from numba import cuda, float32
 
 
@@ -35,22 +35,9 @@ def _run(q, k, v, causal, p, seed, bs, cp, words=None):
     """The tc forward at kernel level with ``CP_ASYNC`` = ``cp``: ((O, L, m, l) as NumPy, features it ran with)."""
     prob = check_attention_args(q, k, v, p, None, causal, seed)
     alloc = Allocator(q)
-    kq, kk, kv = words if words is not None else [alloc.to_kernel(x) for x in (q, k, v)]
-    ran = []
-    real = fa2_forward_tc.plan
-
-    def spy(prob_, block_sizes=None, config=None, features=None):
-        ran.append(dict(features or {}))
-        return real(prob_, block_sizes, config, features)
-
-    fa2_forward_tc.plan = spy
-    try:
-        with poison_outputs():
-            fwd = fa2_forward_tc.forward(kq, kk, kv, prob, alloc, block_sizes=bs, features={"CP_ASYNC": cp})
-    finally:
-        fa2_forward_tc.plan = real
-    host = [np.array(x.copy_to_host() if hasattr(x, "copy_to_host") else x) for x in (fwd.out, fwd.lse, fwd.m, fwd.l)]
-    return host, ran[0]
+    kernel_arrays = words if words is not None else [alloc.to_kernel(x) for x in (q, k, v)]
+    _, host, planned = forward_recording_plan(fa2_forward_tc, kernel_arrays, prob, alloc, bs, {"CP_ASYNC": cp})
+    return host, planned
 
 
 def _assert_same(a, b):
