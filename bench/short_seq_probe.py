@@ -13,7 +13,8 @@ off (``fa2_forward_half.default_features`` patched), it prints medians of 20 syn
   backward the first time a head dim and mask are seen: read it only where it is small).
 
 ``--profile`` instead prints, at N = 1024, d = 64, the host time per call of 20 back-to-back calls of each pass
-(no synchronization inside) and a cProfile of them (the functions with the most time of their own).
+and of the forward kernel module on arrays converted once (no synchronization inside), and a cProfile of
+each, by cumulative and by own time.
 
 ``--host`` instead times the forward alone at N = 1024 (d = 64 and 128; bf16 through the half kernel, float32
 through the 3xTF32 kernel) two ways: the kernel module's ``forward`` on arrays converted once (what the
@@ -107,16 +108,23 @@ def probe(torch):
 
 
 def profile(torch):
-    """Host time per call of each pass at N = 1024, d = 64, and a cProfile of 20 calls."""
+    """Host time per call of each pass at N = 1024, d = 64 (bf16), and a cProfile of 20 calls of each, by
+    cumulative and by own time: the backward and forward through ``flash_attn_func``, and the forward kernel
+    module on arrays converted once (``kernel-level``, what the module's plan, allocations and launch cost)."""
     import cProfile
     import pstats
 
     from numba_flash import flash_attn_func
+    from numba_flash._launch import Allocator, check_attention_args
+    from numba_flash.fast import fa2_forward_half
 
     N, d, b, h = 1024, 64, 16, 32
     q, k, v = (torch.randn(b, N, h, d, device="cuda", dtype=torch.bfloat16).requires_grad_() for _ in range(3))
     dout = torch.randn_like(q)
     out = flash_attn_func(q, k, v)
+    prob = check_attention_args(q, k, v, 0.0, None, False, 0)
+    alloc = Allocator(q)
+    kq, kk, kv = (alloc.to_words(x) for x in (q, k, v))
 
     def bonly():
         for x in (q, k, v):
@@ -126,7 +134,10 @@ def profile(torch):
     def fonly():
         return flash_attn_func(q, k, v)
 
-    for fn, name in ((bonly, "backward"), (fonly, "forward")):
+    def kernel_level():
+        return fa2_forward_half.forward(kq, kk, kv, prob, alloc)
+
+    for fn, name in ((bonly, "backward"), (fonly, "forward"), (kernel_level, "forward kernel-level")):
         fn()
         torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -135,14 +146,16 @@ def profile(torch):
         th = (time.perf_counter() - t0) / 20
         torch.cuda.synchronize()
         tg = (time.perf_counter() - t0) / 20
-        print(f"{name}: host per call {1e3 * th:.3f} ms, with GPU {1e3 * tg:.3f} ms")
+        print(f"{name}: host per call {1e3 * th:.3f} ms, with GPU {1e3 * tg:.3f} ms", flush=True)
         pr = cProfile.Profile()
         pr.enable()
         for _ in range(20):
             fn()
         pr.disable()
         torch.cuda.synchronize()
-        pstats.Stats(pr).sort_stats("tottime").print_stats(22)
+        for order, n in (("cumulative", 45), ("tottime", 25)):
+            print(f"--- {name}: cProfile of 20 calls by {order}", flush=True)
+            pstats.Stats(pr).sort_stats(order).print_stats(n)
 
 
 def _host_timings(fn, torch, n=50):
