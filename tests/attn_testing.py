@@ -10,15 +10,57 @@ O = V exactly), so ``2 x 0`` would demand bit-exactness from a kernel that round
 simulator computes scalars in float64 and rounds on store; the GPU fuses multiply-adds). The floor is
 a few float32 rounding steps of the output's magnitude: ``4 * eps32 * max(1, max|ref|)``. It is far
 below any real bug (a wrong mask, a missing rescale or an unwritten tile is off by O(1)).
+
+Why the baseline's products go through :func:`matmul32` and not NumPy's ``@``: ``@`` on float32 is the
+BLAS of the machine, whose blocking and fused multiply-adds depend on the CPU it detects, so the baseline,
+and with it every bound, moved from machine to machine. On a Sapphire Rapids CI machine (2026-11-25) the
+BLAS baseline of dq at logit scale 16 was 4.9x more accurate than float32 attention computed in order,
+and the readable standard backward (FA1 Algorithm 3), which *is* plain float32 attention computed in
+order (its error equals that baseline's to the last digit), failed the rule against it; the same suite
+had passed on the machines before. :func:`matmul32` rounds every product and every partial sum to float32
+in one fixed order, the same on every CPU: what "a plain float32 implementation" means here.
 """
 
 from __future__ import annotations
+
+import functools
 
 from numba_flash_reference.common import causal_mask, default_scale, dropout_scale_matrix, kv_head
 
 import numpy as np
 
 EPS32 = float(np.finfo(np.float32).eps)
+
+
+@functools.cache
+def _matmul32_kernel():
+    # numba is imported here, not with this module: numba_flash must choose the CUDA backend (GPU or
+    # simulator) before numba is first imported (numba_flash/_backend.py).
+    import numba
+
+    @numba.njit(cache=False)
+    def matmul32_into(a, b, out):
+        M, K = a.shape
+        N = b.shape[1]
+        for i in range(M):
+            for j in range(N):
+                out[i, j] = np.float32(0)
+            for t in range(K):  # one fixed order, t = 0, 1, ..., K-1; no fused multiply-add (numba does not contract)
+                ait = a[i, t]
+                for j in range(N):
+                    out[i, j] = out[i, j] + ait * b[t, j]
+
+    return matmul32_into
+
+
+def matmul32(a, b):
+    """``a @ b`` in float32, the same bits on every CPU: ``sum_t a[i, t] * b[t, j]`` accumulated for t = 0, 1, ...,
+    each product and each partial sum rounded to float32 (see the module docstring for why not BLAS)."""
+    a = np.ascontiguousarray(a, dtype=np.float32)
+    b = np.ascontiguousarray(b, dtype=np.float32)
+    out = np.empty((a.shape[0], b.shape[1]), np.float32)
+    _matmul32_kernel()(a, b, out)
+    return out
 
 
 def make_qkv(rng, batch=1, seqlen_q=16, seqlen_k=None, nheads=1, nheads_k=None, headdim=8, dtype=np.float32, scale=1.0):
@@ -42,7 +84,7 @@ def naive_attention_float32(q, k, v, softmax_scale=None, causal=False, dropout_p
         for hi in range(h):
             hk = kv_head(hi, h, h_k)
             Q, K, V = q[bi, :, hi].astype(f), k[bi, :, hk].astype(f), v[bi, :, hk].astype(f)
-            S = (Q @ K.T) * tau
+            S = matmul32(Q, K.T) * tau
             if causal:
                 S = np.where(causal_mask(s_q, s_k), S, f(-np.inf))
             m = S.max(axis=1, keepdims=True)
@@ -52,7 +94,7 @@ def naive_attention_float32(q, k, v, softmax_scale=None, causal=False, dropout_p
             P = E / np.where(lsum > 0, lsum, f(1))
             if dropout_p > 0:
                 P = P * dropout_scale_matrix(seed, bi * h + hi, range(s_q), range(s_k), dropout_p).astype(f)
-            out[bi, :, hi] = P @ V
+            out[bi, :, hi] = matmul32(P, V)
     return out
 
 
@@ -70,7 +112,7 @@ def naive_stats_float32(q, k, softmax_scale=None, causal=False):
     l = np.zeros((b, h, s_q), f)
     for bi in range(b):
         for hi in range(h):
-            S = (q[bi, :, hi].astype(f) @ k[bi, :, kv_head(hi, h, h_k)].astype(f).T) * tau
+            S = matmul32(q[bi, :, hi], k[bi, :, kv_head(hi, h, h_k)].T) * tau
             if causal:
                 S = np.where(causal_mask(s_q, s_k), S, f(-np.inf))
             mx = S.max(axis=1)
@@ -133,7 +175,7 @@ def naive_attention_backward_float32(dout, q, k, v, softmax_scale=None, causal=F
         for hi in range(h):
             hk = kv_head(hi, h, h_k)
             Q, K, V, dO = (x.astype(f) for x in (q[bi, :, hi], k[bi, :, hk], v[bi, :, hk], dout[bi, :, hi]))
-            S = (Q @ K.T) * tau
+            S = matmul32(Q, K.T) * tau
             if causal:
                 S = np.where(causal_mask(s_q, s_k), S, f(-np.inf))
             m = S.max(axis=1, keepdims=True)
@@ -142,12 +184,12 @@ def naive_attention_backward_float32(dout, q, k, v, softmax_scale=None, causal=F
             lsum = E.sum(axis=1, keepdims=True)
             P = E / np.where(lsum > 0, lsum, f(1))
             Z = dropout_scale_matrix(seed, bi * h + hi, range(s_q), range(s_k), dropout_p).astype(f)
-            dv[bi, :, hk] += (P * Z).T @ dO
-            dP = (dO @ V.T) * Z
+            dv[bi, :, hk] += matmul32((P * Z).T, dO)
+            dP = matmul32(dO, V.T) * Z
             D = np.sum(P * dP, axis=1, keepdims=True)
             dS = P * (dP - D)
-            dq[bi, :, hi] = tau * (dS @ K)
-            dk[bi, :, hk] += tau * (dS.T @ Q)
+            dq[bi, :, hi] = tau * matmul32(dS, K)
+            dk[bi, :, hk] += tau * matmul32(dS.T, Q)
     return dq, dk, dv
 
 
