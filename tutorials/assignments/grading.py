@@ -193,9 +193,27 @@ def poisoned(shape, dtype=np.float32) -> np.ndarray:
 # Float64 references and float32 yardsticks for ONE head (N, d). They are oracles: a submission
 # that calls one while graded is rejected (guard.oracle).
 # ----------------------------------------------------------------------------------------------
+def _matmul32(A, B):
+    """``A @ B`` with float32 products summed one at a time, in index order: the same bits on every CPU.
+
+    The float32 yardsticks multiply through this, not through ``@``: on float32, ``@`` is the machine's
+    BLAS, whose blocking and fused multiply-adds depend on the CPU, so a grade would depend on the laptop
+    (numba-flash's own suite saw a 4.9x more accurate BLAS baseline on one CPU: ``docs/testing.rst``)."""
+    A, B = np.asarray(A, np.float32), np.asarray(B, np.float32)
+    C = np.zeros((A.shape[0], B.shape[1]), np.float32)
+    for p in range(A.shape[1]):
+        C = C + A[:, p, None] * B[None, p, :]
+    return C
+
+
+def _mm(f):
+    """The matrix product of the yardstick in dtype ``f``: :func:`_matmul32` for float32, ``@`` for float64."""
+    return _matmul32 if f is np.float32 else np.matmul
+
+
 def _scores(Q, K, tau, visible, dtype):
     f = dtype
-    S = (np.asarray(Q, f) @ np.asarray(K, f).T) * f(tau)
+    S = _mm(f)(np.asarray(Q, f), np.asarray(K, f).T) * f(tau)
     if visible is not None:
         S = np.where(visible, S, f(-np.inf))
     return S
@@ -235,17 +253,18 @@ def attention_full_naive32(Q, K, V, tau, visible=None, Z=None):
         P = P * np.asarray(Z, f)
     with np.errstate(divide="ignore"):
         L = np.where(l > 0, m + np.log(np.where(l > 0, l, f(1))), f(-np.inf)).astype(f)
-    return P @ np.asarray(V, f), m, l, L
+    return _matmul32(P, V), m, l, L
 
 
 def _backward(Q, K, V, dO, tau, visible, Z, f):
     Q, K, V, dO = (np.asarray(x, f) for x in (Q, K, V, dO))
     P, _, _ = _softmax_rows(_scores(Q, K, tau, visible, f))
     Zf = np.ones_like(P) if Z is None else np.asarray(Z, f)
-    dV = (P * Zf).T @ dO
-    dP = (dO @ V.T) * Zf
+    mm = _mm(f)
+    dV = mm((P * Zf).T, dO)
+    dP = mm(dO, V.T) * Zf
     dS = P * (dP - (P * dP).sum(axis=1, keepdims=True))
-    return (dS @ K) * f(tau), (dS.T @ Q) * f(tau), dV
+    return mm(dS, K) * f(tau), mm(dS.T, Q) * f(tau), dV
 
 
 @oracle
@@ -288,11 +307,7 @@ def attention_backward_naive32(Q, K, V, dO, tau):
 @oracle
 def matmul_naive32(A, B):
     """``A @ B`` with float32 products summed one at a time, in index order (what one GPU thread does)."""
-    A, B = np.asarray(A, np.float32), np.asarray(B, np.float32)
-    C = np.zeros((A.shape[0], B.shape[1]), np.float32)
-    for p in range(A.shape[1]):
-        C = C + A[:, p, None] * B[None, p, :]
-    return C
+    return _matmul32(A, B)
 
 
 def causal_visible(N, N_k=None) -> np.ndarray:
