@@ -227,3 +227,17 @@ def test_provenance_names_the_command_that_ran():
 
     assert _utils.command_line().startswith("python ")
     assert _utils.provenance()["command"]
+
+
+def test_host_overhead_times_every_layer_and_puts_the_launch_path_back(capsys):
+    pytest.importorskip("torch")
+    from numba_flash import _run
+
+    from bench import host_overhead
+
+    real = _run.forward
+    assert host_overhead.main(["--calls", "3", "--repeats", "1"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.endswith("us/call")]
+    assert len(lines) == 10, lines  # 3 dispatchers x grad on/off, then 2 dtypes x grad on/off through flash_attn_func
+    assert all(float(line.split()[-2]) > 0 for line in lines)
+    assert _run.forward is real
