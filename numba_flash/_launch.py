@@ -245,6 +245,7 @@ class Allocator:
             self.kind = "torch-cuda" if like.is_cuda else "torch-cpu"
             if like.is_cuda:
                 self.torch_device = like.device
+                self._join_streams(launches_wait=True)
         elif hasattr(like, "__cuda_array_interface__") and not isinstance(like, np.ndarray):
             self.kind = "device"
         else:
@@ -344,6 +345,33 @@ class Allocator:
         return self.full(shape, 0, dtype)
 
     # -- back to the caller ------------------------------------------------------------------
+    def _join_streams(self, launches_wait: bool) -> None:
+        """Order CUDA's legacy default stream and the caller's current torch stream (see :meth:`join_caller_stream`)."""
+        torch = _torch()
+        current = torch.cuda.current_stream(self.torch_device)
+        launched_on = torch.cuda.default_stream(self.torch_device)
+        if current == launched_on:
+            return
+        if launches_wait:
+            launched_on.wait_stream(current)
+        else:
+            current.wait_stream(launched_on)
+
+    def join_caller_stream(self) -> None:
+        """Order the caller's current torch stream after this call's launches (torch CUDA tensors; else nothing).
+
+        The kernels launch on CUDA's legacy default stream (numba's stream 0), which is torch's default stream.
+        A stream the caller made current (``with torch.cuda.stream(s):``) is a non-blocking stream: it does not
+        wait for the legacy stream, nor the legacy stream for it, and torch's ``__cuda_array_interface__``
+        names no stream for ``cuda.as_cuda_array`` to wait for. So both directions are joined: the
+        allocator's constructor makes the legacy stream wait for the caller's (the inputs, and the memory of
+        the outputs, are ready before the first launch), and this, called after the last launch, makes the
+        caller's stream wait for the legacy one (what the caller queues next, reading ``out``, sees it written).
+        On torch's default stream both are the same stream and nothing is done.
+        """
+        if self.kind == "torch-cuda":
+            self._join_streams(launches_wait=False)
+
     def result(self, arr, like_dtype=None):
         """``arr`` in the caller's world: a torch tensor (same device) or a NumPy array.
 
