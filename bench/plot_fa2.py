@@ -12,9 +12,8 @@ SGEMM rate measured in the same run. Device, date and versions come from the JSO
 from __future__ import annotations
 
 import argparse
-import json
-from collections import defaultdict
-from pathlib import Path
+
+from bench import _plot
 
 STYLE = {
     "flash2": dict(color="tab:green", marker="^", label="Numba FA2 default (fwd: 3xTF32; training: FFMA pair)"),
@@ -27,41 +26,24 @@ STYLE = {
 
 def parser() -> argparse.ArgumentParser:
     """The command line of ``python -m bench.plot_fa2``."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("json")
-    ap.add_argument("-o", "--out", required=True)
-    return ap
+    return _plot.json_out_parser(__doc__)
 
 
 def main(argv=None):
     args = parser().parse_args(argv)
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    data = json.loads(Path(args.json).read_text())
-    rows = [b["extra_info"] for b in data["benchmarks"] if b.get("extra_info", {}).get("tflops") is not None]
-    prov = data.get("machine_info", {}).get("numba_flash", {})
+    plt = _plot.pyplot()
+    rows, prov = _plot.benchmark_rows(args.json)
     sgemm = prov.get("sgemm_tflops_4096_fp32")
     cells = [(64, False), (64, True), (128, False), (128, True)]
     panels = [(pas, d, causal) for pas in ("forward", "fwd+bwd") for d, causal in cells]
     fig, grid = plt.subplots(2, len(cells), figsize=(4.4 * len(cells), 8.0), sharey=True)
     axes = list(grid.flat)
     for ax, (pas, d, causal) in zip(axes, panels):
-        series = defaultdict(list)
-        for r in rows:
-            if r.get("pass_") == pas and r["d"] == d and bool(r["causal"]) == causal:
-                series[r["algorithm"]].append((r["N"], r["tflops"]))
-        for alg, pts in sorted(series.items()):
-            pts.sort()
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], **STYLE.get(alg, dict(label=alg)))
+        _plot.draw_tflops(ax, rows, STYLE, lambda r, pas=pas, d=d, causal=causal: r.get("pass_") == pas and r["d"] == d and bool(r["causal"]) == causal)
         if sgemm:
             ax.axhline(sgemm, ls="--", color="k", lw=0.8, label=f"cuBLAS SGEMM {sgemm:.0f}")
-        ax.set_xscale("log", base=2)
         ax.set_title(f"{pas}, d={d}{', causal' if causal else ''}")
         ax.set_xlabel("sequence length N (batch = 16k / N)")
-        ax.grid(alpha=0.3)
     for row in grid:
         row[0].set_ylabel("TFLOP/s (fp32)")
     handles = {}  # one legend for the figure, below the panels (every implementation once)
@@ -69,8 +51,7 @@ def main(argv=None):
         for hnd, lab in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(lab, hnd)
     fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=min(len(handles), 6), fontsize=8)
-    fig.suptitle(f"FlashAttention-2 in Numba vs torch, fp32 - {prov.get('device', '?')}, {prov.get('date_utc', '')}, "
-                 f"numba {prov.get('numba', '?')}, torch {prov.get('torch', '?')}", fontsize=10)
+    fig.suptitle(_plot.suptitle("fp32", prov), fontsize=10)
     fig.tight_layout(rect=(0, 0.05, 1, 1))
     fig.savefig(args.out, dpi=110)
     print("wrote", args.out)

@@ -13,9 +13,8 @@ date and versions come from the JSON's machine_info.
 from __future__ import annotations
 
 import argparse
-import json
-from collections import defaultdict
-from pathlib import Path
+
+from bench import _plot
 
 STYLE = {
     "flash2": dict(color="tab:green", marker="^", label="Numba FA2 (half, mma.m16n8k16)"),
@@ -28,44 +27,27 @@ STYLE = {
 
 def parser() -> argparse.ArgumentParser:
     """The command line of ``python -m bench.plot_half``."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("json")
-    ap.add_argument("-o", "--out", required=True)
-    return ap
+    return _plot.json_out_parser(__doc__)
 
 
 def main(argv=None):
     args = parser().parse_args(argv)
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    data = json.loads(Path(args.json).read_text())
-    rows = [b["extra_info"] for b in data["benchmarks"] if b.get("extra_info", {}).get("tflops") is not None
-            and b["extra_info"].get("shape", "fa2_grid") == "fa2_grid"]  # the FA1 Figure 2 shape is a table, not a line
-    prov = data.get("machine_info", {}).get("numba_flash", {})
+    plt = _plot.pyplot()
+    rows, prov = _plot.benchmark_rows(args.json)
+    rows = [r for r in rows if r.get("shape", "fa2_grid") == "fa2_grid"]  # the FA1 Figure 2 shape is a table, not a line
     lines = [(dt, pas) for pas in ("forward", "fwd+bwd") for dt in ("bfloat16", "float16")
              if any(r["dtype"] == dt and r.get("pass_") == pas for r in rows)]
     panels = [(64, False), (64, True), (128, False), (128, True)]
     fig, axes = plt.subplots(len(lines), len(panels), figsize=(4.0 * len(panels), 3.9 * len(lines)), sharey=True, squeeze=False)
     for axrow, (dt, pas) in zip(axes, lines):
         for ax, (d, causal) in zip(axrow, panels):
-            series = defaultdict(list)
-            for r in rows:
-                if r["dtype"] == dt and r.get("pass_") == pas and r["d"] == d and bool(r["causal"]) == causal:
-                    series[r["algorithm"]].append((r["N"], r["tflops"]))
-            for alg, pts in sorted(series.items()):
-                pts.sort()
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], **STYLE.get(alg, dict(label=alg)))
-            ax.set_xscale("log", base=2)
+            _plot.draw_tflops(ax, rows, STYLE, lambda r, dt=dt, pas=pas, d=d, causal=causal: (
+                r["dtype"] == dt and r.get("pass_") == pas and r["d"] == d and bool(r["causal"]) == causal))
             ax.set_title(f"{dt} {pas}, d={d}{', causal' if causal else ''}", fontsize=9)
             ax.set_xlabel("N (batch = 16k / N)")
-            ax.grid(alpha=0.3)
         axrow[0].set_ylabel("TFLOP/s")
     axes[0][0].legend(fontsize=7, loc="upper left")
-    fig.suptitle(f"FlashAttention-2 in Numba vs torch, half precision - {prov.get('device', '?')}, {prov.get('date_utc', '')}, "
-                 f"numba {prov.get('numba', '?')}, torch {prov.get('torch', '?')}", fontsize=10)
+    fig.suptitle(_plot.suptitle("half precision", prov), fontsize=10)
     fig.tight_layout()
     fig.savefig(args.out, dpi=100)
     print("wrote", args.out)

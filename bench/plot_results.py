@@ -17,6 +17,8 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
+from bench import _plot
+
 STYLE = {
     "standard": dict(color="tab:red", marker="o", label="Numba standard (Alg. 0)"),
     "flash1": dict(color="tab:blue", marker="s", label="Numba FlashAttention (Alg. 1-2)"),
@@ -47,11 +49,7 @@ def load(paths):
 
 
 def plot(rows, machine, out, what="forward"):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _plot.pyplot()
     dims = sorted({r["d"] for r in rows})
     fig, axes = plt.subplots(2, len(dims), figsize=(6.2 * len(dims), 8.2), squeeze=False)
     prov = machine.get("numba_flash", {})
