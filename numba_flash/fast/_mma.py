@@ -400,7 +400,8 @@ def half_bits_host(x, kind: str) -> int:
     """The 16-bit pattern of float32 ``x`` rounded to nearest-even in ``kind`` (``"f16"`` or ``"bf16"``)."""
     x = np.float32(x)
     if kind == "f16":
-        return int(np.float16(x).view(np.uint16))
+        with np.errstate(over="ignore"):  # past 65504 rounds to +-inf, as cvt.rn.f16x2.f32 does: not an error
+            return int(np.float16(x).view(np.uint16))
     u = int(x.view(np.uint32))
     if x != x:
         return 0x7FC0 | ((u >> 16) & 0x8000)  # a quiet NaN of the same sign
