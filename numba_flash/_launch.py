@@ -345,6 +345,18 @@ class Allocator:
         return self.full(shape, 0, dtype)
 
     # -- back to the caller ------------------------------------------------------------------
+    def device_guard(self):
+        """A context in which the kernels launch on the caller's GPU: ``torch.cuda.device(q.device)`` for torch CUDA
+        tensors, nothing for other arrays.
+
+        numba launches in the thread's current CUDA context, which is torch's *current* device, not necessarily
+        the one the tensors live on (q on ``cuda:1`` while device 0 is current: the kernel would run on device 0
+        with device 1's pointers). torch's own operators guard the device the same way.
+        """
+        if self.kind == "torch-cuda":
+            return _torch().cuda.device(self.torch_device)
+        return contextlib.nullcontext()
+
     def _join_streams(self, launches_wait: bool) -> None:
         """Order CUDA's legacy default stream and the caller's current torch stream (see :meth:`join_caller_stream`)."""
         torch = _torch()

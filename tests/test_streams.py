@@ -1,14 +1,19 @@
-"""Stream order: outputs are ready for the work a caller queues next, on whichever torch stream is current.
+"""Stream order and device: the kernels run on the tensors' GPU, after their inputs and before what comes next.
 
 The kernels launch on CUDA's legacy default stream (numba's stream 0), which is torch's default stream. A
 stream made current with ``with torch.cuda.stream(s):`` is a non-blocking stream that does not wait for it,
 so :meth:`numba_flash._launch.Allocator.join_caller_stream` makes it wait after every pass
 (:mod:`numba_flash._run`). In the simulator the logic is checked against a stand-in for ``torch.cuda``; on a
 GPU the test queues a read of ``out`` on a side stream while the default stream is held busy.
+
+The device: numba launches in the thread's current CUDA context, torch's current device, so every pass runs
+under ``torch.cuda.device(q.device)`` (:meth:`numba_flash._launch.Allocator.device_guard`); on a machine with two
+GPUs a call on ``cuda:1`` while device 0 is current must give what the same call gives on ``cuda:0``.
 """
 
 from __future__ import annotations
 
+import contextlib
 from types import SimpleNamespace
 
 from numba_flash import _launch, _run, attention_backward_numpy, attention_numpy, flash_attn_func
@@ -33,16 +38,28 @@ class _Stream:
         self.log.append((self.name, "waits for", other.name))
 
 
+class _DeviceGuard:
+    def __init__(self, device, log):
+        self.device, self.log = device, log
+
+    def __enter__(self):
+        self.log.append(("enter device", self.device))
+
+    def __exit__(self, *exc):
+        self.log.append(("exit device", self.device))
+
+
 def _fake_torch(current: str, log: list):
     cuda = SimpleNamespace(current_stream=lambda device=None: _Stream(current, log),
-                           default_stream=lambda device=None: _Stream("legacy default", log))
+                           default_stream=lambda device=None: _Stream("legacy default", log),
+                           device=lambda device: _DeviceGuard(device, log))
     return SimpleNamespace(cuda=cuda)
 
 
 def _torch_cuda_allocator(monkeypatch, current: str, log: list):
     """An Allocator of kind torch-cuda built against the stand-in ``torch.cuda`` (CPU tensors otherwise)."""
     monkeypatch.setattr(_launch, "_torch", lambda: _fake_torch(current, log))
-    like = SimpleNamespace(is_cuda=True, device="cuda:0")
+    like = SimpleNamespace(is_cuda=True, device="cuda:1")
     monkeypatch.setattr(_launch, "_is_torch", lambda x: x is like)
     return _launch.Allocator(like)
 
@@ -63,29 +80,48 @@ def test_on_torch_default_stream_nothing_is_joined(monkeypatch):
     assert log == []
 
 
+def test_the_launches_run_under_the_tensors_device_and_the_stream_join_comes_before_leaving_it(monkeypatch):
+    log = []
+    alloc = _torch_cuda_allocator(monkeypatch, "side", log)
+    with alloc.device_guard():
+        log.append("launches")
+        alloc.join_caller_stream()
+    assert log[1:] == [("enter device", "cuda:1"), "launches", ("side", "waits for", "legacy default"), ("exit device", "cuda:1")]
+
+
 @pytest.mark.parametrize("kind", ["numpy", "torch-cpu", "device"])
 def test_arrays_off_torch_cuda_have_no_caller_stream_to_join(monkeypatch, kind):
     alloc = _launch.Allocator(np.zeros((1, 1, 1, 2), np.float32))
     alloc.kind = kind
-    monkeypatch.setattr(_launch, "_torch", lambda: pytest.fail("no torch stream should be asked for"))
+    monkeypatch.setattr(_launch, "_torch", lambda: pytest.fail("no torch stream or device should be asked for"))
     alloc.join_caller_stream()
+    with alloc.device_guard():
+        pass
 
 
-def test_every_pass_joins_the_caller_stream_after_its_launches(rng, monkeypatch):
-    """Forward and backward both call ``join_caller_stream`` once, after the kernel module returned."""
-    calls = []
-    real = _launch.Allocator.join_caller_stream
+def test_every_pass_runs_under_the_device_guard_and_joins_the_caller_stream_inside_it(rng, monkeypatch):
+    """Forward and backward each enter ``device_guard`` once and call ``join_caller_stream`` once, inside it."""
+    log = []
+    real_join, real_guard = _launch.Allocator.join_caller_stream, _launch.Allocator.device_guard
 
-    def spy(self):
-        calls.append(self)
-        return real(self)
+    def join(self):
+        log.append("join")
+        return real_join(self)
 
-    monkeypatch.setattr(_launch.Allocator, "join_caller_stream", spy)
+    @contextlib.contextmanager
+    def guard(self):
+        log.append("enter")
+        with real_guard(self):
+            yield
+        log.append("exit")
+
+    monkeypatch.setattr(_launch.Allocator, "join_caller_stream", join)
+    monkeypatch.setattr(_launch.Allocator, "device_guard", guard)
     q, k, v = make_qkv(rng, 1, 8, 8, 1, 1, 8)
     out, st = attention_numpy(q, k, v, algorithm="flash2", variant="readable", return_stats=True)
-    assert len(calls) == 1
+    assert log == ["enter", "join", "exit"]
     attention_backward_numpy(np.ones_like(out), q, k, v, out, st)
-    assert len(calls) == 2
+    assert log == ["enter", "join", "exit"] * 2
     assert _run.forward.__module__ == "numba_flash._run"
 
 
@@ -111,3 +147,16 @@ def test_a_call_on_a_side_stream_reads_its_inputs_and_hands_back_its_output_in_s
         copy = out.clone()
     torch.cuda.synchronize()
     assert torch.equal(copy, ref)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_a_call_on_the_second_gpu_while_the_first_is_current_gives_the_first_gpus_result():
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 512, 4, 64, generator=g) for _ in range(3))
+    on0 = flash_attn_func(*(x.to("cuda:0") for x in (q, k, v)), causal=True)
+    assert torch.cuda.current_device() == 0
+    on1 = flash_attn_func(*(x.to("cuda:1") for x in (q, k, v)), causal=True)
+    torch.cuda.synchronize("cuda:1")
+    assert on1.device == torch.device("cuda:1")
+    assert torch.equal(on1.cpu(), on0.cpu())  # same kernel, same inputs: bit for bit
