@@ -1,7 +1,7 @@
 """Tiling sweep of the fp16/bf16 FA2 forward (:mod:`numba_flash.fast.fa2_forward_half`) or, with ``--backward``,
 backward (:mod:`numba_flash.fast.fa2_backward_half`) for one GPU call.
 
-For each tiling ``(NW, MW, Bc, PREFETCH)`` (backward: ``(NW, MW, Br, PREFETCH, RED2)``, ``Bc = 16 MW NW``) at each
+For each tiling ``(NW, MW, Bc, PREFETCH)`` (backward: ``(NW, MW, Br, PREFETCH, RED2, CP_ASYNC)``, ``Bc = 16 MW NW``) at each
 head dim (forward: the tilings of :data:`TILINGS` with the default cp.async pipeline, then those of
 :data:`REGISTER_TILINGS` on the register path, ``CP_ASYNC=False``) it
 
@@ -54,11 +54,21 @@ def forward_tilings(d: int) -> list[tuple]:
     """The forward rows of one head dim: ``(NW, MW, Bc, PREFETCH, CP_ASYNC)``."""
     return [(*t, True) for t in TILINGS[d]] + [(*t, False) for t in REGISTER_TILINGS[d]]
 
-#: head dim -> backward tilings (NW, MW, Br, PREFETCH, RED2); the first is the module's default on sm_90
+#: head dim -> backward tilings (NW, MW, Br, PREFETCH, RED2, CP_ASYNC); the first is the module's default on sm_90
+#: (non-causal; causal at d = 128 runs RED2 off). The CP_ASYNC rows (Q_i, dO_i by cp.async into two SRAM stages) were
+#: added without device time: offline (sm_90) they drop the default's spills (d = 64: 28/36 B -> 0, d = 128: 72/84 B
+#: -> 12/12 B non-causal, 44/76 -> 4/4 causal) and 8-10 % of the SASS instructions.
 BWD_TILINGS = {
-    64: [(8, 1, 64, True, True), (8, 1, 64, True, False), (8, 1, 32, True, True), (4, 1, 64, True, True)],
-    128: [(8, 1, 32, True, True), (8, 1, 32, True, False), (8, 1, 32, False, True), (8, 1, 16, False, True)],
+    64: [(8, 1, 64, True, True, False), (8, 1, 64, True, False, False), (8, 1, 32, True, True, False), (4, 1, 64, True, True, False),
+         (8, 1, 64, True, True, True), (8, 1, 64, True, False, True), (4, 1, 64, True, True, True)],
+    128: [(8, 1, 32, True, True, False), (8, 1, 32, True, False, False), (8, 1, 32, False, True, False), (8, 1, 16, False, True, False),
+          (8, 1, 32, True, True, True), (8, 1, 32, True, False, True)],
 }
+
+
+def _bwd_features(tiling) -> dict:
+    """The half backward's features of a BWD_TILINGS row."""
+    return {"PREFETCH": tiling[3], "RED2": tiling[4], "CP_ASYNC": tiling[5]}
 
 
 def _features(tiling) -> dict:
@@ -81,10 +91,10 @@ def _call(q, k, v, causal, tiling):
 
 def _call_bwd(q, k, v, causal, tiling):
     """The half forward, then the backward with ``tiling``: ``(run, prob, cfg)``, ``run() -> (dq, dk, dv)``."""
-    NW, MW, Br, pf, red2 = tiling
+    NW, MW, Br = tiling[:3]
     prob = check_attention_args(q, k, v, 0.0, None, causal, 0)
     cfg = (NW, MW, Br, H.config_for(prob.headdim)[3])
-    feats = {"PREFETCH": pf, "RED2": red2}
+    feats = _bwd_features(tiling)
     dout = q.detach().clone().normal_()
 
     def run():
@@ -168,9 +178,10 @@ def main(argv=None):
     if args.dry_run and args.backward:
         for d in args.headdims:
             DP = HB.config_for(d)[3]
-            for NW, MW, Br, pf, red2 in BWD_TILINGS[d]:
-                print(f"backward d={d} NW={NW} MW={MW} Br={Br} Bc={16 * NW * MW} prefetch={pf} red2={red2}: {32 * NW} threads, "
-                      f"{4 * HB.smem_words(NW, MW, Br, DP)} B dynamic SRAM")
+            for NW, MW, Br, pf, red2, cp in BWD_TILINGS[d]:
+                cp = cp and H.cp_async_ok(d)
+                print(f"backward d={d} NW={NW} MW={MW} Br={Br} Bc={16 * NW * MW} prefetch={pf} red2={red2} cp_async={cp}: {32 * NW} "
+                      f"threads, {4 * HB.smem_words(NW, MW, Br, DP, 2 if cp else 1)} B dynamic SRAM")
         return 0
     if args.dry_run:
         for d in args.headdims:
@@ -196,14 +207,14 @@ def main(argv=None):
                 flops = bu.flops_forward(b, h, n, n, d, causal) * (3.5 if args.backward else 1.0)
                 cands = [("sdpa_" + be, _sdpa_call(q, k, v, causal, be, args.backward), None) for be in ("flash", "cudnn", "efficient")]
                 cands += [(f"{tag} NW{t[0]} MW{t[1]} {'Br' if args.backward else 'Bc'}{t[2]} pf{int(t[3])}"
-                           + (f" red2{int(t[4])}" if args.backward else f" cp{int(t[4])}"), None, t)
+                           + (f" red2{int(t[4])} cp{int(t[5])}" if args.backward else f" cp{int(t[4])}"), None, t)
                           for t in tilings[d]]
                 for name, fn, tiling in cands:
                     row = dict(impl=name, N=n, d=d, batch=b, nheads=h, causal=causal, dtype=args.dtype)
                     try:
                         if tiling is not None:
                             fn, prob, cfg = call(q, k, v, causal, tiling)
-                            feats = {"PREFETCH": tiling[3], "RED2": tiling[4]} if args.backward else _features(tiling)
+                            feats = _bwd_features(tiling) if args.backward else _features(tiling)
                             kernel = plan(prob, config=cfg, features=feats)[0]
                             fn()  # compile
                             res = _inspect.kernel_resources(kernel)

@@ -44,7 +44,9 @@ exits with status 0 (a skip, not a failure). ``--kernel NAME`` (repeatable) rest
 ``--half-tiling NW,MW,BC,CP`` (repeatable) compiles the half forward (``fa2_forward_half_f16`` / ``_bf16``) and
 the 3xTF32 forward (``fa2_forward_tc``; ``CP`` 1 there where ``d % 4 == 0``) at that tiling instead of its default: ``NW`` warps of ``MW`` m16 tiles (``Br = 16 MW NW``), key block
 ``BC``, ``CP`` 1 for the cp.async pipeline (``CP_ASYNC``; where ``d % 8 == 0``, as ``plan``) or 0 for the
-register path with prefetch; ``tiling`` in the table says which ran. E.g. the d = 128 candidates::
+register path with prefetch; ``tiling`` in the table says which ran. For the half backward (``fa2_backward_half_f16`` /
+``_bf16``) the four numbers are ``NW,MW,BR,CP``: warps, key m16 tiles per warp (``Bc = 16 MW NW``), query rows per
+step and ``CP`` 1 for the ``cp.async`` stages of Q_i, dO_i (``CP_ASYNC``). E.g. the d = 128 candidates::
 
     cd /tmp && PYTHONPATH=/work/main:/tmp/cu13site LD_LIBRARY_PATH=/tmp/cu13site/nvidia/cu13/lib \
         NVDISASM=/tmp/cu13site/nvidia/cu13/bin/nvdisasm .venv/bin/python /work/main/bench/offline_resources.py \
@@ -188,9 +190,13 @@ def _kernel(name: str, d: int, causal: bool, tiling=None):
         return HB.fa2_backward_half_dq_kernel(NW, MW, BC, DP, causal, False, HB.default_features()["PREFETCH"], False, "bf16")
     if name.startswith("fa2_backward_half_"):
         NW, MW, BR, DP = HB.config_for(d)
+        cp_async = bool(HB.default_features()["CP_ASYNC"])
+        if tiling is not None:  # the backward's tiling: NW, MW (key m16 tiles per warp), BR (query rows per step), CP
+            NW, MW, BR, cp = tiling
+            cp_async = bool(cp)
         red2 = not (causal and DP > 64)  # as HB.plan on compute capability 9.0
         return HB.fa2_backward_half_kernel(NW, MW, BR, DP, causal, False, True, HB.default_features()["PREFETCH"], False,
-                                           name.rsplit("_", 1)[1], False, red2)
+                                           name.rsplit("_", 1)[1], False, red2, cp_async and H.cp_async_ok(d))
     f = B2.default_features()
     if name == "fa2_backward_fast":
         return B2.fa2_backward_fast_kernel(*B2.config_for(d), causal, False, True, f["VEC"], f["PREFETCH"], f["MAXREG"])
@@ -265,7 +271,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="compiles at once (one process each)")
     ap.add_argument("--one", nargs=3, metavar=("KERNEL", "D", "CAUSAL"), help=argparse.SUPPRESS)
     ap.add_argument("--half-tiling", action="append", type=_tiling, metavar="NW,MW,BC,CP",
-                    help="half or 3xTF32 forward at this tiling (repeatable): warps, m16 tiles per warp, key block, cp.async 1/0")
+                    help="half or 3xTF32 forward at this tiling (repeatable): warps, m16 tiles per warp, key block, cp.async 1/0; "
+                         "the half backward: warps, key m16 tiles per warp, query rows per step, cp.async of Q_i, dO_i 1/0")
     return ap
 
 
@@ -279,7 +286,7 @@ def main(argv=None) -> int:
         return 0
     nvd = _toolchain()
     cases = [(name, d, causal, t) for name in args.kernel or KERNELS for d in args.d or (64, 128)
-             for t in (args.half_tiling or [None] if name.startswith(("fa2_forward_half_", "fa2_forward_tc")) else [None])
+             for t in (args.half_tiling or [None] if name.startswith(("fa2_forward_half_", "fa2_forward_tc", "fa2_backward_half_b", "fa2_backward_half_f")) else [None])
              for causal in (False, True)]
     tcol = " tiling NW,MW,BC,CP" if args.half_tiling else ""
     print(f"{'kernel':<22} {'d':>4} {'causal':>6} {'regs':>5} {'spill st/ld B':>14} {'stack B':>8} {'SASS':>6} "

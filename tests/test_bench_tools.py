@@ -124,6 +124,10 @@ def test_every_sweep_dry_run_plans_every_candidate(name, capsys):
     elif name == "half_sweep":
         assert all(f"d={d} NW={nw} MW={mw} Br={16 * nw * mw} Bc={bc} prefetch={pf}:" in out
                    for d in (64, 128) for nw, mw, bc, pf in module.TILINGS[d])
+        assert module.main(["--headdims", "64", "128", "--backward", "--dry-run"]) == 0
+        out = capsys.readouterr().out
+        assert all(f"backward d={d} NW={nw} MW={mw} Br={br} Bc={16 * nw * mw} prefetch={pf} red2={red2} cp_async={cp}:" in out
+                   for d in (64, 128) for nw, mw, br, pf, red2, cp in module.BWD_TILINGS[d])
     elif name == "tf32_bwd_sweep":
         assert all(f"d={d} {t:14} threads" in out for d in (64, 128) for t in module.TILINGS[d] if t != "ffma")
     else:

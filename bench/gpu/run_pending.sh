@@ -1,37 +1,56 @@
 #!/usr/bin/env bash
-# The GPU measurements the performance log (docs/notes/performance-log.md) asks for next, in one call, from the
-# repository root:
-#   bash bench/gpu/run_pending.sh [OUTDIR]
-# 0. tests/test_streams.py (stream order with torch side streams; written without a GPU);
-# 1. the host probes of a short-sequence call: python -m bench.short_seq_probe --profile (with numba's default
-#    CUDA-array-interface sync, then without it) and python -m bench.host_overhead (CUDA tensors);
-# 2. the 3xTF32 forward's cp.async sweep that decides CP_ASYNC's default for float32 (fa2_sweep variants tc-cp*;
-#    the prediction is in the log's section "3xTF32 forward: cp.async for K_j, V_j").
-# Writes OUTDIR/pending_env.txt, streams_gpu.txt, profile_sync.txt, profile_nosync.txt, host_overhead_gpu.txt,
-# tc_cp_d64.json/.log, tc_cp_d128.json/.log. About 8 minutes on an H100. Exit status: 0 when every step ran.
+# The GPU measurements the performance log (docs/notes/performance-log.md) asks for next, from the repository root:
+#   bash bench/gpu/run_pending.sh [OUTDIR [STEP ...]]
+# STEP (default: streams host tc_cp, about 8 minutes on an H100; half_bwd_cp alone takes about as long):
+#   streams      tests/test_streams.py and tests/kernels/test_half_backward_cp_async.py (written without a GPU)
+#                -> OUTDIR/streams_gpu.txt
+#   host         the host probes of a short-sequence call: python -m bench.short_seq_probe --profile (numba's default
+#                CUDA-array-interface sync, then without it) and python -m bench.host_overhead (CUDA tensors)
+#                -> OUTDIR/profile_sync.txt, profile_nosync.txt, host_overhead_gpu.txt
+#   tc_cp        the 3xTF32 forward's cp.async sweep that decides CP_ASYNC's default for float32 (fa2_sweep variants
+#                tc-cp*; the log's section "3xTF32 forward: cp.async for K_j, V_j") -> OUTDIR/tc_cp_d64.json/.log, _d128
+#   half_bwd_cp  the half backward's tilings with and without cp.async for Q_i, dO_i (half_sweep --backward; the log's
+#                section "FA2 backward in fp16 / bf16: cp.async for Q_i, dO_i") -> OUTDIR/half_bwd_cp.json/.log
+# OUTDIR/pending_env.txt says what ran where. A failed step is noted and the rest run. Exit status: 0 when all ran.
 set -uo pipefail
 out="${1:-${OUT:-.}}"
+shift $(( $# > 0 ? 1 : 0 ))
+steps=("$@")
+[ ${#steps[@]} -gt 0 ] || steps=(streams host tc_cp)
 mkdir -p "$out"
 source bench/gpu/setup_env.sh > "$out/pending_env.txt" 2>&1 || { cat "$out/pending_env.txt"; exit 1; }
 {
-  echo "# $(date -u +%Y-%m-%dT%H:%M:%SZ) commit ${NUMBA_FLASH_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
+  echo "# $(date -u +%Y-%m-%dT%H:%M:%SZ) commit ${NUMBA_FLASH_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}; steps: ${steps[*]}"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 -c "import torch; print('torch', torch.__version__)"
 } >> "$out/pending_env.txt" 2>&1
 rc=0
-step() {  # step NAME COMMAND...: run, log to OUTDIR/NAME, note a failure and go on
+step() {  # step FILE COMMAND...: run, log to OUTDIR/FILE, note a failure and go on
   local name="$1"
   shift
   echo "+ $*" | tee "$out/$name"
   "$@" >> "$out/$name" 2>&1 || { echo "run_pending: '$*' failed (see $name)" >&2; rc=1; }
 }
-step streams_gpu.txt python3 -m pytest -q -p no:cacheprovider -rfE tests/test_streams.py
-step profile_sync.txt python3 -m bench.short_seq_probe --profile
-step profile_nosync.txt env NUMBA_CUDA_ARRAY_INTERFACE_SYNC=0 python3 -m bench.short_seq_probe --profile
-step host_overhead_gpu.txt python3 -m bench.host_overhead
-step tc_cp_d64.log python3 -m bench.fa2_sweep --seqlens 1024 4096 16384 --headdims 64 \
-  --variants tc tc-cp tc-cp-Bc32 tc-cp-NW8-MW1 --out "$out/tc_cp_d64.json"
-step tc_cp_d128.log python3 -m bench.fa2_sweep --seqlens 1024 4096 16384 --headdims 128 \
-  --variants tc tc-cp tc-cp-64x32 --out "$out/tc_cp_d128.json"
-tail -n 25 "$out/tc_cp_d64.log" "$out/tc_cp_d128.log"
+for s in "${steps[@]}"; do
+  case "$s" in
+    streams)
+      step streams_gpu.txt python3 -m pytest -q -p no:cacheprovider -rfE tests/test_streams.py tests/kernels/test_half_backward_cp_async.py ;;
+    host)
+      step profile_sync.txt python3 -m bench.short_seq_probe --profile
+      step profile_nosync.txt env NUMBA_CUDA_ARRAY_INTERFACE_SYNC=0 python3 -m bench.short_seq_probe --profile
+      step host_overhead_gpu.txt python3 -m bench.host_overhead ;;
+    tc_cp)
+      step tc_cp_d64.log python3 -m bench.fa2_sweep --seqlens 1024 4096 16384 --headdims 64 \
+        --variants tc tc-cp tc-cp-Bc32 tc-cp-NW8-MW1 --out "$out/tc_cp_d64.json"
+      step tc_cp_d128.log python3 -m bench.fa2_sweep --seqlens 1024 4096 16384 --headdims 128 \
+        --variants tc tc-cp tc-cp-64x32 --out "$out/tc_cp_d128.json"
+      tail -n 25 "$out/tc_cp_d64.log" "$out/tc_cp_d128.log" ;;
+    half_bwd_cp)
+      step half_bwd_cp.log python3 -m bench.half_sweep --backward --seqlens 1024 4096 --out "$out/half_bwd_cp.json"
+      tail -n 40 "$out/half_bwd_cp.log" ;;
+    *)
+      echo "run_pending: unknown step '$s' (streams host tc_cp half_bwd_cp)" >&2
+      rc=2 ;;
+  esac
+done
 exit "$rc"

@@ -39,8 +39,9 @@ Launch geometry
 pre-pass: ``D = rowsum(dO o O)`` from words (:func:`row_dot_words`). Main kernel: grid ``(Tc, batch * nheads_k)``,
 block ``32 NW`` threads, ``Bc = 16 MW NW`` keys; the block loops over the ``G`` query heads of its KV head
 and the visible query blocks of ``Br`` rows (one flat loop, as the FFMA kernel). SRAM (``uint32`` words):
-``Q_i, dO_i`` Br (DW+4) each, ``K_j, V_j`` Bc (DW+4) each, ``dS^T`` Bc (Br/2+4) (:func:`smem_words`), plus
-``M, 1/l, D`` of the Br queries (float32, static) and the simulator's exchange scratch.
+``Q_i, dO_i`` Br (DW+4) each (two stages of both with ``CP_ASYNC``), ``K_j, V_j`` Bc (DW+4) each, ``dS^T``
+Bc (Br/2+4) (:func:`smem_words`), plus ``M, 1/l, D`` of the Br queries (float32, static; two stages with
+``CP_ASYNC``) and the simulator's exchange scratch.
 
 GPU: compute capability 8.0 or newer. The simulator runs the same source with the Python twins of
 :func:`numba_flash.fast._mma.make_half_ops`.
@@ -103,10 +104,11 @@ def dq_split(NW: int, BR: int, DP: int):
     return (1, NW // QT) if NW % QT == 0 and NDP % (NW // QT) == 0 else None
 
 
-def smem_words(NW: int, MW: int, BR: int, DP: int) -> int:
-    """Dynamic SRAM of the main kernel in 32-bit words: Q_i, dO_i, K_j, V_j and dS^T (see the module docstring)."""
+def smem_words(NW: int, MW: int, BR: int, DP: int, stages: int = 1) -> int:
+    """Dynamic SRAM of the main kernel in 32-bit words: ``stages`` copies of Q_i, dO_i (2 with ``CP_ASYNC``), K_j,
+    V_j and dS^T (see the module docstring)."""
     BC = 16 * MW * NW
-    return (2 * BR + 2 * BC) * stride(DP) + BC * (BR // 2 + 4)
+    return (2 * stages * BR + 2 * BC) * stride(DP) + BC * (BR // 2 + 4)
 
 
 def _allocate_grads(prob: Problem, alloc, deterministic: bool):
@@ -211,8 +213,14 @@ def make_fragment_products(MW: int, NB: int, KD: int, SQ: int, KIND: str, SIM: b
 
 @functools.cache
 def fa2_backward_half_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, DROPOUT: bool, ATOMIC_DQ: bool,
-                             PREFETCH: bool, SIM: bool, KIND: str, FROM_LSE: bool = False, RED2: bool = False):
+                             PREFETCH: bool, SIM: bool, KIND: str, FROM_LSE: bool = False, RED2: bool = False,
+                             CP_ASYNC: bool = False):
     """The main (column-block) half backward kernel: dK, dV, and with ``ATOMIC_DQ`` the atomic dQ adds.
+
+    ``CP_ASYNC`` (d a multiple of 8, 16-byte aligned Q and dO): Q_i, dO_i go HBM -> SRAM by ``cp.async`` into two
+    SRAM stages (step ``st`` in stage ``st % 2``, with its statistics), issued one step ahead, as the half forward
+    streams K_j, V_j; one barrier per step instead of two, and no registers hold them (``PREFETCH`` then moves
+    only the statistics). Otherwise through registers into one stage (``PREFETCH``: one step ahead).
 
     Kernel arguments: ``gQ, gdO (b, s_q, h, d/2)``, ``gK, gV (b, s_k, h_k, d/2)`` (int32 words), ``gm, gl,
     gD (b, h, s_q)`` float32 (the forward's ``m, l``; with ``FROM_LSE`` only ``L``, passed as ``gm``),
@@ -226,9 +234,9 @@ def fa2_backward_half_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
     Q, K, V, dO (half words)  gQ, gK, gV, gdO      HBM, int32 views
     m, l (or L), D            gm, gl, gD           HBM, float32 (b, h, s_q)
     dQ (float32), dK, dV      gdQ, gdK, gdV        HBM (dK, dV half words)
-    Q_i, dO_i                 smem[OFF_Q/OFF_DO]   SRAM (Br, DW+4) words
+    Q_i, dO_i                 smem[OFF_Q/OFF_DO]   SRAM (Br, DW+4) words; CP_ASYNC: 2 stages (+ uQSTAGE)
     K_j, V_j                  smem[OFF_K/OFF_V]    SRAM (Bc, DW+4) words, loaded once (L6)
-    M_i, 1/l_i, D_i           sM, sIL, sD          SRAM (Br,) float32
+    M_i, 1/l_i, D_i           sM, sIL, sD          SRAM (Br,) float32; CP_ASYNC: 2 stages (+ Br)
     S_ij^T, then P_ij^T o Z   rS                   registers: MW x (Br/8) m16n8 float32 fragments per warp
     dP_ij^T, then tau dS^T    rdP                  registers, same layout
     dS_ij^T (half)            smem[OFF_DS]         SRAM (Bc, Br/2+4) words, for L15
@@ -247,11 +255,13 @@ def fa2_backward_half_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
     SQ = stride(DP)
     SD = BR // 2 + 4  # row stride (words) of dS^T: BR / 2 is a multiple of 8, so 4 mod 8 (conflict-free ldmatrix)
     uSQ, uSD = U(SQ), U(SD)
+    QST = 2 if CP_ASYNC else 1  # SRAM stages of Q_i, dO_i and of the statistics
     OFF_Q = U(0)
     OFF_DO = U(BR * SQ)
-    OFF_K = U(2 * BR * SQ)
-    OFF_V = U(2 * BR * SQ + BC * SQ)
-    OFF_DS = U(2 * BR * SQ + 2 * BC * SQ)
+    uQSTAGE = U(2 * BR * SQ)  # CP_ASYNC: stage 1 (Q_i, dO_i of the odd steps) follows stage 0
+    OFF_K = U(QST * 2 * BR * SQ)
+    OFF_V = U(QST * 2 * BR * SQ + BC * SQ)
+    OFF_DS = U(QST * 2 * BR * SQ + 2 * BC * SQ)
     split = dq_split(NW, BR, DP)
     if split is None:
         raise ValueError(f"half backward: Br={BR}, Bc={BC} (d padded to {DP}) cannot split dQ over {NW} warps")
@@ -265,11 +275,15 @@ def fa2_backward_half_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
     SXN = NW * _mma.HALF_SIM_SCRATCH_PER_WARP if SIM else 1
     SCR = _mma.HALF_SIM_SCRATCH_PER_WARP
     NKEY = BR if DROPOUT else 1
+    NSTAT, NSKEY = QST * BR, QST * NKEY  # statistics (and dropout row keys) of QST stages
     ZERO = float32(0.0)
     CAP = float32(64.0)
 
     NLQ, load_q, store_q = _tiles.make_word_loader(BR, DW, NT, SQ)
     NLK, load_kv, store_kv = _tiles.make_word_loader(BC, DW, NT, SQ)
+    RQ = 1 if CP_ASYNC else NLQ  # register staging of Q_i, dO_i (none with cp.async)
+    _, load_q_async = _tiles.make_word_loader_async(BR, DW, NT, SQ, SIM)
+    _copy16, cp_commit, cp_wait0 = _mma.make_cp_async(SIM)
     _, first_row_block = _tiles.make_block_counts(BR, BC, CAUSAL)
     pack2, mma16, _, ldsm_t = _mma.make_half_ops(KIND, SIM)
     mma_pair_products, pack_a = make_fragment_products(MW, NB, KD, SQ, KIND, SIM)
@@ -280,10 +294,10 @@ def fa2_backward_half_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
     @cuda.jit(fastmath=False)
     def kernel(gQ, gK, gV, gdO, gm, gl, gD, gdQ, gdK, gdV, tau, c1, group, causal_offset, seed, threshold, dropout_scale):
         smem = cuda.shared.array(0, uint32)  # Q_i, dO_i, K_j, V_j, dS^T in words; offsets OFF_*
-        sM = cuda.shared.array(BR, float32)  # M_i: the forward's base-2 row max of each query of the block
-        sIL = cuda.shared.array(BR, float32)  # 1/l_i (0 past N_q or for a query that sees no key)
-        sD = cuda.shared.array(BR, float32)  # D_i
-        sKey = cuda.shared.array(NKEY, uint64)  # dropout row keys of the Br queries
+        sM = cuda.shared.array(NSTAT, float32)  # M_i: the forward's base-2 row max of each query of the block
+        sIL = cuda.shared.array(NSTAT, float32)  # 1/l_i (0 past N_q or for a query that sees no key)
+        sD = cuda.shared.array(NSTAT, float32)  # D_i
+        sKey = cuda.shared.array(NSKEY, uint64)  # dropout row keys of the Br queries
         sx = cuda.shared.array(SXN, float32)  # the simulator's lane-exchange scratch (unused on a GPU)
         tau = float32(tau)
         c1 = float32(c1)
@@ -295,8 +309,8 @@ def fa2_backward_half_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
         rdQ = cuda.local.array(NQ, float32)
         rA = cuda.local.array(NA, uint32)  # A words: K_j / V_j rows (L10, L13), then P^T, dS^T (L12, L16)
         rB = cuda.local.array(NA, uint32)
-        rQn = cuda.local.array(NLQ, uint32)  # Q_{i} / Q_{i+1} in flight
-        rdOn = cuda.local.array(NLQ, uint32)
+        rQn = cuda.local.array(RQ, uint32)  # Q_{i} / Q_{i+1} in flight (register path)
+        rdOn = cuda.local.array(RQ, uint32)
         rKn = cuda.local.array(NLK, uint32)
         rMn = cuda.local.array(NSR, float32)  # M, 1/l, D of the next step's queries
         rIn = cuda.local.array(NSR, float32)
@@ -345,8 +359,13 @@ def fa2_backward_half_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
         n_steps = group * n_i  # Dev: GQA: the G query heads of the group and their blocks, one flat loop
         if n_steps > 0:
             h0 = hk * group
-            load_q(gQ, ub, U(h0), i_first * BR, s_q, dw, tid, rQn)  # HBM read: Br*d halves (first step)
-            load_q(gdO, ub, U(h0), i_first * BR, s_q, dw, tid, rdOn)
+            if CP_ASYNC:  # Dev: the first step's Q_i, dO_i into stage 0, one cp.async group
+                load_q_async(smem, OFF_Q, gQ, ub, U(h0), i_first * BR, s_q, dw, tid)  # HBM read: Br*d halves (first step)
+                load_q_async(smem, OFF_DO, gdO, ub, U(h0), i_first * BR, s_q, dw, tid)
+                cp_commit()
+            else:
+                load_q(gQ, ub, U(h0), i_first * BR, s_q, dw, tid, rQn)  # HBM read: Br*d halves (first step)
+                load_q(gdO, ub, U(h0), i_first * BR, s_q, dw, tid, rdOn)
             for e in range(NSR):
                 row = i_first * BR + int(tid) + NT * e
                 rMn[e], rIn[e] = row_stats(gm, gl, b, h0, row, s_q)
@@ -356,27 +375,51 @@ def fa2_backward_half_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
             h = hk * group + st // n_i
             i = i_first + st % n_i
             row0 = i * BR
-            cuda.syncthreads()  # Sync: K_j, V_j stored (first step); Q, dO, stats, dS^T of the previous step read by all
+            qs = U(0)  # this step's stage: word offset of its Q_i, dO_i (CP_ASYNC: stage st % 2) ...
+            so = U(0)  # ... and index offset of its statistics
+            if CP_ASYNC:
+                qs = U(st % 2) * uQSTAGE
+                so = U(st % 2) * U(BR)
+                cp_wait0()  # this thread's copies of Q_i, dO_i (issued one step ago) have landed
+            else:
+                cuda.syncthreads()  # Sync: K_j, V_j stored (first step); Q, dO, stats, dS^T of the previous step read by all
             # FA2.2 L9: load Q_i, dO_i, L_i (as M_i and 1/l_i), D_i from HBM to SRAM (Dev: from the prefetch registers)
             if not PREFETCH and st > 0:
-                load_q(gQ, ub, U(h), row0, s_q, dw, tid, rQn)  # HBM read: Br*d halves
-                load_q(gdO, ub, U(h), row0, s_q, dw, tid, rdOn)
+                if not CP_ASYNC:
+                    load_q(gQ, ub, U(h), row0, s_q, dw, tid, rQn)  # HBM read: Br*d halves
+                    load_q(gdO, ub, U(h), row0, s_q, dw, tid, rdOn)
                 for e in range(NSR):
                     row = row0 + int(tid) + NT * e
                     rMn[e], rIn[e] = row_stats(gm, gl, b, h, row, s_q)
                     rDn[e] = gD[b, h, row] if row < s_q else ZERO
-            store_q(smem, OFF_Q, tid, rQn)
-            store_q(smem, OFF_DO, tid, rdOn)
-            for e in range(NSR):
+            if not CP_ASYNC:
+                store_q(smem, OFF_Q, tid, rQn)
+                store_q(smem, OFF_DO, tid, rdOn)
+            for e in range(NSR):  # Dev: CP_ASYNC: into the statistics' stage st % 2, last read two steps ago
                 r = int(tid) + NT * e
                 if r < BR:
-                    sM[r] = rMn[e]
-                    sIL[r] = rIn[e]
-                    sD[r] = rDn[e]
+                    rs = r + int(so)
+                    sM[rs] = rMn[e]
+                    sIL[rs] = rIn[e]
+                    sD[rs] = rDn[e]
                     if DROPOUT:
-                        sKey[r] = row_key(head_key(seed, b * nheads + h), row0 + r)
-            cuda.syncthreads()  # Sync: Q_i, dO_i, M_i, 1/l_i, D_i in SRAM before L10-L16 read them
-            if PREFETCH and st + 1 < n_steps:
+                        sKey[rs] = row_key(head_key(seed, b * nheads + h), row0 + r)
+            # Sync: Q_i, dO_i, M_i, 1/l_i, D_i in SRAM before L10-L16 read them (CP_ASYNC: every thread's copies; and
+            # every warp is done with step st-1, its stage (refilled next) and its dS^T)
+            cuda.syncthreads()
+            if CP_ASYNC and st + 1 < n_steps:
+                # Dev: L9 of step st+1 issued now, into the other stage, landing during L10-L16 of step st
+                hn = hk * group + (st + 1) // n_i
+                rown = (i_first + (st + 1) % n_i) * BR
+                load_q_async(smem, OFF_Q + (uQSTAGE - qs), gQ, ub, U(hn), rown, s_q, dw, tid)  # HBM read: Br*d halves
+                load_q_async(smem, OFF_DO + (uQSTAGE - qs), gdO, ub, U(hn), rown, s_q, dw, tid)  # HBM read: Br*d halves
+                cp_commit()
+                if PREFETCH:
+                    for e in range(NSR):
+                        row = rown + int(tid) + NT * e
+                        rMn[e], rIn[e] = row_stats(gm, gl, b, hn, row, s_q)
+                        rDn[e] = gD[b, hn, row] if row < s_q else ZERO
+            if not CP_ASYNC and PREFETCH and st + 1 < n_steps:
                 hn = hk * group + (st + 1) // n_i
                 rown = (i_first + (st + 1) % n_i) * BR
                 load_q(gQ, ub, U(hn), rown, s_q, dw, tid, rQn)  # HBM read: Br*d halves (step st+1)
@@ -389,7 +432,7 @@ def fa2_backward_half_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
             # [doc:fa2-half-bwd-inner-loop]
             # FA2.2 L10: S_ij^T = K_j Q_i^T; FA2.2 L13: dP_ij^T = V_j dO_i^T -- per 16-wide d step,
             # A = this warp's K_j (V_j) rows by ldmatrix, B = two n8 query tiles of Q_i (dO_i) rows by ldmatrix
-            mma_pair_products(smem, OFF_K, OFF_V, OFF_Q, OFF_DO, wrow, lr, lw, kr, kw, rA, rB, rS, rdP, sx, wbase, lane)
+            mma_pair_products(smem, OFF_K, OFF_V, OFF_Q + qs, OFF_DO + qs, wrow, lr, lw, kr, kw, rA, rB, rS, rdP, sx, wbase, lane)
             # FA2.2 L11: P_ij = exp(S_ij - L_i) as exp2(S tau log2 e - M_i) / l_i, masked (a column of P^T is a query)
             # FA2.2 L14: dS_ij = P_ij o (dP_ij - D_i), times tau (Dev: dropout: P o Z for L12, dP o Z in L14)
             masked = col0 + BC > s_k or (CAUSAL and col0 + BC - 1 > row0 + causal_offset)
@@ -398,11 +441,11 @@ def fa2_backward_half_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
                     for c in range(4):
                         f = (mt * NB + nt) * 4 + c
                         key = col0 + int(wrow) + 16 * mt + 8 * (c // 2) + int(g)
-                        qi = U(8 * nt + c % 2) + U(2) * t
+                        qi = so + U(8 * nt + c % 2) + U(2) * t  # (CP_ASYNC: in this step's statistics stage)
                         # Dev: min(., 64): no overflow on masked entries (exp2 overflow, then inf * 0 = NaN)
                         p = math.exp2(min(rS[f] * c1 - sM[qi], CAP)) * sIL[qi]
                         if masked:
-                            if key >= s_k or (CAUSAL and key > row0 + int(qi) + causal_offset):
+                            if key >= s_k or (CAUSAL and key > row0 + int(qi - so) + causal_offset):
                                 p = ZERO
                         dp = rdP[f]
                         pz = p
@@ -427,8 +470,8 @@ def fa2_backward_half_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
                     smem[da + U(8) * uSD + U(4)] = rB[mt * 4 + 3]
                 for dp2 in range(ND // 2):
                     ra = (U(16 * kt) + lr) * uSQ + U(8 * dp2) + lw
-                    ob0, ob1, ob2, ob3 = ldsm_t(smem, OFF_DO + ra, sx, wbase, lane)
-                    qb0, qb1, qb2, qb3 = ldsm_t(smem, OFF_Q + ra, sx, wbase, lane)
+                    ob0, ob1, ob2, ob3 = ldsm_t(smem, OFF_DO + qs + ra, sx, wbase, lane)
+                    qb0, qb1, qb2, qb3 = ldsm_t(smem, OFF_Q + qs + ra, sx, wbase, lane)
                     for h2 in range(2):
                         dn = 2 * dp2 + h2
                         bo = (ob0, ob1) if h2 == 0 else (ob2, ob3)
@@ -657,8 +700,11 @@ def default_features() -> dict:
     during the compute of this one. ``RED2``: add the dQ fragments with ``red.global.add.v2.f32`` (two
     columns per instruction). None: on compute capability 9.0+, except causal at d > 64, where the
     vector form's extra registers made ptxas spill 144 B instead of 80 B and the kernel 17-21 % slower
-    (``docs/results/sweeps/half_bwd_sweep_h100_v2_red2.json``); elsewhere it is 1-8 % faster."""
-    return {"PREFETCH": True, "RED2": None}
+    (``docs/results/sweeps/half_bwd_sweep_h100_v2_red2.json``); elsewhere it is 1-8 % faster. ``CP_ASYNC``: the main
+    kernel's Q_i, dO_i by ``cp.async`` into two SRAM stages where the head dim allows it
+    (:func:`numba_flash.fast.fa2_forward_half.cp_async_ok`) and Q, dO are 16-byte aligned; off by default until a
+    GPU sweep has timed it (written without device time; the performance log has the prediction)."""
+    return {"PREFETCH": True, "RED2": None, "CP_ASYNC": False}
 
 
 def plan(prob: Problem, block_sizes=None, config=None, features=None, deterministic=False, from_lse=False):
@@ -673,14 +719,15 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None, determinis
     sim = _backend.is_simulator()
     kind = _mma.HALF_KINDS[prob.dtype]
     BC = 16 * MW * NW
-    nbytes = 4 * smem_words(NW, MW, BR, DP)
+    cp_async = bool(feats["CP_ASYNC"]) and fa2_forward_half.cp_async_ok(d)  # Dev: d % 8 != 0: the register path
+    nbytes = 4 * smem_words(NW, MW, BR, DP, 2 if cp_async else 1)
     _plan.check_sram(nbytes, BR, BC, d)
     dropout = prob.dropout_p > 0
     red2 = feats["RED2"]
     if red2 is None:
         red2 = not sim and cuda.get_current_device().compute_capability >= (9, 0) and not (prob.causal and DP > 64)
     main = fa2_backward_half_kernel(NW, MW, BR, DP, prob.causal, dropout, not deterministic, bool(feats["PREFETCH"]), sim, kind,
-                                    bool(from_lse), bool(red2))
+                                    bool(from_lse), bool(red2), cp_async)
     grid = bh_grid(ceil_div(prob.seqlen_k, BC), prob.batch * prob.nheads_k)
     dq = None
     NWq, MWq, BCq, _ = fa2_forward_half.config_for(d, block_sizes, cp_async=False)  # the dQ kernel loads through registers
@@ -717,6 +764,7 @@ def backward(dout, q, k, v, out, fwd, prob: Problem, alloc, block_sizes=None, de
     """FA2 Algorithm 2 on half words: ``(dq, dk, dv)``; dk, dv half words (summed over each GQA group), dq
     float32 (atomic adds) or, with ``deterministic``, half words from :func:`fa2_backward_half_dq_kernel`."""
     from_lse = fwd.m is None or fwd.l is None
+    features = fa2_forward_half.register_path_if_unaligned(features, default_features(), q, dout)  # Dev: cp.async of Q, dO rows
     main, grid, dqk, grid_dq, (nt, nt_dq), (nbytes, nbytes_dq) = plan(prob, block_sizes, config, features, deterministic, from_lse)
     dq, dk, dv = _allocate_grads(prob, alloc, deterministic)
     delta = row_dot_words(out, dout, prob, alloc)  # D = rowsum(dO o O), line 4
