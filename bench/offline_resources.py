@@ -30,7 +30,13 @@ it from outside the repository::
 
 A full run (24 compiles, one process each) takes about 5-6 minutes on 2 cores.
 
-Toolchain (CPU only, pip packages installed to private ``--target`` directories): ``nvidia-nvvm``,
+Toolchain, in one command (seen working 2026-11-25 on the 2-core CPU machine, about 300 MB; one ``pip install``
+for all: a second ``--target`` install into the same folder replaces its ``nvidia/`` tree)::
+
+    python3 -m pip install -q --target /tmp/cu13site "cuda-toolkit[cudart,nvvm,nvrtc]==13.*" \
+        "nvidia-nvjitlink>=13,<14" "nvidia-cuda-nvdisasm>=13,<14"
+
+What it needs (CPU only, pip packages installed to private ``--target`` directories): ``nvidia-nvvm``,
 ``nvidia-nvjitlink`` and ``cuda-toolkit`` runtime bits on ``PYTHONPATH``/``LD_LIBRARY_PATH``, ``cuda-core``
 importable, ``nvdisasm`` (``nvidia-cuda-nvdisasm``) found through ``$NVDISASM``, ``PATH`` or the
 default ``/tmp/cu13b/nvidia/cu13/bin/nvdisasm``. When any piece is missing the script prints why and

@@ -404,9 +404,9 @@ def fa2_backward_half_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
                     sD[rs] = rDn[e]
                     if DROPOUT:
                         sKey[rs] = row_key(head_key(seed, b * nheads + h), row0 + r)
-            # Sync: Q_i, dO_i, M_i, 1/l_i, D_i in SRAM before L10-L16 read them (CP_ASYNC: every thread's copies; and
-            # every warp is done with step st-1, its stage (refilled next) and its dS^T)
-            cuda.syncthreads()
+            # (CP_ASYNC: this barrier also publishes every thread's copies, and every warp is then done with step st-1:
+            # its stage, refilled next, and its dS^T)
+            cuda.syncthreads()  # Sync: Q_i, dO_i, M_i, 1/l_i, D_i in SRAM before L10-L16 read them
             if CP_ASYNC and st + 1 < n_steps:
                 # Dev: L9 of step st+1 issued now, into the other stage, landing during L10-L16 of step st
                 hn = hk * group + (st + 1) // n_i
