@@ -44,7 +44,7 @@ exits with status 0 (a skip, not a failure). ``--kernel NAME`` (repeatable) rest
 ``alg1_forward_fast``, ``fa2_forward_fast``, ``fa2_forward_tc``, ``fa2_forward_half_f16``,
 ``fa2_forward_half_bf16``, ``alg4_backward_fast``,
 ``fa2_backward_fast``, ``fa2_backward_fast_dq``, ``fa2_backward_half_f16``, ``fa2_backward_half_bf16`` or
-``fa2_backward_half_dq_bf16`` (the names of the table; the modules are
+``fa2_backward_half_dq_bf16`` or ``fa2_backward_tf32`` (the names of the table; the modules are
 ``numba_flash/fast/alg1_forward.py`` ...); ``--d`` picks head dims.
 
 ``--half-tiling NW,MW,BC,CP`` (repeatable) compiles the half forward (``fa2_forward_half_f16`` / ``_bf16``) and
@@ -73,7 +73,8 @@ import sys
 import tempfile
 
 KERNELS = ("alg1_forward_fast", "fa2_forward_fast", "fa2_forward_tc", "fa2_forward_half_f16", "fa2_forward_half_bf16", "alg4_backward_fast",
-           "fa2_backward_fast", "fa2_backward_fast_dq", "fa2_backward_half_f16", "fa2_backward_half_bf16", "fa2_backward_half_dq_bf16")
+           "fa2_backward_fast", "fa2_backward_fast_dq", "fa2_backward_half_f16", "fa2_backward_half_bf16", "fa2_backward_half_dq_bf16",
+           "fa2_backward_tf32")
 
 
 def _gpu_backend() -> None:
@@ -149,6 +150,8 @@ def _signatures():
         "fa2_backward_half_f16": (w4,) * 4 + (a3,) * 3 + (a4, w4, w4) + (f64, f64, i64, i64, i64, i64, f64),
         "fa2_backward_half_bf16": (w4,) * 4 + (a3,) * 3 + (a4, w4, w4) + (f64, f64, i64, i64, i64, i64, f64),
         "fa2_backward_half_dq_bf16": (w4,) * 4 + (a3,) * 3 + (w4,) + (f64, f64, i64, i64, i64, i64, f64),
+        # the 3xTF32 backward: float32 gQ, gK, gV, gdO, gm, gl, gD, gdQ, gdK, gdV and the same scalars
+        "fa2_backward_tf32": (a4,) * 4 + (a3,) * 3 + (a4,) * 3 + (f64, f64, i64, i64, i64, i64, f64),
     }
 
 
@@ -172,6 +175,7 @@ def _kernel(name: str, d: int, causal: bool, tiling=None):
     from numba_flash.fast import alg4_backward as A4
     from numba_flash.fast import fa2_backward as B2
     from numba_flash.fast import fa2_backward_half as HB
+    from numba_flash.fast import fa2_backward_tf32 as TB
     from numba_flash.fast import fa2_forward as F2
     from numba_flash.fast import fa2_forward_half as H
     from numba_flash.fast import fa2_forward_tc as TC
@@ -203,6 +207,10 @@ def _kernel(name: str, d: int, causal: bool, tiling=None):
         red2 = not (causal and DP > 64)  # as HB.plan on compute capability 9.0
         return HB.fa2_backward_half_kernel(NW, MW, BR, DP, causal, False, True, HB.default_features()["PREFETCH"], False,
                                            name.rsplit("_", 1)[1], False, red2, cp_async and H.cp_async_ok(d))
+    if name == "fa2_backward_tf32":
+        NW, MW, BR, DP = TB.config_for(d, None, causal)
+        red2 = d % 2 == 0  # as TB.plan on compute capability 9.0
+        return TB.fa2_backward_tf32_kernel(NW, MW, BR, DP, causal, False, True, TB.default_features()["PREFETCH"], False, False, red2)
     f = B2.default_features()
     if name == "fa2_backward_fast":
         return B2.fa2_backward_fast_kernel(*B2.config_for(d), causal, False, True, f["VEC"], f["PREFETCH"], f["MAXREG"])
