@@ -241,11 +241,16 @@ class Allocator:
     def __init__(self, like):
         self.torch_device = None
         self._owners: dict[int, Any] = {}
+        # The caller's torch stream and the one the kernels launch on, where they differ (see join_caller_stream)
+        self._caller_stream = self._launch_stream = None
         if _is_torch(like):
             self.kind = "torch-cuda" if like.is_cuda else "torch-cpu"
             if like.is_cuda:
                 self.torch_device = like.device
-                self._join_streams(launches_wait=True)
+                torch = _torch()
+                current, launch = torch.cuda.current_stream(like.device), torch.cuda.default_stream(like.device)
+                if current != launch:
+                    self._caller_stream, self._launch_stream = current, launch
         elif hasattr(like, "__cuda_array_interface__") and not isinstance(like, np.ndarray):
             self.kind = "device"
         else:
@@ -260,7 +265,7 @@ class Allocator:
             if t.dtype != _torch().float32:
                 t = t.float()
             self._owners[id(t)] = t
-            return cuda.as_cuda_array(t)
+            return self._import(t)
         if self.kind == "device":
             return x if _dtype_name(x) == "float32" else cuda.to_device(x.copy_to_host().astype(np.float32))
         if self.kind == "torch-cpu":
@@ -294,7 +299,7 @@ class Allocator:
             w = t.view(_torch().int32)
             if self.kind == "torch-cuda":
                 self._owners[id(w)] = w
-                return cuda.as_cuda_array(w)
+                return self._import(w)
             a = w.numpy()
         else:
             a = x.copy_to_host() if self.kind == "device" else np.asarray(x)
@@ -314,7 +319,7 @@ class Allocator:
             torch = _torch()
             tdt = {np.float32: torch.float32, np.int32: torch.int32, np.uint32: torch.int32}[np.dtype(dtype).type]
             t = torch.full(shape, value, dtype=tdt, device=self.torch_device)
-            arr = cuda.as_cuda_array(t)
+            arr = self._import(t)
             self._owners[id(arr)] = t
             return arr
         if self.on_device:
@@ -334,7 +339,7 @@ class Allocator:
             torch = _torch()
             tdt = {np.float32: torch.float32, np.int32: torch.int32}[np.dtype(dtype).type]
             t = torch.empty(shape, dtype=tdt, device=self.torch_device)
-            arr = cuda.as_cuda_array(t)
+            arr = self._import(t)
             self._owners[id(arr)] = t
             return arr
         if self.on_device:
@@ -357,17 +362,13 @@ class Allocator:
             return _torch().cuda.device(self.torch_device)
         return contextlib.nullcontext()
 
-    def _join_streams(self, launches_wait: bool) -> None:
-        """Order CUDA's legacy default stream and the caller's current torch stream (see :meth:`join_caller_stream`)."""
-        torch = _torch()
-        current = torch.cuda.current_stream(self.torch_device)
-        launched_on = torch.cuda.default_stream(self.torch_device)
-        if current == launched_on:
-            return
-        if launches_wait:
-            launched_on.wait_stream(current)
-        else:
-            current.wait_stream(launched_on)
+    def _import(self, t):
+        """The torch CUDA tensor ``t`` as a numba array for the kernels, with the launch stream first made to wait for
+        the caller's stream (when they differ): what torch queued there for ``t`` (its producer, a conversion or a
+        fill, the last use of its memory) is done before any kernel reads or writes it."""
+        if self._caller_stream is not None:
+            self._launch_stream.wait_stream(self._caller_stream)
+        return cuda.as_cuda_array(t)
 
     def join_caller_stream(self) -> None:
         """Order the caller's current torch stream after this call's launches (torch CUDA tensors; else nothing).
@@ -375,14 +376,14 @@ class Allocator:
         The kernels launch on CUDA's legacy default stream (numba's stream 0), which is torch's default stream.
         A stream the caller made current (``with torch.cuda.stream(s):``) is a non-blocking stream: it does not
         wait for the legacy stream, nor the legacy stream for it, and torch's ``__cuda_array_interface__``
-        names no stream for ``cuda.as_cuda_array`` to wait for. So both directions are joined: the
-        allocator's constructor makes the legacy stream wait for the caller's (the inputs, and the memory of
-        the outputs, are ready before the first launch), and this, called after the last launch, makes the
+        names no stream for ``cuda.as_cuda_array`` to wait for. So both directions are joined: every tensor
+        this allocator hands to the kernels (converted inputs, filled or empty outputs) makes the legacy stream
+        wait for the caller's first (:meth:`_import`), and this, called after the last launch, makes the
         caller's stream wait for the legacy one (what the caller queues next, reading ``out``, sees it written).
         On torch's default stream both are the same stream and nothing is done.
         """
-        if self.kind == "torch-cuda":
-            self._join_streams(launches_wait=False)
+        if self._caller_stream is not None:
+            self._caller_stream.wait_stream(self._launch_stream)
 
     def result(self, arr, like_dtype=None):
         """``arr`` in the caller's world: a torch tensor (same device) or a NumPy array.

@@ -1,8 +1,9 @@
 """Stream order and device: the kernels run on the tensors' GPU, after their inputs and before what comes next.
 
 The kernels launch on CUDA's legacy default stream (numba's stream 0), which is torch's default stream. A
-stream made current with ``with torch.cuda.stream(s):`` is a non-blocking stream that does not wait for it,
-so :meth:`numba_flash._launch.Allocator.join_caller_stream` makes it wait after every pass
+stream made current with ``with torch.cuda.stream(s):`` is a non-blocking stream ordered with it in neither
+direction, so every tensor the allocator hands to the kernels makes the legacy stream wait for it first, and
+:meth:`numba_flash._launch.Allocator.join_caller_stream` makes it wait for the legacy stream after every pass
 (:mod:`numba_flash._run`). In the simulator the logic is checked against a stand-in for ``torch.cuda``; on a
 GPU the test queues a read of ``out`` on a side stream while the default stream is held busy.
 
@@ -64,20 +65,28 @@ def _torch_cuda_allocator(monkeypatch, current: str, log: list):
     return _launch.Allocator(like)
 
 
-def test_on_a_side_stream_the_launches_wait_for_it_and_then_it_waits_for_them(monkeypatch):
+def test_on_a_side_stream_each_tensor_handed_to_the_kernels_waits_for_it_and_then_it_waits_for_them(monkeypatch):
+    """Every import (a converted input, a filled or empty output) orders the launch stream after the caller's, so
+    what torch queued there for the tensor is done first; after the launches the caller's stream waits for them."""
     log = []
     alloc = _torch_cuda_allocator(monkeypatch, "side", log)
-    assert alloc.kind == "torch-cuda"
-    assert log == [("legacy default", "waits for", "side")]  # before any launch: the inputs are ready
+    assert alloc.kind == "torch-cuda" and log == []
+    monkeypatch.setattr(_launch.cuda, "as_cuda_array", lambda t: log.append(("import", t)) or t, raising=False)  # none in the simulator
+    alloc._import("q")
+    alloc._import("dq zeros")
+    assert log == [("legacy default", "waits for", "side"), ("import", "q"),
+                   ("legacy default", "waits for", "side"), ("import", "dq zeros")]
     alloc.join_caller_stream()
-    assert log[1:] == [("side", "waits for", "legacy default")]  # after the launches: out is written
+    assert log[4:] == [("side", "waits for", "legacy default")]  # after the launches: out is written
 
 
 def test_on_torch_default_stream_nothing_is_joined(monkeypatch):
     log = []
     alloc = _torch_cuda_allocator(monkeypatch, "legacy default", log)
+    monkeypatch.setattr(_launch.cuda, "as_cuda_array", lambda t: log.append(("import", t)) or t, raising=False)  # none in the simulator
+    alloc._import("q")
     alloc.join_caller_stream()
-    assert log == []
+    assert log == [("import", "q")]
 
 
 def test_the_launches_run_under_the_tensors_device_and_the_stream_join_comes_before_leaving_it(monkeypatch):
@@ -86,7 +95,7 @@ def test_the_launches_run_under_the_tensors_device_and_the_stream_join_comes_bef
     with alloc.device_guard():
         log.append("launches")
         alloc.join_caller_stream()
-    assert log[1:] == [("enter device", "cuda:1"), "launches", ("side", "waits for", "legacy default"), ("exit device", "cuda:1")]
+    assert log == [("enter device", "cuda:1"), "launches", ("side", "waits for", "legacy default"), ("exit device", "cuda:1")]
 
 
 @pytest.mark.parametrize("kind", ["numpy", "torch-cpu", "device"])
@@ -127,13 +136,14 @@ def test_every_pass_runs_under_the_device_guard_and_joins_the_caller_stream_insi
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("busy", ["side stream: the inputs' producer", "default stream: where the kernels launch"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_a_call_on_a_side_stream_reads_its_inputs_and_hands_back_its_output_in_stream_order(dtype, busy):
+@pytest.mark.parametrize(("dtype", "d"), [(torch.float32, 64), (torch.bfloat16, 64), (torch.float16, 63)])  # d 63: a float32 copy
+def test_a_call_on_a_side_stream_reads_its_inputs_and_hands_back_its_output_in_stream_order(dtype, d, busy):
     """On a side stream, q is written by work still queued behind a sleep, or the default stream (where the
-    kernels launch) is held busy; ``out.clone()`` is queued on the side stream at once. Without the two joins
-    the kernel read q before it was written, or the clone copied ``out`` before the kernel wrote it."""
+    kernels launch) is held busy; ``out.clone()`` is queued on the side stream at once. Without the joins the
+    kernel read q (or, at d = 63, its float32 copy made on the side stream) before it was written, or the clone
+    copied ``out`` before the kernel wrote it."""
     g = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v = (torch.randn(4, 2048, 16, 64, device="cuda", dtype=dtype, generator=g) for _ in range(3))
+    q, k, v = (torch.randn(4, 2048, 16, d, device="cuda", dtype=dtype, generator=g) for _ in range(3))
     ref = flash_attn_func(q, k, v, causal=True)
     torch.cuda.synchronize()
     side = torch.cuda.Stream()
