@@ -407,27 +407,23 @@ def fa2_backward_half_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
             # (CP_ASYNC: this barrier also publishes every thread's copies, and every warp is then done with step st-1:
             # its stage, refilled next, and its dS^T)
             cuda.syncthreads()  # Sync: Q_i, dO_i, M_i, 1/l_i, D_i in SRAM before L10-L16 read them
-            if CP_ASYNC and st + 1 < n_steps:
-                # Dev: L9 of step st+1 issued now, into the other stage, landing during L10-L16 of step st
+            if (CP_ASYNC or PREFETCH) and st + 1 < n_steps:
+                # Dev: L9 of step st+1 issued now, landing during L10-L16 of step st: CP_ASYNC into the other stage
+                # (then PREFETCH moves only the statistics), else into the registers
                 hn = hk * group + (st + 1) // n_i
                 rown = (i_first + (st + 1) % n_i) * BR
-                load_q_async(smem, OFF_Q + (uQSTAGE - qs), gQ, ub, U(hn), rown, s_q, dw, tid)  # HBM read: Br*d halves
-                load_q_async(smem, OFF_DO + (uQSTAGE - qs), gdO, ub, U(hn), rown, s_q, dw, tid)  # HBM read: Br*d halves
-                cp_commit()
+                if CP_ASYNC:
+                    load_q_async(smem, OFF_Q + (uQSTAGE - qs), gQ, ub, U(hn), rown, s_q, dw, tid)  # HBM read: Br*d halves
+                    load_q_async(smem, OFF_DO + (uQSTAGE - qs), gdO, ub, U(hn), rown, s_q, dw, tid)  # HBM read: Br*d halves
+                    cp_commit()
+                else:
+                    load_q(gQ, ub, U(hn), rown, s_q, dw, tid, rQn)  # HBM read: Br*d halves (step st+1)
+                    load_q(gdO, ub, U(hn), rown, s_q, dw, tid, rdOn)
                 if PREFETCH:
                     for e in range(NSR):
                         row = rown + int(tid) + NT * e
                         rMn[e], rIn[e] = row_stats(gm, gl, b, hn, row, s_q)
                         rDn[e] = gD[b, hn, row] if row < s_q else ZERO
-            if not CP_ASYNC and PREFETCH and st + 1 < n_steps:
-                hn = hk * group + (st + 1) // n_i
-                rown = (i_first + (st + 1) % n_i) * BR
-                load_q(gQ, ub, U(hn), rown, s_q, dw, tid, rQn)  # HBM read: Br*d halves (step st+1)
-                load_q(gdO, ub, U(hn), rown, s_q, dw, tid, rdOn)
-                for e in range(NSR):
-                    row = rown + int(tid) + NT * e
-                    rMn[e], rIn[e] = row_stats(gm, gl, b, hn, row, s_q)
-                    rDn[e] = gD[b, hn, row] if row < s_q else ZERO
 
             # [doc:fa2-half-bwd-inner-loop]
             # FA2.2 L10: S_ij^T = K_j Q_i^T; FA2.2 L13: dP_ij^T = V_j dO_i^T -- per 16-wide d step,
