@@ -43,15 +43,16 @@ What changed from the fast (FFMA) kernel
 * Kept from the fast kernel: ``Q_i`` scaled by ``tau log2 e`` at load (``exp2``), K/V tile loads
   unrolled into registers (optionally prefetched one tile ahead), causal block skipping, dropout by
   the counter hash, > 48 KB dynamic SRAM, per-lane row sums reduced once after the loop.
-* **K_j, V_j by cp.async, two stages deep** (``CP_ASYNC``, off by default): the half forward's pipeline
-  (:mod:`numba_flash.fast.fa2_forward_half`) for float32 tiles, 16-byte chunks of 4 floats (``d % 4 == 0``,
-  16-byte aligned K and V). The register path turns each NaN into the quiet NaN at its SRAM store
+* **K_j, V_j by cp.async, two stages deep** (``CP_ASYNC``, the default where ``d % 4 == 0`` and K, V are
+  16-byte aligned): the half forward's pipeline (:mod:`numba_flash.fast.fa2_forward_half`) for float32
+  tiles, 16-byte chunks of 4 floats. The register path turns each NaN into the quiet NaN at its SRAM store
   (``QUIET_NAN``); tiles that arrive by ``cp.async`` get the same from each thread over its own chunks
   after the wait (:func:`numba_flash.fast._tiles.make_quiet_nan_pass`). Offline (sm_90) it takes the
-  default tiling from 255 registers and a 108-byte spill to 252 and none at d = 64, and from 250 to 222
-  registers at d = 128 (``bench/offline_resources.py --half-tiling``); tested in the simulator (bitwise
-  the register path's result), not yet timed on a GPU, so the register path stays the default until a
-  sweep (``bench/fa2_sweep.py``, variants ``tc-cp*``) says otherwise.
+  d = 64 tiling from 255 registers and a 108-byte spill to 252 and none, and from 250 to 222 registers at
+  d = 128 (``bench/offline_resources.py --half-tiling``); bitwise the register path's result. On an H100
+  (``docs/results/sweeps/tc_cp_h100_d64.json`` / ``_d128.json``) it is 4-15 % faster than the register
+  path at d = 64 with ``Bc = 32`` (at ``Bc = 64`` it was 1-18 % slower) and 0-30 % faster at d = 128 with the
+  register path's tiling, so :func:`config_for` gives the two paths their own tilings.
 
 * **Staged accumulation (accuracy).** Accumulating the three products straight into ``S`` and ``O``
   broke the tests' error rule on the GPU (up to 4.4x the float32 error at N = 1024, d = 64; the NumPy
@@ -117,17 +118,23 @@ TC_MAX_HEADDIM = 128
 
 
 @functools.cache
-def config_for(d: int, block_sizes=None):
+def config_for(d: int, block_sizes=None, cp_async=None):
     """The tiling ``(NW, MW, Bc, DP)``: warps per block, m16 tiles per warp, key block, padded d.
 
-    Defaults (sweeps on an H200, docs/notes/performance-log.md): ``d <= 64``: 4 warps, ``MW = 2``
-    (Br = 128), ``Bc = 64``; above: 8 warps, ``MW = 1`` (Br = 128), ``Bc = 32`` (at ``Bc = 64`` the
-    SRAM allows one block per SM). ``block_sizes=(Br, Bc)`` is rounded up to the mma granularity (Br to a multiple of 16,
-    Bc of 8; above Br = 64 the warps take ``MW = Br / 64`` tiles each).
+    Defaults (sweeps in docs/notes/performance-log.md): on the ``cp.async`` path (``cp_async``; None: where
+    :func:`cp_async_ok`) 4 warps of ``MW = 2`` (Br = 128) with ``Bc = 32`` at ``d <= 64`` (H100:
+    13.4 ms at N = 4096 against 15.9 with ``Bc = 64``, ``docs/results/sweeps/tc_cp_h100_d64.json``) and
+    8 warps of ``MW = 1`` (Br = 128) with ``Bc = 32`` above. On the register path (d % 4 != 0, unaligned
+    K or V, ``CP_ASYNC=False``): ``d <= 64``: 4 warps, ``MW = 2``, ``Bc = 64``; above: 8 warps,
+    ``MW = 1``, ``Bc = 32`` (at ``Bc = 64`` the SRAM allows one block per SM; H200 sweeps).
+    ``block_sizes=(Br, Bc)`` is rounded up to the mma granularity (Br to a multiple of 16, Bc of 8; above
+    Br = 64 the warps take ``MW = Br / 64`` tiles each).
     """
     DP = 8 * ((d + 7) // 8)
     if block_sizes is None:
-        return (4, 2, 64, DP) if d <= 64 else (8, 1, 32, DP)
+        if d > 64:
+            return (8, 1, 32, DP)
+        return (4, 2, 32 if (cp_async_ok(d) if cp_async is None else cp_async) else 64, DP)
     Br, Bc = (int(n) for n in block_sizes)
     m16 = (Br + 15) // 16
     NW, MW = (m16, 1) if m16 <= 4 else (4, (m16 + 3) // 4)
@@ -449,9 +456,9 @@ def default_features() -> dict:
     ``STAGE_S`` / ``STAGE_O``: each 8-wide k step of S (each j step of P~ V) is computed by the tensor
     cores into a zeroed accumulator and added to S (to O) with IEEE float32 adds (see the docstring).
     ``CP_ASYNC``: K_j, V_j by ``cp.async`` into two SRAM stages where :func:`cp_async_ok` and the inputs are
-    16-byte aligned (:func:`numba_flash.fast.fa2_forward_half.aligned16`). Off by default: written and
-    tested in the simulator, not yet timed on a GPU (the performance log has the prediction)."""
-    return {"PREFETCH": None, "STAGE_S": True, "STAGE_O": True, "CP_ASYNC": False}
+    16-byte aligned (:func:`numba_flash.fast.fa2_forward_half.aligned16`); on by default since an H100 sweep
+    timed it (the performance log's section "3xTF32 forward: cp.async for K_j, V_j")."""
+    return {"PREFETCH": None, "STAGE_S": True, "STAGE_O": True, "CP_ASYNC": True}
 
 
 def _ffma_fallback(prob: Problem, config=None) -> bool:
@@ -475,10 +482,10 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None):
     if takes_words(prob):
         return fa2_forward_half.plan(prob, block_sizes, config, features)
     d = prob.headdim
-    NW, MW, Bc, DP = config if config is not None else config_for(d, block_sizes)
     feats = default_features()
     feats.update(features or {})
     cp_async = bool(feats["CP_ASYNC"]) and cp_async_ok(d)
+    NW, MW, Bc, DP = config if config is not None else config_for(d, block_sizes, cp_async)
     prefetch = feats["PREFETCH"] if feats["PREFETCH"] is not None else DP <= 64
     prefetch = bool(prefetch) and not cp_async  # unused by the cp.async path: one compiled kernel, not two
     sim = _backend.is_simulator()
@@ -492,7 +499,8 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None):
 
 
 def choose_block_sizes(prob: Problem, block_sizes=None) -> tuple[int, int]:
-    """(Br, Bc) of the tiles (the kernel contract): :func:`config_for` rounds an override to the tiling."""
+    """(Br, Bc) of the tiles (the kernel contract): :func:`config_for` rounds an override to the tiling. The
+    default is the ``cp.async`` path's where :func:`cp_async_ok` (16-byte aligned K and V, as torch allocates)."""
     if takes_words(prob):
         return fa2_forward_half.choose_block_sizes(prob, block_sizes)
     if _ffma_fallback(prob):

@@ -3,7 +3,7 @@
 Claims checked:
 
 * ``cp.async`` into two SRAM stages, issued one step ahead with the statistics in two stages beside them
-  (``CP_ASYNC``), and the register path (one stage, the default until a GPU sweep decides) compute the same
+  (``CP_ASYNC``, the default where it can run), and the register path (one stage, ``CP_ASYNC=False``) compute the same
   gradients: dK and dV bit for bit, and dQ too in the simulator, whose blocks run one at a time (on a GPU the
   order of dQ's atomic adds is free), on shapes with many query steps per key block, so that both stages are
   filled, read and refilled: ragged and causal (query blocks that see no key are skipped), GQA (the step loop

@@ -2,16 +2,16 @@
 
 Claims checked:
 
-* ``cp.async`` into two SRAM stages (``features={"CP_ASYNC": True}``) and the register path (one stage, the
-  default until the GPU timing decides) compute the same thing: bitwise equal O, L, m, l on ragged, causal
+* ``cp.async`` into two SRAM stages (``features={"CP_ASYNC": True}``, the default where it can run) and the
+  register path (one stage, ``CP_ASYNC=False``) compute the same thing: bitwise equal O, L, m, l on ragged, causal
   (blocks whose rows see no key included), GQA, dropout and ``MW = 2`` shapes, at head dims whose padded rows
   end in a chunk past d (d = 20 pads to 24), and with NaNs in K and V (the cp.async path turns them into the
   quiet NaN in SRAM, as the register path does at its store, so the 3xTF32 split keeps them NaNs); and the
   result follows the forward's error rule. The NaN case can only fail on a GPU: the simulator's split is
   ``cvt.rna`` (NaN stays NaN), the GPU's five-instruction split carries the canonical NaN ``0x7fffffff``
   into the sign bit (checked: without the NaN pass the case passes in the simulator).
-* Where ``cp.async`` cannot run, the register path runs: a head dim that is not a multiple of 4 (rows are not
-  whole 16-byte chunks) and K, V arrays whose rows are not 16-byte aligned.
+* Where ``cp.async`` cannot run, the register path runs, with its own default tiling: a head dim that is not a
+  multiple of 4 (rows are not whole 16-byte chunks) and K, V arrays whose rows are not 16-byte aligned.
 * The pass that quiets NaNs changes only NaNs, in the chunks of the calling thread.
 * On a GPU (marker ``gpu``): the two paths are bitwise equal at realistic shapes.
 
@@ -103,6 +103,19 @@ def test_head_dims_not_a_multiple_of_4_and_unaligned_inputs_take_the_register_pa
     _assert_same(out, aligned)
 
 
+def test_each_load_path_gets_its_own_default_tiling():
+    # H100 sweeps (performance log): at d <= 64 the cp.async path is fastest with Bc = 32, the register path with 64
+    assert fa2_forward_tc.config_for(64, None, True) == (4, 2, 32, 64)
+    assert fa2_forward_tc.config_for(64, None, False) == (4, 2, 64, 64)
+    assert fa2_forward_tc.config_for(128, None, True) == fa2_forward_tc.config_for(128, None, False) == (8, 1, 32, 128)
+    assert fa2_forward_tc.config_for(62) == (4, 2, 64, 64), "d = 62 is not whole 16-byte chunks: the register path's"
+    assert fa2_forward_tc.default_features()["CP_ASYNC"]
+    for d, cp in ((64, True), (62, False)):
+        prob = check_attention_args(*make_qkv(np.random.default_rng(0), 1, 8, 8, 1, 1, d), 0.0, None, False, 0)
+        NW, MW, Bc, DP = fa2_forward_tc.config_for(d, None, cp)
+        assert fa2_forward_tc.plan(prob)[3] == 4 * fa2_forward_tc.smem_floats(NW, MW, Bc, DP, _backend.is_simulator(), 2 if cp else 1)
+
+
 def test_the_quiet_nan_pass_changes_only_nans_in_the_threads_chunks():
     NROWS, DW, NT, SA = 4, 8, 4, 12
     quiet = _tiles.make_quiet_nan_pass(NROWS, DW, NT, SA)
@@ -133,6 +146,9 @@ def test_the_quiet_nan_pass_changes_only_nans_in_the_threads_chunks():
 @pytest.mark.parametrize(("n", "d", "causal"), [(1000, 64, False), (1000, 128, True), (777, 96, True), (2048, 32, False)])
 def test_cp_async_pipeline_equals_the_register_path_on_gpu_shapes(rng, n, d, causal):
     q, k, v = make_qkv(rng, 2, n, n, 4, 2, d)
-    (cp_out, cp_feats), (reg_out, _) = (_run(q, k, v, causal, 0.0, 0, None, cp) for cp in (True, False))
+    # the cp.async path's default tiling for both paths (at d <= 64 the register path's own default is Bc = 64)
+    bs = None if d > 64 else (128, 32)
+    assert fa2_forward_tc.config_for(d, bs) == fa2_forward_tc.config_for(d, None, True)
+    (cp_out, cp_feats), (reg_out, _) = (_run(q, k, v, causal, 0.0, 0, bs, cp) for cp in (True, False))
     assert cp_feats["CP_ASYNC"]
     _assert_same(cp_out, reg_out)
