@@ -52,7 +52,8 @@ the 3xTF32 forward (``fa2_forward_tc``; ``CP`` 1 there where ``d % 4 == 0``) at 
 ``BC``, ``CP`` 1 for the cp.async pipeline (``CP_ASYNC``; where ``d % 8 == 0``, as ``plan``) or 0 for the
 register path with prefetch; ``tiling`` in the table says which ran. For the half backward (``fa2_backward_half_f16`` /
 ``_bf16``) the four numbers are ``NW,MW,BR,CP``: warps, key m16 tiles per warp (``Bc = 16 MW NW``), query rows per
-step and ``CP`` 1 for the ``cp.async`` stages of Q_i, dO_i (``CP_ASYNC``). E.g. the d = 128 candidates::
+step and ``CP`` 1 for the ``cp.async`` stages of Q_i, dO_i (``CP_ASYNC``); the same for the 3xTF32 backward
+(``fa2_backward_tf32``). E.g. the d = 128 candidates::
 
     cd /tmp && PYTHONPATH=/work/main:/tmp/cu13site LD_LIBRARY_PATH=/tmp/cu13site/nvidia/cu13/lib \
         NVDISASM=/tmp/cu13site/nvidia/cu13/bin/nvdisasm .venv/bin/python /work/main/bench/offline_resources.py \
@@ -209,8 +210,13 @@ def _kernel(name: str, d: int, causal: bool, tiling=None):
                                            name.rsplit("_", 1)[1], False, red2, cp_async and H.cp_async_ok(d))
     if name == "fa2_backward_tf32":
         NW, MW, BR, DP = TB.config_for(d, None, causal)
+        cp_async = bool(TB.default_features()["CP_ASYNC"])
+        if tiling is not None:  # as the half backward's: NW, MW, BR, CP
+            NW, MW, BR, cp = tiling
+            cp_async = bool(cp)
         red2 = d % 2 == 0  # as TB.plan on compute capability 9.0
-        return TB.fa2_backward_tf32_kernel(NW, MW, BR, DP, causal, False, True, TB.default_features()["PREFETCH"], False, False, red2)
+        return TB.fa2_backward_tf32_kernel(NW, MW, BR, DP, causal, False, True, TB.default_features()["PREFETCH"], False, False, red2,
+                                           cp_async and TC.cp_async_ok(d))
     f = B2.default_features()
     if name == "fa2_backward_fast":
         return B2.fa2_backward_fast_kernel(*B2.config_for(d), causal, False, True, f["VEC"], f["PREFETCH"], f["MAXREG"])
@@ -300,7 +306,8 @@ def main(argv=None) -> int:
         return 0
     nvd = _toolchain()
     cases = [(name, d, causal, t) for name in args.kernel or KERNELS for d in args.d or (64, 128)
-             for t in (args.half_tiling or [None] if name.startswith(("fa2_forward_half_", "fa2_forward_tc", "fa2_backward_half_b", "fa2_backward_half_f")) else [None])
+             for t in (args.half_tiling or [None] if name.startswith(("fa2_forward_half_", "fa2_forward_tc", "fa2_backward_half_b", "fa2_backward_half_f",
+                                                               "fa2_backward_tf32")) else [None])
              for causal in (False, True)]
     tcol = " tiling NW,MW,BC,CP" if args.half_tiling else ""
     print(f"{'kernel':<22} {'d':>4} {'causal':>6} {'regs':>5} {'spill st/ld B':>14} {'stack B':>8} {'SASS':>6} "

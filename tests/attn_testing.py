@@ -214,6 +214,18 @@ def torch_attention(q, k, v, causal, p, seed, dtype):
     return torch.einsum("bhij,bjhd->bihd", P, vv)
 
 
+def unaligned_copy(x):
+    """A copy of the host array ``x`` (4-byte elements) whose base is 4 bytes past a 16-byte boundary: rows that
+    ``cp.async`` cannot copy, so the kernels that use it must take their register path."""
+    x = np.asarray(x)
+    assert x.itemsize == 4, x.dtype
+    buf = np.empty(x.size + 4, x.dtype)
+    off = (4 - buf.ctypes.data % 16 // 4) % 4 + 1  # elements to a 16-byte boundary, plus one
+    y = buf[off:off + x.size].reshape(x.shape)
+    y[...] = x
+    return y
+
+
 def forward_recording_plan(module, kernel_arrays, prob, alloc, block_sizes, features):
     """``module.forward`` (a kernel module) on kernel arrays, outputs NaN-poisoned, recording what it plans.
 

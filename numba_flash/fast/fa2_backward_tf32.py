@@ -68,7 +68,7 @@ from .._constants import LOG2E, U
 from .._dropout import head_key, keep, row_key
 from .._fa2_prepass import allocate_grads, row_dot
 from .._launch import KernelLaunch, Problem, bh_grid, ceil_div
-from . import _mma, _plan, _regtile, _smem, _tiles, fa2_forward_tc
+from . import _mma, _plan, _regtile, _smem, _tiles, fa2_forward_half, fa2_forward_tc
 
 #: Largest head dim of this kernel: the 3xTF32 forward's (:data:`numba_flash.fast.fa2_forward_tc.TC_MAX_HEADDIM`).
 TF32_MAX_HEADDIM = fa2_forward_tc.TC_MAX_HEADDIM
@@ -116,10 +116,11 @@ def dq_split(NW: int, BR: int, DP: int):
     return (1, NW // QT) if NW % QT == 0 and ND % (NW // QT) == 0 else None
 
 
-def smem_floats(NW: int, MW: int, BR: int, DP: int) -> int:
-    """Dynamic SRAM of the main kernel in float32 elements: Q_i, dO_i, K_j, V_j, P_ij o Z_ij and tau dS_ij (module docstring)."""
+def smem_floats(NW: int, MW: int, BR: int, DP: int, stages: int = 1) -> int:
+    """Dynamic SRAM of the main kernel in float32 elements: ``stages`` copies of Q_i, dO_i (2 with ``CP_ASYNC``),
+    K_j, V_j, P_ij o Z_ij and tau dS_ij (module docstring)."""
     BC = 16 * MW * NW
-    return (2 * BR + 2 * BC) * (DP + 4) + 2 * BR * (BC + 4)
+    return (2 * stages * BR + 2 * BC) * (DP + 4) + 2 * BR * (BC + 4)
 
 
 def smem_floats_dq(NW: int, MW: int, BC: int, DP: int) -> int:
@@ -201,14 +202,18 @@ def make_score_products(QT: int, NKN: int, KD: int, SQ: int, SIM: bool):
 
 @functools.cache
 def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, DROPOUT: bool, ATOMIC_DQ: bool,
-                             PREFETCH: bool, SIM: bool, FROM_LSE: bool = False, RED2: bool = False):
+                             PREFETCH: bool, SIM: bool, FROM_LSE: bool = False, RED2: bool = False, CP_ASYNC: bool = False):
     """The main (column-block) 3xTF32 backward kernel: dK, dV, and with ``ATOMIC_DQ`` the atomic dQ adds.
 
     Kernel arguments: ``gQ, gdO (b, s_q, h, d)``, ``gK, gV (b, s_k, h_k, d)`` float32, ``gm, gl, gD (b, h, s_q)``
     (the forward's ``m, l``; with ``FROM_LSE`` only ``L``, passed as ``gm``), ``gdQ (b, s_q, h, d)`` zeros
     (unused without ``ATOMIC_DQ``), ``gdK, gdV (b, s_k, h_k, d)``; ``tau``, ``c1 = tau log2 e``, ``group``,
     ``causal_offset``, dropout ``seed``, ``threshold``, ``dropout_scale``. ``RED2``: dQ added two columns per
-    ``red.global.add.v2.f32`` (even ``d``, sm_90).
+    ``red.global.add.v2.f32`` (even ``d``, sm_90). ``CP_ASYNC`` (d a multiple of 4, 16-byte aligned Q and dO):
+    Q_i, dO_i go HBM -> SRAM by ``cp.async`` into two SRAM stages, issued one step ahead, with the statistics
+    staged beside them, and each thread turns NaNs of its own chunks into the quiet NaN after its wait (the
+    half backward's pipeline, :func:`numba_flash.fast.fa2_backward_half.fa2_backward_half_kernel`, with the
+    3xTF32 forward's NaN pass); one barrier per step instead of two. Without it they go through registers.
 
     Symbol table (paper symbol -> variable -> memory space):
 
@@ -216,10 +221,10 @@ def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
     Q, K, V, dO               gQ, gK, gV, gdO      HBM, float32
     m, l (or L), D            gm, gl, gD           HBM, float32 (b, h, s_q)
     dQ, dK, dV                gdQ, gdK, gdV        HBM, float32
-    Q_i, dO_i                 smem[OFF_Q/OFF_DO]   SRAM (Br, DP+4)
+    Q_i, dO_i                 smem[OFF_Q/OFF_DO]   SRAM (Br, DP+4); CP_ASYNC: 2 stages (+ uQSTAGE)
     K_j, V_j                  smem[OFF_K/OFF_V]    SRAM (Bc, DP+4), loaded once (L6)
     tau dS_ij                 smem[OFF_DS]         SRAM (Br, Bc+4), for L15
-    M_i, 1/l_i, D_i           sM, sIL, sD          SRAM (Br,)
+    M_i, 1/l_i, D_i           sM, sIL, sD          SRAM (Br,); CP_ASYNC: 2 stages (+ Br)
     S_ij (base 2), then -     rS                   registers: (Br/16) x 2 MW m16n8 fragments per warp (its keys)
     dP_ij                     rdP                  registers, same layout
     P_ij o Z_ij               smem[OFF_P]          SRAM (Br, Bc+4); a warp reads back its own key columns
@@ -238,12 +243,14 @@ def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
     SQ = DP + 4  # row stride of Q_i, dO_i, K_j, V_j: 4 mod 8 (A/B loads conflict free), 4 or 12 mod 16 (renamed rows)
     SD = BC + 4  # row stride of dS: 4 mod 16 (the stores of dS^T fragments hit bank 8t + g)
     uSQ, uSD = U(SQ), U(SD)
+    QST = 2 if CP_ASYNC else 1  # SRAM stages of Q_i, dO_i and of the statistics
     OFF_Q = U(0)
     OFF_DO = U(BR * SQ)
-    OFF_K = U(2 * BR * SQ)
-    OFF_V = U(2 * BR * SQ + BC * SQ)
-    OFF_P = U(2 * BR * SQ + 2 * BC * SQ)
-    OFF_DS = U(2 * BR * SQ + 2 * BC * SQ + BR * SD)
+    uQSTAGE = U(2 * BR * SQ)  # CP_ASYNC: stage 1 (Q_i, dO_i of the odd steps) follows stage 0
+    OFF_K = U(QST * 2 * BR * SQ)
+    OFF_V = U(QST * 2 * BR * SQ + BC * SQ)
+    OFF_P = U(QST * 2 * BR * SQ + 2 * BC * SQ)
+    OFF_DS = U(QST * 2 * BR * SQ + 2 * BC * SQ + BR * SD)
     split_dq = dq_split(NW, BR, DP)
     if split_dq is None:
         raise ValueError(f"3xTF32 backward: Br={BR}, Bc={BC} (d padded to {DP}) cannot split dQ over {NW} warps")
@@ -258,12 +265,17 @@ def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
     SXN = NW * _mma.SIM_SCRATCH_PER_WARP if SIM else 1
     SCR = _mma.SIM_SCRATCH_PER_WARP
     NKEY = BR if DROPOUT else 1
+    NSTAT, NSKEY = QST * BR, QST * NKEY  # statistics (and dropout row keys) of QST stages
     ZERO = float32(0.0)
     Z4 = (ZERO, ZERO, ZERO, ZERO)
     CAP = float32(64.0)
     QNAN = _tiles.QNAN
 
     NLQ, load_q, store_q = _tiles.make_pair_loader(BR, DP, NT, SQ, QUIET_NAN=True)  # Q_i with dO_i
+    RQ = 1 if CP_ASYNC else NLQ  # register staging of Q_i, dO_i (none with cp.async)
+    _, load_q_async = _tiles.make_word_loader_async(BR, DP, NT, SQ, SIM)  # Q_i or dO_i as 16-byte chunks of 4 floats
+    quiet_q = _tiles.make_quiet_nan_pass(BR, DP, NT, SQ)
+    _copy16, cp_commit, cp_wait0 = _mma.make_cp_async(SIM)
     NLK, load_kv, store_kv = _tiles.make_pair_loader(BC, DP, NT, SQ, QUIET_NAN=True)  # K_j with V_j
     _, first_row_block = _tiles.make_block_counts(BR, BC, CAUSAL)
     split, mma3, _, _ = _mma.make_warp_ops(SIM)
@@ -275,10 +287,10 @@ def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
     @cuda.jit(fastmath=False)
     def kernel(gQ, gK, gV, gdO, gm, gl, gD, gdQ, gdK, gdV, tau, c1, group, causal_offset, seed, threshold, dropout_scale):
         smem = cuda.shared.array(0, float32)  # Q_i, dO_i, K_j, V_j, tau dS_ij; offsets OFF_*
-        sM = cuda.shared.array(BR, float32)  # M_i: the forward's base-2 row max of each query of the block
-        sIL = cuda.shared.array(BR, float32)  # 1/l_i (0 past N_q or for a query that sees no key)
-        sD = cuda.shared.array(BR, float32)  # D_i
-        sKey = cuda.shared.array(NKEY, uint64)  # dropout row keys of the Br queries
+        sM = cuda.shared.array(NSTAT, float32)  # M_i: the forward's base-2 row max of each query of the block
+        sIL = cuda.shared.array(NSTAT, float32)  # 1/l_i (0 past N_q or for a query that sees no key)
+        sD = cuda.shared.array(NSTAT, float32)  # D_i
+        sKey = cuda.shared.array(NSKEY, uint64)  # dropout row keys of the Br queries
         sx = cuda.shared.array(SXN, float32)  # the simulator's lane-exchange scratch (unused on a GPU)
         tau = float32(tau)
         c1 = float32(c1)
@@ -294,8 +306,8 @@ def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
         rVs = cuda.local.array(NA, uint32)
         rQb = cuda.local.array(NQA, uint32)  # dS rows of the dQ slice (L15)
         rQs = cuda.local.array(NQA, uint32)
-        rQn = cuda.local.array(NLQ, float32)  # Q_i / Q_{i+1} in flight
-        rdOn = cuda.local.array(NLQ, float32)
+        rQn = cuda.local.array(RQ, float32)  # Q_i / Q_{i+1} in flight (register path)
+        rdOn = cuda.local.array(RQ, float32)
         rKn = cuda.local.array(NLK, float32)
         rVn = cuda.local.array(NLK, float32)
         rMn = cuda.local.array(NSR, float32)  # M, 1/l, D of the next step's queries
@@ -338,7 +350,12 @@ def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
         n_steps = group * n_i  # Dev: GQA: the G query heads of the group and their blocks, one flat loop
         if n_steps > 0:
             h0 = hk * group
-            load_q(gQ, gdO, ub, U(h0), i_first * BR, s_q, d, tid, rQn, rdOn)  # HBM read: 2 Br*d (first step)
+            if CP_ASYNC:  # Dev: the first step's Q_i, dO_i into stage 0, one cp.async group
+                load_q_async(smem, OFF_Q, gQ, ub, U(h0), i_first * BR, s_q, d, tid)  # HBM read: Br*d (first step)
+                load_q_async(smem, OFF_DO, gdO, ub, U(h0), i_first * BR, s_q, d, tid)  # HBM read: Br*d
+                cp_commit()
+            else:
+                load_q(gQ, gdO, ub, U(h0), i_first * BR, s_q, d, tid, rQn, rdOn)  # HBM read: 2 Br*d (first step)
             for e in range(NSR):
                 row = i_first * BR + int(tid) + NT * e
                 rMn[e], rIn[e] = row_stats(gm, gl, b, h0, row, s_q)
@@ -348,37 +365,59 @@ def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
             h = hk * group + st // n_i
             i = i_first + st % n_i
             row0 = i * BR
-            cuda.syncthreads()  # Sync: K_j, V_j stored (first step); Q, dO, stats, dS of the previous step read by all
+            qs = U(0)  # this step's stage: float offset of its Q_i, dO_i (CP_ASYNC: stage st % 2) ...
+            so = U(0)  # ... and index offset of its statistics
+            if CP_ASYNC:
+                qs = U(st % 2) * uQSTAGE
+                so = U(st % 2) * U(BR)
+                cp_wait0()  # this thread's copies of Q_i, dO_i (issued one step ago) have landed
+                quiet_q(smem, OFF_Q + qs, tid)  # Dev: NaN -> quiet NaN in this thread's chunks (the split keeps it a NaN)
+                quiet_q(smem, OFF_DO + qs, tid)
+            else:
+                cuda.syncthreads()  # Sync: K_j, V_j stored (first step); Q, dO, stats, dS of the previous step read by all
             # FA2.2 L9: load Q_i, dO_i, L_i (as M_i and 1/l_i), D_i from HBM to SRAM (Dev: from the prefetch registers)
             if not PREFETCH and st > 0:
-                load_q(gQ, gdO, ub, U(h), row0, s_q, d, tid, rQn, rdOn)  # HBM read: 2 Br*d
+                if not CP_ASYNC:
+                    load_q(gQ, gdO, ub, U(h), row0, s_q, d, tid, rQn, rdOn)  # HBM read: 2 Br*d
                 for e in range(NSR):
                     row = row0 + int(tid) + NT * e
                     rMn[e], rIn[e] = row_stats(gm, gl, b, h, row, s_q)
                     rDn[e] = gD[b, h, row] if row < s_q else ZERO
-            store_q(smem, OFF_Q, OFF_DO, tid, rQn, rdOn)
-            for e in range(NSR):
+            if not CP_ASYNC:
+                store_q(smem, OFF_Q, OFF_DO, tid, rQn, rdOn)
+            for e in range(NSR):  # Dev: CP_ASYNC: into the statistics' stage st % 2, last read two steps ago
                 r = int(tid) + NT * e
                 if r < BR:
-                    sM[r] = rMn[e]
-                    sIL[r] = rIn[e]
-                    sD[r] = rDn[e]
+                    rs = r + int(so)
+                    sM[rs] = rMn[e]
+                    sIL[rs] = rIn[e]
+                    sD[rs] = rDn[e]
                     if DROPOUT:
-                        sKey[r] = row_key(head_key(seed, b * nheads + h), row0 + r)
+                        sKey[rs] = row_key(head_key(seed, b * nheads + h), row0 + r)
+            # (CP_ASYNC: this barrier also publishes every thread's copies, and every warp is then done with step st-1:
+            # its stage, refilled next, and its P, dS)
             cuda.syncthreads()  # Sync: Q_i, dO_i, M_i, 1/l_i, D_i in SRAM before L10-L16 read them
-            if PREFETCH and st + 1 < n_steps:
+            if (CP_ASYNC or PREFETCH) and st + 1 < n_steps:
+                # Dev: L9 of step st+1 issued now, landing during L10-L16 of step st: CP_ASYNC into the other stage
+                # (then PREFETCH moves only the statistics), else into the registers
                 hn = hk * group + (st + 1) // n_i
                 rown = (i_first + (st + 1) % n_i) * BR
-                load_q(gQ, gdO, ub, U(hn), rown, s_q, d, tid, rQn, rdOn)  # HBM read: 2 Br*d (step st+1)
-                for e in range(NSR):
-                    row = rown + int(tid) + NT * e
-                    rMn[e], rIn[e] = row_stats(gm, gl, b, hn, row, s_q)
-                    rDn[e] = gD[b, hn, row] if row < s_q else ZERO
+                if CP_ASYNC:
+                    load_q_async(smem, OFF_Q + (uQSTAGE - qs), gQ, ub, U(hn), rown, s_q, d, tid)  # HBM read: Br*d
+                    load_q_async(smem, OFF_DO + (uQSTAGE - qs), gdO, ub, U(hn), rown, s_q, d, tid)  # HBM read: Br*d
+                    cp_commit()
+                else:
+                    load_q(gQ, gdO, ub, U(hn), rown, s_q, d, tid, rQn, rdOn)  # HBM read: 2 Br*d (step st+1)
+                if PREFETCH:
+                    for e in range(NSR):
+                        row = rown + int(tid) + NT * e
+                        rMn[e], rIn[e] = row_stats(gm, gl, b, hn, row, s_q)
+                        rDn[e] = gD[b, hn, row] if row < s_q else ZERO
 
             # [doc:fa2-tf32-bwd-inner-loop]
             # FA2.2 L10: S_ij = Q_i K_j^T (the forward's S, base 2, bit for bit); FA2.2 L13: dP_ij = dO_i V_j^T --
             # A = Q_i tau log2 e (dO_i) rows, B = this warp's K_j (V_j) rows, 3xTF32 as the forward, each d step staged
-            mma_score_products(smem, OFF_Q, OFF_DO, OFF_K, OFF_V, wrow, g, t, c1, rKb, rKs, rVb, rVs, rS, rdP, sx, wbase, lane)
+            mma_score_products(smem, OFF_Q + qs, OFF_DO + qs, OFF_K, OFF_V, wrow, g, t, c1, rKb, rKs, rVb, rVs, rS, rdP, sx, wbase, lane)
             # FA2.2 L11: P_ij = exp(S_ij - L_i) as exp2(S' - M_i) / l_i, masked (a column of P^T is a query)
             # FA2.2 L14: dS_ij = P_ij o (dP_ij - D_i), times tau; P o Z and tau dS to SRAM (row = query)
             masked = col0 + BC > s_k or (CAUSAL and col0 + BC - 1 > row0 + causal_offset)
@@ -387,20 +426,21 @@ def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
                     for c in range(4):
                         f = (qt * NKN + kn) * 4 + c
                         qi = U(16 * qt + 8 * (c // 2)) + g  # query row within the block
+                        qx = qi + so  # its statistics (CP_ASYNC: in this step's stage)
                         kr = wrow + U(8 * kn + c % 2) + U(2) * t  # key row within the block
                         key = col0 + int(kr)
                         # Dev: min(., 64): no overflow on masked entries (exp2 overflow, then inf * 0 = NaN)
-                        p = math.exp2(min(rS[f] - sM[qi], CAP)) * sIL[qi]
+                        p = math.exp2(min(rS[f] - sM[qx], CAP)) * sIL[qx]
                         if masked:
                             if key >= s_k or (CAUSAL and key > row0 + int(qi) + causal_offset):
                                 p = ZERO
                         dp = rdP[f]
                         pz = p
                         if DROPOUT:
-                            z = dropout_scale if keep(sKey[qi], key, threshold) else ZERO
+                            z = dropout_scale if keep(sKey[qx], key, threshold) else ZERO
                             pz = p * z
                             dp = dp * z
-                        ds = tau * (p * (dp - sD[qi]))
+                        ds = tau * (p * (dp - sD[qx]))
                         # Dev: a NaN as the quiet NaN 0x7fc00000 (the split would turn the GPU's 0x7fffffff into -0.0)
                         smem[OFF_P + qi * uSD + kr] = pz if pz == pz else QNAN
                         smem[OFF_DS + qi * uSD + kr] = ds if ds == ds else QNAN
@@ -420,10 +460,10 @@ def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
                         rVb[mt * 4 + c], rVs[mt * 4 + c] = split(smem[OFF_DS + off])
                 for dn in range(ND):
                     ra = (U(8 * nt) + U(2) * t) * uSQ + U(8 * dn) + g  # b = (X[2t, g], X[2t+1, g]) of column tile dn
-                    ob0, os0 = split(smem[OFF_DO + ra])
-                    ob1, os1 = split(smem[OFF_DO + ra + uSQ])
-                    qb0, qs0 = split(smem[OFF_Q + ra])
-                    qb1, qs1 = split(smem[OFF_Q + ra + uSQ])
+                    ob0, os0 = split(smem[OFF_DO + qs + ra])
+                    ob1, os1 = split(smem[OFF_DO + qs + ra + uSQ])
+                    qb0, qs0 = split(smem[OFF_Q + qs + ra])
+                    qb1, qs1 = split(smem[OFF_Q + qs + ra + uSQ])
                     for mt in range(MW):
                         f = (mt * ND + dn) * 4
                         acc = mma3((rKb[mt * 4], rKb[mt * 4 + 1], rKb[mt * 4 + 2], rKb[mt * 4 + 3]),
@@ -674,8 +714,10 @@ def default_features() -> dict:
     """``PREFETCH``: load the next step's Q_i, dO_i into registers during the compute of this one (off: its
     registers made the default tilings spill). ``RED2``:
     add the dQ fragments with ``red.global.add.v2.f32`` (two columns per instruction); None: on compute
-    capability 9.0+ at even head dims (8-byte aligned rows)."""
-    return {"PREFETCH": False, "RED2": None}
+    capability 9.0+ at even head dims (8-byte aligned rows). ``CP_ASYNC``: the main kernel's Q_i, dO_i by
+    ``cp.async`` into two SRAM stages where :func:`numba_flash.fast.fa2_forward_tc.cp_async_ok` and Q, dO are
+    16-byte aligned; off by default until a GPU sweep has timed it (the performance log has the prediction)."""
+    return {"PREFETCH": False, "RED2": None, "CP_ASYNC": False}
 
 
 def plan(prob: Problem, block_sizes=None, config=None, features=None, deterministic=False, from_lse=False):
@@ -689,7 +731,8 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None, determinis
     feats.update(features or {})
     sim = _backend.is_simulator()
     BC = 16 * MW * NW
-    nbytes = 4 * smem_floats(NW, MW, BR, DP)
+    cp_async = bool(feats["CP_ASYNC"]) and fa2_forward_tc.cp_async_ok(d)  # Dev: d % 4 != 0: the register path
+    nbytes = 4 * smem_floats(NW, MW, BR, DP, 2 if cp_async else 1)
     _plan.check_sram(nbytes, BR, BC, d)
     dropout = prob.dropout_p > 0
     red2 = feats["RED2"]
@@ -697,7 +740,7 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None, determinis
         red2 = not sim and cuda.get_current_device().compute_capability >= (9, 0)
     red2 = bool(red2) and d % 2 == 0  # Dev: red.v2 needs 8-byte aligned pairs: rows of d floats, d even
     main = fa2_backward_tf32_kernel(NW, MW, BR, DP, prob.causal, dropout, not deterministic, bool(feats["PREFETCH"]), sim,
-                                    bool(from_lse), red2)
+                                    bool(from_lse), red2, cp_async)
     grid = bh_grid(ceil_div(prob.seqlen_k, BC), prob.batch * prob.nheads_k)
     dq = None
     NWq, MWq, BCq, _ = dq_config(d)
@@ -734,6 +777,7 @@ def backward(dout, q, k, v, out, fwd, prob: Problem, alloc, block_sizes=None, de
     """FA2 Algorithm 2 on the tensor cores (3xTF32), on float32 kernel arrays: ``(dq, dk, dv)`` (dk, dv summed
     over each GQA group); dq by atomic adds or, with ``deterministic``, by :func:`fa2_backward_tf32_dq_kernel`."""
     from_lse = fwd.m is None or fwd.l is None
+    features = fa2_forward_half.register_path_if_unaligned(features, default_features(), q, dout)  # Dev: cp.async of Q, dO rows
     main, grid, dqk, grid_dq, (nt, nt_dq), (nbytes, nbytes_dq) = plan(prob, block_sizes, config, features, deterministic, from_lse)
     dq, dk, dv = _allocate_grads(prob, alloc, deterministic)
     delta = _prepass(out, dout, prob, alloc)  # D = rowsum(dO o O), line 4

@@ -28,7 +28,7 @@ from numba_flash.fast import fa2_backward_half, fa2_forward_half
 
 import numpy as np
 import pytest
-from attn_testing import assert_error_rule, make_qkv, torch_attention
+from attn_testing import assert_error_rule, make_qkv, torch_attention, unaligned_copy
 
 torch = pytest.importorskip("torch")
 
@@ -123,16 +123,7 @@ def test_head_dims_not_a_multiple_of_8_and_unaligned_inputs_take_the_register_pa
     alloc = Allocator(xs[0])
     kq, kk, kv, kdo = (alloc.to_words(x) for x in (*xs, dout))
     fwd = fa2_forward_half.forward(kq, kk, kv, prob, alloc)
-
-    def unaligned(a):
-        host = a.copy_to_host()
-        buf = np.empty(host.size + 4, np.int32)
-        off = (4 - buf.ctypes.data % 16 // 4) % 4 + 1  # words to a 16-byte boundary, plus one
-        y = buf[off:off + host.size].reshape(host.shape)
-        y[...] = host
-        return y
-
-    sq, sdo = unaligned(kq), unaligned(kdo)
+    sq, sdo = (unaligned_copy(a.copy_to_host()) for a in (kq, kdo))
     assert not fa2_forward_half.aligned16(sq) and not fa2_forward_half.aligned16(sdo)
     runs, planned, real_plan = [], [], fa2_backward_half.plan
     monkeypatch.setattr(fa2_backward_half, "plan", lambda *a, **kw: planned.append(a[3]) or real_plan(*a, **kw))

@@ -38,7 +38,7 @@ from numba_flash_reference.alg0_standard import standard_attention
 
 import numpy as np
 import pytest
-from attn_testing import assert_error_rule, forward_recording_plan, make_qkv, naive_stats_float32, torch_attention
+from attn_testing import assert_error_rule, forward_recording_plan, make_qkv, naive_stats_float32, torch_attention, unaligned_copy
 from numba import cuda, uint32
 
 torch = pytest.importorskip("torch")
@@ -183,14 +183,7 @@ def test_head_dim_110_and_unaligned_inputs_fall_back_to_the_register_path(rng, d
     _check(runs[True][3], runs[True][4], th, t64, False, 0.0, 0)
     # d = 32, word arrays whose base is 4 bytes past a 16-byte boundary: forward() drops CP_ASYNC
     th, _ = _inputs(rng, dtype, 1, 20, 20, 1, 1, 32)
-    words = []
-    for x in th:
-        w = x.contiguous().view(torch.int32).numpy()
-        buf = np.empty(w.size + 4, np.int32)
-        off = (4 - buf.ctypes.data % 16 // 4) % 4 + 1  # words to a 16-byte boundary, plus one
-        shifted = buf[off:off + w.size].reshape(w.shape)
-        shifted[...] = w
-        words.append(shifted)
+    words = [unaligned_copy(x.contiguous().view(torch.int32).numpy()) for x in th]
     assert not fa2_forward_half.aligned16(*words) and fa2_forward_half.aligned16(*(w.copy() for w in words))
     runs = _forward_paths(th, False, 0.0, 0, (16, 16), words=words)
     assert not runs[True][2]["CP_ASYNC"], "unaligned inputs: forward() must ask for the register path"

@@ -27,7 +27,7 @@ from numba_flash_reference.alg0_standard import standard_attention
 
 import numpy as np
 import pytest
-from attn_testing import assert_error_rule, forward_recording_plan, make_qkv, naive_attention_float32
+from attn_testing import assert_error_rule, forward_recording_plan, make_qkv, naive_attention_float32, unaligned_copy
 from numba import cuda, float32
 
 
@@ -89,13 +89,7 @@ def test_head_dims_not_a_multiple_of_4_and_unaligned_inputs_take_the_register_pa
         NW, MW, Bc, DP, _backend.is_simulator(), 1), "d = 6: one SRAM stage (the register path)"
     # d = 16, K and V whose base is 4 bytes past a 16-byte boundary: forward() drops CP_ASYNC
     q, k, v = make_qkv(rng, 1, 20, 20, 1, 1, 16)
-    shifted = []
-    for x in (q, k, v):
-        buf = np.empty(x.size + 4, np.float32)
-        off = (4 - buf.ctypes.data % 16 // 4) % 4 + 1  # floats to a 16-byte boundary, plus one
-        y = buf[off:off + x.size].reshape(x.shape)
-        y[...] = x
-        shifted.append(y)
+    shifted = [unaligned_copy(x) for x in (q, k, v)]
     assert not fa2_forward_half.aligned16(*shifted[1:]) and fa2_forward_half.aligned16(k, v)
     out, feats = _run(q, k, v, False, 0.0, 0, (16, 16), True, words=shifted)
     assert not feats["CP_ASYNC"], "unaligned K, V: forward() must ask for the register path"
