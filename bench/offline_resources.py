@@ -210,7 +210,7 @@ def _kernel(name: str, d: int, causal: bool, tiling=None):
                                            name.rsplit("_", 1)[1], False, red2, cp_async and H.cp_async_ok(d))
     if name == "fa2_backward_tf32":
         NW, MW, BR, DP = TB.config_for(d, None, causal)
-        cp_async = bool(TB.default_features()["CP_ASYNC"])
+        cp_async = bool(TB.features_for(d)["CP_ASYNC"])
         if tiling is not None:  # as the half backward's: NW, MW, BR, CP
             NW, MW, BR, cp = tiling
             cp_async = bool(cp)

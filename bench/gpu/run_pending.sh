@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # The GPU measurements the performance log (docs/notes/performance-log.md) asks for next, from the repository root:
 #   bash bench/gpu/run_pending.sh [OUTDIR [STEP ...]]
-# STEP (default: streams host tc_cp, about 8 minutes on an H100; half_bwd_cp alone takes about as long):
+# STEP (default: host, about 2 minutes; streams, tc_cp and half_bwd_cp ran on 2026-11-25, their results are in
+# docs/results: streams took 8 minutes on an H100, mostly compiling, tc_cp 3, half_bwd_cp 5):
 #   streams      tests/test_streams.py and tests/kernels/test_half_backward_cp_async.py (written without a GPU)
 #                -> OUTDIR/streams_gpu.txt
-#   host         the host probes of a short-sequence call: python -m bench.short_seq_probe --profile (numba's default
-#                CUDA-array-interface sync, then without it) and python -m bench.host_overhead (CUDA tensors)
-#                -> OUTDIR/profile_sync.txt, profile_nosync.txt, host_overhead_gpu.txt
+#   host         the host probes of a short-sequence call: python -m bench.host_overhead (CUDA tensors; first, with
+#                fewer calls: on 2026-11-25 it was cut before printing) and python -m bench.short_seq_probe --profile
+#                (numba's default CUDA-array-interface sync, then without it)
+#                -> OUTDIR/host_overhead_gpu.txt, profile_sync.txt, profile_nosync.txt
 #   tc_cp        the 3xTF32 forward's cp.async sweep that decides CP_ASYNC's default for float32 (fa2_sweep variants
 #                tc-cp*; the log's section "3xTF32 forward: cp.async for K_j, V_j") -> OUTDIR/tc_cp_d64.json/.log, _d128
 #   half_bwd_cp  the half backward's tilings with and without cp.async for Q_i, dO_i (half_sweep --backward; the log's
@@ -16,7 +18,7 @@ set -uo pipefail
 out="${1:-${OUT:-.}}"
 shift $(( $# > 0 ? 1 : 0 ))
 steps=("$@")
-[ ${#steps[@]} -gt 0 ] || steps=(streams host tc_cp)
+[ ${#steps[@]} -gt 0 ] || steps=(host)
 mkdir -p "$out"
 source bench/gpu/setup_env.sh > "$out/pending_env.txt" 2>&1 || { cat "$out/pending_env.txt"; exit 1; }
 {
@@ -36,9 +38,9 @@ for s in "${steps[@]}"; do
     streams)
       step streams_gpu.txt python3 -m pytest -q -p no:cacheprovider -rfE tests/test_streams.py tests/kernels/test_half_backward_cp_async.py ;;
     host)
+      step host_overhead_gpu.txt python3 -m bench.host_overhead --calls 500 --repeats 3
       step profile_sync.txt python3 -m bench.short_seq_probe --profile
-      step profile_nosync.txt env NUMBA_CUDA_ARRAY_INTERFACE_SYNC=0 python3 -m bench.short_seq_probe --profile
-      step host_overhead_gpu.txt python3 -m bench.host_overhead ;;
+      step profile_nosync.txt env NUMBA_CUDA_ARRAY_INTERFACE_SYNC=0 python3 -m bench.short_seq_probe --profile ;;
     tc_cp)
       step tc_cp_d64.log python3 -m bench.fa2_sweep --seqlens 1024 4096 16384 --headdims 64 \
         --variants tc tc-cp tc-cp-Bc32 tc-cp-NW8-MW1 --out "$out/tc_cp_d64.json"

@@ -716,8 +716,18 @@ def default_features() -> dict:
     add the dQ fragments with ``red.global.add.v2.f32`` (two columns per instruction); None: on compute
     capability 9.0+ at even head dims (8-byte aligned rows). ``CP_ASYNC``: the main kernel's Q_i, dO_i by
     ``cp.async`` into two SRAM stages where :func:`numba_flash.fast.fa2_forward_tc.cp_async_ok` and Q, dO are
-    16-byte aligned; off by default until a GPU sweep has timed it (the performance log has the prediction)."""
-    return {"PREFETCH": False, "RED2": None, "CP_ASYNC": False}
+    16-byte aligned; None: at ``d <= 64``, where an H100 sweep timed the backward 1.03-1.05x faster at the
+    default tiling and 1.04-1.11x causal; above, the default tiling's two stages do not fit (236 KB) and the
+    tilings they fit ran 0.89-1.01x (``docs/results/sweeps/tf32_bwd_cp_h100.json``, the performance log)."""
+    return {"PREFETCH": False, "RED2": None, "CP_ASYNC": None}
+
+
+def features_for(d: int, features=None) -> dict:
+    """:func:`default_features` updated with ``features``, ``CP_ASYNC=None`` resolved for head dim ``d``."""
+    f = {**default_features(), **(features or {})}
+    if f["CP_ASYNC"] is None:
+        f["CP_ASYNC"] = 8 * ((d + 7) // 8) <= 64
+    return f
 
 
 def plan(prob: Problem, block_sizes=None, config=None, features=None, deterministic=False, from_lse=False):
@@ -727,8 +737,7 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None, determinis
                          f"got {prob.dtype} and headdim {prob.headdim}")
     d = prob.headdim
     NW, MW, BR, DP = config if config is not None else config_for(d, block_sizes, prob.causal)
-    feats = default_features()
-    feats.update(features or {})
+    feats = features_for(d, features)
     sim = _backend.is_simulator()
     BC = 16 * MW * NW
     cp_async = bool(feats["CP_ASYNC"]) and fa2_forward_tc.cp_async_ok(d)  # Dev: d % 4 != 0: the register path
@@ -777,7 +786,7 @@ def backward(dout, q, k, v, out, fwd, prob: Problem, alloc, block_sizes=None, de
     """FA2 Algorithm 2 on the tensor cores (3xTF32), on float32 kernel arrays: ``(dq, dk, dv)`` (dk, dv summed
     over each GQA group); dq by atomic adds or, with ``deterministic``, by :func:`fa2_backward_tf32_dq_kernel`."""
     from_lse = fwd.m is None or fwd.l is None
-    features = fa2_forward_half.register_path_if_unaligned(features, default_features(), q, dout)  # Dev: cp.async of Q, dO rows
+    features = fa2_forward_half.register_path_if_unaligned(features_for(prob.headdim, features), {}, q, dout)  # Dev: cp.async of Q, dO rows
     main, grid, dqk, grid_dq, (nt, nt_dq), (nbytes, nbytes_dq) = plan(prob, block_sizes, config, features, deterministic, from_lse)
     dq, dk, dv = _allocate_grads(prob, alloc, deterministic)
     delta = _prepass(out, dout, prob, alloc)  # D = rowsum(dO o O), line 4
