@@ -140,6 +140,10 @@ def real_scalar(x, integral: bool = False):
     integers are accepted (a float seed such as ``1.0`` is refused, not truncated). Range checks
     (finite, positive, ...) are the caller's, so that its error can name the argument.
     """
+    if type(x) is float:  # Dev: the common cases first (bool is not int here: type(True) is bool)
+        return None if integral else x
+    if type(x) is int:
+        return x if integral else float(x)
     x = _zero_dim_item(x)
     if isinstance(x, (bool, np.bool_)):
         return None
@@ -158,18 +162,21 @@ def _describe_scalar(x) -> str:
 
 def check_attention_args(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, seed=0) -> Problem:
     """Validate a forward call; raise ValueError/TypeError naming the bad argument."""
+    dts = []  # Dev: each input's dtype name and device read once (this runs on every call's host path)
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not hasattr(x, "shape") or not hasattr(x, "dtype"):
             raise TypeError(f"{name} must be an array or tensor, got {type(x).__name__}")
         if len(x.shape) != 4:
             raise ValueError(f"{name} must have 4 dimensions (batch, seqlen, nheads, headdim), got shape {tuple(x.shape)}")
-        if _dtype_name(x) not in _FLOAT_NAMES:
-            raise TypeError(f"{name} must be float16, bfloat16, float32 or float64, got {_dtype_name(x)}")
-    if not (_dtype_name(q) == _dtype_name(k) == _dtype_name(v)):
-        raise TypeError(f"q, k and v must have the same dtype, got {_dtype_name(q)}, {_dtype_name(k)}, {_dtype_name(v)}")
-    if not (_device_of(q) == _device_of(k) == _device_of(v)):
-        raise ValueError(f"q, k and v must be on the same device, got {_device_of(q)}, {_device_of(k)}, {_device_of(v)}")
-    if _is_torch(q) != _is_torch(k) or _is_torch(q) != _is_torch(v):
+        dts.append(_dtype_name(x))
+        if dts[-1] not in _FLOAT_NAMES:
+            raise TypeError(f"{name} must be float16, bfloat16, float32 or float64, got {dts[-1]}")
+    if not (dts[0] == dts[1] == dts[2]):
+        raise TypeError(f"q, k and v must have the same dtype, got {dts[0]}, {dts[1]}, {dts[2]}")
+    devs = [_device_of(x) for x in (q, k, v)]
+    if not (devs[0] == devs[1] == devs[2]):
+        raise ValueError(f"q, k and v must be on the same device, got {devs[0]}, {devs[1]}, {devs[2]}")
+    if not (_is_torch(q) == _is_torch(k) == _is_torch(v)):
         raise TypeError("q, k and v must all be torch tensors or all be arrays")
     b, s_q, h, d = (int(n) for n in q.shape)
     bk, s_k, h_k, dk = (int(n) for n in k.shape)
@@ -203,7 +210,7 @@ def check_attention_args(q, k, v, dropout_p=0.0, softmax_scale=None, causal=Fals
     seed_ = real_scalar(seed, integral=True)
     if seed_ is None or not (0 <= seed_ < 2**32):
         raise ValueError(f"seed must be an integer in [0, 2**32), got {seed!r}")
-    return Problem(b, s_q, s_k, h, h_k, d, tau, bool(causal), p, seed_, _dtype_name(q))
+    return Problem(b, s_q, s_k, h, h_k, d, tau, bool(causal), p, seed_, dts[0])
 
 
 def check_backward_args(dout, out, prob: Problem, q) -> None:

@@ -157,7 +157,7 @@ class TestEveryBadArgumentIsNamed:
         q, k, v = qkv(rng)
         expect(TypeError, r"^causal must be a bool", both_apis(q, k, v, causal=1))
 
-    @pytest.mark.parametrize("seed", [-1, 2**32, 1.5])
+    @pytest.mark.parametrize("seed", [-1, 2**32, 1.5, 5.0, True])
     def test_seed_outside_uint32_is_refused(self, rng, seed):
         q, k, v = qkv(rng)
         expect(ValueError, r"^seed must be an integer in \[0, 2\*\*32\)", both_apis(q, k, v, seed=seed))
@@ -206,6 +206,7 @@ def test_block_sizes_beyond_the_opt_in_shared_memory_fail_before_the_fast_kernel
     ("dropout_p", np.float32(0.25), 0.25), ("dropout_p", np.array(0.5), 0.5), ("dropout_p", torch.tensor(0.125), 0.125),
     ("dropout_p", np.int64(0), 0.0),
     ("seed", np.int64(5), 5), ("seed", np.uint32(2**32 - 1), 2**32 - 1), ("seed", np.array(7), 7), ("seed", torch.tensor(9), 9),
+    ("softmax_scale", 2, 2.0), ("softmax_scale", 0.5, 0.5), ("dropout_p", 0, 0.0), ("seed", 5, 5),  # Python's own: the fast path
 ])
 def test_any_real_scalar_is_accepted_as_softmax_scale_dropout_p_and_seed(rng, name, value, want):
     """Python, NumPy (any width) and 0-d array or tensor scalars are taken as the number they hold."""
