@@ -187,7 +187,10 @@ def host(torch):
 
     from numba import cuda
 
-    print("NUMBA_CUDA_ARRAY_INTERFACE_SYNC =", os.environ.get("NUMBA_CUDA_ARRAY_INTERFACE_SYNC", "(default)"), flush=True)
+    from numba_flash.fast import _smem
+
+    print("NUMBA_CUDA_ARRAY_INTERFACE_SYNC =", os.environ.get("NUMBA_CUDA_ARRAY_INTERFACE_SYNC", "(default)"),
+          "| _smem.CACHED_OPT_IN =", _smem.CACHED_OPT_IN, flush=True)
     for dt, mod, conv in ((torch.bfloat16, fa2_forward_half, "to_words"), (torch.float32, fa2_forward_tc, "to_kernel")):
         for d in (64, 128):
             N, b, h = 1024, 16, 2048 // d

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # The GPU measurements the performance log (docs/notes/performance-log.md) asks for next, from the repository root:
 #   bash bench/gpu/run_pending.sh [OUTDIR [STEP ...]]
-# STEP (default: host, about 2 minutes; streams, tc_cp and half_bwd_cp ran on 2026-11-25, their results are in
+# STEP (default: host, about 3 minutes; streams, tc_cp and half_bwd_cp ran on 2026-11-25, their results are in
 # docs/results: streams took 8 minutes on an H100, mostly compiling, tc_cp 3, half_bwd_cp 5):
 #   streams      tests/test_streams.py and tests/kernels/test_half_backward_cp_async.py (written without a GPU)
 #                -> OUTDIR/streams_gpu.txt
 #   host         the host probes of a short-sequence call: python -m bench.host_overhead (CUDA tensors; first, with
-#                fewer calls: on 2026-11-25 it was cut before printing) and python -m bench.short_seq_probe --profile
-#                (numba's default CUDA-array-interface sync, then without it)
-#                -> OUTDIR/host_overhead_gpu.txt, profile_sync.txt, profile_nosync.txt
+#                fewer calls: on 2026-11-25 it was cut before printing), python -m bench.short_seq_probe --host with
+#                _smem.CACHED_OPT_IN off and on (NUMBA_FLASH_CACHED_OPT_IN=1; the performance log's prediction), and
+#                --profile with it on
+#                -> OUTDIR/host_overhead_gpu.txt, host_probe.txt, host_probe_cached.txt, profile_cached.txt
 #   tc_cp        the 3xTF32 forward's cp.async sweep that decides CP_ASYNC's default for float32 (fa2_sweep variants
 #                tc-cp*; the log's section "3xTF32 forward: cp.async for K_j, V_j") -> OUTDIR/tc_cp_d64.json/.log, _d128
 #   half_bwd_cp  the half backward's tilings with and without cp.async for Q_i, dO_i (half_sweep --backward; the log's
@@ -39,8 +40,9 @@ for s in "${steps[@]}"; do
       step streams_gpu.txt python3 -m pytest -q -p no:cacheprovider -rfE tests/test_streams.py tests/kernels/test_half_backward_cp_async.py ;;
     host)
       step host_overhead_gpu.txt python3 -m bench.host_overhead --calls 500 --repeats 3
-      step profile_sync.txt python3 -m bench.short_seq_probe --profile
-      step profile_nosync.txt env NUMBA_CUDA_ARRAY_INTERFACE_SYNC=0 python3 -m bench.short_seq_probe --profile ;;
+      step host_probe.txt python3 -m bench.short_seq_probe --host
+      step host_probe_cached.txt env NUMBA_FLASH_CACHED_OPT_IN=1 python3 -m bench.short_seq_probe --host
+      step profile_cached.txt env NUMBA_FLASH_CACHED_OPT_IN=1 python3 -m bench.short_seq_probe --profile ;;
     tc_cp)
       step tc_cp_d64.log python3 -m bench.fa2_sweep --seqlens 1024 4096 16384 --headdims 64 \
         --variants tc tc-cp tc-cp-Bc32 tc-cp-NW8-MW1 --out "$out/tc_cp_d64.json"
