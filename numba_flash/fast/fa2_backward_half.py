@@ -698,8 +698,8 @@ def default_features() -> dict:
     vector form's extra registers made ptxas spill 144 B instead of 80 B and the kernel 17-21 % slower
     (``docs/results/sweeps/half_bwd_sweep_h100_v2_red2.json``); elsewhere it is 1-8 % faster. ``CP_ASYNC``: the main
     kernel's Q_i, dO_i by ``cp.async`` into two SRAM stages where the head dim allows it
-    (:func:`numba_flash.fast.fa2_forward_half.cp_async_ok`) and Q, dO are 16-byte aligned: on an H100 the backward
-    is 17-23 % faster at d = 64 and 3-37 % at d = 128 with the RED2 policy above
+    (:func:`numba_flash.fast.fa2_forward_half.cp_async_ok`) and Q, dO are 16-byte aligned: on an H100 forward +
+    backward is 17-23 % faster at d = 64 and 3-25 % at d = 128 with the RED2 policy above
     (``docs/results/sweeps/half_bwd_cp_h100.json``; the performance log has prediction and outcome)."""
     return {"PREFETCH": True, "RED2": None, "CP_ASYNC": True}
 
