@@ -183,11 +183,9 @@ def host(torch):
 
     from numba_flash import flash_attn_func
     from numba_flash._launch import Allocator, check_attention_args
-    from numba_flash.fast import fa2_forward_half, fa2_forward_tc
+    from numba_flash.fast import _smem, fa2_forward_half, fa2_forward_tc
 
     from numba import cuda
-
-    from numba_flash.fast import _smem
 
     print("NUMBA_CUDA_ARRAY_INTERFACE_SYNC =", os.environ.get("NUMBA_CUDA_ARRAY_INTERFACE_SYNC", "(default)"),
           "| _smem.CACHED_OPT_IN =", _smem.CACHED_OPT_IN, flush=True)
