@@ -369,6 +369,14 @@ class Allocator:
             return _torch().cuda.device(self.torch_device)
         return contextlib.nullcontext()
 
+    @contextlib.contextmanager
+    def launching(self):
+        """The block in which a pass converts its arrays and launches: on the tensors' GPU (:meth:`device_guard`),
+        and at its end the caller's stream ordered after the launches (:meth:`join_caller_stream`)."""
+        with self.device_guard():
+            yield
+            self.join_caller_stream()
+
     def _import(self, t):
         """The torch CUDA tensor ``t`` as a numba array for the kernels, with the launch stream first made to wait for
         the caller's stream (when they differ): what torch queued there for ``t`` (its producer, a conversion or a

@@ -2,9 +2,9 @@
 
 :func:`forward` and :func:`backward` turn the caller's arrays into kernel arrays (through the call's
 :class:`~numba_flash._launch.Allocator`), warn in the simulator when the pass will take minutes
-(:func:`numba_flash._cost.warn_if_slow`), call the kernel module on the tensors' GPU
-(:meth:`~numba_flash._launch.Allocator.device_guard`), and order the caller's torch stream after its launches
-(:meth:`~numba_flash._launch.Allocator.join_caller_stream`). :mod:`numba_flash.api` (NumPy
+(:func:`numba_flash._cost.warn_if_slow`), and call the kernel module inside
+:meth:`~numba_flash._launch.Allocator.launching`: on the tensors' GPU, with the caller's torch stream ordered
+after its launches. :mod:`numba_flash.api` (NumPy
 level) and :mod:`numba_flash._torch_ops` (the torch custom operators behind ``flash_attn_func``) both
 launch through here, so a test that replaces these two functions sees every launch.
 """
@@ -27,18 +27,14 @@ def forward(q, k, v, prob: Problem, kernel: Kernel, block_sizes, alloc: Allocato
     """``kernel``'s forward on the caller's q, k, v: a :class:`~numba_flash._launch.ForwardOutput` of kernel arrays."""
     _cost.warn_if_slow(kernel, prob, block_sizes, stacklevel=4)
     to_kernel = _converter(kernel, prob, alloc)
-    with alloc.device_guard():
-        fwd = kernel.module.forward(to_kernel(q), to_kernel(k), to_kernel(v), prob, alloc, block_sizes=block_sizes)
-        alloc.join_caller_stream()
-    return fwd
+    with alloc.launching():
+        return kernel.module.forward(to_kernel(q), to_kernel(k), to_kernel(v), prob, alloc, block_sizes=block_sizes)
 
 
 def backward(dout, q, k, v, out, fwd: ForwardOutput, prob: Problem, kernel: Kernel, block_sizes, deterministic, alloc: Allocator):
     """``kernel``'s backward: (dq, dk, dv) kernel arrays, from the caller's arrays and the forward's statistics ``fwd``."""
     _cost.warn_if_slow(kernel, prob, block_sizes, stacklevel=4)
     to_kernel = _converter(kernel, prob, alloc)
-    with alloc.device_guard():
+    with alloc.launching():
         kq, kk, kv, ko, kdo = (to_kernel(x) for x in (q, k, v, out, dout))
-        grads = kernel.module.backward(kdo, kq, kk, kv, ko, fwd, prob, alloc, block_sizes=block_sizes, deterministic=deterministic)
-        alloc.join_caller_stream()
-    return grads
+        return kernel.module.backward(kdo, kq, kk, kv, ko, fwd, prob, alloc, block_sizes=block_sizes, deterministic=deterministic)

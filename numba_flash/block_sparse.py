@@ -136,21 +136,17 @@ def _prepare(q, k, v, block_mask, dropout_p, softmax_scale, causal, block_size, 
 def _run_forward(q, k, v, prob, mask, alloc) -> ForwardOutput:
     from . import alg5_block_sparse
 
-    with alloc.device_guard():  # as numba_flash._run does: the tensors' GPU, then the caller's stream waits for the launches
-        fwd = alg5_block_sparse.forward(alloc.to_kernel(q), alloc.to_kernel(k), alloc.to_kernel(v), mask, prob, alloc)
-        alloc.join_caller_stream()
-    return fwd
+    with alloc.launching():  # as numba_flash._run does: the tensors' GPU, then the caller's stream waits for the launches
+        return alg5_block_sparse.forward(alloc.to_kernel(q), alloc.to_kernel(k), alloc.to_kernel(v), mask, prob, alloc)
 
 
 def _run_backward(dout, q, k, v, out, m, l, prob, mask, alloc):
     from . import alg5_block_sparse
 
-    with alloc.device_guard():
+    with alloc.launching():
         kq, kk, kv, ko, kdo = (alloc.to_kernel(x) for x in (q, k, v, out, dout))
         fwd = ForwardOutput(out=None, lse=None, m=alloc.to_kernel(m), l=alloc.to_kernel(l))
-        grads = alg5_block_sparse.backward(kdo, kq, kk, kv, ko, fwd, mask, prob, alloc)
-        alloc.join_caller_stream()
-    return grads
+        return alg5_block_sparse.backward(kdo, kq, kk, kv, ko, fwd, mask, prob, alloc)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -90,14 +90,12 @@ def launch(dispatcher, grid, block, nbytes: int, *args) -> None:
 
 
 def _opt_in_all(dispatcher, args, nbytes: int, key) -> None:
-    """:func:`_opt_in` for ``args``, then every other compiled overload of ``dispatcher`` on this device, and
-    record it (``CACHED_OPT_IN``)."""
-    _opt_in(dispatcher, args, nbytes)
-    for kernel in list(dispatcher.overloads.values()):
+    """Compile ``dispatcher`` for ``args`` if needed, opt every compiled overload in to ``nbytes`` on this device,
+    and record that (``CACHED_OPT_IN``): each now allows at least ``nbytes``."""
+    dispatcher._compile_for_args(*args)  # the overload this launch will use, compiled before the loop sees it
+    for kernel in dispatcher.overloads.values():
         _set_max_dynamic(kernel._codelibrary.get_cufunc(), nbytes)
-    dev_id = key[1]
-    least = min(_opted_in[(id(k._codelibrary.get_cufunc()), dev_id)] for k in dispatcher.overloads.values())
-    _all_opted[key] = (len(dispatcher.overloads), least)
+    _all_opted[key] = (len(dispatcher.overloads), nbytes)
 
 
 def function_attributes(dispatcher, args) -> dict:
