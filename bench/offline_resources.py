@@ -76,6 +76,9 @@ import tempfile
 KERNELS = ("alg1_forward_fast", "fa2_forward_fast", "fa2_forward_tc", "fa2_forward_half_f16", "fa2_forward_half_bf16", "alg4_backward_fast",
            "fa2_backward_fast", "fa2_backward_fast_dq", "fa2_backward_half_f16", "fa2_backward_half_bf16", "fa2_backward_half_dq_bf16",
            "fa2_backward_tf32")
+#: the kernels ``--half-tiling`` applies to (the others compile at their default tiling only)
+TAKES_TILING = ("fa2_forward_tc", "fa2_forward_half_f16", "fa2_forward_half_bf16", "fa2_backward_half_f16", "fa2_backward_half_bf16",
+                "fa2_backward_tf32")
 
 
 def _gpu_backend() -> None:
@@ -169,6 +172,15 @@ def _forward_tiling(module, d: int, tiling=None):
     return NW, MW, BC, DP, f, bool(prefetch) and not cp_async, cp_async
 
 
+def _backward_tiling(config, cp_async, tiling=None):
+    """``(NW, MW, BR, DP, cp_async)`` of a backward: its default ``config`` and ``CP_ASYNC``, or ``tiling``
+    ``(NW, MW, BR, CP)``: warps, key m16 tiles per warp (``Bc = 16 MW NW``), query rows per step, cp.async 1/0."""
+    if tiling is None:
+        return (*config, bool(cp_async))
+    NW, MW, BR, cp = tiling
+    return NW, MW, BR, config[3], bool(cp)
+
+
 def _kernel(name: str, d: int, causal: bool, tiling=None):
     """The dispatcher of ``name`` in its default configuration at head dim ``d`` (dropout off); ``tiling``
     ``(NW, MW, BC, CP)``: the half or 3xTF32 forward at that tiling (see ``--half-tiling``)."""
@@ -200,20 +212,12 @@ def _kernel(name: str, d: int, causal: bool, tiling=None):
         NW, MW, BC, DP = H.config_for(d)
         return HB.fa2_backward_half_dq_kernel(NW, MW, BC, DP, causal, False, HB.default_features()["PREFETCH"], False, "bf16")
     if name.startswith("fa2_backward_half_"):
-        NW, MW, BR, DP = HB.config_for(d)
-        cp_async = bool(HB.default_features()["CP_ASYNC"])
-        if tiling is not None:  # the backward's tiling: NW, MW (key m16 tiles per warp), BR (query rows per step), CP
-            NW, MW, BR, cp = tiling
-            cp_async = bool(cp)
+        NW, MW, BR, DP, cp_async = _backward_tiling(HB.config_for(d), HB.default_features()["CP_ASYNC"], tiling)
         red2 = not (causal and DP > 64)  # as HB.plan on compute capability 9.0
         return HB.fa2_backward_half_kernel(NW, MW, BR, DP, causal, False, True, HB.default_features()["PREFETCH"], False,
                                            name.rsplit("_", 1)[1], False, red2, cp_async and H.cp_async_ok(d))
     if name == "fa2_backward_tf32":
-        NW, MW, BR, DP = TB.config_for(d, None, causal)
-        cp_async = bool(TB.features_for(d)["CP_ASYNC"])
-        if tiling is not None:  # as the half backward's: NW, MW, BR, CP
-            NW, MW, BR, cp = tiling
-            cp_async = bool(cp)
+        NW, MW, BR, DP, cp_async = _backward_tiling(TB.config_for(d, None, causal), TB.features_for(d)["CP_ASYNC"], tiling)
         red2 = d % 2 == 0  # as TB.plan on compute capability 9.0
         return TB.fa2_backward_tf32_kernel(NW, MW, BR, DP, causal, False, True, TB.default_features()["PREFETCH"], False, False, red2,
                                            cp_async and TC.cp_async_ok(d))
@@ -306,8 +310,7 @@ def main(argv=None) -> int:
         return 0
     nvd = _toolchain()
     cases = [(name, d, causal, t) for name in args.kernel or KERNELS for d in args.d or (64, 128)
-             for t in (args.half_tiling or [None] if name.startswith(("fa2_forward_half_", "fa2_forward_tc", "fa2_backward_half_b", "fa2_backward_half_f",
-                                                               "fa2_backward_tf32")) else [None])
+             for t in (args.half_tiling or [None] if name in TAKES_TILING else [None])
              for causal in (False, True)]
     tcol = " tiling NW,MW,BC,CP" if args.half_tiling else ""
     print(f"{'kernel':<22} {'d':>4} {'causal':>6} {'regs':>5} {'spill st/ld B':>14} {'stack B':>8} {'SASS':>6} "
