@@ -183,12 +183,11 @@ def host(torch):
 
     from numba_flash import flash_attn_func
     from numba_flash._launch import Allocator, check_attention_args
-    from numba_flash.fast import _smem, fa2_forward_half, fa2_forward_tc
+    from numba_flash.fast import fa2_forward_half, fa2_forward_tc
 
     from numba import cuda
 
-    print("NUMBA_CUDA_ARRAY_INTERFACE_SYNC =", os.environ.get("NUMBA_CUDA_ARRAY_INTERFACE_SYNC", "(default)"),
-          "| _smem.CACHED_OPT_IN =", _smem.CACHED_OPT_IN, flush=True)
+    print("NUMBA_CUDA_ARRAY_INTERFACE_SYNC =", os.environ.get("NUMBA_CUDA_ARRAY_INTERFACE_SYNC", "(default)"), flush=True)
     for dt, mod, conv in ((torch.bfloat16, fa2_forward_half, "to_words"), (torch.float32, fa2_forward_tc, "to_kernel")):
         for d in (64, 128):
             N, b, h = 1024, 16, 2048 // d

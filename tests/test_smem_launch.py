@@ -5,11 +5,10 @@ and the driver call by fakes that behave as the real ones do where it matters: t
 and compiles an overload per argument types, and the "driver" refuses a launch of an overload whose attribute is
 below the launch's dynamic SRAM. Claims checked:
 
-* Without ``CACHED_OPT_IN`` (the default) every launch types its arguments in Python to find the overload.
-* With it, the arguments are typed in Python only until every overload is opted in; then launches go straight to
-  the dispatcher. Arguments of new types compile a new overload inside the launch, which the driver refuses; the
-  launch opts it in and runs once. A larger SRAM request than recorded takes the typed path again.
-* A launch that fails for another reason still raises.
+* Every launch above 48 KB types its arguments in Python to find the overload, and opts that overload in; new
+  argument types get their own overload, opted in before its first launch (the driver would refuse it otherwise).
+* A launch that fails for another reason still raises; a request above the device's limit raises before the launch.
+* Launches up to 48 KB need no opt-in.
 """
 
 from __future__ import annotations
@@ -71,38 +70,20 @@ def fake_gpu(monkeypatch):
     monkeypatch.setattr(_smem, "cuda", SimpleNamespace(get_current_device=lambda: SimpleNamespace(id=0)))
     monkeypatch.setattr(_smem, "_set_max_dynamic", set_max_dynamic)
     monkeypatch.setattr(_smem, "_opted_in", {})
-    monkeypatch.setattr(_smem, "_all_opted", {})
     return FakeDispatcher(opted)
 
 
-def test_without_the_cache_every_launch_types_its_arguments_in_python(fake_gpu, monkeypatch):
-    monkeypatch.setattr(_smem, "CACHED_OPT_IN", False)
+def test_every_launch_types_its_arguments_in_python_and_opts_its_overload_in(fake_gpu):
     for _ in range(3):
         _smem.launch(fake_gpu, 1, 32, 100_000, 1.0, 2)
     assert fake_gpu.python_typings == 3 and len(fake_gpu.launches) == 3
+    _smem.launch(fake_gpu, 1, 32, 100_000, 1, 2)  # new argument types: a new overload, opted in before its launch
+    assert len(fake_gpu.overloads) == 2 and fake_gpu.launches[-1] == (("int", "int"), 100_000)
+    _smem.launch(fake_gpu, 1, 32, 150_000, 1.0, 2)  # more SRAM than the attribute allows: raised first
+    assert fake_gpu.launches[-1] == (("float", "int"), 150_000)
 
 
-def test_with_the_cache_launches_skip_the_python_typing_once_every_overload_is_opted_in(fake_gpu, monkeypatch):
-    monkeypatch.setattr(_smem, "CACHED_OPT_IN", True)
-    for _ in range(3):
-        _smem.launch(fake_gpu, 1, 32, 100_000, 1.0, 2)
-    assert fake_gpu.python_typings == 1 and len(fake_gpu.launches) == 3
-    # new argument types: a new overload, compiled inside the launch and refused, then opted in and launched once
-    _smem.launch(fake_gpu, 1, 32, 100_000, 1, 2)
-    assert fake_gpu.python_typings == 2 and len(fake_gpu.overloads) == 2
-    assert fake_gpu.launches[-1] == (("int", "int"), 100_000) and len(fake_gpu.launches) == 4
-    for args in ((1.0, 2), (1, 2)):  # both overloads opted in: no typing for either
-        _smem.launch(fake_gpu, 1, 32, 100_000, *args)
-    assert fake_gpu.python_typings == 2 and len(fake_gpu.launches) == 6
-    # more SRAM than recorded: the typed path, which raises the attribute of every overload
-    _smem.launch(fake_gpu, 1, 32, 150_000, 1.0, 2)
-    assert fake_gpu.python_typings == 3 and fake_gpu.launches[-1] == (("float", "int"), 150_000)
-    _smem.launch(fake_gpu, 1, 32, 150_000, 1, 2)
-    assert fake_gpu.python_typings == 3 and len(fake_gpu.launches) == 8
-
-
-def test_a_launch_that_fails_for_another_reason_still_raises(fake_gpu, monkeypatch):
-    monkeypatch.setattr(_smem, "CACHED_OPT_IN", True)
+def test_a_launch_that_fails_for_another_reason_still_raises(fake_gpu):
     _smem.launch(fake_gpu, 1, 32, 100_000, 1.0, 2)
     with pytest.raises(ValueError, match="invalid grid"):
         _smem.launch(fake_gpu, "bad", 32, 100_000, 1.0, 2)
@@ -110,7 +91,6 @@ def test_a_launch_that_fails_for_another_reason_still_raises(fake_gpu, monkeypat
         _smem.launch(fake_gpu, 1, 32, LIMIT + 1, 1.0, 2)
 
 
-def test_small_launches_need_no_opt_in(fake_gpu, monkeypatch):
-    monkeypatch.setattr(_smem, "CACHED_OPT_IN", True)
+def test_small_launches_need_no_opt_in(fake_gpu):
     _smem.launch(fake_gpu, 1, 32, 48 * 1024, 1.0, 2)
     assert fake_gpu.python_typings == 0 and fake_gpu.launches == [(("float", "int"), 48 * 1024)]

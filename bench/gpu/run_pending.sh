@@ -6,10 +6,9 @@
 #   streams      tests/test_streams.py and tests/kernels/test_half_backward_cp_async.py (written without a GPU)
 #                -> OUTDIR/streams_gpu.txt
 #   host         the host probes of a short-sequence call: python -m bench.host_overhead (CUDA tensors; first, with
-#                fewer calls: on 2026-11-25 it was cut before printing), python -m bench.short_seq_probe --host with
-#                _smem.CACHED_OPT_IN off and on (NUMBA_FLASH_CACHED_OPT_IN=1; the performance log's prediction), and
-#                --profile with it on
-#                -> OUTDIR/host_overhead_gpu.txt, host_probe.txt, host_probe_cached.txt, profile_cached.txt
+#                fewer calls: on 2026-11-25 it was cut before printing), python -m bench.short_seq_probe --host and
+#                --profile (on 2026-11-25 also with _smem.CACHED_OPT_IN, since removed: docs/results/sweeps/*b7c3ad5*)
+#                -> OUTDIR/host_overhead_gpu.txt, host_probe.txt, profile.txt
 #   tc_cp        the 3xTF32 forward's cp.async sweep that decides CP_ASYNC's default for float32 (fa2_sweep variants
 #                tc-cp*; the log's section "3xTF32 forward: cp.async for K_j, V_j") -> OUTDIR/tc_cp_d64.json/.log, _d128
 #   half_bwd_cp  the half backward's tilings with and without cp.async for Q_i, dO_i (half_sweep --backward; the log's
@@ -41,8 +40,7 @@ for s in "${steps[@]}"; do
     host)
       step host_overhead_gpu.txt python3 -m bench.host_overhead --calls 500 --repeats 3
       step host_probe.txt python3 -m bench.short_seq_probe --host
-      step host_probe_cached.txt env NUMBA_FLASH_CACHED_OPT_IN=1 python3 -m bench.short_seq_probe --host
-      step profile_cached.txt env NUMBA_FLASH_CACHED_OPT_IN=1 python3 -m bench.short_seq_probe --profile ;;
+      step profile.txt python3 -m bench.short_seq_probe --profile ;;
     tc_cp)
       step tc_cp_d64.log python3 -m bench.fa2_sweep --seqlens 1024 4096 16384 --headdims 64 \
         --variants tc tc-cp tc-cp-Bc32 tc-cp-NW8-MW1 --out "$out/tc_cp_d64.json"

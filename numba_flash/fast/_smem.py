@@ -11,19 +11,12 @@ attribute through numba-cuda's driver binding, once per (kernel, device, size), 
 
 In the simulator there is no limit and nothing to set: :func:`launch` just launches.
 
-Finding the function handle types the launch's arguments in Python, on every launch above 48 KB: on an H100
-that is about a quarter of the kernel module's host time at N = 1k (docs/notes/performance-log.md, "Host time
-above the kernel module"), which matters where the GPU waits for the host. ``CACHED_OPT_IN`` (off by default;
-``NUMBA_FLASH_CACHED_OPT_IN=1`` turns it on) skips that once every compiled overload of the kernel is opted in
-on the current device (:func:`_opt_in_all`): the launch goes straight to the dispatcher, whose own typing is
-in C. Arguments of new types make the dispatcher compile a new overload inside the launch, which the driver
-then refuses (its attribute is not set); :func:`launch` catches that, opts the new overload in and launches
-again. Not yet timed on a GPU, hence off.
+Finding the function handle types the launch's arguments in Python on every launch above 48 KB. A variant that
+skipped that once every overload was opted in (``CACHED_OPT_IN``, 2026-11-25) showed no saving of host time on an
+H100 and was removed (docs/notes/performance-log.md, "Host path: ``_smem.CACHED_OPT_IN`` timed").
 """
 
 from __future__ import annotations
-
-import os
 
 from numba import cuda
 
@@ -32,12 +25,7 @@ from .. import _backend
 #: Dynamic shared memory any kernel may use without the opt-in, in bytes.
 DEFAULT_LIMIT_BYTES = 48 * 1024
 
-#: Skip the per-launch typing once every overload of a kernel is opted in (see the module docstring).
-CACHED_OPT_IN = os.environ.get("NUMBA_FLASH_CACHED_OPT_IN", "0") == "1"
-
 _opted_in: dict[tuple[int, int], int] = {}
-#: (id of a dispatcher, device id) -> (its number of overloads, bytes) when every one of them was opted in
-_all_opted: dict[tuple[int, int], tuple[int, int]] = {}
 
 
 def max_optin_bytes() -> int:
@@ -73,29 +61,9 @@ def _set_max_dynamic(cufunc, nbytes: int) -> None:
 def launch(dispatcher, grid, block, nbytes: int, *args) -> None:
     """``dispatcher[grid, block, 0, nbytes](*args)``, opting in to > 48 KB of dynamic SRAM first."""
     if not _backend.is_simulator() and nbytes > DEFAULT_LIMIT_BYTES:
-        if CACHED_OPT_IN:
-            key = (id(dispatcher), cuda.get_current_device().id)
-            done = _all_opted.get(key)
-            if done is not None and done[0] == len(dispatcher.overloads) and nbytes <= done[1]:
-                try:
-                    dispatcher[grid, block, 0, nbytes](*args)  # every overload is opted in: no typing here
-                    return
-                except Exception:  # Dev: a new overload compiled inside this launch, refused without its attribute
-                    pass
-            _opt_in_all(dispatcher, args, nbytes, key)
-        else:
-            _opt_in(dispatcher, args, nbytes)
+        _opt_in(dispatcher, args, nbytes)
     dispatcher[grid, block, 0, nbytes](*args)
 # [/doc:smem-opt-in]
-
-
-def _opt_in_all(dispatcher, args, nbytes: int, key) -> None:
-    """Compile ``dispatcher`` for ``args`` if needed, opt every compiled overload in to ``nbytes`` on this device,
-    and record that (``CACHED_OPT_IN``): each now allows at least ``nbytes``."""
-    dispatcher._compile_for_args(*args)  # the overload this launch will use, compiled before the loop sees it
-    for kernel in dispatcher.overloads.values():
-        _set_max_dynamic(kernel._codelibrary.get_cufunc(), nbytes)
-    _all_opted[key] = (len(dispatcher.overloads), nbytes)
 
 
 def function_attributes(dispatcher, args) -> dict:
