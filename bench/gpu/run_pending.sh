@@ -11,6 +11,9 @@
 #                -> OUTDIR/host_overhead_gpu.txt, host_probe.txt, profile.txt
 #   tc_cp        the 3xTF32 forward's cp.async sweep that decides CP_ASYNC's default for float32 (fa2_sweep variants
 #                tc-cp*; the log's section "3xTF32 forward: cp.async for K_j, V_j") -> OUTDIR/tc_cp_d64.json/.log, _d128
+#   ncu_tc       Nsight Compute's full set (--set full) on one 3xTF32 forward at d = 128 and d = 64 and one 3xTF32
+#                backward at d = 128 (N 4096, b 4, h 16, float32): where the d = 128 kernels lose to SDPA memory-efficient
+#                (shared-memory throughput, issue stalls, tensor-pipe use) -> OUTDIR/ncu_tc_fwd_d128.txt, _fwd_d64, _bwd_d128
 #   half_bwd_cp  the half backward's tilings with and without cp.async for Q_i, dO_i (half_sweep --backward; the log's
 #                section "FA2 backward in fp16 / bf16: cp.async for Q_i, dO_i") -> OUTDIR/half_bwd_cp.json/.log
 # OUTDIR/pending_env.txt says what ran where. A failed step is noted and the rest run. Exit status: 0 when all ran.
@@ -47,11 +50,20 @@ for s in "${steps[@]}"; do
       step tc_cp_d128.log python3 -m bench.fa2_sweep --seqlens 1024 4096 16384 --headdims 128 \
         --variants tc tc-cp tc-cp-64x32 --out "$out/tc_cp_d128.json"
       tail -n 25 "$out/tc_cp_d64.log" "$out/tc_cp_d128.log" ;;
+    ncu_tc)
+      ncu_bin="$(python3 -c 'from bench.ncu import find_ncu; print(find_ncu() or "")')"
+      if [ -z "$ncu_bin" ]; then echo "run_pending: no ncu" >&2; rc=1; continue; fi
+      for case in fwd:forward:128 fwd:forward:64 bwd:backward:128; do
+        IFS=: read -r tag pass d <<< "$case"
+        spec="{\"algorithm\":\"flash2\",\"variant\":\"tensorcore\",\"pass\":\"$pass\",\"batch\":4,\"nheads\":16,\"N\":4096,\"d\":$d}"
+        step "ncu_tc_${tag}_d${d}.txt" "$ncu_bin" --set full --nvtx --nvtx-include "numba_flash_measure/" --print-units base \
+          python3 -m bench.ncu --child "$spec" --meta-out "$out/ncu_tc_${tag}_d${d}_meta.json"
+      done ;;
     half_bwd_cp)
       step half_bwd_cp.log python3 -m bench.half_sweep --backward --seqlens 1024 4096 --out "$out/half_bwd_cp.json"
       tail -n 40 "$out/half_bwd_cp.log" ;;
     *)
-      echo "run_pending: unknown step '$s' (streams host tc_cp half_bwd_cp)" >&2
+      echo "run_pending: unknown step '$s' (streams host ncu_tc tc_cp half_bwd_cp)" >&2
       rc=2 ;;
   esac
 done
