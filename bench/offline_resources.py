@@ -48,7 +48,7 @@ exits with status 0 (a skip, not a failure). ``--kernel NAME`` (repeatable) rest
 ``numba_flash/fast/alg1_forward.py`` ...); ``--d`` picks head dims.
 
 ``--half-tiling NW,MW,BC,CP`` (repeatable) compiles the half forward (``fa2_forward_half_f16`` / ``_bf16``) and
-the 3xTF32 forward (``fa2_forward_tc``; ``CP`` 1 there where ``d % 4 == 0``) at that tiling instead of its default: ``NW`` warps of ``MW`` m16 tiles (``Br = 16 MW NW``), key block
+the 3xTF32 forward (``fa2_forward_tc``; ``CP`` 1 there where ``d % 4 == 0``, 2 for ``SPLIT_KV`` as well) at that tiling instead of its default: ``NW`` warps of ``MW`` m16 tiles (``Br = 16 MW NW``), key block
 ``BC``, ``CP`` 1 for the cp.async pipeline (``CP_ASYNC``; where ``d % 8 == 0``, as ``plan``) or 0 for the
 register path with prefetch; ``tiling`` in the table says which ran. For the half backward (``fa2_backward_half_f16`` /
 ``_bf16``) the four numbers are ``NW,MW,BR,CP``: warps, key m16 tiles per warp (``Bc = 16 MW NW``), query rows per
@@ -167,6 +167,8 @@ def _forward_tiling(module, d: int, tiling=None):
     if tiling is not None:
         NW, MW, BC, cp = tiling
         f["CP_ASYNC"] = bool(cp)
+        if "SPLIT_KV" in f:  # the 3xTF32 forward: CP 2 is the cp.async path with K_j, V_j split once per block
+            f["SPLIT_KV"] = cp == 2
     cp_async = bool(f["CP_ASYNC"]) and module.cp_async_ok(d)
     prefetch = f["PREFETCH"] if f["PREFETCH"] is not None else DP <= 64
     return NW, MW, BC, DP, f, bool(prefetch) and not cp_async, cp_async
@@ -201,7 +203,8 @@ def _kernel(name: str, d: int, causal: bool, tiling=None):
         return F2.fa2_forward_fast_kernel(*F2.config_for(d), causal, False, f["SHFL"], f["VEC"], f["REVERSE"], f["PREFETCH"], f["MAXREG"])
     if name == "fa2_forward_tc":
         NW, MW, BC, DP, f, prefetch, cp_async = _forward_tiling(TC, d, tiling)
-        return TC.fa2_forward_tc_kernel(NW, MW, BC, DP, causal, False, prefetch, False, f["STAGE_S"], f["STAGE_O"], cp_async)
+        return TC.fa2_forward_tc_kernel(NW, MW, BC, DP, causal, False, prefetch, False, f["STAGE_S"], f["STAGE_O"], cp_async,
+                                        bool(f["SPLIT_KV"]) and cp_async)
     if name.startswith("fa2_forward_half_"):
         NW, MW, BC, DP, f, prefetch, cp_async = _forward_tiling(H, d, tiling)
         return H.fa2_forward_half_kernel(NW, MW, BC, DP, causal, False, prefetch, False, name.rsplit("_", 1)[1], cp_async)
@@ -250,6 +253,7 @@ def resources(name: str, d: int, causal: bool, nvdisasm: str, tiling=None) -> di
     instr = [re.sub(r"_ZN\w+", "<sym>", line.strip()) for line in sass.splitlines()
              if re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+\S", line)]
     n_sass = len(instr)
+    loops = sass_loops(sass)
     return {
         "regs": int(regs[-1]) if regs else -1,
         "spill_st": int(spill[-1][0]) if spill else -1,
@@ -258,7 +262,31 @@ def resources(name: str, d: int, causal: bool, nvdisasm: str, tiling=None) -> di
         "sass": n_sass,
         "v4": ptx.count("ld.shared.v4.f32"),
         "sha": hashlib.sha256("\n".join(instr).encode()).hexdigest()[:12],
+        "loops": loops,
     }
+
+
+def sass_loops(sass: str, min_len: int = 50) -> list[dict]:
+    """The loops of a kernel's SASS (``nvdisasm -c`` text): every backward branch to a label, with the
+    instructions between the label and the branch, of at least ``min_len``: ``{instr, HMMA, LDS, STS}``
+    counts, in the order of their branches (an inner loop before the loop around it, which counts it once).
+
+    Static counts of one pass through the body: with the trip counts they give the instructions a warp
+    issues per pass of the loop around (``--loops``).
+    """
+    lines = sass.splitlines()
+    labels = {m.group(1): n for n, line in enumerate(lines) if (m := re.match(r"^\s*(\.L_x_\d+):", line))}
+    out = []
+    for n, line in enumerate(lines):
+        m = re.search(r"BRA\s+`\((\.L_x_\d+)\)", line)
+        if not m or labels.get(m.group(1), n) >= n:
+            continue
+        body = [re.sub(r"^\s*/\*[0-9a-f]+\*/\s+(@!?U?P[T0-9]+\s+)?", "", x) for x in lines[labels[m.group(1)]:n + 1]
+                if re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+\S", x)]
+        if len(body) >= min_len:
+            ops = [b.split()[0].split(".")[0] for b in body]
+            out.append({"instr": len(body), **{k: ops.count(k) for k in ("HMMA", "LDS", "STS")}})
+    return out
 
 
 def _one(name: str, d: int, causal: bool, nvd: str, tiling=None) -> dict:
@@ -292,6 +320,7 @@ def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kernel", action="append", choices=KERNELS, help="kernel(s) to report (default: all)")
     ap.add_argument("--d", type=int, action="append", help="head dim(s) (default: 64 and 128)")
+    ap.add_argument("--loops", action="store_true", help="also print each loop's instruction counts (sass_loops)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="compiles at once (one process each)")
     ap.add_argument("--one", nargs=3, metavar=("KERNEL", "D", "CAUSAL"), help=argparse.SUPPRESS)
     ap.add_argument("--half-tiling", action="append", type=_tiling, metavar="NW,MW,BC,CP",
@@ -320,6 +349,9 @@ def main(argv=None) -> int:
         for (name, d, causal, t), r in zip(cases, results):
             print(f"{name:<22} {d:>4} {str(causal):>6} {r['regs']:>5} {str(r['spill_st']) + '/' + str(r['spill_ld']):>14} "
                   f"{r['stack']:>8} {r['sass']:>6} {r['v4']:>12}  {r['sha']}" + (f" {','.join(map(str, t))}" if t else ""), flush=True)
+            if args.loops:
+                for lp in r["loops"]:
+                    print(f"    loop: {lp['instr']:>5} instructions, HMMA {lp['HMMA']:>3}, LDS {lp['LDS']:>3}, STS {lp['STS']:>3}", flush=True)
     return 0
 
 

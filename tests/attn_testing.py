@@ -250,3 +250,35 @@ def forward_recording_plan(module, kernel_arrays, prob, alloc, block_sizes, feat
         module.plan = real
     host = [np.array(x.copy_to_host() if hasattr(x, "copy_to_host") else x) for x in (fwd.out, fwd.lse, fwd.m, fwd.l)]
     return fwd, host, planned[0]
+
+
+#: Shapes for the 3xTF32 forward's SRAM paths (``CP_ASYNC``, ``SPLIT_KV``), as ``(batch, s_q, s_k, nheads, nheads_k,
+#: d, causal, dropout_p, block_sizes)``: several key blocks each (both stages used), ragged, causal with blocks whose
+#: rows see no key, GQA, dropout, ``MW = 2`` and a padded row ending in a chunk past d (d = 20 pads to 24).
+TC_FORWARD_SRAM_CASES = [
+    (1, 37, 40, 2, 1, 16, False, 0.0, (16, 16), "ragged-gqa-d16"),
+    (1, 33, 45, 2, 1, 20, True, 0.0, (16, 16), "causal-gqa-d20-padded-chunk"),
+    (1, 29, 35, 1, 1, 12, True, 0.1, (32, 16), "causal-dropout-d12"),
+    (1, 45, 14, 1, 1, 8, True, 0.0, (16, 8), "causal-sq>sk-blocks-without-keys-d8"),
+    (1, 40, 37, 1, 1, 24, True, 0.0, (128, 16), "mw2-4warps-causal-d24"),
+]
+
+
+def assert_same_bits(a, b, what):
+    """The forward outputs ``a`` and ``b`` (O, L, m, l as NumPy arrays) are bitwise equal; ``what`` names the two."""
+    for name, x, y in zip(("O", "L", "m", "l"), a, b):
+        np.testing.assert_array_equal(np.asarray(x).view(np.uint32), np.asarray(y).view(np.uint32), err_msg=f"{name}: {what} differ")
+
+
+def run_tc_forward(q, k, v, causal, p, seed, block_sizes, features, words=None):
+    """The 3xTF32 forward (:mod:`numba_flash.fast.fa2_forward_tc`) at kernel level with ``features``, outputs
+    NaN-poisoned: ``((O, L, m, l) as NumPy arrays, the features it planned with)``; ``words``: kernel arrays to
+    pass instead of converting q, k, v (e.g. :func:`unaligned_copy`)."""
+    from numba_flash._launch import Allocator, check_attention_args
+    from numba_flash.fast import fa2_forward_tc
+
+    prob = check_attention_args(q, k, v, p, None, causal, seed)
+    alloc = Allocator(q)
+    kernel_arrays = words if words is not None else [alloc.to_kernel(x) for x in (q, k, v)]
+    _, host, planned = forward_recording_plan(fa2_forward_tc, kernel_arrays, prob, alloc, block_sizes, features)
+    return host, planned

@@ -14,6 +14,9 @@
 #   ncu_tc       Nsight Compute's full set (--set full) on one 3xTF32 forward at d = 128 and d = 64 and one 3xTF32
 #                backward at d = 128 (N 4096, b 4, h 16, float32): where the d = 128 kernels lose to SDPA memory-efficient
 #                (shared-memory throughput, issue stalls, tensor-pipe use) -> OUTDIR/ncu_tc_fwd_d128.txt, _fwd_d64, _bwd_d128
+#   tc_split     the 3xTF32 forward with K_j, V_j split once per block (SPLIT_KV) against its cp.async default, d = 128
+#                and 64 (the performance log's section "3xTF32 forward: K_j, V_j split once per block") and its GPU tests
+#                -> OUTDIR/tc_split_d128.json/.log, _d64, tc_split_tests.txt
 #   half_bwd_cp  the half backward's tilings with and without cp.async for Q_i, dO_i (half_sweep --backward; the log's
 #                section "FA2 backward in fp16 / bf16: cp.async for Q_i, dO_i") -> OUTDIR/half_bwd_cp.json/.log
 # OUTDIR/pending_env.txt says what ran where. A failed step is noted and the rest run. Exit status: 0 when all ran.
@@ -59,11 +62,18 @@ for s in "${steps[@]}"; do
         step "ncu_tc_${tag}_d${d}.txt" "$ncu_bin" --set full --nvtx --nvtx-include "numba_flash_measure/" --print-units base \
           python3 -m bench.ncu --child "$spec" --meta-out "$out/ncu_tc_${tag}_d${d}_meta.json"
       done ;;
+    tc_split)
+      step tc_split_tests.txt python3 -m pytest -q -p no:cacheprovider -rfE tests/kernels/test_tc_forward_split_kv.py
+      step tc_split_d128.log python3 -m bench.fa2_sweep --seqlens 1024 4096 16384 --headdims 128 \
+        --variants tc-cp tc-cp-split --out "$out/tc_split_d128.json"
+      step tc_split_d64.log python3 -m bench.fa2_sweep --seqlens 1024 4096 --headdims 64 \
+        --variants tc-cp tc-cp-split --out "$out/tc_split_d64.json"
+      tail -n 25 "$out/tc_split_d128.log" "$out/tc_split_d64.log" ;;
     half_bwd_cp)
       step half_bwd_cp.log python3 -m bench.half_sweep --backward --seqlens 1024 4096 --out "$out/half_bwd_cp.json"
       tail -n 40 "$out/half_bwd_cp.log" ;;
     *)
-      echo "run_pending: unknown step '$s' (streams host ncu_tc tc_cp half_bwd_cp)" >&2
+      echo "run_pending: unknown step '$s' (streams host ncu_tc tc_split tc_cp half_bwd_cp)" >&2
       rc=2 ;;
   esac
 done

@@ -319,6 +319,53 @@ unpack2_f16_asm = _unpack2_asm("f16")
 unpack2_bf16_asm = _unpack2_asm("bf16")
 
 
+def _bitcast_intrinsic(src, dst):
+    """An intrinsic ``dst(x)``: the 32 bits of ``x`` (type ``src``) read as ``dst``; an LLVM bitcast, no instruction."""
+
+    @intrinsic
+    def bitcast(typingctx, x):
+        def codegen(context, builder, signature, args):
+            v = context.cast(builder, args[0], signature.args[0], src)
+            return builder.bitcast(v, context.get_value_type(dst))
+
+        return dst(x), codegen
+
+    return bitcast
+
+
+#: the bits of a float32 as a uint32, and back (GPU)
+f32_bits_asm = _bitcast_intrinsic(types.float32, types.uint32)
+bits_f32_asm = _bitcast_intrinsic(types.uint32, types.float32)
+
+
+@functools.cache
+def make_bitcasts(simulator: bool | None = None):
+    """``(f32_bits, bits_f32)``: a float32's bit pattern as a uint32, and a bit pattern as the float32 it encodes.
+
+    What lets a kernel keep :func:`make_warp_ops`' tf32 parts (bit patterns) in a float32 SRAM tile and read them
+    back as mma operands, every bit (NaN payloads included) unchanged. On a GPU no instruction; in the simulator
+    NumPy views.
+    """
+    if not (_backend.is_simulator() if simulator is None else simulator):
+        @cuda.jit(device=True, inline="always")
+        def f32_bits(x):
+            return f32_bits_asm(x)
+
+        @cuda.jit(device=True, inline="always")
+        def bits_f32(u):
+            return bits_f32_asm(u)
+
+        return f32_bits, bits_f32
+
+    def f32_bits(x):
+        return uint32(np.float32(x).view(np.uint32))
+
+    def bits_f32(u):
+        return np.uint32(u).view(np.float32)
+
+    return cuda.jit(device=True)(f32_bits), cuda.jit(device=True)(bits_f32)
+
+
 @functools.cache
 def make_unpack2(kind: str, simulator: bool | None = None):
     """``unpack2(word) -> (lo, hi)``: the two ``kind`` halves of a word (:func:`_pack2_asm`'s layout) as float32.

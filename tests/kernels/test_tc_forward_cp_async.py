@@ -21,38 +21,34 @@ Simulator shapes stay tiny (N <= 45, d <= 24): each ``mma`` is a lane exchange w
 from __future__ import annotations
 
 from numba_flash import _backend
-from numba_flash._launch import Allocator, check_attention_args
+from numba_flash._launch import check_attention_args
 from numba_flash.fast import _tiles, fa2_forward_half, fa2_forward_tc
 from numba_flash_reference.alg0_standard import standard_attention
 
 import numpy as np
 import pytest
-from attn_testing import assert_error_rule, forward_recording_plan, make_qkv, naive_attention_float32, unaligned_copy
+from attn_testing import (
+    TC_FORWARD_SRAM_CASES,
+    assert_error_rule,
+    assert_same_bits,
+    make_qkv,
+    naive_attention_float32,
+    run_tc_forward,
+    unaligned_copy,
+)
 from numba import cuda, float32
 
 
 def _run(q, k, v, causal, p, seed, bs, cp, words=None):
     """The tc forward at kernel level with ``CP_ASYNC`` = ``cp``: ((O, L, m, l) as NumPy, features it ran with)."""
-    prob = check_attention_args(q, k, v, p, None, causal, seed)
-    alloc = Allocator(q)
-    kernel_arrays = words if words is not None else [alloc.to_kernel(x) for x in (q, k, v)]
-    _, host, planned = forward_recording_plan(fa2_forward_tc, kernel_arrays, prob, alloc, bs, {"CP_ASYNC": cp})
-    return host, planned
+    return run_tc_forward(q, k, v, causal, p, seed, bs, {"CP_ASYNC": cp}, words)
 
 
 def _assert_same(a, b):
-    for name, x, y in zip(("O", "L", "m", "l"), a, b):
-        np.testing.assert_array_equal(x.view(np.uint32), y.view(np.uint32), err_msg=f"{name}: cp.async and register paths differ")
+    assert_same_bits(a, b, "cp.async and register paths")
 
 
-#: (batch, s_q, s_k, nheads, nheads_k, d, causal, dropout_p, block_sizes): several key blocks, so both stages are used
-CASES = [
-    pytest.param(1, 37, 40, 2, 1, 16, False, 0.0, (16, 16), id="ragged-gqa-d16"),
-    pytest.param(1, 33, 45, 2, 1, 20, True, 0.0, (16, 16), id="causal-gqa-d20-padded-chunk"),
-    pytest.param(1, 29, 35, 1, 1, 12, True, 0.1, (32, 16), id="causal-dropout-d12"),
-    pytest.param(1, 45, 14, 1, 1, 8, True, 0.0, (16, 8), id="causal-sq>sk-blocks-without-keys-d8"),
-    pytest.param(1, 40, 37, 1, 1, 24, True, 0.0, (128, 16), id="mw2-4warps-causal-d24"),
-]
+CASES = [pytest.param(*c[:-1], id=c[-1]) for c in TC_FORWARD_SRAM_CASES]
 
 
 @pytest.mark.parametrize(("b", "s_q", "s_k", "h", "h_k", "d", "causal", "p", "bs"), CASES)
