@@ -66,14 +66,18 @@ BWD_TILINGS = {
 }
 
 
+#: features added to every row's (``--features``), e.g. ``{"EX2_FTZ": True}``
+EXTRA_FEATURES: dict = {}
+
+
 def _bwd_features(tiling) -> dict:
-    """The half backward's features of a BWD_TILINGS row."""
-    return {"PREFETCH": tiling[3], "RED2": tiling[4], "CP_ASYNC": tiling[5]}
+    """The half backward's features of a BWD_TILINGS row (and ``--features``)."""
+    return {"PREFETCH": tiling[3], "RED2": tiling[4], "CP_ASYNC": tiling[5], **EXTRA_FEATURES}
 
 
 def _features(tiling) -> dict:
-    """The half forward's features of a TILINGS row."""
-    return {"PREFETCH": tiling[3], "CP_ASYNC": tiling[4]}
+    """The half forward's features of a TILINGS row (and ``--features``)."""
+    return {"PREFETCH": tiling[3], "CP_ASYNC": tiling[4], **EXTRA_FEATURES}
 
 
 def _call(q, k, v, causal, tiling):
@@ -168,6 +172,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--backward", action="store_true", help="sweep the backward's tilings (forward + backward timed)")
+    ap.add_argument("--features", metavar="JSON", help="features over every row's, e.g. '{\"EX2_FTZ\": true}' (in each row)")
+    ap.add_argument("--default-only", action="store_true", help="only the first tiling of each head dim (the module's default)")
     ap.add_argument("--out")
     ap.add_argument("--dry-run", action="store_true", help="list each tiling's threads and SRAM; run nothing (works in the simulator)")
     return ap
@@ -175,6 +181,8 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv=None):
     args = parser().parse_args(argv)
+    EXTRA_FEATURES.clear()
+    EXTRA_FEATURES.update(json.loads(args.features or "{}"))
     if args.dry_run and args.backward:
         for d in args.headdims:
             DP = HB.config_for(d)[3]
@@ -208,9 +216,11 @@ def main(argv=None):
                 cands = [("sdpa_" + be, _sdpa_call(q, k, v, causal, be, args.backward), None) for be in ("flash", "cudnn", "efficient")]
                 cands += [(f"{tag} NW{t[0]} MW{t[1]} {'Br' if args.backward else 'Bc'}{t[2]} pf{int(t[3])}"
                            + (f" red2{int(t[4])} cp{int(t[5])}" if args.backward else f" cp{int(t[4])}"), None, t)
-                          for t in tilings[d]]
+                          for t in (tilings[d][:1] if args.default_only else tilings[d])]
                 for name, fn, tiling in cands:
                     row = dict(impl=name, N=n, d=d, batch=b, nheads=h, causal=causal, dtype=args.dtype)
+                    if tiling is not None and EXTRA_FEATURES:
+                        row["features"] = dict(EXTRA_FEATURES)
                     try:
                         if tiling is not None:
                             fn, prob, cfg = call(q, k, v, causal, tiling)

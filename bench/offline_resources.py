@@ -163,6 +163,7 @@ def _forward_tiling(module, d: int, tiling=None):
     """``(NW, MW, BC, DP, features, PREFETCH, CP_ASYNC)`` of the 3xTF32 or half forward ``module`` at head dim ``d``,
     as its ``plan`` chooses them: the default tiling, or ``tiling = (NW, MW, BC, CP)`` (``--half-tiling``)."""
     f = module.default_features()
+    f.update(json.loads(os.environ.get("NUMBA_FLASH_OFFLINE_FEATURES", "{}")))  # --features
     NW, MW, BC, DP = module.config_for(d)
     if tiling is not None:
         NW, MW, BC, cp = tiling
@@ -207,7 +208,8 @@ def _kernel(name: str, d: int, causal: bool, tiling=None):
                                         bool(f["SPLIT_KV"]) and cp_async)
     if name.startswith("fa2_forward_half_"):
         NW, MW, BC, DP, f, prefetch, cp_async = _forward_tiling(H, d, tiling)
-        return H.fa2_forward_half_kernel(NW, MW, BC, DP, causal, False, prefetch, False, name.rsplit("_", 1)[1], cp_async)
+        return H.fa2_forward_half_kernel(NW, MW, BC, DP, causal, False, prefetch, False, name.rsplit("_", 1)[1], cp_async,
+                                         bool(f["EX2_FTZ"]))
     if name == "alg4_backward_fast":
         f = A4.default_features()
         return A4.alg4_backward_fast_kernel(*A4.config_for(d), causal, False, False, f["VEC"], f["MAXREG"])
@@ -320,6 +322,8 @@ def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kernel", action="append", choices=KERNELS, help="kernel(s) to report (default: all)")
     ap.add_argument("--d", type=int, action="append", help="head dim(s) (default: 64 and 128)")
+    ap.add_argument("--features", metavar="JSON", help="features of the 3xTF32 and half forwards over their defaults, "
+                    "e.g. '{\"EX2_FTZ\": true}' (the table does not say: name the run)")
     ap.add_argument("--loops", action="store_true", help="also print each loop's instruction counts (sass_loops)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="compiles at once (one process each)")
     ap.add_argument("--one", nargs=3, metavar=("KERNEL", "D", "CAUSAL"), help=argparse.SUPPRESS)
@@ -331,6 +335,9 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
+    if args.features:
+        json.loads(args.features)  # a clear error here rather than in every child
+        os.environ["NUMBA_FLASH_OFFLINE_FEATURES"] = args.features
     _gpu_backend()
     if args.one:
         name, d, causal = args.one

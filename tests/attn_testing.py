@@ -193,10 +193,10 @@ def naive_attention_backward_float32(dout, q, k, v, softmax_scale=None, causal=F
     return dq, dk, dv
 
 
-def torch_attention(q, k, v, causal, p, seed, dtype):
+def torch_attention(q, k, v, causal, p, seed, dtype, softmax_scale=None):
     """Standard attention in torch in ``dtype`` on the inputs' device (float64: the oracle; float32 or the
     inputs' half dtype: the baseline of the error rule; S, P and O are rounded to ``dtype``, as flash-attn's
-    ``attention_ref`` without upcast)."""
+    ``attention_ref`` without upcast); ``softmax_scale`` None: ``1 / sqrt(d)``."""
     import torch
 
     b, s_q, h, d = q.shape
@@ -204,7 +204,7 @@ def torch_attention(q, k, v, causal, p, seed, dtype):
     G = h // h_k
     q, k, v = (x.to(dtype) for x in (q, k, v))
     kk, vv = k.repeat_interleave(G, dim=2), v.repeat_interleave(G, dim=2)
-    S = torch.einsum("bihd,bjhd->bhij", q, kk) * default_scale(d)
+    S = torch.einsum("bihd,bjhd->bhij", q, kk) * (default_scale(d) if softmax_scale is None else softmax_scale)
     if causal:
         S = S.masked_fill(~torch.tensor(causal_mask(s_q, s_k), device=q.device), float("-inf"))
     P = torch.softmax(S, -1).nan_to_num(0.0)

@@ -366,6 +366,59 @@ def make_bitcasts(simulator: bool | None = None):
     return cuda.jit(device=True)(f32_bits), cuda.jit(device=True)(bits_f32)
 
 
+def _ex2_ftz_asm():
+    """An intrinsic ``2^x`` as ``ex2.approx.ftz.f32``: one MUFU.EX2 (see :func:`make_exp2`)."""
+    f32 = ir.FloatType()
+    fnty = ir.FunctionType(f32, [f32])
+
+    @intrinsic
+    def ex2(typingctx, x):
+        def codegen(context, builder, signature, args):
+            v = context.cast(builder, args[0], signature.args[0], types.float32)
+            return builder.call(ir.InlineAsm(fnty, "ex2.approx.ftz.f32 $0, $1;", "=f,f"), [v])
+
+        return types.float32(x), codegen
+
+    return ex2
+
+
+ex2_ftz_asm = _ex2_ftz_asm()
+#: the smallest normal float32, 2^-126
+_MIN_NORMAL32 = float(np.finfo(np.float32).tiny)
+
+
+@functools.cache
+def make_exp2(ftz: bool, simulator: bool | None = None):
+    """``exp2(x) -> float32``: ``2^x`` for the softmax's ``P = 2^(S' - m)``.
+
+    ``ftz=False``: ``math.exp2`` (CUDA's ``exp2f``), which on a GPU compiles to ``ex2.approx.f32``; ptxas keeps its
+    subnormal results with a range test around the MUFU.EX2 (for x < -126: halve x, square the result), four
+    instructions. ``ftz=True``: ``ex2.approx.ftz.f32``, the MUFU.EX2 alone, the same value for x >= -126 and 0
+    below (where 2^x is subnormal). For ``P`` that is a probability below 2^-126 of its row's largest, less than a
+    float32 rounding of the row's sum (>= 1) and of every half-precision product; flash-attn compiles with
+    ``--use_fast_math``, which makes every ``exp2f`` this one. In the simulator: ``math.exp2`` rounded to
+    float32, flushed to 0 below 2^-126 for ``ftz``.
+    """
+    if not (_backend.is_simulator() if simulator is None else simulator):
+        if ftz:
+            @cuda.jit(device=True, inline="always")
+            def exp2(x):
+                return ex2_ftz_asm(x)
+        else:
+            @cuda.jit(device=True, inline="always")
+            def exp2(x):
+                return math.exp2(x)
+        return exp2
+
+    def exp2_sim(x):
+        r = float32(math.exp2(x))
+        if ftz and r < _MIN_NORMAL32:
+            return float32(0.0)
+        return r
+
+    return cuda.jit(device=True)(exp2_sim)
+
+
 @functools.cache
 def make_unpack2(kind: str, simulator: bool | None = None):
     """``unpack2(word) -> (lo, hi)``: the two ``kind`` halves of a word (:func:`_pack2_asm`'s layout) as float32.

@@ -132,7 +132,7 @@ def kv_stages(cp_async: bool) -> int:
 
 @functools.cache
 def fa2_forward_half_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROPOUT: bool, PREFETCH: bool, SIM: bool, KIND: str,
-                            CP_ASYNC: bool = False):
+                            CP_ASYNC: bool = False, EX2_FTZ: bool = False):
     """The fp16/bf16 FA2 forward kernel for one specialization (see the module docstring).
 
     ``CP_ASYNC`` (d a multiple of 8): Q_i, K_j, V_j go HBM -> SRAM by ``cp.async`` into two SRAM stages of
@@ -185,6 +185,7 @@ def fa2_forward_half_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DR
 
     pack2, mma16, ldsm, ldsm_t = _mma.make_half_ops(KIND, SIM)
     _split, _mma3, quad_max, quad_sum = _mma.make_warp_ops(SIM)
+    exp2 = _mma.make_exp2(EX2_FTZ, SIM)  # EX2_FTZ: one MUFU.EX2 instead of four instructions (see default_features)
     natural_stats = _regtile.make_natural_stats()
     mask_s, lane_row_max = _mma.make_fragment_steps(MW, NB, BC, CAUSAL)
 
@@ -322,13 +323,13 @@ def fa2_forward_half_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DR
                 mx = quad_max(lane_row_max(rS, r), sx, wbase, lane) * scale_log2
                 m_new = max(rm[r], mx)
                 m_safe = m_new if m_new != NEG_INF else float32(0.0)  # Dev: a row with no key yet: no NaN
-                ralpha[r] = math.exp2(rm[r] - m_safe)  # e^(m_old - m_new) in base 2 (0 when m_old = -inf)
+                ralpha[r] = exp2(rm[r] - m_safe)  # e^(m_old - m_new) in base 2 (0 when m_old = -inf)
                 rm[r] = m_new
                 psum = float32(0.0)
                 for nt in range(NB):
                     for cc in range(2):
                         f = (mt * NB + nt) * 4 + 2 * hf + cc
-                        p = math.exp2(rS[f] * scale_log2 - m_safe)
+                        p = exp2(rS[f] * scale_log2 - m_safe)
                         psum += p  # l from the undropped float32 P~ (FA1 Alg.2 L13)
                         if DROPOUT:  # Dev: as FA1 Alg.2 L14; the 1/(1-p) is applied once, at L12
                             if not keep(rkey[r], col0 + 8 * nt + 2 * int(t) + cc, threshold):
@@ -401,8 +402,11 @@ def default_features() -> dict:
     """``CP_ASYNC``: Q_i, K_j, V_j HBM -> SRAM by ``cp.async`` into two SRAM stages of K_j, V_j, where the head
     dim allows it (:func:`cp_async_ok`) and the inputs are 16-byte aligned (:func:`aligned16`); else, and
     with ``False``, the register path. ``PREFETCH`` (register path only): load K_{j+1}, V_{j+1} into
-    registers during the compute of tile j (faster at every default tiling of the register path's sweep)."""
-    return {"CP_ASYNC": True, "PREFETCH": True}
+    registers during the compute of tile j (faster at every default tiling of the register path's sweep).
+    ``EX2_FTZ``: ``P~ = 2^(S' - m)`` by ``ex2.approx.ftz.f32`` (:func:`numba_flash.fast._mma.make_exp2`): one
+    instruction instead of four, and 0 instead of a subnormal below 2^-126; off until a GPU times it (the
+    performance log's section "Half forward: one instruction per exp2")."""
+    return {"CP_ASYNC": True, "PREFETCH": True, "EX2_FTZ": False}
 
 
 def aligned16(*arrays) -> bool:
@@ -441,7 +445,8 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None):
     Br = 16 * MW * NW
     nbytes = 4 * smem_words(NW, MW, Bc, DP, kv_stages(cp_async))
     _plan.check_sram(nbytes, Br, Bc, d)
-    kernel = fa2_forward_half_kernel(NW, MW, Bc, DP, prob.causal, prob.dropout_p > 0, prefetch, sim, _mma.HALF_KINDS[prob.dtype], cp_async)
+    kernel = fa2_forward_half_kernel(NW, MW, Bc, DP, prob.causal, prob.dropout_p > 0, prefetch, sim, _mma.HALF_KINDS[prob.dtype], cp_async,
+                                     bool(feats["EX2_FTZ"]))
     grid = bh_grid(ceil_div(prob.seqlen_q, Br), prob.batch * prob.nheads)
     return kernel, grid, 32 * NW, nbytes
 

@@ -1,0 +1,110 @@
+"""The half forward's ``P~ = 2^(S' - m)`` by ``ex2.approx.ftz.f32`` (:mod:`numba_flash.fast.fa2_forward_half`, ``EX2_FTZ``).
+
+Claims checked:
+
+* ``exp2`` of :func:`numba_flash.fast._mma.make_exp2` with ``ftz`` is ``2^x`` for ``x >= -126`` and 0 below (where
+  ``2^x`` is subnormal); without it the subnormals stay; both give 0 at ``-inf`` and NaN at NaN.
+* With ``EX2_FTZ`` the forward gives bitwise equal O, L, m, l to the forward without it on ragged, causal, GQA,
+  dropout and ``MW = 2`` shapes (no probability there is below 2^-126 of its row's largest), in fp16 and bf16.
+* On a sharp softmax (scores 40 times larger, so that many ``S' - m`` are below -126): L, m, l are still bitwise
+  equal (a subnormal is below the rounding of a row sum >= 1) and O follows the half error rule.
+* On a GPU (marker ``gpu``): bitwise equal at realistic shapes.
+"""
+
+from __future__ import annotations
+
+import math
+
+from numba_flash import _backend
+from numba_flash._launch import Allocator, check_attention_args
+from numba_flash.fast import _mma, fa2_forward_half
+
+import numpy as np
+import pytest
+from attn_testing import assert_error_rule, forward_recording_plan, make_qkv, torch_attention
+from numba import cuda
+
+torch = pytest.importorskip("torch")
+
+DTYPES = [pytest.param(torch.float16, id="fp16"), pytest.param(torch.bfloat16, id="bf16")]
+
+
+def _run(th, causal, p, seed, bs, ftz, softmax_scale=None):
+    """The half forward at kernel level with ``EX2_FTZ`` = ``ftz``: (O as half words, L, m, l) as NumPy."""
+    q = th[0]
+    prob = check_attention_args(*th, p, softmax_scale, causal, seed)
+    alloc = Allocator(q)
+    fwd, host, planned = forward_recording_plan(fa2_forward_half, [alloc.to_words(x) for x in th], prob, alloc, bs, {"EX2_FTZ": ftz})
+    assert planned["EX2_FTZ"] is ftz
+    return host
+
+
+def _inputs(rng, dtype, b, s_q, s_k, h, h_k, d, device="cpu"):
+    return [torch.from_numpy(x).to(device=device, dtype=dtype) for x in make_qkv(rng, b, s_q, s_k, h, h_k, d)]
+
+
+def _assert_same(a, b, names=("O", "L", "m", "l")):
+    for name, x, y in zip(names, a, b):
+        x, y = np.asarray(x), np.asarray(y)
+        np.testing.assert_array_equal(x.view(np.uint8), y.view(np.uint8), err_msg=f"{name}: EX2_FTZ on and off differ")
+
+
+def test_exp2_flushes_only_subnormal_results():
+    sim = _backend.is_simulator()
+    ftz, plain = _mma.make_exp2(True, sim), _mma.make_exp2(False, sim)
+
+    @cuda.jit
+    def run(x, out_ftz, out_plain):
+        i = cuda.threadIdx.x
+        if i < x.size:
+            out_ftz[i] = ftz(x[i])
+            out_plain[i] = plain(x[i])
+
+    x = np.array([0.0, -1.0, 3.5, -20.25, -126.0, -126.5, -140.0, -200.0, -np.inf, np.nan], np.float32)
+    of, op = np.zeros_like(x), np.zeros_like(x)
+    run[1, 32](x, of, op)
+    want = np.exp2(x.astype(np.float64))
+    normal = x >= -126
+    np.testing.assert_allclose(of[normal], want[normal], rtol=2**-21)
+    np.testing.assert_array_equal(of[normal], op[normal])
+    assert (of[(x < -126) & np.isfinite(x)] == 0).all() and (op[(x < -126) & (x > -149)] > 0).all()
+    assert of[-2] == 0 and op[-2] == 0 and math.isnan(of[-1]) and math.isnan(op[-1])
+
+
+CASES = [
+    pytest.param(1, 37, 40, 2, 1, 64, False, 0.0, (16, 16), id="ragged-gqa-d64"),
+    pytest.param(1, 29, 35, 1, 1, 48, True, 0.1, (32, 16), id="causal-dropout-d48"),
+    pytest.param(1, 37, 40, 1, 1, 40, True, 0.0, (128, 16), id="mw2-4warps-causal-d40"),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("b", "s_q", "s_k", "h", "h_k", "d", "causal", "p", "bs"), CASES)
+def test_one_instruction_exp2_gives_the_same_bits(rng, dtype, b, s_q, s_k, h, h_k, d, causal, p, bs):
+    th = _inputs(rng, dtype, b, s_q, s_k, h, h_k, d)
+    seed = int(rng.integers(0, 2**32))
+    _assert_same(_run(th, causal, p, seed, bs, True), _run(th, causal, p, seed, bs, False))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_on_a_sharp_softmax_the_statistics_are_the_same_bits_and_o_follows_the_rule(rng, dtype):
+    th = _inputs(rng, dtype, 1, 33, 40, 2, 2, 32)
+    scale = 40.0 / math.sqrt(32)  # scores of standard deviation 40: many 2^(S' - m) below 2^-126
+    q, k = (x.double().numpy()[0].transpose(1, 0, 2) for x in th[:2])  # (h, s, d)
+    s2 = np.einsum("hid,hjd->hij", q, k) * scale / math.log(2)  # S' = S tau log2 e
+    s2 = np.where(np.tril(np.ones(s2.shape[1:], bool), s2.shape[2] - s2.shape[1]), s2, -np.inf)
+    assert ((s2 - s2.max(-1, keepdims=True)) < -126).sum() > 100, "the case must have probabilities below 2^-126"
+    ftz, plain = (_run(th, True, 0.0, 0, (16, 16), f, softmax_scale=scale) for f in (True, False))
+    _assert_same(ftz[1:], plain[1:], names=("L", "m", "l"))
+    ref = torch_attention(*(x.double() for x in th), True, 0.0, 0, torch.float64, softmax_scale=scale).numpy()
+    naive = torch_attention(*th, True, 0.0, 0, dtype, softmax_scale=scale).double().numpy()
+    out = torch.from_numpy(np.ascontiguousarray(ftz[0])).view(dtype).double().numpy()  # O comes as half words
+    assert_error_rule(out, ref, naive, what="O")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("n", "d", "causal"), [(1000, 64, False), (1000, 128, True), (777, 96, True)])
+def test_one_instruction_exp2_gives_the_same_bits_on_gpu_shapes(rng, dtype, n, d, causal):
+    th = _inputs(rng, dtype, 2, n, n, 4, 2, d, device="cuda")
+    _assert_same(_run(th, causal, 0.0, 0, None, True), _run(th, causal, 0.0, 0, None, False))
