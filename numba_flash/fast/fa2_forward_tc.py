@@ -193,7 +193,7 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
     Q_i (times tau log2 e)    smem[OFF_Q ...]      SRAM (Br, DP+4), loaded once (L4)
     K_j                       smem[kbase ...]      SRAM (Bc, DP+4), loaded each step (L7); CP_ASYNC: 2 stages
     V_j                       smem[vbase ...]      SRAM (Bc, SV), loaded each step (L7); CP_ASYNC: 2 stages
-    K_j, V_j small tf32 parts smem[kbase + uKV ...]  SPLIT_KV: beside each stage (its K_j, V_j hold the big parts)
+    K_j, V_j (small parts)    smem[kbase + uKV]    SPLIT_KV: beside each stage (its K_j, V_j hold the big parts)
     S_i^(j)                   rS                   registers: MW x (Bc/8) m16n8 fragments per warp
     P~_i^(j)                  smem[OFF_P ...]      SRAM (Br, Bc+4): each warp writes and reads its own rows
     O_i^(j) (un-normalized)   rO                   registers: MW x (DP/8) m16n8 fragments per warp
