@@ -159,11 +159,15 @@ def _signatures():
     }
 
 
+def _features(module) -> dict:
+    """``module``'s default features, with those of ``--features`` over them."""
+    return {**module.default_features(), **json.loads(os.environ.get("NUMBA_FLASH_OFFLINE_FEATURES", "{}"))}
+
+
 def _forward_tiling(module, d: int, tiling=None):
     """``(NW, MW, BC, DP, features, PREFETCH, CP_ASYNC)`` of the 3xTF32 or half forward ``module`` at head dim ``d``,
     as its ``plan`` chooses them: the default tiling, or ``tiling = (NW, MW, BC, CP)`` (``--half-tiling``)."""
-    f = module.default_features()
-    f.update(json.loads(os.environ.get("NUMBA_FLASH_OFFLINE_FEATURES", "{}")))  # --features
+    f = _features(module)
     NW, MW, BC, DP = module.config_for(d)
     if tiling is not None:
         NW, MW, BC, cp = tiling
@@ -215,12 +219,13 @@ def _kernel(name: str, d: int, causal: bool, tiling=None):
         return A4.alg4_backward_fast_kernel(*A4.config_for(d), causal, False, False, f["VEC"], f["MAXREG"])
     if name.startswith("fa2_backward_half_dq_"):
         NW, MW, BC, DP = H.config_for(d)
-        return HB.fa2_backward_half_dq_kernel(NW, MW, BC, DP, causal, False, HB.default_features()["PREFETCH"], False, "bf16")
+        return HB.fa2_backward_half_dq_kernel(NW, MW, BC, DP, causal, False, HB.default_features()["PREFETCH"], False, "bf16", False,
+                                              bool(_features(HB)["EX2_FTZ"]))
     if name.startswith("fa2_backward_half_"):
         NW, MW, BR, DP, cp_async = _backward_tiling(HB.config_for(d), HB.default_features()["CP_ASYNC"], tiling)
         red2 = not (causal and DP > 64)  # as HB.plan on compute capability 9.0
         return HB.fa2_backward_half_kernel(NW, MW, BR, DP, causal, False, True, HB.default_features()["PREFETCH"], False,
-                                           name.rsplit("_", 1)[1], False, red2, cp_async and H.cp_async_ok(d))
+                                           name.rsplit("_", 1)[1], False, red2, cp_async and H.cp_async_ok(d), bool(_features(HB)["EX2_FTZ"]))
     if name == "fa2_backward_tf32":
         NW, MW, BR, DP, cp_async = _backward_tiling(TB.config_for(d, None, causal), TB.features_for(d)["CP_ASYNC"], tiling)
         red2 = d % 2 == 0  # as TB.plan on compute capability 9.0
@@ -322,7 +327,7 @@ def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kernel", action="append", choices=KERNELS, help="kernel(s) to report (default: all)")
     ap.add_argument("--d", type=int, action="append", help="head dim(s) (default: 64 and 128)")
-    ap.add_argument("--features", metavar="JSON", help="features of the 3xTF32 and half forwards over their defaults, "
+    ap.add_argument("--features", metavar="JSON", help="features of the 3xTF32 and half forwards and the half backward over their defaults, "
                     "e.g. '{\"EX2_FTZ\": true}' (the table does not say: name the run)")
     ap.add_argument("--loops", action="store_true", help="also print each loop's instruction counts (sass_loops)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="compiles at once (one process each)")

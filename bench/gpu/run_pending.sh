@@ -17,9 +17,10 @@
 #   tc_split     the 3xTF32 forward with K_j, V_j split once per block (SPLIT_KV) against its cp.async default, d = 128
 #                and 64 (the performance log's section "3xTF32 forward: K_j, V_j split once per block") and its GPU tests
 #                -> OUTDIR/tc_split_d128.json/.log, _d64, tc_split_tests.txt
-#   half_ex2     the half forward with P~ = 2^(S' - m) by ex2.approx.ftz (EX2_FTZ) against its default, default tilings,
-#                bf16, N 1k/4k/16k (the performance log's section "Half forward: one instruction per exp2") and its GPU
-#                tests -> OUTDIR/half_ex2_off.json/.log, half_ex2_on.json/.log, half_ex2_tests.txt
+#   half_ex2     the half forward (N 1k/4k/16k) and forward + backward (N 1k/4k) with P = 2^(S' - m) by ex2.approx.ftz
+#                (EX2_FTZ) against their defaults, default tilings, bf16 (the performance log's section "Half forward: one
+#                instruction per exp2") and its GPU tests -> OUTDIR/half_ex2_off.json/.log, half_ex2_on, half_ex2_bwd_off,
+#                half_ex2_bwd_on, half_ex2_tests.txt
 #   half_bwd_cp  the half backward's tilings with and without cp.async for Q_i, dO_i (half_sweep --backward; the log's
 #                section "FA2 backward in fp16 / bf16: cp.async for Q_i, dO_i") -> OUTDIR/half_bwd_cp.json/.log
 # OUTDIR/pending_env.txt says what ran where. A failed step is noted and the rest run. Exit status: 0 when all ran.
@@ -73,11 +74,14 @@ for s in "${steps[@]}"; do
         --variants tc-cp tc-cp-split --out "$out/tc_split_d64.json"
       tail -n 25 "$out/tc_split_d128.log" "$out/tc_split_d64.log" ;;
     half_ex2)
-      step half_ex2_tests.txt python3 -m pytest -q -p no:cacheprovider -rfE tests/kernels/test_half_forward_ex2_ftz.py
+      step half_ex2_tests.txt python3 -m pytest -q -p no:cacheprovider -rfE tests/kernels/test_half_ex2_ftz.py
       step half_ex2_off.log python3 -m bench.half_sweep --seqlens 1024 4096 16384 --default-only --out "$out/half_ex2_off.json"
       step half_ex2_on.log python3 -m bench.half_sweep --seqlens 1024 4096 16384 --default-only --features '{"EX2_FTZ": true}' \
         --out "$out/half_ex2_on.json"
-      tail -n 12 "$out/half_ex2_off.log" "$out/half_ex2_on.log" ;;
+      step half_ex2_bwd_off.log python3 -m bench.half_sweep --backward --seqlens 1024 4096 --default-only --out "$out/half_ex2_bwd_off.json"
+      step half_ex2_bwd_on.log python3 -m bench.half_sweep --backward --seqlens 1024 4096 --default-only --features '{"EX2_FTZ": true}' \
+        --out "$out/half_ex2_bwd_on.json"
+      tail -n 12 "$out/half_ex2_off.log" "$out/half_ex2_on.log" "$out/half_ex2_bwd_off.log" "$out/half_ex2_bwd_on.log" ;;
     half_bwd_cp)
       step half_bwd_cp.log python3 -m bench.half_sweep --backward --seqlens 1024 4096 --out "$out/half_bwd_cp.json"
       tail -n 40 "$out/half_bwd_cp.log" ;;

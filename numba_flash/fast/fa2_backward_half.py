@@ -214,7 +214,7 @@ def make_fragment_products(MW: int, NB: int, KD: int, SQ: int, KIND: str, SIM: b
 @functools.cache
 def fa2_backward_half_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, DROPOUT: bool, ATOMIC_DQ: bool,
                              PREFETCH: bool, SIM: bool, KIND: str, FROM_LSE: bool = False, RED2: bool = False,
-                             CP_ASYNC: bool = False):
+                             CP_ASYNC: bool = False, EX2_FTZ: bool = False):
     """The main (column-block) half backward kernel: dK, dV, and with ``ATOMIC_DQ`` the atomic dQ adds.
 
     ``CP_ASYNC`` (d a multiple of 8, 16-byte aligned Q and dO): Q_i, dO_i go HBM -> SRAM by ``cp.async`` into two
@@ -278,6 +278,7 @@ def fa2_backward_half_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
     NSTAT, NSKEY = QST * BR, QST * NKEY  # statistics (and dropout row keys) of QST stages
     ZERO = float32(0.0)
     CAP = float32(64.0)
+    exp2 = _mma.make_exp2(EX2_FTZ, SIM)  # EX2_FTZ: one MUFU.EX2 per P element (see default_features)
 
     NLQ, load_q, store_q = _tiles.make_word_loader(BR, DW, NT, SQ)
     NLK, load_kv, store_kv = _tiles.make_word_loader(BC, DW, NT, SQ)
@@ -439,7 +440,7 @@ def fa2_backward_half_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
                         key = col0 + int(wrow) + 16 * mt + 8 * (c // 2) + int(g)
                         qi = so + U(8 * nt + c % 2) + U(2) * t  # (CP_ASYNC: in this step's statistics stage)
                         # Dev: min(., 64): no overflow on masked entries (exp2 overflow, then inf * 0 = NaN)
-                        p = math.exp2(min(rS[f] * c1 - sM[qi], CAP)) * sIL[qi]
+                        p = exp2(min(rS[f] * c1 - sM[qi], CAP)) * sIL[qi]
                         if masked:
                             if key >= s_k or (CAUSAL and key > row0 + int(qi - so) + causal_offset):
                                 p = ZERO
@@ -530,7 +531,7 @@ def fa2_backward_half_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
 
 @functools.cache
 def fa2_backward_half_dq_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROPOUT: bool, PREFETCH: bool,
-                                SIM: bool, KIND: str, FROM_LSE: bool = False):
+                                SIM: bool, KIND: str, FROM_LSE: bool = False, EX2_FTZ: bool = False):
     """The deterministic dQ kernel: one block per (query block, batch, head), ``dQ_i`` in registers.
 
     Lines 10-15 with the loops swapped (query block outer, key blocks inner) and the half forward's
@@ -562,6 +563,7 @@ def fa2_backward_half_dq_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool
     SCR = _mma.HALF_SIM_SCRATCH_PER_WARP
     ZERO = float32(0.0)
     CAP = float32(64.0)
+    exp2 = _mma.make_exp2(EX2_FTZ, SIM)  # EX2_FTZ: one MUFU.EX2 per P element (see default_features)
 
     NLQ, load_q, store_q = _tiles.make_word_loader(BR, DW, NT, SQ)
     NLK, load_kv, store_kv = _tiles.make_word_loader(BC, DW, NT, SQ)
@@ -654,7 +656,7 @@ def fa2_backward_half_dq_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool
                         r = mt * 2 + c // 2
                         row = row0 + int(wrow) + 16 * mt + 8 * (c // 2) + int(g)
                         col = col0 + 8 * nt + 2 * int(t) + c % 2
-                        p = math.exp2(min(rS[f] * c1 - rM[r], CAP)) * rIL[r]
+                        p = exp2(min(rS[f] * c1 - rM[r], CAP)) * rIL[r]
                         if masked:
                             if col >= s_k or (CAUSAL and col > row + causal_offset):
                                 p = ZERO
@@ -700,8 +702,10 @@ def default_features() -> dict:
     kernel's Q_i, dO_i by ``cp.async`` into two SRAM stages where the head dim allows it
     (:func:`numba_flash.fast.fa2_forward_half.cp_async_ok`) and Q, dO are 16-byte aligned: on an H100 forward +
     backward is 17-23 % faster at d = 64 and 3-25 % at d = 128 with the RED2 policy above
-    (``docs/results/sweeps/half_bwd_cp_h100.json``; the performance log has prediction and outcome)."""
-    return {"PREFETCH": True, "RED2": None, "CP_ASYNC": True}
+    (``docs/results/sweeps/half_bwd_cp_h100.json``; the performance log has prediction and outcome).
+    ``EX2_FTZ``: the recomputed ``P = 2^(S' - M) / l`` by ``ex2.approx.ftz.f32`` in both kernels, as the half
+    forward's ``EX2_FTZ`` (:func:`numba_flash.fast._mma.make_exp2`); off until a GPU times it."""
+    return {"PREFETCH": True, "RED2": None, "CP_ASYNC": True, "EX2_FTZ": False}
 
 
 def plan(prob: Problem, block_sizes=None, config=None, features=None, deterministic=False, from_lse=False):
@@ -724,7 +728,7 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None, determinis
     if red2 is None:
         red2 = not sim and cuda.get_current_device().compute_capability >= (9, 0) and not (prob.causal and DP > 64)
     main = fa2_backward_half_kernel(NW, MW, BR, DP, prob.causal, dropout, not deterministic, bool(feats["PREFETCH"]), sim, kind,
-                                    bool(from_lse), bool(red2), cp_async)
+                                    bool(from_lse), bool(red2), cp_async, bool(feats["EX2_FTZ"]))
     grid = bh_grid(ceil_div(prob.seqlen_k, BC), prob.batch * prob.nheads_k)
     dq = None
     NWq, MWq, BCq, _ = fa2_forward_half.config_for(d, block_sizes, cp_async=False)  # the dQ kernel loads through registers
@@ -732,7 +736,8 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None, determinis
     nbytes_dq = 4 * (2 * BRq + 2 * BCq) * stride(DP)
     if deterministic:
         _plan.check_sram(nbytes_dq, BRq, BCq, d)
-        dq = fa2_backward_half_dq_kernel(NWq, MWq, BCq, DP, prob.causal, dropout, bool(feats["PREFETCH"]), sim, kind, bool(from_lse))
+        dq = fa2_backward_half_dq_kernel(NWq, MWq, BCq, DP, prob.causal, dropout, bool(feats["PREFETCH"]), sim, kind, bool(from_lse),
+                                         bool(feats["EX2_FTZ"]))
     return main, grid, dq, bh_grid(ceil_div(prob.seqlen_q, BRq), prob.batch * prob.nheads), (32 * NW, 32 * NWq), (nbytes, nbytes_dq)
 
 

@@ -1,4 +1,5 @@
-"""The half forward's ``P~ = 2^(S' - m)`` by ``ex2.approx.ftz.f32`` (:mod:`numba_flash.fast.fa2_forward_half`, ``EX2_FTZ``).
+"""The half kernels' ``P = 2^(S' - m)`` by ``ex2.approx.ftz.f32`` (``EX2_FTZ`` of :mod:`numba_flash.fast.fa2_forward_half`
+and :mod:`numba_flash.fast.fa2_backward_half`).
 
 Claims checked:
 
@@ -8,7 +9,9 @@ Claims checked:
   dropout and ``MW = 2`` shapes (no probability there is below 2^-126 of its row's largest), in fp16 and bf16.
 * On a sharp softmax (scores 40 times larger, so that many ``S' - m`` are below -126): L, m, l are still bitwise
   equal (a subnormal is below the rounding of a row sum >= 1) and O follows the half error rule.
-* On a GPU (marker ``gpu``): bitwise equal at realistic shapes.
+* The backward with ``EX2_FTZ`` (main kernel with atomic dQ adds, and the deterministic dQ kernel) gives bitwise
+  equal dQ, dK, dV to the backward without it on the same shapes.
+* On a GPU (marker ``gpu``): bitwise equal at realistic shapes, forward and backward.
 """
 
 from __future__ import annotations
@@ -16,8 +19,8 @@ from __future__ import annotations
 import math
 
 from numba_flash import _backend
-from numba_flash._launch import Allocator, check_attention_args
-from numba_flash.fast import _mma, fa2_forward_half
+from numba_flash._launch import Allocator, check_attention_args, poison_outputs
+from numba_flash.fast import _mma, fa2_backward_half, fa2_forward_half
 
 import numpy as np
 import pytest
@@ -102,9 +105,38 @@ def test_on_a_sharp_softmax_the_statistics_are_the_same_bits_and_o_follows_the_r
     assert_error_rule(out, ref, naive, what="O")
 
 
+def _grads(th, causal, p, seed, bs, ftz, deterministic):
+    """The half backward at kernel level (after the default forward) with ``EX2_FTZ`` = ``ftz``: dq, dk, dv as NumPy."""
+    q = th[0]
+    prob = check_attention_args(*th, p, None, causal, seed)
+    alloc = Allocator(q)
+    dout = torch.from_numpy(np.random.default_rng(1).standard_normal(tuple(q.shape)).astype(np.float32)).to(q.device, q.dtype)
+    kq, kk, kv, kdo = (alloc.to_words(x) for x in (*th, dout))
+    fwd = fa2_forward_half.forward(kq, kk, kv, prob, alloc, bs)
+    with poison_outputs():
+        grads = fa2_backward_half.backward(kdo, kq, kk, kv, fwd.out, fwd, prob, alloc, bs, deterministic, features={"EX2_FTZ": ftz})
+    return [np.array(g.copy_to_host() if hasattr(g, "copy_to_host") else g) for g in grads]
+
+
+#: the forward's cases with atomic dQ adds, and the causal dropout one with the deterministic dQ kernel as well
+BWD_CASES = [pytest.param(*c.values, False, id=c.id + "-atomic-dq") for c in CASES] + [
+    pytest.param(*CASES[1].values, True, id=CASES[1].id + "-deterministic")]
+
+
+@pytest.mark.parametrize(("b", "s_q", "s_k", "h", "h_k", "d", "causal", "p", "bs", "deterministic"), BWD_CASES)
+def test_one_instruction_exp2_gives_the_same_gradient_bits(rng, b, s_q, s_k, h, h_k, d, causal, p, bs, deterministic):
+    th = _inputs(rng, torch.bfloat16, b, s_q, s_k, h, h_k, d)
+    seed = int(rng.integers(0, 2**32))
+    on, off = (_grads(th, causal, p, seed, bs, f, deterministic) for f in (True, False))
+    _assert_same(on, off, names=("dq", "dk", "dv"))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(("n", "d", "causal"), [(1000, 64, False), (1000, 128, True), (777, 96, True)])
 def test_one_instruction_exp2_gives_the_same_bits_on_gpu_shapes(rng, dtype, n, d, causal):
     th = _inputs(rng, dtype, 2, n, n, 4, 2, d, device="cuda")
     _assert_same(_run(th, causal, 0.0, 0, None, True), _run(th, causal, 0.0, 0, None, False))
+    for deterministic in (False, True):
+        on, off = (_grads(th, causal, 0.0, 0, None, f, deterministic) for f in (True, False))
+        _assert_same(on, off, names=("dq", "dk", "dv"))
