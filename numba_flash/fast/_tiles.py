@@ -246,7 +246,6 @@ def make_word_loader_async(NROWS: int, DW: int, NT: int, SA: int, SIM: bool):
     return NC, load_async
 
 
-@functools.cache
 def _make_chunk_pass(NROWS: int, DW: int, NT: int, SA: int, each):
     """``run(smem, off, tid)``: ``each(smem, i)`` for the SRAM index ``i`` of every element of the chunks that thread
     ``tid`` copied with :func:`make_word_loader_async` (same ``NROWS, DW, NT``) into the tile at ``off`` (row
@@ -268,6 +267,7 @@ def _make_chunk_pass(NROWS: int, DW: int, NT: int, SA: int, each):
     return run
 
 
+@functools.cache
 def make_quiet_nan_pass(NROWS: int, DW: int, NT: int, SA: int):
     """``quiet(smem, off, tid)``: in the float32 SRAM tile at ``off`` (row stride ``SA``), each NaN among the
     chunks that thread ``tid`` copied with :func:`make_word_loader_async` (same ``NROWS, DW, NT``) becomes the
@@ -288,6 +288,7 @@ def make_quiet_nan_pass(NROWS: int, DW: int, NT: int, SA: int):
     return _make_chunk_pass(NROWS, DW, NT, SA, quiet_one)
 
 
+@functools.cache
 def make_split_pass(NROWS: int, DW: int, NT: int, SA: int, SMALL: int, SIM: bool):
     """``split_pass(smem, off, tid)``: in the float32 SRAM tile at ``off`` (row stride ``SA``), each element of the
     chunks that thread ``tid`` copied with :func:`make_word_loader_async` (same ``NROWS, DW, NT``) becomes the bit
