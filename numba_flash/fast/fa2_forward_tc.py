@@ -240,6 +240,16 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
     n_key_blocks, _ = _tiles.make_block_counts(BR, BC, CAUSAL)
 
     split, mma3, quad_max, quad_sum = _mma.make_warp_ops(SIM)
+
+    # the tf32 (big, small) parts of the B operand at smem[i] (K_j in L8, V_j in L10)
+    if SPLIT:
+        @cuda.jit(device=True, inline="always")
+        def b_parts(smem, i):  # Dev: split once per block by split_k / split_v; the small part at + uKV
+            return f32_bits(smem[i]), f32_bits(smem[i + uKV])
+    else:
+        @cuda.jit(device=True, inline="always")
+        def b_parts(smem, i):
+            return split(smem[i])
     natural_stats = _regtile.make_natural_stats()
     mask_s, lane_row_max = _mma.make_fragment_steps(MW, NB, BC, CAUSAL)
 
@@ -351,12 +361,8 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
                         rAb[mt * 4 + c], rAs[mt * 4 + c] = split(smem[q0 + U(8 * (c % 2)) * uSQ + U(4 * (c // 2))])
                 for nt in range(NB):
                     k0 = kbase + (U(8 * nt) + g) * uSQ + U(8 * ks) + t  # b = (K[g, t], K[g, t+4])
-                    if SPLIT:  # Dev: split once per block by split_k
-                        bb0, bs0 = f32_bits(smem[k0]), f32_bits(smem[k0 + uKV])
-                        bb1, bs1 = f32_bits(smem[k0 + U(4)]), f32_bits(smem[k0 + U(4) + uKV])
-                    else:
-                        bb0, bs0 = split(smem[k0])
-                        bb1, bs1 = split(smem[k0 + U(4)])
+                    bb0, bs0 = b_parts(smem, k0)
+                    bb1, bs1 = b_parts(smem, k0 + U(4))
                     for mt in range(MW):
                         f = (mt * NB + nt) * 4
                         acc = (rS[f], rS[f + 1], rS[f + 2], rS[f + 3])
@@ -410,12 +416,8 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
                         rAb[mt * 4 + c], rAs[mt * 4 + c] = split(smem[p0 + U(8 * (c % 2)) * uSP + U(4 * (c // 2))])
                 for dn in range(ND):
                     v0 = vbase + (U(8 * kt) + t) * uSV + U(8 * dn) + g  # b = (V[t, g], V[t+4, g])
-                    if SPLIT:  # Dev: split once per block by split_v
-                        bb0, bs0 = f32_bits(smem[v0]), f32_bits(smem[v0 + uKV])
-                        bb1, bs1 = f32_bits(smem[v0 + U(4) * uSV]), f32_bits(smem[v0 + U(4) * uSV + uKV])
-                    else:
-                        bb0, bs0 = split(smem[v0])
-                        bb1, bs1 = split(smem[v0 + U(4) * uSV])
+                    bb0, bs0 = b_parts(smem, v0)
+                    bb1, bs1 = b_parts(smem, v0 + U(4) * uSV)
                     for mt in range(MW):
                         f = (mt * ND + dn) * 4
                         acc = mma3((rAb[mt * 4], rAb[mt * 4 + 1], rAb[mt * 4 + 2], rAb[mt * 4 + 3]),
