@@ -251,8 +251,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, re
     algorithm : "standard", "flash1" or "flash2" (keyword-only)
     variant : "auto" (default), "readable", "fast" or "tensorcore" (keyword-only): which kernel of the
         algorithm runs (:func:`variants`); ``"readable"`` runs the paper-shaped kernels of both passes.
-        ``"auto"`` runs the fastest kernel; when float32 q, k or v requires grad, FA2 runs its FFMA pair
-        (``registry.TRAINING_VARIANT``), whose backward reproduces the forward's S exactly (sharp softmaxes)
+        ``"auto"`` runs the fastest kernel of each pass; FA2's tensor-core backward recomputes the tensor-core
+        forward's S with the same operations, so training with it meets the gradient rule (sharp softmaxes)
     block_sizes : (Br, Bc) override (keyword-only)
     seed : dropout seed in [0, 2**32); drawn from torch's generator when None (keyword-only)
     deterministic : run a backward without atomics (FA2), bitwise reproducible (keyword-only)
@@ -291,8 +291,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, re
     prob = check_attention_args(q, k, v, dropout_p, softmax_scale, causal, seed)
     # Names only (no device query, which torch.compile cannot trace): the custom op resolves them.
     algorithm = registry.check_algorithm(algorithm)
-    training = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
-    fwd_variant, bwd_variant = registry.pair_variants(algorithm, variant, training, half=q.dtype in (torch.float16, torch.bfloat16))
+    fwd_variant, bwd_variant = registry.pair_variants(algorithm, variant)
     br, bc = _check_block_sizes(block_sizes) or (0, 0)
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")

@@ -72,15 +72,6 @@ PAPER = {
 
 #: The preference of ``variant="auto"``, fastest first.
 AUTO_ORDER = ("tensorcore", "fast", "readable")
-#: The variant ``"auto"`` runs for both passes when a backward will follow (``flash_attn_func`` on float32
-#: inputs that require grad): the FFMA pair. The tensor-core pair (3xTF32 forward and backward, whose backward
-#: recomputes the forward's ``S`` bit for bit) is 1.05-1.25x faster on an H100 but its ``S`` carries the
-#: 3xTF32 split's ~2^-22 relative error. The reason given for this choice, its dV over the rule on a sharp softmax
-#: (scores of std 16) on an H100, was measured against the BLAS float32 baseline; against the in-order one
-#: (tests/attn_testing.matmul32) the pair passes that case on an H100 (b7c3ad5), so the choice is to be revisited
-#: with a GPU suite run that trains with the pair (docs/backward.rst, "Large logits"); ``variant="tensorcore"``
-#: runs it when asked for.
-TRAINING_VARIANT = {"flash2": "fast"}
 
 
 @dataclass(frozen=True)
@@ -161,13 +152,13 @@ def resolve(algorithm, pass_: str, variant="auto") -> Kernel:
     return entry
 
 
-def pair_variants(algorithm, variant="auto", training: bool = False, half: bool = False) -> tuple[str, str]:
+def pair_variants(algorithm, variant="auto") -> tuple[str, str]:
     """(forward, backward) variant names that :func:`resolve_pair` resolves, found without the device.
 
-    A named variant must exist for at least one pass; a pass that lacks it gets ``"auto"``. With
-    ``training`` (a backward will follow), ``"auto"`` picks the variant of :data:`TRAINING_VARIANT` for both
-    passes, except for ``half`` (float16/bfloat16) inputs: the half kernel's S is the float32 sum of exact products, which the
-    backward recomputes up to float32 rounding, far inside the half error rule. Only the
+    A named variant must exist for at least one pass; a pass that lacks it gets ``"auto"``. ``"auto"``
+    stays ``"auto"`` for both passes, training or not: on a GPU both resolve to the tensor-core pair, whose
+    backward recomputes the forward's ``S`` with the forward's operations (float32: the 3xTF32 pair; until
+    2026-11-25 float32 training ran the FFMA pair, see ``docs/backward.rst``, "Large logits"). Only the
     table is read, so this runs inside ``torch.compile``'s tracing (the device query of ``"auto"`` and
     of :meth:`Kernel.available` takes numba's driver lock, which Dynamo cannot trace); the custom ops
     of :mod:`numba_flash._torch_ops` resolve these names on the device at run time.
@@ -175,8 +166,6 @@ def pair_variants(algorithm, variant="auto", training: bool = False, half: bool 
     algorithm = check_algorithm(algorithm)
     variant = check_variant(variant)
     if variant == "auto":
-        if training and not half and algorithm in TRAINING_VARIANT:
-            return TRAINING_VARIANT[algorithm], TRAINING_VARIANT[algorithm]
         return "auto", "auto"
     has = {p: (algorithm, p, variant) in KERNELS for p in PASSES}
     if not any(has.values()):

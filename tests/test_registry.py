@@ -228,10 +228,17 @@ def test_imports_run_one_way_api_registry_kernels_plumbing():
     assert "numba_flash.api" not in graph["numba_flash.registry"]
 
 
-def test_auto_trains_float32_with_the_ffma_pair():
-    """The tensor-core forward runs for inference; training gets a forward and the backward that recomputes its S."""
+def test_auto_resolves_each_pass_on_the_device_training_or_not():
+    """``"auto"`` names no kernel before the device is asked; a named variant is kept for the passes that have it."""
     assert registry.pair_variants("flash2", "auto") == ("auto", "auto")
-    assert registry.pair_variants("flash2", "auto", training=True) == ("fast", "fast")
-    assert registry.pair_variants("flash2", "auto", training=True, half=True) == ("auto", "auto")  # the half kernel trains
-    assert registry.pair_variants("flash2", "tensorcore", training=True) == ("tensorcore", "tensorcore")
-    assert registry.pair_variants("flash1", "auto", training=True) == ("auto", "auto")
+    assert registry.pair_variants("flash2", "tensorcore") == ("tensorcore", "tensorcore")
+    assert registry.pair_variants("flash1", "auto") == ("auto", "auto")
+    assert registry.pair_variants("standard", "readable") == ("readable", "readable")
+
+
+@pytest.mark.gpu
+def test_auto_trains_fa2_with_the_tensor_core_pair_on_a_gpu():
+    """The forward and the backward of ``"auto"`` are the twins whose backward recomputes the forward's S."""
+    fwd, bwd = registry.resolve_pair("flash2", "auto")
+    want = "tensorcore" if registry.KERNELS["flash2", "forward", "tensorcore"].available() else "fast"  # mma.sync: 8.0+
+    assert (fwd.variant, bwd.variant) == (want, want)

@@ -1,11 +1,11 @@
 """FlashAttention-2 benchmarks: the FA2 forward kernels, and FA2 forward + backward, beside torch (fp32).
 
 Implementations (``extra_info["algorithm"]``): ``flash2`` is ``flash_attn_func(..., algorithm="flash2")``
-with its default kernels (on a GPU the forward is the tensor-core one, :mod:`numba_flash.fast.fa2_forward_tc`;
-for training ``"auto"`` runs the FFMA pair, ``registry.TRAINING_VARIANT``); ``flash2_ffma`` the forward with
-the register-blocked FFMA kernel (:mod:`numba_flash.fast.fa2_forward`); ``flash2_tc`` (forward + backward
-only) ``variant="tensorcore"``: the 3xTF32 forward and the 3xTF32 backward
-(:mod:`numba_flash.fast.fa2_backward_tf32`).
+with its default kernels (on a GPU the tensor-core ones: the 3xTF32 forward,
+:mod:`numba_flash.fast.fa2_forward_tc`, and for forward + backward the 3xTF32 backward,
+:mod:`numba_flash.fast.fa2_backward_tf32`); ``flash2_ffma`` ``variant="fast"``: the register-blocked FFMA
+forward (:mod:`numba_flash.fast.fa2_forward`) and its FFMA backward. (The grids of b7c3ad5 and before have
+``flash2_tc`` rows, ``variant="tensorcore"``, for the 3xTF32 pair, while ``"auto"`` trained with the FFMA pair.)
 
 The FA2 paper's convention (section 4.1): 16k tokens (``batch = 16384 // N``), hidden 2048 (32 heads at
 d = 64, 16 at d = 128), N = 512 ... 16384, causal and not. Forward FLOPs ``4 b h N^2 d`` (halved when
@@ -37,8 +37,8 @@ from bench import _utils as bu
 TORCH_IMPLS = ("torch_naive", "sdpa_mem_efficient") if bu.ON_GPU else ()
 #: the Numba FA2 implementations and the forward kernel variant each one runs
 NUMBA_IMPLS = {"flash2": "auto", "flash2_ffma": "fast"} if bu.ON_GPU else {"flash2": "auto"}
-#: the forward + backward implementations: "auto" (the FFMA pair when training float32) and the 3xTF32 pair
-FWDBWD_IMPLS = {"flash2": "auto", "flash2_tc": "tensorcore"} if bu.ON_GPU else {"flash2": "auto"}
+#: the forward + backward implementations: "auto" (the 3xTF32 pair on a GPU) and the FFMA pair
+FWDBWD_IMPLS = {"flash2": "auto", "flash2_ffma": "fast"} if bu.ON_GPU else {"flash2": "auto"}
 SEQLENS = (512, 1024, 2048, 4096, 8192, 16384) if bu.ON_GPU else (bu.SIM_SHAPE["seqlen"],)
 HEADDIMS = bu.HEADDIMS if bu.ON_GPU else (bu.SIM_SHAPE["headdim"],)
 FWDBWD_SEQLENS = (1024, 2048, 4096, 8192, 16384) if bu.ON_GPU else (bu.SIM_SHAPE["seqlen"],)
