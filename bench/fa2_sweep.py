@@ -76,8 +76,6 @@ VARIANTS_D64 = {
     "tc-cp": (("tc", None), {"CP_ASYNC": True}),
     "tc-cp-Bc32": (("tc", (4, 2, 32)), {"CP_ASYNC": True}),
     "tc-cp-NW8-MW1": (("tc", (8, 1, 64)), {"CP_ASYNC": True}),
-    # K_j, V_j split into tf32 parts once per block (SPLIT_KV; 125 KB of SRAM at 4x2x32: one block per SM, not two)
-    "tc-cp-split": (("tc", None), {"CP_ASYNC": True, "SPLIT_KV": True}),
 }
 VARIANTS_D128 = {
     "readable": ("readable", {}),
@@ -96,9 +94,6 @@ VARIANTS_D128 = {
     # fits two blocks per SM)
     "tc-cp": (("tc", None), {"CP_ASYNC": True}),
     "tc-cp-64x32": (("tc", (4, 1, 32)), {"CP_ASYNC": True}),
-    # K_j, V_j split into tf32 parts once per block (SPLIT_KV; offline sm_90, 8x1x32: 2781 instructions per warp and
-    # key block against 3364, 627 LDS against 371; 223 KB of SRAM)
-    "tc-cp-split": (("tc", None), {"CP_ASYNC": True, "SPLIT_KV": True}),
 }
 
 

@@ -48,7 +48,7 @@ exits with status 0 (a skip, not a failure). ``--kernel NAME`` (repeatable) rest
 ``numba_flash/fast/alg1_forward.py`` ...); ``--d`` picks head dims.
 
 ``--half-tiling NW,MW,BC,CP`` (repeatable) compiles the half forward (``fa2_forward_half_f16`` / ``_bf16``) and
-the 3xTF32 forward (``fa2_forward_tc``; ``CP`` 1 there where ``d % 4 == 0``, 2 for ``SPLIT_KV`` as well) at that tiling instead of its default: ``NW`` warps of ``MW`` m16 tiles (``Br = 16 MW NW``), key block
+the 3xTF32 forward (``fa2_forward_tc``; ``CP`` 1 there where ``d % 4 == 0``) at that tiling instead of its default: ``NW`` warps of ``MW`` m16 tiles (``Br = 16 MW NW``), key block
 ``BC``, ``CP`` 1 for the cp.async pipeline (``CP_ASYNC``; where ``d % 8 == 0``, as ``plan``) or 0 for the
 register path with prefetch; ``tiling`` in the table says which ran. For the half backward (``fa2_backward_half_f16`` /
 ``_bf16``) the four numbers are ``NW,MW,BR,CP``: warps, key m16 tiles per warp (``Bc = 16 MW NW``), query rows per
@@ -172,8 +172,6 @@ def _forward_tiling(module, d: int, tiling=None):
     if tiling is not None:
         NW, MW, BC, cp = tiling
         f["CP_ASYNC"] = bool(cp)
-        if "SPLIT_KV" in f:  # the 3xTF32 forward: CP 2 is the cp.async path with K_j, V_j split once per block
-            f["SPLIT_KV"] = cp == 2
     cp_async = bool(f["CP_ASYNC"]) and module.cp_async_ok(d)
     prefetch = f["PREFETCH"] if f["PREFETCH"] is not None else DP <= 64
     return NW, MW, BC, DP, f, bool(prefetch) and not cp_async, cp_async
@@ -208,12 +206,11 @@ def _kernel(name: str, d: int, causal: bool, tiling=None):
         return F2.fa2_forward_fast_kernel(*F2.config_for(d), causal, False, f["SHFL"], f["VEC"], f["REVERSE"], f["PREFETCH"], f["MAXREG"])
     if name == "fa2_forward_tc":
         NW, MW, BC, DP, f, prefetch, cp_async = _forward_tiling(TC, d, tiling)
-        return TC.fa2_forward_tc_kernel(NW, MW, BC, DP, causal, False, prefetch, False, f["STAGE_S"], f["STAGE_O"], cp_async,
-                                        bool(f["SPLIT_KV"]) and cp_async)
+        return TC.fa2_forward_tc_kernel(NW, MW, BC, DP, causal, False, prefetch, False, f["STAGE_S"], f["STAGE_O"], cp_async)
     if name.startswith("fa2_forward_half_"):
         NW, MW, BC, DP, f, prefetch, cp_async = _forward_tiling(H, d, tiling)
         return H.fa2_forward_half_kernel(NW, MW, BC, DP, causal, False, prefetch, False, name.rsplit("_", 1)[1], cp_async,
-                                         bool(f["EX2_FTZ"]))
+                                         bool(f["EX2_FTZ"]), bool(f["SKIP_RESCALE"]))
     if name == "alg4_backward_fast":
         f = A4.default_features()
         return A4.alg4_backward_fast_kernel(*A4.config_for(d), causal, False, False, f["VEC"], f["MAXREG"])
@@ -317,8 +314,8 @@ def _one(name: str, d: int, causal: bool, nvd: str, tiling=None) -> dict:
 def _tiling(text: str) -> tuple[int, int, int, int]:
     """``"NW,MW,BC,CP"`` -> a tuple of four ints (``--half-tiling``)."""
     parts = tuple(int(x) for x in text.split(","))
-    if len(parts) != 4:
-        raise argparse.ArgumentTypeError(f"expected NW,MW,BC,CP, got {text!r}")
+    if len(parts) != 4 or parts[3] not in (0, 1):
+        raise argparse.ArgumentTypeError(f"expected NW,MW,BC,CP with CP 0 or 1, got {text!r}")
     return parts
 
 

@@ -252,8 +252,8 @@ def forward_recording_plan(module, kernel_arrays, prob, alloc, block_sizes, feat
     return fwd, host, planned[0]
 
 
-#: Shapes for the 3xTF32 forward's SRAM paths (``CP_ASYNC``, ``SPLIT_KV``), as ``(batch, s_q, s_k, nheads, nheads_k,
-#: d, causal, dropout_p, block_sizes)``: several key blocks each (both stages used), ragged, causal with blocks whose
+#: Shapes for the 3xTF32 forward's ``cp.async`` path (``CP_ASYNC``), as ``(batch, s_q, s_k, nheads, nheads_k, d,
+#: causal, dropout_p, block_sizes)``: several key blocks each (both stages used), ragged, causal with blocks whose
 #: rows see no key, GQA, dropout, ``MW = 2`` and a padded row ending in a chunk past d (d = 20 pads to 24).
 TC_FORWARD_SRAM_CASES = [
     (1, 37, 40, 2, 1, 16, False, 0.0, (16, 16), "ragged-gqa-d16"),
@@ -262,6 +262,50 @@ TC_FORWARD_SRAM_CASES = [
     (1, 45, 14, 1, 1, 8, True, 0.0, (16, 8), "causal-sq>sk-blocks-without-keys-d8"),
     (1, 40, 37, 1, 1, 24, True, 0.0, (128, 16), "mw2-4warps-causal-d24"),
 ]
+
+
+#: Shapes for the half forward's features that must not change a bit (``EX2_FTZ``, ``SKIP_RESCALE``), as
+#: :data:`TC_FORWARD_SRAM_CASES`: several key blocks each (rows whose max grows in a later block beside rows whose max
+#: does not), ragged, GQA, causal, dropout and ``MW = 2`` (4 warps).
+HALF_FORWARD_FEATURE_CASES = [
+    (1, 37, 70, 2, 1, 64, False, 0.0, (16, 16), "ragged-gqa-d64"),
+    (1, 29, 67, 1, 1, 48, True, 0.1, (32, 16), "causal-dropout-d48"),
+    (1, 37, 80, 1, 1, 40, True, 0.0, (128, 16), "mw2-4warps-causal-d40"),
+]
+
+
+def half_inputs(rng, dtype, b, s_q, s_k, h, h_k, d, device="cpu"):
+    """q, k, v of :func:`make_qkv` as torch tensors of ``dtype`` (float16 or bfloat16) on ``device``."""
+    import torch
+
+    return [torch.from_numpy(x).to(device=device, dtype=dtype) for x in make_qkv(rng, b, s_q, s_k, h, h_k, d)]
+
+
+def run_half_forward(th, causal, p, seed, block_sizes, features, softmax_scale=None):
+    """The half forward (:mod:`numba_flash.fast.fa2_forward_half`) at kernel level on torch q, k, v ``th`` with
+    ``features``, outputs NaN-poisoned: ``((O as half words, L, m, l) as NumPy arrays, the features it planned with)``."""
+    from numba_flash._launch import Allocator, check_attention_args
+    from numba_flash.fast import fa2_forward_half
+
+    prob = check_attention_args(*th, p, softmax_scale, causal, seed)
+    alloc = Allocator(th[0])
+    _, host, planned = forward_recording_plan(fa2_forward_half, [alloc.to_words(x) for x in th], prob, alloc, block_sizes, features)
+    return host, planned
+
+
+#: GPU shapes for the same features, as ``(seqlen, d, causal)`` (batch 2, 4 heads, 2 key heads)
+HALF_FEATURE_GPU_SHAPES = [(1000, 64, False), (1000, 128, True), (777, 96, True)]
+
+
+def assert_half_feature_keeps_bits(th, causal, p, seed, block_sizes, feature):
+    """The half forward on torch q, k, v ``th`` with ``feature`` on and off gives bitwise equal O, L, m, l; each run
+    checks that it planned the feature."""
+    runs = []
+    for on in (True, False):
+        host, planned = run_half_forward(th, causal, p, seed, block_sizes, {feature: on})
+        assert planned[feature] is on
+        runs.append(host)
+    assert_same_bits(*runs, f"{feature} on and off")
 
 
 def assert_same_bits(a, b, what):

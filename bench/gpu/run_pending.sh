@@ -14,13 +14,18 @@
 #   ncu_tc       Nsight Compute's full set (--set full) on one 3xTF32 forward at d = 128 and d = 64 and one 3xTF32
 #                backward at d = 128 (N 4096, b 4, h 16, float32): where the d = 128 kernels lose to SDPA memory-efficient
 #                (shared-memory throughput, issue stalls, tensor-pipe use) -> OUTDIR/ncu_tc_fwd_d128.txt, _fwd_d64, _bwd_d128
-#   tc_split     the 3xTF32 forward with K_j, V_j split once per block (SPLIT_KV) against its cp.async default, d = 128
-#                and 64 (the performance log's section "3xTF32 forward: K_j, V_j split once per block") and its GPU tests
-#                -> OUTDIR/tc_split_d128.json/.log, _d64, tc_split_tests.txt
 #   half_ex2     the half forward (N 1k/4k/16k) and forward + backward (N 1k/4k) with P = 2^(S' - m) by ex2.approx.ftz
 #                (EX2_FTZ) against their defaults, default tilings, bf16 (the performance log's section "Half forward: one
 #                instruction per exp2") and its GPU tests -> OUTDIR/half_ex2_off.json/.log, half_ex2_on, half_ex2_bwd_off,
 #                half_ex2_bwd_on, half_ex2_tests.txt
+#   half_ex2_pairs  the half forward's default tilings with EX2_FTZ off and on, twice, alternating (N 4k/16k), then the
+#                forward + backward on and off (N 4k), bf16, each sweep under a 100-110 s timeout: the paired timing that
+#                turned EX2_FTZ on (2026-11-25, 4 minutes on an H100) -> OUTDIR/ex2_fwd_off_1.json/.log, ex2_fwd_on_1,
+#                _off_2, _on_2, ex2_bwd_on, ex2_bwd_off; the rows of all of them -> OUTDIR/ex2_pairs.txt
+#   half_skip    the half forward's SKIP_RESCALE: its GPU tests, then its default tilings off and on, twice, alternating
+#                (N 4k/16k), as half_ex2_pairs (the performance log's section "Half forward: skip the rescale by 1")
+#                -> OUTDIR/skip_tests.txt, skip_pairs.txt (the rows), skip_pairs.tgz (each sweep's JSON and log: the device
+#                tool brings back only a few files)
 #   half_bwd_cp  the half backward's tilings with and without cp.async for Q_i, dO_i (half_sweep --backward; the log's
 #                section "FA2 backward in fp16 / bf16: cp.async for Q_i, dO_i") -> OUTDIR/half_bwd_cp.json/.log
 # OUTDIR/pending_env.txt says what ran where. A failed step is noted and the rest run. Exit status: 0 when all ran.
@@ -42,6 +47,15 @@ step() {  # step FILE COMMAND...: run, log to OUTDIR/FILE, note a failure and go
   shift
   echo "+ $*" | tee "$out/$name"
   "$@" >> "$out/$name" 2>&1 || { echo "run_pending: '$*' failed (see $name)" >&2; rc=1; }
+}
+forward_pairs() {  # forward_pairs PREFIX OFF_JSON ON_JSON: the half forward's default tilings off, on, off, on (N 4k/16k)
+  local prefix="$1" off="$2" on="$3" r
+  for r in 1 2; do
+    step "${prefix}_fwd_off_$r.log" timeout 100 python3 -m bench.half_sweep --seqlens 4096 16384 --default-only \
+      --features "$off" --out "$out/${prefix}_fwd_off_$r.json"
+    step "${prefix}_fwd_on_$r.log" timeout 100 python3 -m bench.half_sweep --seqlens 4096 16384 --default-only \
+      --features "$on" --out "$out/${prefix}_fwd_on_$r.json"
+  done
 }
 for s in "${steps[@]}"; do
   case "$s" in
@@ -66,13 +80,6 @@ for s in "${steps[@]}"; do
         step "ncu_tc_${tag}_d${d}.txt" "$ncu_bin" --set full --nvtx --nvtx-include "numba_flash_measure/" --print-units base \
           python3 -m bench.ncu --child "$spec" --meta-out "$out/ncu_tc_${tag}_d${d}_meta.json"
       done ;;
-    tc_split)
-      step tc_split_tests.txt python3 -m pytest -q -p no:cacheprovider -rfE tests/kernels/test_tc_forward_split_kv.py
-      step tc_split_d128.log python3 -m bench.fa2_sweep --seqlens 1024 4096 16384 --headdims 128 \
-        --variants tc-cp tc-cp-split --out "$out/tc_split_d128.json"
-      step tc_split_d64.log python3 -m bench.fa2_sweep --seqlens 1024 4096 --headdims 64 \
-        --variants tc-cp tc-cp-split --out "$out/tc_split_d64.json"
-      tail -n 25 "$out/tc_split_d128.log" "$out/tc_split_d64.log" ;;
     half_ex2)
       step half_ex2_tests.txt python3 -m pytest -q -p no:cacheprovider -rfE tests/kernels/test_half_ex2_ftz.py
       step half_ex2_off.log python3 -m bench.half_sweep --seqlens 1024 4096 16384 --default-only --out "$out/half_ex2_off.json"
@@ -82,11 +89,29 @@ for s in "${steps[@]}"; do
       step half_ex2_bwd_on.log python3 -m bench.half_sweep --backward --seqlens 1024 4096 --default-only --features '{"EX2_FTZ": true}' \
         --out "$out/half_ex2_bwd_on.json"
       tail -n 12 "$out/half_ex2_off.log" "$out/half_ex2_on.log" "$out/half_ex2_bwd_off.log" "$out/half_ex2_bwd_on.log" ;;
+    half_ex2_pairs)
+      f='{"EX2_FTZ": false}'
+      t='{"EX2_FTZ": true}'
+      forward_pairs ex2 "$f" "$t"
+      step ex2_bwd_on.log timeout 110 python3 -m bench.half_sweep --backward --seqlens 4096 --default-only --features "$t" \
+        --out "$out/ex2_bwd_on.json"
+      step ex2_bwd_off.log timeout 100 python3 -m bench.half_sweep --backward --seqlens 4096 --default-only --features "$f" \
+        --out "$out/ex2_bwd_off.json"
+      for n in ex2_fwd_off_1 ex2_fwd_on_1 ex2_fwd_off_2 ex2_fwd_on_2 ex2_bwd_on ex2_bwd_off; do
+        echo "== $n"; grep "^half" "$out/$n.log"
+      done | tee "$out/ex2_pairs.txt" ;;
+    half_skip)
+      step skip_tests.txt python3 -m pytest -q -p no:cacheprovider -rfE tests/kernels/test_half_skip_rescale.py
+      forward_pairs skip '{"SKIP_RESCALE": false}' '{"SKIP_RESCALE": true}'
+      for n in skip_fwd_off_1 skip_fwd_on_1 skip_fwd_off_2 skip_fwd_on_2; do
+        echo "== $n"; grep "^half" "$out/$n.log"
+      done | tee "$out/skip_pairs.txt"
+      (cd "$out" && tar czf skip_pairs.tgz skip_fwd_*.json skip_fwd_*.log && rm -f skip_fwd_*.json skip_fwd_*.log) ;;
     half_bwd_cp)
       step half_bwd_cp.log python3 -m bench.half_sweep --backward --seqlens 1024 4096 --out "$out/half_bwd_cp.json"
       tail -n 40 "$out/half_bwd_cp.log" ;;
     *)
-      echo "run_pending: unknown step '$s' (streams host ncu_tc tc_split half_ex2 tc_cp half_bwd_cp)" >&2
+      echo "run_pending: unknown step '$s' (streams host ncu_tc half_ex2 half_ex2_pairs half_skip tc_cp half_bwd_cp)" >&2
       rc=2 ;;
   esac
 done

@@ -319,53 +319,6 @@ unpack2_f16_asm = _unpack2_asm("f16")
 unpack2_bf16_asm = _unpack2_asm("bf16")
 
 
-def _bitcast_intrinsic(src, dst):
-    """An intrinsic ``dst(x)``: the 32 bits of ``x`` (type ``src``) read as ``dst``; an LLVM bitcast, no instruction."""
-
-    @intrinsic
-    def bitcast(typingctx, x):
-        def codegen(context, builder, signature, args):
-            v = context.cast(builder, args[0], signature.args[0], src)
-            return builder.bitcast(v, context.get_value_type(dst))
-
-        return dst(x), codegen
-
-    return bitcast
-
-
-#: the bits of a float32 as a uint32, and back (GPU)
-f32_bits_asm = _bitcast_intrinsic(types.float32, types.uint32)
-bits_f32_asm = _bitcast_intrinsic(types.uint32, types.float32)
-
-
-@functools.cache
-def make_bitcasts(simulator: bool | None = None):
-    """``(f32_bits, bits_f32)``: a float32's bit pattern as a uint32, and a bit pattern as the float32 it encodes.
-
-    What lets a kernel keep :func:`make_warp_ops`' tf32 parts (bit patterns) in a float32 SRAM tile and read them
-    back as mma operands, every bit (NaN payloads included) unchanged. On a GPU no instruction; in the simulator
-    NumPy views.
-    """
-    if not (_backend.is_simulator() if simulator is None else simulator):
-        @cuda.jit(device=True, inline="always")
-        def f32_bits(x):
-            return f32_bits_asm(x)
-
-        @cuda.jit(device=True, inline="always")
-        def bits_f32(u):
-            return bits_f32_asm(u)
-
-        return f32_bits, bits_f32
-
-    def f32_bits(x):
-        return uint32(np.float32(x).view(np.uint32))
-
-    def bits_f32(u):
-        return np.uint32(u).view(np.float32)
-
-    return cuda.jit(device=True)(f32_bits), cuda.jit(device=True)(bits_f32)
-
-
 def _ex2_ftz_asm():
     """An intrinsic ``2^x`` as ``ex2.approx.ftz.f32``: one MUFU.EX2 (see :func:`make_exp2`)."""
     f32 = ir.FloatType()
@@ -417,6 +370,34 @@ def make_exp2(ftz: bool, simulator: bool | None = None):
         return r
 
     return cuda.jit(device=True)(exp2_sim)
+
+
+@functools.cache
+def make_warp_all(simulator: bool | None = None):
+    """``warp_all(pred, sx, wbase, lane) -> bool``: whether ``pred`` is true in every lane of the calling warp.
+
+    On a GPU one vote (``vote.sync.all``, :func:`numba.cuda.all_sync`), the same answer in every lane, so a branch
+    on it is warp-uniform; every lane of the warp must call it. In the simulator the lanes exchange through the
+    warp's scratch ``sx[wbase : wbase + 32]`` between block barriers, as :func:`make_warp_ops`' quad reductions do
+    (every lane of the block must call it the same number of times).
+    """
+    if not (_backend.is_simulator() if simulator is None else simulator):
+        @cuda.jit(device=True, inline="always")
+        def warp_all(pred, sx, wbase, lane):
+            return cuda.all_sync(_FULL_MASK, pred) != 0
+
+        return warp_all
+
+    def warp_all_sim(pred, sx, wbase, lane):
+        cuda.syncthreads()  # Sync: (simulator) the previous exchange's reads are done
+        sx[wbase + lane] = 1.0 if pred else 0.0
+        cuda.syncthreads()  # Sync: (simulator) the warp's 32 answers are in the scratch
+        for i in range(32):
+            if sx[wbase + i] == 0.0:
+                return False
+        return True
+
+    return cuda.jit(device=True)(warp_all_sim)
 
 
 @functools.cache

@@ -246,27 +246,6 @@ def make_word_loader_async(NROWS: int, DW: int, NT: int, SA: int, SIM: bool):
     return NC, load_async
 
 
-def _make_chunk_pass(NROWS: int, DW: int, NT: int, SA: int, each):
-    """``run(smem, off, tid)``: ``each(smem, i)`` for the SRAM index ``i`` of every element of the chunks that thread
-    ``tid`` copied with :func:`make_word_loader_async` (same ``NROWS, DW, NT``) into the tile at ``off`` (row
-    stride ``SA``): the enumeration the passes below share."""
-    CW = DW // 4
-    NC = (NROWS * CW + NT - 1) // NT
-    EXACT = NROWS * CW % NT == 0
-    uNT, uCW, uSA, uTOT, u4 = U(NT), U(CW), U(SA), U(NROWS * CW), U(4)
-
-    @cuda.jit(device=True, inline="always")
-    def run(smem, off, tid):
-        for it in range(NC):
-            e = tid + uNT * U(it)
-            if EXACT or e < uTOT:
-                base = off + (e // uCW) * uSA + u4 * (e % uCW)
-                for w in range(4):
-                    each(smem, base + U(w))
-
-    return run
-
-
 @functools.cache
 def make_quiet_nan_pass(NROWS: int, DW: int, NT: int, SA: int):
     """``quiet(smem, off, tid)``: in the float32 SRAM tile at ``off`` (row stride ``SA``), each NaN among the
@@ -278,40 +257,20 @@ def make_quiet_nan_pass(NROWS: int, DW: int, NT: int, SA: int):
     copies have landed) and before the barrier that publishes the tile. Zero-filled chunks hold no NaN.
     One SRAM read per element, and a write only for a NaN.
     """
+    CW = DW // 4
+    NC = (NROWS * CW + NT - 1) // NT
+    EXACT = NROWS * CW % NT == 0
+    uNT, uCW, uSA, uTOT, u4 = U(NT), U(CW), U(SA), U(NROWS * CW), U(4)
 
     @cuda.jit(device=True, inline="always")
-    def quiet_one(smem, i):
-        v = smem[i]
-        if v != v:
-            smem[i] = QNAN
+    def quiet(smem, off, tid):
+        for it in range(NC):
+            e = tid + uNT * U(it)
+            if EXACT or e < uTOT:
+                base = off + (e // uCW) * uSA + u4 * (e % uCW)
+                for w in range(4):
+                    v = smem[base + U(w)]
+                    if v != v:
+                        smem[base + U(w)] = QNAN
 
-    return _make_chunk_pass(NROWS, DW, NT, SA, quiet_one)
-
-
-@functools.cache
-def make_split_pass(NROWS: int, DW: int, NT: int, SA: int, SMALL: int, SIM: bool):
-    """``split_pass(smem, off, tid)``: in the float32 SRAM tile at ``off`` (row stride ``SA``), each element of the
-    chunks that thread ``tid`` copied with :func:`make_word_loader_async` (same ``NROWS, DW, NT``) becomes the bit
-    pattern of its tf32 big part, and the bit pattern of its small part goes to the same place ``SMALL`` floats on
-    (:func:`numba_flash.fast._mma.make_warp_ops`' ``split``; a NaN is first the quiet NaN, as in
-    :func:`make_quiet_nan_pass`).
-
-    The 3xTF32 kernels split every B operand they read from SRAM, in every warp that reads it; a tile split once
-    here is read as two tf32 tiles instead (twice the SRAM, half the work per read). Run it where the quiet pass
-    runs: after ``cp.async.wait_group``, before the barrier that publishes the tile. Every chunk is split, the
-    zero-filled ones too (to zeros), so both tiles are whole.
-    """
-    uSMALL = U(SMALL)
-    split, _, _, _ = _mma.make_warp_ops(SIM)
-    _, bits_f32 = _mma.make_bitcasts(SIM)
-
-    @cuda.jit(device=True, inline="always")
-    def split_one(smem, i):
-        v = smem[i]
-        if v != v:
-            v = QNAN
-        big, small = split(v)
-        smem[i] = bits_f32(big)
-        smem[i + uSMALL] = bits_f32(small)
-
-    return _make_chunk_pass(NROWS, DW, NT, SA, split_one)
+    return quiet

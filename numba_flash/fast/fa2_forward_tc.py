@@ -155,11 +155,11 @@ def strides(BC: int, DP: int):
     return DP + 4, sv, BC + 4
 
 
-def smem_floats(NW: int, MW: int, BC: int, DP: int, simulator: bool = False, stages: int = 1, split: bool = False) -> int:
+def smem_floats(NW: int, MW: int, BC: int, DP: int, simulator: bool = False, stages: int = 1) -> int:
     """Dynamic SRAM of the kernel in float32 elements (see the module docstring); ``stages`` copies of
-    K_j, V_j (2 with ``CP_ASYNC``), each twice with ``split`` (``SPLIT_KV``: the big and the small tf32 parts)."""
+    K_j, V_j (2 with ``CP_ASYNC``)."""
     SQ, SV, SP = strides(BC, DP)
-    n = 16 * MW * NW * (SQ + SP) + stages * (2 if split else 1) * BC * (SQ + SV)
+    n = 16 * MW * NW * (SQ + SP) + stages * BC * (SQ + SV)
     return n + (NW * _mma.SIM_SCRATCH_PER_WARP if simulator else 0)
 
 
@@ -171,7 +171,7 @@ def cp_async_ok(d: int) -> bool:
 
 @functools.cache
 def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROPOUT: bool, PREFETCH: bool, SIM: bool, STAGE_S: bool = True, STAGE_O: bool = True,
-                          CP_ASYNC: bool = False, SPLIT_KV: bool = False):
+                          CP_ASYNC: bool = False):
     """The 3xTF32 FA2 forward kernel for one specialization (see the module docstring).
 
     ``CP_ASYNC`` (d a multiple of 4): K_j, V_j go HBM -> SRAM by ``cp.async`` into two SRAM stages, the
@@ -180,12 +180,6 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
     quiet NaN in SRAM (:func:`numba_flash.fast._tiles.make_quiet_nan_pass`: the register path does it at
     its store). ``PREFETCH`` is then unused. Q_i still goes through registers (it is scaled by tau log2 e).
 
-    ``SPLIT_KV`` (with ``CP_ASYNC`` only): that pass also splits each element of K_j, V_j into its tf32 big and
-    small parts (:func:`numba_flash.fast._tiles.make_split_pass`), kept as two tiles per stage, so L8 and L10
-    read their B operands as bit patterns instead of splitting them: each element is split once per block
-    instead of once per warp that reads it (8 warps at d = 128), for twice the SRAM of K_j, V_j. The products
-    are the same bits.
-
     Symbol table (paper symbol -> variable -> memory space):
 
     ========================  ===================  ==================================================
@@ -193,7 +187,6 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
     Q_i (times tau log2 e)    smem[OFF_Q ...]      SRAM (Br, DP+4), loaded once (L4)
     K_j                       smem[kbase ...]      SRAM (Bc, DP+4), loaded each step (L7); CP_ASYNC: 2 stages
     V_j                       smem[vbase ...]      SRAM (Bc, SV), loaded each step (L7); CP_ASYNC: 2 stages
-    K_j, V_j (small parts)    smem[kbase + uKV]    SPLIT_KV: beside each stage (its K_j, V_j hold the big parts)
     S_i^(j)                   rS                   registers: MW x (Bc/8) m16n8 fragments per warp
     P~_i^(j)                  smem[OFF_P ...]      SRAM (Br, Bc+4): each warp writes and reads its own rows
     O_i^(j) (un-normalized)   rO                   registers: MW x (DP/8) m16n8 fragments per warp
@@ -212,9 +205,7 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
     OFF_Q = U(0)  # Q_i: (Br, SQ), rows of d values (tau log2 e applied), zero-padded to DP
     OFF_K = U(BR * SQ)  # K_j: (Bc, SQ)
     OFF_V = U(BR * SQ + BC * SQ)  # V_j: (Bc, SV)
-    SPLIT = SPLIT_KV and CP_ASYNC  # K_j, V_j split once per block into big and small tf32 parts (see above)
-    uKV = U(BC * SQ + BC * SV)  # SPLIT: the small parts of a stage's K_j, V_j follow its big parts at + uKV
-    uSTAGE = U(2 if SPLIT else 1) * uKV  # CP_ASYNC: stage 1 (K, V of the odd blocks) follows stage 0 at OFF_K + uSTAGE
+    uSTAGE = U(BC * SQ + BC * SV)  # CP_ASYNC: stage 1 (K, V of the odd blocks) follows stage 0 at OFF_K + uSTAGE
     OFF_P = U(BR * SQ) + U(2 if CP_ASYNC else 1) * uSTAGE  # P~_ij: (Br, SP); warp w owns rows 16 MW w .. 16 MW (w+1) - 1
     NS = MW * NB * 4  # registers of rS: MW x NB m16n8 fragments, 4 floats per lane each
     NO = MW * ND * 4  # registers of rO (and rT): MW x ND fragments
@@ -233,23 +224,10 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
     _, load_v_async = _tiles.make_word_loader_async(BC, DP, NT, SV, SIM)
     quiet_k = _tiles.make_quiet_nan_pass(BC, DP, NT, SQ)
     quiet_v = _tiles.make_quiet_nan_pass(BC, DP, NT, SV)
-    split_k = _tiles.make_split_pass(BC, DP, NT, SQ, BC * SQ + BC * SV, SIM)  # SPLIT: quiet NaN, then the tf32 parts
-    split_v = _tiles.make_split_pass(BC, DP, NT, SV, BC * SQ + BC * SV, SIM)
-    f32_bits, _ = _mma.make_bitcasts(SIM)
     _copy16, cp_commit, cp_wait0 = _mma.make_cp_async(SIM)
     n_key_blocks, _ = _tiles.make_block_counts(BR, BC, CAUSAL)
 
     split, mma3, quad_max, quad_sum = _mma.make_warp_ops(SIM)
-
-    # the tf32 (big, small) parts of the B operand at smem[i] (K_j in L8, V_j in L10)
-    if SPLIT:
-        @cuda.jit(device=True, inline="always")
-        def b_parts(smem, i):  # Dev: split once per block by split_k / split_v; the small part at + uKV
-            return f32_bits(smem[i]), f32_bits(smem[i + uKV])
-    else:
-        @cuda.jit(device=True, inline="always")
-        def b_parts(smem, i):
-            return split(smem[i])
     natural_stats = _regtile.make_natural_stats()
     mask_s, lane_row_max = _mma.make_fragment_steps(MW, NB, BC, CAUSAL)
 
@@ -327,12 +305,8 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
                 kbase = OFF_K + stage
                 vbase = OFF_V + stage
                 cp_wait0()  # this thread's copies of K_j, V_j have landed
-                if SPLIT:  # Dev: this thread's chunks: NaN -> quiet NaN, then big parts in place, small parts at + uKV
-                    split_k(smem, kbase, tid)
-                    split_v(smem, vbase, tid)
-                else:
-                    quiet_k(smem, kbase, tid)  # Dev: NaN -> quiet NaN in this thread's chunks (the split keeps it a NaN)
-                    quiet_v(smem, vbase, tid)
+                quiet_k(smem, kbase, tid)  # Dev: NaN -> quiet NaN in this thread's chunks (the split keeps it a NaN)
+                quiet_v(smem, vbase, tid)
                 cuda.syncthreads()  # Sync: all of K_j, V_j in SRAM (and Q_i stored) before L8/L10; all warps done with block j-1's stage before it is refilled
                 if j + 1 < n_blocks:
                     # Dev: L7 of block j+1 issued now, into the other stage, landing during L8-L10 of block j
@@ -361,8 +335,8 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
                         rAb[mt * 4 + c], rAs[mt * 4 + c] = split(smem[q0 + U(8 * (c % 2)) * uSQ + U(4 * (c // 2))])
                 for nt in range(NB):
                     k0 = kbase + (U(8 * nt) + g) * uSQ + U(8 * ks) + t  # b = (K[g, t], K[g, t+4])
-                    bb0, bs0 = b_parts(smem, k0)
-                    bb1, bs1 = b_parts(smem, k0 + U(4))
+                    bb0, bs0 = split(smem[k0])
+                    bb1, bs1 = split(smem[k0 + U(4)])
                     for mt in range(MW):
                         f = (mt * NB + nt) * 4
                         acc = (rS[f], rS[f + 1], rS[f + 2], rS[f + 3])
@@ -416,8 +390,8 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
                         rAb[mt * 4 + c], rAs[mt * 4 + c] = split(smem[p0 + U(8 * (c % 2)) * uSP + U(4 * (c // 2))])
                 for dn in range(ND):
                     v0 = vbase + (U(8 * kt) + t) * uSV + U(8 * dn) + g  # b = (V[t, g], V[t+4, g])
-                    bb0, bs0 = b_parts(smem, v0)
-                    bb1, bs1 = b_parts(smem, v0 + U(4) * uSV)
+                    bb0, bs0 = split(smem[v0])
+                    bb1, bs1 = split(smem[v0 + U(4) * uSV])
                     for mt in range(MW):
                         f = (mt * ND + dn) * 4
                         acc = mma3((rAb[mt * 4], rAb[mt * 4 + 1], rAb[mt * 4 + 2], rAb[mt * 4 + 3]),
@@ -483,11 +457,8 @@ def default_features() -> dict:
     cores into a zeroed accumulator and added to S (to O) with IEEE float32 adds (see the docstring).
     ``CP_ASYNC``: K_j, V_j by ``cp.async`` into two SRAM stages where :func:`cp_async_ok` and the inputs are
     16-byte aligned (:func:`numba_flash.fast.fa2_forward_half.aligned16`); on by default since an H100 sweep
-    timed it (the performance log's section "3xTF32 forward: cp.async for K_j, V_j").
-    ``SPLIT_KV`` (with ``CP_ASYNC``): K_j, V_j split into their tf32 parts once per block, in SRAM (see
-    :func:`fa2_forward_tc_kernel`); off until a GPU times it (the performance log's section "3xTF32 forward:
-    K_j, V_j split once per block")."""
-    return {"PREFETCH": None, "STAGE_S": True, "STAGE_O": True, "CP_ASYNC": True, "SPLIT_KV": False}
+    timed it (the performance log's section "3xTF32 forward: cp.async for K_j, V_j")."""
+    return {"PREFETCH": None, "STAGE_S": True, "STAGE_O": True, "CP_ASYNC": True}
 
 
 def _ffma_fallback(prob: Problem, config=None) -> bool:
@@ -517,13 +488,12 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None):
     NW, MW, Bc, DP = config if config is not None else config_for(d, block_sizes, cp_async)
     prefetch = feats["PREFETCH"] if feats["PREFETCH"] is not None else DP <= 64
     prefetch = bool(prefetch) and not cp_async  # unused by the cp.async path: one compiled kernel, not two
-    split = bool(feats["SPLIT_KV"]) and cp_async  # the split pass runs where the cp.async path's quiet pass does
     sim = _backend.is_simulator()
     Br = 16 * MW * NW
-    nbytes = 4 * smem_floats(NW, MW, Bc, DP, sim, 2 if cp_async else 1, split)
+    nbytes = 4 * smem_floats(NW, MW, Bc, DP, sim, 2 if cp_async else 1)
     _plan.check_sram(nbytes, Br, Bc, d)
     kernel = fa2_forward_tc_kernel(NW, MW, Bc, DP, prob.causal, prob.dropout_p > 0, prefetch, sim, bool(feats["STAGE_S"]), bool(feats["STAGE_O"]),
-                                   cp_async, split)
+                                   cp_async)
     grid = bh_grid(ceil_div(prob.seqlen_q, Br), prob.batch * prob.nheads)
     return kernel, grid, 32 * NW, nbytes
 

@@ -10,7 +10,9 @@ Claims checked:
 * On a sharp softmax (scores 40 times larger, so that many ``S' - m`` are below -126): L, m, l are still bitwise
   equal (a subnormal is below the rounding of a row sum >= 1) and O follows the half error rule.
 * The backward with ``EX2_FTZ`` (main kernel with atomic dQ adds, and the deterministic dQ kernel) gives bitwise
-  equal dQ, dK, dV to the backward without it on the same shapes.
+  equal dQ, dK, dV to the backward without it on the same shapes. On a GPU the atomic dQ adds land in the order
+  the blocks reach them, so two runs of the same kernel may differ in dQ's last bits: there dQ is compared only
+  from the deterministic kernel (dK, dV, each written by one block, always).
 * On a GPU (marker ``gpu``): bitwise equal at realistic shapes, forward and backward.
 """
 
@@ -24,7 +26,15 @@ from numba_flash.fast import _mma, fa2_backward_half, fa2_forward_half
 
 import numpy as np
 import pytest
-from attn_testing import assert_error_rule, forward_recording_plan, make_qkv, torch_attention
+from attn_testing import (
+    HALF_FEATURE_GPU_SHAPES,
+    HALF_FORWARD_FEATURE_CASES,
+    assert_error_rule,
+    assert_half_feature_keeps_bits,
+    half_inputs,
+    run_half_forward,
+    torch_attention,
+)
 from numba import cuda
 
 torch = pytest.importorskip("torch")
@@ -34,16 +44,9 @@ DTYPES = [pytest.param(torch.float16, id="fp16"), pytest.param(torch.bfloat16, i
 
 def _run(th, causal, p, seed, bs, ftz, softmax_scale=None):
     """The half forward at kernel level with ``EX2_FTZ`` = ``ftz``: (O as half words, L, m, l) as NumPy."""
-    q = th[0]
-    prob = check_attention_args(*th, p, softmax_scale, causal, seed)
-    alloc = Allocator(q)
-    fwd, host, planned = forward_recording_plan(fa2_forward_half, [alloc.to_words(x) for x in th], prob, alloc, bs, {"EX2_FTZ": ftz})
+    host, planned = run_half_forward(th, causal, p, seed, bs, {"EX2_FTZ": ftz}, softmax_scale)
     assert planned["EX2_FTZ"] is ftz
     return host
-
-
-def _inputs(rng, dtype, b, s_q, s_k, h, h_k, d, device="cpu"):
-    return [torch.from_numpy(x).to(device=device, dtype=dtype) for x in make_qkv(rng, b, s_q, s_k, h, h_k, d)]
 
 
 def _assert_same(a, b, names=("O", "L", "m", "l")):
@@ -74,24 +77,20 @@ def test_exp2_flushes_only_subnormal_results():
     assert of[-2] == 0 and op[-2] == 0 and math.isnan(of[-1]) and math.isnan(op[-1])
 
 
-CASES = [
-    pytest.param(1, 37, 40, 2, 1, 64, False, 0.0, (16, 16), id="ragged-gqa-d64"),
-    pytest.param(1, 29, 35, 1, 1, 48, True, 0.1, (32, 16), id="causal-dropout-d48"),
-    pytest.param(1, 37, 40, 1, 1, 40, True, 0.0, (128, 16), id="mw2-4warps-causal-d40"),
-]
+CASES = [pytest.param(*c[:-1], id=c[-1]) for c in HALF_FORWARD_FEATURE_CASES]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize(("b", "s_q", "s_k", "h", "h_k", "d", "causal", "p", "bs"), CASES)
-def test_one_instruction_exp2_gives_the_same_bits(rng, dtype, b, s_q, s_k, h, h_k, d, causal, p, bs):
-    th = _inputs(rng, dtype, b, s_q, s_k, h, h_k, d)
-    seed = int(rng.integers(0, 2**32))
-    _assert_same(_run(th, causal, p, seed, bs, True), _run(th, causal, p, seed, bs, False))
+@pytest.mark.parametrize("case", HALF_FORWARD_FEATURE_CASES, ids=[c[-1] for c in HALF_FORWARD_FEATURE_CASES])
+def test_one_instruction_exp2_gives_the_same_bits(rng, dtype, case):
+    b, s_q, s_k, h, h_k, d, causal, p, bs, _ = case
+    th = half_inputs(rng, dtype, b, s_q, s_k, h, h_k, d)
+    assert_half_feature_keeps_bits(th, causal, p, int(rng.integers(0, 2**32)), bs, "EX2_FTZ")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_on_a_sharp_softmax_the_statistics_are_the_same_bits_and_o_follows_the_rule(rng, dtype):
-    th = _inputs(rng, dtype, 1, 33, 40, 2, 2, 32)
+    th = half_inputs(rng, dtype, 1, 33, 40, 2, 2, 32)
     scale = 40.0 / math.sqrt(32)  # scores of standard deviation 40: many 2^(S' - m) below 2^-126
     q, k = (x.double().numpy()[0].transpose(1, 0, 2) for x in th[:2])  # (h, s, d)
     s2 = np.einsum("hid,hjd->hij", q, k) * scale / math.log(2)  # S' = S tau log2 e
@@ -103,6 +102,12 @@ def test_on_a_sharp_softmax_the_statistics_are_the_same_bits_and_o_follows_the_r
     naive = torch_attention(*th, True, 0.0, 0, dtype, softmax_scale=scale).double().numpy()
     out = torch.from_numpy(np.ascontiguousarray(ftz[0])).view(dtype).double().numpy()  # O comes as half words
     assert_error_rule(out, ref, naive, what="O")
+
+
+def _assert_same_grads(on, off, deterministic):
+    """dQ, dK, dV bitwise equal; dQ only where its adds have a fixed order (the simulator, or ``deterministic``)."""
+    keep = deterministic or _backend.is_simulator()
+    _assert_same(on if keep else on[1:], off if keep else off[1:], names=("dq", "dk", "dv") if keep else ("dk", "dv"))
 
 
 def _grads(th, causal, p, seed, bs, ftz, deterministic):
@@ -125,18 +130,18 @@ BWD_CASES = [pytest.param(*c.values, False, id=c.id + "-atomic-dq") for c in CAS
 
 @pytest.mark.parametrize(("b", "s_q", "s_k", "h", "h_k", "d", "causal", "p", "bs", "deterministic"), BWD_CASES)
 def test_one_instruction_exp2_gives_the_same_gradient_bits(rng, b, s_q, s_k, h, h_k, d, causal, p, bs, deterministic):
-    th = _inputs(rng, torch.bfloat16, b, s_q, s_k, h, h_k, d)
+    th = half_inputs(rng, torch.bfloat16, b, s_q, s_k, h, h_k, d)
     seed = int(rng.integers(0, 2**32))
     on, off = (_grads(th, causal, p, seed, bs, f, deterministic) for f in (True, False))
-    _assert_same(on, off, names=("dq", "dk", "dv"))
+    _assert_same_grads(on, off, deterministic)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize(("n", "d", "causal"), [(1000, 64, False), (1000, 128, True), (777, 96, True)])
+@pytest.mark.parametrize(("n", "d", "causal"), HALF_FEATURE_GPU_SHAPES)
 def test_one_instruction_exp2_gives_the_same_bits_on_gpu_shapes(rng, dtype, n, d, causal):
-    th = _inputs(rng, dtype, 2, n, n, 4, 2, d, device="cuda")
-    _assert_same(_run(th, causal, 0.0, 0, None, True), _run(th, causal, 0.0, 0, None, False))
+    th = half_inputs(rng, dtype, 2, n, n, 4, 2, d, device="cuda")
+    assert_half_feature_keeps_bits(th, causal, 0.0, 0, None, "EX2_FTZ")
     for deterministic in (False, True):
         on, off = (_grads(th, causal, 0.0, 0, None, f, deterministic) for f in (True, False))
-        _assert_same(on, off, names=("dq", "dk", "dv"))
+        _assert_same_grads(on, off, deterministic)
