@@ -308,9 +308,10 @@ def assert_half_feature_keeps_bits(th, causal, p, seed, block_sizes, feature):
     assert_same_bits(*runs, f"{feature} on and off")
 
 
-def assert_same_bits(a, b, what):
-    """The forward outputs ``a`` and ``b`` (O, L, m, l as NumPy arrays) are bitwise equal; ``what`` names the two."""
-    for name, x, y in zip(("O", "L", "m", "l"), a, b):
+def assert_same_bits(a, b, what, names=("O", "L", "m", "l")):
+    """The outputs ``a`` and ``b`` (NumPy arrays of 4-byte elements; by default the forward's O, L, m, l, else as
+    ``names`` says) are bitwise equal; ``what`` names the two."""
+    for name, x, y in zip(names, a, b):
         np.testing.assert_array_equal(np.asarray(x).view(np.uint32), np.asarray(y).view(np.uint32), err_msg=f"{name}: {what} differ")
 
 

@@ -31,6 +31,7 @@ from attn_testing import (
     HALF_FORWARD_FEATURE_CASES,
     assert_error_rule,
     assert_half_feature_keeps_bits,
+    assert_same_bits,
     half_inputs,
     run_half_forward,
     torch_attention,
@@ -47,12 +48,6 @@ def _run(th, causal, p, seed, bs, ftz, softmax_scale=None):
     host, planned = run_half_forward(th, causal, p, seed, bs, {"EX2_FTZ": ftz}, softmax_scale)
     assert planned["EX2_FTZ"] is ftz
     return host
-
-
-def _assert_same(a, b, names=("O", "L", "m", "l")):
-    for name, x, y in zip(names, a, b):
-        x, y = np.asarray(x), np.asarray(y)
-        np.testing.assert_array_equal(x.view(np.uint8), y.view(np.uint8), err_msg=f"{name}: EX2_FTZ on and off differ")
 
 
 def test_exp2_flushes_only_subnormal_results():
@@ -77,9 +72,6 @@ def test_exp2_flushes_only_subnormal_results():
     assert of[-2] == 0 and op[-2] == 0 and math.isnan(of[-1]) and math.isnan(op[-1])
 
 
-CASES = [pytest.param(*c[:-1], id=c[-1]) for c in HALF_FORWARD_FEATURE_CASES]
-
-
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", HALF_FORWARD_FEATURE_CASES, ids=[c[-1] for c in HALF_FORWARD_FEATURE_CASES])
 def test_one_instruction_exp2_gives_the_same_bits(rng, dtype, case):
@@ -97,7 +89,7 @@ def test_on_a_sharp_softmax_the_statistics_are_the_same_bits_and_o_follows_the_r
     s2 = np.where(np.tril(np.ones(s2.shape[1:], bool), s2.shape[2] - s2.shape[1]), s2, -np.inf)
     assert ((s2 - s2.max(-1, keepdims=True)) < -126).sum() > 100, "the case must have probabilities below 2^-126"
     ftz, plain = (_run(th, True, 0.0, 0, (16, 16), f, softmax_scale=scale) for f in (True, False))
-    _assert_same(ftz[1:], plain[1:], names=("L", "m", "l"))
+    assert_same_bits(ftz[1:], plain[1:], "EX2_FTZ on and off", names=("L", "m", "l"))
     ref = torch_attention(*(x.double() for x in th), True, 0.0, 0, torch.float64, softmax_scale=scale).numpy()
     naive = torch_attention(*th, True, 0.0, 0, dtype, softmax_scale=scale).double().numpy()
     out = torch.from_numpy(np.ascontiguousarray(ftz[0])).view(dtype).double().numpy()  # O comes as half words
@@ -107,7 +99,8 @@ def test_on_a_sharp_softmax_the_statistics_are_the_same_bits_and_o_follows_the_r
 def _assert_same_grads(on, off, deterministic):
     """dQ, dK, dV bitwise equal; dQ only where its adds have a fixed order (the simulator, or ``deterministic``)."""
     keep = deterministic or _backend.is_simulator()
-    _assert_same(on if keep else on[1:], off if keep else off[1:], names=("dq", "dk", "dv") if keep else ("dk", "dv"))
+    assert_same_bits(on if keep else on[1:], off if keep else off[1:], "EX2_FTZ on and off",
+                     names=("dq", "dk", "dv") if keep else ("dk", "dv"))
 
 
 def _grads(th, causal, p, seed, bs, ftz, deterministic):
@@ -124,8 +117,8 @@ def _grads(th, causal, p, seed, bs, ftz, deterministic):
 
 
 #: the forward's cases with atomic dQ adds, and the causal dropout one with the deterministic dQ kernel as well
-BWD_CASES = [pytest.param(*c.values, False, id=c.id + "-atomic-dq") for c in CASES] + [
-    pytest.param(*CASES[1].values, True, id=CASES[1].id + "-deterministic")]
+BWD_CASES = [pytest.param(*c[:-1], False, id=c[-1] + "-atomic-dq") for c in HALF_FORWARD_FEATURE_CASES] + [
+    pytest.param(*HALF_FORWARD_FEATURE_CASES[1][:-1], True, id=HALF_FORWARD_FEATURE_CASES[1][-1] + "-deterministic")]
 
 
 @pytest.mark.parametrize(("b", "s_q", "s_k", "h", "h_k", "d", "causal", "p", "bs", "deterministic"), BWD_CASES)

@@ -10,8 +10,8 @@ Claims checked:
   says so (each warp decides alone).
 * With ``SKIP_RESCALE`` the forward gives bitwise equal O, L, m, l to the forward without it on ragged, causal,
   GQA, dropout and ``MW = 2`` shapes of several key blocks (rows whose max grows in a later block, beside rows
-  whose max does not), in fp16 and bf16, and on inputs sorted so that the first key block holds every row's max
-  (every later block skips).
+  whose max does not), in fp16 and bf16, and on inputs whose first key block holds every row's max (every later
+  block skips).
 * On a GPU (marker ``gpu``): bitwise equal at realistic shapes.
 """
 
