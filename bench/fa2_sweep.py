@@ -76,6 +76,7 @@ VARIANTS_D64 = {
     "tc-cp": (("tc", None), {"CP_ASYNC": True}),
     "tc-cp-Bc32": (("tc", (4, 2, 32)), {"CP_ASYNC": True}),
     "tc-cp-NW8-MW1": (("tc", (8, 1, 64)), {"CP_ASYNC": True}),
+    "tc-cp-ostep": (("tc", None), {"CP_ASYNC": True, "STAGE_O_STEP": True}),
 }
 VARIANTS_D128 = {
     "readable": ("readable", {}),
@@ -94,6 +95,14 @@ VARIANTS_D128 = {
     # fits two blocks per SM)
     "tc-cp": (("tc", None), {"CP_ASYNC": True}),
     "tc-cp-64x32": (("tc", (4, 1, 32)), {"CP_ASYNC": True}),
+    # MW = 2 on the cp.async path: each K/V B fragment read from SRAM serves two m16 tiles (half the K/V reads per
+    # MMA of the default 8 x 1 x 32), one block per SM (151 KB of SRAM)
+    "tc-cp-MW2": (("tc", (4, 2, 32)), {"CP_ASYNC": True}),
+    # STAGE_O_STEP (line 10 staged per 8-key step: no staged rT, the registers MW = 2 needs; offline sm_90 in the
+    # performance log's section "3xTF32 forward: O staged per key step")
+    "tc-cp-ostep": (("tc", None), {"CP_ASYNC": True, "STAGE_O_STEP": True}),
+    "tc-cp-MW2-ostep": (("tc", (4, 2, 32)), {"CP_ASYNC": True, "STAGE_O_STEP": True}),
+    "tc-cp-NW8-MW2-Bc16-ostep": (("tc", (8, 2, 16)), {"CP_ASYNC": True, "STAGE_O_STEP": True}),  # Br 256, 186 KB
 }
 
 

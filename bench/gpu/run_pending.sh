@@ -26,6 +26,9 @@
 #                (N 4k/16k), as half_ex2_pairs (the performance log's section "Half forward: skip the rescale by 1")
 #                -> OUTDIR/skip_tests.txt, skip_pairs.txt (the rows), skip_pairs.tgz (each sweep's JSON and log: the device
 #                tool brings back only a few files)
+#   ostep        the 3xTF32 forward's STAGE_O_STEP: its GPU tests, then the d = 128 tilings it makes fit (fa2_sweep
+#                tc-cp-ostep, tc-cp-MW2-ostep, tc-cp-NW8-MW2-Bc16-ostep against tc-cp, N 4k/16k) and d = 64 (the performance
+#                log's section "3xTF32 forward: O staged per key step") -> OUTDIR/ostep_tests.txt, ostep_d128.json/.log, _d64
 #   half_bwd_cp  the half backward's tilings with and without cp.async for Q_i, dO_i (half_sweep --backward; the log's
 #                section "FA2 backward in fp16 / bf16: cp.async for Q_i, dO_i") -> OUTDIR/half_bwd_cp.json/.log
 # OUTDIR/pending_env.txt says what ran where. A failed step is noted and the rest run. Exit status: 0 when all ran.
@@ -100,6 +103,13 @@ for s in "${steps[@]}"; do
       for n in ex2_fwd_off_1 ex2_fwd_on_1 ex2_fwd_off_2 ex2_fwd_on_2 ex2_bwd_on ex2_bwd_off; do
         echo "== $n"; grep "^half" "$out/$n.log"
       done | tee "$out/ex2_pairs.txt" ;;
+    ostep)
+      step ostep_tests.txt python3 -m pytest -q -p no:cacheprovider -rfE tests/kernels/test_tc_stage_o_step.py
+      step ostep_d128.log timeout 300 python3 -m bench.fa2_sweep --seqlens 4096 16384 --headdims 128 \
+        --variants tc-cp tc-cp-ostep tc-cp-MW2-ostep tc-cp-NW8-MW2-Bc16-ostep --out "$out/ostep_d128.json"
+      step ostep_d64.log timeout 120 python3 -m bench.fa2_sweep --seqlens 4096 --headdims 64 \
+        --variants tc-cp tc-cp-ostep --no-baselines --out "$out/ostep_d64.json"
+      tail -n 30 "$out/ostep_d128.log" "$out/ostep_d64.log" ;;
     half_skip)
       step skip_tests.txt python3 -m pytest -q -p no:cacheprovider -rfE tests/kernels/test_half_skip_rescale.py
       forward_pairs skip '{"SKIP_RESCALE": false}' '{"SKIP_RESCALE": true}'
@@ -111,7 +121,7 @@ for s in "${steps[@]}"; do
       step half_bwd_cp.log python3 -m bench.half_sweep --backward --seqlens 1024 4096 --out "$out/half_bwd_cp.json"
       tail -n 40 "$out/half_bwd_cp.log" ;;
     *)
-      echo "run_pending: unknown step '$s' (streams host ncu_tc half_ex2 half_ex2_pairs half_skip tc_cp half_bwd_cp)" >&2
+      echo "run_pending: unknown step '$s' (streams host ncu_tc half_ex2 half_ex2_pairs half_skip ostep tc_cp half_bwd_cp)" >&2
       rc=2 ;;
   esac
 done

@@ -171,7 +171,7 @@ def cp_async_ok(d: int) -> bool:
 
 @functools.cache
 def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROPOUT: bool, PREFETCH: bool, SIM: bool, STAGE_S: bool = True, STAGE_O: bool = True,
-                          CP_ASYNC: bool = False):
+                          CP_ASYNC: bool = False, STAGE_O_STEP: bool = False):
     """The 3xTF32 FA2 forward kernel for one specialization (see the module docstring).
 
     ``CP_ASYNC`` (d a multiple of 4): K_j, V_j go HBM -> SRAM by ``cp.async`` into two SRAM stages, the
@@ -179,6 +179,12 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
     (:mod:`numba_flash.fast.fa2_forward_half`); each thread then turns the NaNs of its own chunks into the
     quiet NaN in SRAM (:func:`numba_flash.fast._tiles.make_quiet_nan_pass`: the register path does it at
     its store). ``PREFETCH`` is then unused. Q_i still goes through registers (it is scaled by tau log2 e).
+
+    ``STAGE_O_STEP``: line 10 staged per 8-key step, as ``STAGE_S`` stages line 8 per 8-wide k step: O is
+    rescaled first and each step's ``P~ V_j`` product runs into a zeroed accumulator that is added to O with IEEE
+    float32 adds. Not the default's bits (one more rounded add per 8 keys, not one per key block), and no staged
+    ``rT`` (``MW d / 8`` fragments): the registers that ``MW = 2`` needs at d = 128 (offline sm_90, the performance
+    log's section "3xTF32 forward: O staged per key step"). Overrides ``STAGE_O``.
 
     Symbol table (paper symbol -> variable -> memory space):
 
@@ -190,7 +196,7 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
     S_i^(j)                   rS                   registers: MW x (Bc/8) m16n8 fragments per warp
     P~_i^(j)                  smem[OFF_P ...]      SRAM (Br, Bc+4): each warp writes and reads its own rows
     O_i^(j) (un-normalized)   rO                   registers: MW x (DP/8) m16n8 fragments per warp
-    P~_i^(j) V_j (staged)     rT                   registers, like rO (STAGE_O)
+    P~_i^(j) V_j (staged)     rT                   registers, like rO (STAGE_O; none with STAGE_O_STEP)
     m_i, l_i (base 2)         rm, rl               registers, 2 MW rows per lane (rl: partial sum)
     ========================  ===================  ==================================================
     """
@@ -211,6 +217,7 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
     NO = MW * ND * 4  # registers of rO (and rT): MW x ND fragments
     NR = MW * 2  # query rows per lane (rows g and g + 8 of each m16 tile)
     NA = MW * 4  # registers of one A operand (4 per m16 tile), for its tf32 big and small parts
+    NT_ = NO if STAGE_O and not STAGE_O_STEP else 1  # registers of rT (the staged P~ V_j of a whole key block)
     NEG_INF = float32(-math.inf)
     SXN = NW * _mma.SIM_SCRATCH_PER_WARP if SIM else 1  # simulator lane-exchange scratch (floats)
     SCR = _mma.SIM_SCRATCH_PER_WARP  # one warp's share of it
@@ -239,7 +246,7 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
         sx = cuda.shared.array(SXN, float32)  # the simulator's lane-exchange scratch (unused on a GPU)
         rS = cuda.local.array(NS, float32)  # S_ij, then P~_ij: MW x NB fragments
         rO = cuda.local.array(NO, float32)  # O_i: MW x ND fragments
-        rT = cuda.local.array(NO, float32)  # P~_ij V_j of this step (STAGE_O), added to O_i with IEEE float32 adds
+        rT = cuda.local.array(NT_, float32)  # P~_ij V_j of this step (STAGE_O), added to O_i with IEEE float32 adds
         rm = cuda.local.array(NR, float32)
         rl = cuda.local.array(NR, float32)
         ralpha = cuda.local.array(NR, float32)
@@ -375,7 +382,7 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
             else:
                 cuda.syncwarp(0xFFFFFFFF)  # Sync: P~ rows in SRAM before L10; written and read by the lanes of one warp only
             # FA2.1 L10: O_i = diag(e^(m_old - m_new)) O_i + P~ V_j (A = this warp's rows of P~, B = V_j)
-            if STAGE_O:
+            if STAGE_O and not STAGE_O_STEP:
                 for a in range(NO):
                     rT[a] = float32(0.0)
             else:
@@ -394,16 +401,22 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
                     bb1, bs1 = split(smem[v0 + U(4) * uSV])
                     for mt in range(MW):
                         f = (mt * ND + dn) * 4
+                        acc = (rO[f], rO[f + 1], rO[f + 2], rO[f + 3])
+                        if STAGE_O_STEP:  # Dev: this 8-key step into a zeroed accumulator, added to O_i below
+                            acc = (float32(0.0), float32(0.0), float32(0.0), float32(0.0))
+                        elif STAGE_O:
+                            acc = (rT[f], rT[f + 1], rT[f + 2], rT[f + 3])
                         acc = mma3((rAb[mt * 4], rAb[mt * 4 + 1], rAb[mt * 4 + 2], rAb[mt * 4 + 3]),
-                                   (rAs[mt * 4], rAs[mt * 4 + 1], rAs[mt * 4 + 2], rAs[mt * 4 + 3]), (bb0, bb1), (bs0, bs1),
-                                   (rT[f], rT[f + 1], rT[f + 2], rT[f + 3]) if STAGE_O else (rO[f], rO[f + 1], rO[f + 2], rO[f + 3]),
+                                   (rAs[mt * 4], rAs[mt * 4 + 1], rAs[mt * 4 + 2], rAs[mt * 4 + 3]), (bb0, bb1), (bs0, bs1), acc,
                                    sx, wbase, lane)
                         for c in range(4):
-                            if STAGE_O:
+                            if STAGE_O_STEP:
+                                rO[f + c] = rO[f + c] + acc[c]
+                            elif STAGE_O:
                                 rT[f + c] = acc[c]
                             else:
                                 rO[f + c] = acc[c]
-            if STAGE_O:  # Dev: O_i = e^(m_old - m_new) O_i + (P~ V_j), one IEEE float32 FMA per element
+            if STAGE_O and not STAGE_O_STEP:  # Dev: O_i = e^(m_old - m_new) O_i + (P~ V_j), one IEEE float32 FMA per element
                 for mt in range(MW):
                     for dn in range(ND):
                         for c in range(4):
@@ -457,8 +470,11 @@ def default_features() -> dict:
     cores into a zeroed accumulator and added to S (to O) with IEEE float32 adds (see the docstring).
     ``CP_ASYNC``: K_j, V_j by ``cp.async`` into two SRAM stages where :func:`cp_async_ok` and the inputs are
     16-byte aligned (:func:`numba_flash.fast.fa2_forward_half.aligned16`); on by default since an H100 sweep
-    timed it (the performance log's section "3xTF32 forward: cp.async for K_j, V_j")."""
-    return {"PREFETCH": None, "STAGE_S": True, "STAGE_O": True, "CP_ASYNC": True}
+    timed it (the performance log's section "3xTF32 forward: cp.async for K_j, V_j").
+    ``STAGE_O_STEP``: line 10 staged per 8-key step instead of per key block (fewer registers, other bits; see
+    :func:`fa2_forward_tc_kernel`); off until timed (the performance log's section "3xTF32 forward: O staged per
+    key step")."""
+    return {"PREFETCH": None, "STAGE_S": True, "STAGE_O": True, "CP_ASYNC": True, "STAGE_O_STEP": False}
 
 
 def _ffma_fallback(prob: Problem, config=None) -> bool:
@@ -493,7 +509,7 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None):
     nbytes = 4 * smem_floats(NW, MW, Bc, DP, sim, 2 if cp_async else 1)
     _plan.check_sram(nbytes, Br, Bc, d)
     kernel = fa2_forward_tc_kernel(NW, MW, Bc, DP, prob.causal, prob.dropout_p > 0, prefetch, sim, bool(feats["STAGE_S"]), bool(feats["STAGE_O"]),
-                                   cp_async)
+                                   cp_async, bool(feats["STAGE_O_STEP"]))
     grid = bh_grid(ceil_div(prob.seqlen_q, Br), prob.batch * prob.nheads)
     return kernel, grid, 32 * NW, nbytes
 
