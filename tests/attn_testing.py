@@ -28,6 +28,7 @@ import functools
 from numba_flash_reference.common import causal_mask, default_scale, dropout_scale_matrix, kv_head
 
 import numpy as np
+import pytest
 
 EPS32 = float(np.finfo(np.float32).eps)
 
@@ -262,6 +263,11 @@ TC_FORWARD_SRAM_CASES = [
     (1, 45, 14, 1, 1, 8, True, 0.0, (16, 8), "causal-sq>sk-blocks-without-keys-d8"),
     (1, 40, 37, 1, 1, 24, True, 0.0, (128, 16), "mw2-4warps-causal-d24"),
 ]
+
+
+def tc_forward_sram_params():
+    """:data:`TC_FORWARD_SRAM_CASES` as ``pytest.param``s with their ids."""
+    return [pytest.param(*c[:-1], id=c[-1]) for c in TC_FORWARD_SRAM_CASES]
 
 
 #: Shapes for the half forward's features that must not change a bit (``EX2_FTZ``, ``SKIP_RESCALE``), as

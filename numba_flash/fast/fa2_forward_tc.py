@@ -53,6 +53,12 @@ What changed from the fast (FFMA) kernel
   (``docs/results/sweeps/tc_cp_h100_d64.json`` / ``_d128.json``) it is 4-15 % faster than the register
   path at d = 64 with ``Bc = 32`` (at ``Bc = 64`` it was 1-18 % slower) and 0-30 % faster at d = 128 with the
   register path's tiling, so :func:`config_for` gives the two paths their own tilings.
+* **d = 128: two m16 tiles per warp, O staged per 8-key step** (``STAGE_O_STEP``, on where ``MW = 2`` and
+  d > 64). A lane of ``MW = 2`` holds 128 floats of O; staging each key block's ``P~ V_j`` (``rT``) would need
+  128 more and spilled. Staging each 8-key step instead (as ``STAGE_S`` stages each k step of S) drops ``rT``,
+  and 8 warps of ``MW = 2`` with ``Bc = 16`` (Br = 256) fit in 254 registers (offline sm_90). Each K/V fragment
+  read from SRAM then serves two m16 tiles: on an H100 1.065x the ``MW = 1``, ``Bc = 32`` tiling at N = 4096 and
+  16384 without causal, 0.99-1.00x with it (``docs/results/sweeps/ostep_h100_d128.json``).
 
 * **Staged accumulation (accuracy).** Accumulating the three products straight into ``S`` and ``O``
   broke the tests' error rule on the GPU (up to 4.4x the float32 error at N = 1024, d = 64; the NumPy
@@ -83,7 +89,7 @@ torch naive fp32 / SDPA memory-efficient fp32                   24.6 / 15.5     
 ==============================================================  ==============  ==============
 
 (rows 2-3 from the sweep ``sweep_tc2``, the others from the benchmark run; the same sweep measured the
-default at 13.81 ms.) At d = 128 (8 warps, Br = 128, Bc = 32, see :func:`config_for`): 17.3 ms vs 23.6 (FFMA) and 12.5 (SDPA).
+default at 13.81 ms.) At d = 128 (then 8 warps, Br = 128, Bc = 32, on the register path): 17.3 ms vs 23.6 (FFMA) and 12.5 (SDPA).
 
 Launch geometry
 ---------------
@@ -111,7 +117,7 @@ from . import _mma, _plan, _regtile, _tiles, fa2_forward_half
 from . import fa2_forward as fa2_forward_fast
 
 #: Largest head dim the tensor-core kernel runs. Its lane holds 2 x 4 (d / 8) floats of O (O and the staged
-#: P~ V_j), 256 registers at d = 256; at d = 128 it already uses 250. Above it this module runs the FFMA
+#: P~ V_j), 256 registers at d = 256; at d = 128 it already uses 250 (254 at MW = 2 with STAGE_O_STEP). Above it this module runs the FFMA
 #: kernel (:mod:`numba_flash.fast.fa2_forward`, named so in :func:`compiled_kernels`), so ``variant="auto"``
 #: and ``variant="tensorcore"`` still run at every head dim up to 256.
 TC_MAX_HEADDIM = 128
@@ -124,20 +130,29 @@ def config_for(d: int, block_sizes=None, cp_async=None):
     Defaults (sweeps in docs/notes/performance-log.md): on the ``cp.async`` path (``cp_async``; None: where
     :func:`cp_async_ok`) 4 warps of ``MW = 2`` (Br = 128) with ``Bc = 32`` at ``d <= 64`` (H100:
     13.4 ms at N = 4096 against 15.9 with ``Bc = 64``, ``docs/results/sweeps/tc_cp_h100_d64.json``) and
-    8 warps of ``MW = 1`` (Br = 128) with ``Bc = 32`` above. On the register path (d % 4 != 0, unaligned
-    K or V, ``CP_ASYNC=False``): ``d <= 64``: 4 warps, ``MW = 2``, ``Bc = 64``; above: 8 warps,
-    ``MW = 1``, ``Bc = 32`` (at ``Bc = 64`` the SRAM allows one block per SM; H200 sweeps).
-    ``block_sizes=(Br, Bc)`` is rounded up to the mma granularity (Br to a multiple of 16, Bc of 8; above
-    Br = 64 the warps take ``MW = Br / 64`` tiles each).
+    8 warps of ``MW = 2`` (Br = 256) with ``Bc = 16`` above, with ``STAGE_O_STEP`` (its default where
+    ``MW = 2`` and d > 64; H100 at N = 4096 / 16384: 13.72 / 50.92 ms against 14.61 / 54.25 for 8 warps of
+    ``MW = 1`` with ``Bc = 32``, ``docs/results/sweeps/ostep_h100_d128.json``). On the register path
+    (d % 4 != 0, unaligned K or V, ``CP_ASYNC=False``): ``d <= 64``: 4 warps, ``MW = 2``, ``Bc = 64``;
+    above: 8 warps, ``MW = 1``, ``Bc = 32`` (at ``Bc = 64`` the SRAM allows one block per SM; H200 sweeps).
+    ``block_sizes=(Br, Bc)`` is rounded up to the mma granularity (Br to a multiple of 16, Bc of 8; up to
+    Br = 128 the block has ``min(Br / 16, 4)`` warps of ``MW = Br / 64`` tiles, above it 8 warps of
+    ``MW = Br / 128``, so the defaults' ``(Br, Bc)`` give back their tilings).
     """
     DP = 8 * ((d + 7) // 8)
     if block_sizes is None:
+        cp = cp_async_ok(d) if cp_async is None else cp_async
         if d > 64:
-            return (8, 1, 32, DP)
-        return (4, 2, 32 if (cp_async_ok(d) if cp_async is None else cp_async) else 64, DP)
+            return (8, 2, 16, DP) if cp else (8, 1, 32, DP)
+        return (4, 2, 32 if cp else 64, DP)
     Br, Bc = (int(n) for n in block_sizes)
     m16 = (Br + 15) // 16
-    NW, MW = (m16, 1) if m16 <= 4 else (4, (m16 + 3) // 4)
+    if m16 <= 4:
+        NW, MW = m16, 1
+    elif m16 <= 8:
+        NW, MW = 4, (m16 + 3) // 4
+    else:
+        NW, MW = 8, (m16 + 7) // 8
     return NW, MW, 8 * ((Bc + 7) // 8), DP
 
 
@@ -472,9 +487,15 @@ def default_features() -> dict:
     16-byte aligned (:func:`numba_flash.fast.fa2_forward_half.aligned16`); on by default since an H100 sweep
     timed it (the performance log's section "3xTF32 forward: cp.async for K_j, V_j").
     ``STAGE_O_STEP``: line 10 staged per 8-key step instead of per key block (fewer registers, other bits; see
-    :func:`fa2_forward_tc_kernel`); off until timed (the performance log's section "3xTF32 forward: O staged per
-    key step")."""
-    return {"PREFETCH": None, "STAGE_S": True, "STAGE_O": True, "CP_ASYNC": True, "STAGE_O_STEP": False}
+    :func:`fa2_forward_tc_kernel`); None: on where the tiling has ``MW = 2`` and d > 64 (the ``cp.async`` default
+    at d = 128, which does not fit the registers without it; timed in the performance log's section "3xTF32
+    forward: O staged per key step"), off elsewhere (8 % slower at d = 64)."""
+    return {"PREFETCH": None, "STAGE_S": True, "STAGE_O": True, "CP_ASYNC": True, "STAGE_O_STEP": None}
+
+
+def stage_o_step(feature, MW: int, DP: int) -> bool:
+    """``STAGE_O_STEP`` resolved: ``feature`` unless None, else on where ``MW >= 2`` and ``DP > 64``."""
+    return bool(feature) if feature is not None else (MW >= 2 and DP > 64)
 
 
 def _ffma_fallback(prob: Problem, config=None) -> bool:
@@ -509,7 +530,7 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None):
     nbytes = 4 * smem_floats(NW, MW, Bc, DP, sim, 2 if cp_async else 1)
     _plan.check_sram(nbytes, Br, Bc, d)
     kernel = fa2_forward_tc_kernel(NW, MW, Bc, DP, prob.causal, prob.dropout_p > 0, prefetch, sim, bool(feats["STAGE_S"]), bool(feats["STAGE_O"]),
-                                   cp_async, bool(feats["STAGE_O_STEP"]))
+                                   cp_async, stage_o_step(feats["STAGE_O_STEP"], MW, DP))
     grid = bh_grid(ceil_div(prob.seqlen_q, Br), prob.batch * prob.nheads)
     return kernel, grid, 32 * NW, nbytes
 

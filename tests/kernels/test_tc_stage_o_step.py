@@ -8,27 +8,34 @@ Claims checked:
   rule against float64 (2x naive float32's error), and L, m, l, which line 10 does not touch, are bitwise the
   default's, on ragged, causal (blocks whose rows see no key included), GQA, dropout and ``MW = 2`` shapes.
 * It does not depend on ``STAGE_O`` (it overrides it): with ``STAGE_O`` off the result is bitwise the same.
-* On a GPU (marker ``gpu``): the same at realistic shapes, at the tilings it was built for (``MW = 2`` at d = 128).
+* It is on by default exactly where the tiling has ``MW = 2`` and d > 64: the ``cp.async`` path's d = 128 default
+  (8 warps of ``MW = 2``, ``Bc = 16``), which it makes fit the registers; off at d <= 64 (slower there) and for
+  ``MW = 1``.
+* On a GPU (marker ``gpu``): the same at realistic shapes, at the tilings it was built for (``MW = 2`` at d = 128,
+  the default 8 x 2 x 16 with and without causal).
 
 Simulator shapes stay tiny (N <= 45, d <= 24): each ``mma`` is a lane exchange with two block barriers there.
 """
 
 from __future__ import annotations
 
+from numba_flash import _backend
+from numba_flash._launch import check_attention_args
+from numba_flash.fast import fa2_forward_tc
 from numba_flash_reference.alg0_standard import standard_attention
 
 import numpy as np
 import pytest
 from attn_testing import (
-    TC_FORWARD_SRAM_CASES,
     assert_error_rule,
     assert_same_bits,
     make_qkv,
     naive_attention_float32,
     run_tc_forward,
+    tc_forward_sram_params,
 )
 
-CASES = [pytest.param(*c[:-1], id=c[-1]) for c in TC_FORWARD_SRAM_CASES]
+CASES = tc_forward_sram_params()
 
 
 def _check(rng, b, s_q, s_k, h, h_k, d, causal, p, bs):
@@ -37,11 +44,8 @@ def _check(rng, b, s_q, s_k, h, h_k, d, causal, p, bs):
     (step, feats), (default, _) = (run_tc_forward(q, k, v, causal, p, seed, bs, {"STAGE_O_STEP": on}) for on in (True, False))
     assert feats["STAGE_O_STEP"]
     assert_same_bits(step[1:], default[1:], "STAGE_O_STEP and the default (L, m, l)", names=("L", "m", "l"))
-    if p == 0.0:
-        ref = standard_attention(q, k, v, causal=causal).O
-        assert_error_rule(step[0], ref, naive_attention_float32(q, k, v, causal=causal), what="O")
-    else:  # with dropout the kept set is the default's: O differs by the staging's rounding only
-        np.testing.assert_allclose(step[0], default[0], rtol=1e-5, atol=1e-6)
+    ref = standard_attention(q, k, v, causal=causal, dropout_p=p, seed=seed).O  # the same dropout mask as the kernel
+    assert_error_rule(step[0], ref, naive_attention_float32(q, k, v, causal=causal, dropout_p=p, seed=seed), what="O")
     return q, k, v, seed, step
 
 
@@ -52,8 +56,22 @@ def test_o_staged_per_key_step_follows_the_error_rule_and_keeps_the_statistics(r
     assert_same_bits(unstaged, step, "STAGE_O_STEP with STAGE_O off and on")
 
 
+def test_o_staged_per_key_step_is_on_by_default_where_two_tiles_per_warp_need_it():
+    assert fa2_forward_tc.default_features()["STAGE_O_STEP"] is None
+    assert fa2_forward_tc.stage_o_step(None, 2, 128) and fa2_forward_tc.stage_o_step(None, 2, 72)
+    assert not fa2_forward_tc.stage_o_step(None, 1, 128), "MW = 1 fits without it, and is slower with it"
+    assert not fa2_forward_tc.stage_o_step(None, 2, 64), "d = 64: 8 % slower with it on an H100"
+    assert not fa2_forward_tc.stage_o_step(False, 2, 128) and fa2_forward_tc.stage_o_step(True, 1, 64)
+    q, k, v = make_qkv(np.random.default_rng(0), 1, 8, 8, 1, 1, 128)
+    for causal in (False, True):
+        prob = check_attention_args(q, k, v, 0.0, None, causal, 0)
+        assert fa2_forward_tc.config_for(128) == (8, 2, 16, 128)
+        kernel = fa2_forward_tc.plan(prob)[0]
+        assert kernel is fa2_forward_tc.fa2_forward_tc_kernel(8, 2, 16, 128, causal, False, False, _backend.is_simulator(), True, True, True, True)
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize(("n", "d", "causal", "bs"), [(1000, 128, False, None), (1000, 128, True, (128, 32)),
+@pytest.mark.parametrize(("n", "d", "causal", "bs"), [(1000, 128, False, None), (1000, 128, True, None), (1000, 128, True, (128, 32)),
                                                        (777, 96, True, None), (1024, 64, False, None)])
 def test_o_staged_per_key_step_on_gpu_shapes(rng, n, d, causal, bs):
     _check(rng, 2, n, n, 4, 2, d, causal, 0.0, bs)
