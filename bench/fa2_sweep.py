@@ -103,6 +103,7 @@ VARIANTS_D128 = {
     "tc-cp-ostep": (("tc", None), {"CP_ASYNC": True, "STAGE_O_STEP": True}),
     "tc-cp-MW2-ostep": (("tc", (4, 2, 32)), {"CP_ASYNC": True, "STAGE_O_STEP": True}),
     "tc-cp-NW8-MW2-Bc16-ostep": (("tc", (8, 2, 16)), {"CP_ASYNC": True, "STAGE_O_STEP": True}),  # Br 256, 186 KB
+    "tc-cp-NW8-MW1-Bc32": (("tc", (8, 1, 32)), {"CP_ASYNC": True}),  # the cp.async default before 8 x 2 x 16
 }
 
 

@@ -29,6 +29,9 @@
 #   ostep        the 3xTF32 forward's STAGE_O_STEP: its GPU tests, then the d = 128 tilings it makes fit (fa2_sweep
 #                tc-cp-ostep, tc-cp-MW2-ostep, tc-cp-NW8-MW2-Bc16-ostep against tc-cp, N 4k/16k) and d = 64 (the performance
 #                log's section "3xTF32 forward: O staged per key step") -> OUTDIR/ostep_tests.txt, ostep_d128.json/.log, _d64
+#   short_d128   the 3xTF32 forward's d = 128 default (8 x 2 x 16 with STAGE_O_STEP) against the former 8 x 1 x 32 at
+#                N 1k/2k, with and without causal (fa2_sweep tc-cp, tc-cp-NW8-MW1-Bc32): the short sequences the ostep sweep
+#                did not time -> OUTDIR/short_d128.json/.log
 #   half_bwd_cp  the half backward's tilings with and without cp.async for Q_i, dO_i (half_sweep --backward; the log's
 #                section "FA2 backward in fp16 / bf16: cp.async for Q_i, dO_i") -> OUTDIR/half_bwd_cp.json/.log
 # OUTDIR/pending_env.txt says what ran where. A failed step is noted and the rest run. Exit status: 0 when all ran.
@@ -117,11 +120,15 @@ for s in "${steps[@]}"; do
         echo "== $n"; grep "^half" "$out/$n.log"
       done | tee "$out/skip_pairs.txt"
       (cd "$out" && tar czf skip_pairs.tgz skip_fwd_*.json skip_fwd_*.log && rm -f skip_fwd_*.json skip_fwd_*.log) ;;
+    short_d128)
+      step short_d128.log timeout 200 python3 -m bench.fa2_sweep --seqlens 1024 2048 --headdims 128 \
+        --variants tc-cp tc-cp-NW8-MW1-Bc32 --out "$out/short_d128.json"
+      tail -n 20 "$out/short_d128.log" ;;
     half_bwd_cp)
       step half_bwd_cp.log python3 -m bench.half_sweep --backward --seqlens 1024 4096 --out "$out/half_bwd_cp.json"
       tail -n 40 "$out/half_bwd_cp.log" ;;
     *)
-      echo "run_pending: unknown step '$s' (streams host ncu_tc half_ex2 half_ex2_pairs half_skip ostep tc_cp half_bwd_cp)" >&2
+      echo "run_pending: unknown step '$s' (streams host ncu_tc half_ex2 half_ex2_pairs half_skip ostep short_d128 tc_cp half_bwd_cp)" >&2
       rc=2 ;;
   esac
 done

@@ -34,10 +34,11 @@ def test_warp_all_is_true_exactly_when_every_lane_of_the_warp_says_so():
     sim = _backend.is_simulator()
     warp_all = _mma.make_warp_all(sim)
     scratch = _mma.HALF_SIM_SCRATCH_PER_WARP
+    nsx = 2 * scratch  # a shared array's shape must be a constant, not an expression (the simulator does not check)
 
     @cuda.jit
     def run(pred, out):
-        sx = cuda.shared.array(2 * scratch, np.float32)  # the simulator's lane exchange (unused on a GPU)
+        sx = cuda.shared.array(nsx, np.float32)  # the simulator's lane exchange (unused on a GPU)
         i = cuda.threadIdx.x
         lane, warp = i % 32, i // 32
         out[i] = 1 if warp_all(pred[i] != 0, sx, warp * scratch, lane) else 0
