@@ -270,7 +270,7 @@ def tc_forward_sram_params():
     return [pytest.param(*c[:-1], id=c[-1]) for c in TC_FORWARD_SRAM_CASES]
 
 
-#: Shapes for the half forward's features that must not change a bit (``EX2_FTZ``, ``SKIP_RESCALE``), as
+#: Shapes for the half forward's features that must not change a bit (``EX2_FTZ``), as
 #: :data:`TC_FORWARD_SRAM_CASES`: several key blocks each (rows whose max grows in a later block beside rows whose max
 #: does not), ragged, GQA, causal, dropout and ``MW = 2`` (4 warps).
 HALF_FORWARD_FEATURE_CASES = [

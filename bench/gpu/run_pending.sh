@@ -22,10 +22,6 @@
 #                forward + backward on and off (N 4k), bf16, each sweep under a 100-110 s timeout: the paired timing that
 #                turned EX2_FTZ on (2026-11-25, 4 minutes on an H100) -> OUTDIR/ex2_fwd_off_1.json/.log, ex2_fwd_on_1,
 #                _off_2, _on_2, ex2_bwd_on, ex2_bwd_off; the rows of all of them -> OUTDIR/ex2_pairs.txt
-#   half_skip    the half forward's SKIP_RESCALE: its GPU tests, then its default tilings off and on, twice, alternating
-#                (N 4k/16k), as half_ex2_pairs (the performance log's section "Half forward: skip the rescale by 1")
-#                -> OUTDIR/skip_tests.txt, skip_pairs.txt (the rows), skip_pairs.tgz (each sweep's JSON and log: the device
-#                tool brings back only a few files)
 #   ostep        the 3xTF32 forward's STAGE_O_STEP: its GPU tests, then the d = 128 tilings it makes fit (fa2_sweep
 #                tc-cp-ostep, tc-cp-MW2-ostep, tc-cp-NW8-MW2-Bc16-ostep against tc-cp, N 4k/16k) and d = 64 (the performance
 #                log's section "3xTF32 forward: O staged per key step") -> OUTDIR/ostep_tests.txt, ostep_d128.json/.log, _d64
@@ -113,13 +109,6 @@ for s in "${steps[@]}"; do
       step ostep_d64.log timeout 120 python3 -m bench.fa2_sweep --seqlens 4096 --headdims 64 \
         --variants tc-cp tc-cp-ostep --no-baselines --out "$out/ostep_d64.json"
       tail -n 30 "$out/ostep_d128.log" "$out/ostep_d64.log" ;;
-    half_skip)
-      step skip_tests.txt python3 -m pytest -q -p no:cacheprovider -rfE tests/kernels/test_half_skip_rescale.py
-      forward_pairs skip '{"SKIP_RESCALE": false}' '{"SKIP_RESCALE": true}'
-      for n in skip_fwd_off_1 skip_fwd_on_1 skip_fwd_off_2 skip_fwd_on_2; do
-        echo "== $n"; grep "^half" "$out/$n.log"
-      done | tee "$out/skip_pairs.txt"
-      (cd "$out" && tar czf skip_pairs.tgz skip_fwd_*.json skip_fwd_*.log && rm -f skip_fwd_*.json skip_fwd_*.log) ;;
     short_d128)
       step short_d128.log timeout 200 python3 -m bench.fa2_sweep --seqlens 1024 2048 --headdims 128 \
         --variants tc-cp tc-cp-NW8-MW1-Bc32 --out "$out/short_d128.json"
@@ -128,7 +117,7 @@ for s in "${steps[@]}"; do
       step half_bwd_cp.log python3 -m bench.half_sweep --backward --seqlens 1024 4096 --out "$out/half_bwd_cp.json"
       tail -n 40 "$out/half_bwd_cp.log" ;;
     *)
-      echo "run_pending: unknown step '$s' (streams host ncu_tc half_ex2 half_ex2_pairs half_skip ostep short_d128 tc_cp half_bwd_cp)" >&2
+      echo "run_pending: unknown step '$s' (streams host ncu_tc half_ex2 half_ex2_pairs ostep short_d128 tc_cp half_bwd_cp)" >&2
       rc=2 ;;
   esac
 done

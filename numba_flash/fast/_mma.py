@@ -373,34 +373,6 @@ def make_exp2(ftz: bool, simulator: bool | None = None):
 
 
 @functools.cache
-def make_warp_all(simulator: bool | None = None):
-    """``warp_all(pred, sx, wbase, lane) -> bool``: whether ``pred`` is true in every lane of the calling warp.
-
-    On a GPU one vote (``vote.sync.all``, :func:`numba.cuda.all_sync`), the same answer in every lane, so a branch
-    on it is warp-uniform; every lane of the warp must call it. In the simulator the lanes exchange through the
-    warp's scratch ``sx[wbase : wbase + 32]`` between block barriers, as :func:`make_warp_ops`' quad reductions do
-    (every lane of the block must call it the same number of times).
-    """
-    if not (_backend.is_simulator() if simulator is None else simulator):
-        @cuda.jit(device=True, inline="always")
-        def warp_all(pred, sx, wbase, lane):
-            return cuda.all_sync(_FULL_MASK, pred) != 0
-
-        return warp_all
-
-    def warp_all_sim(pred, sx, wbase, lane):
-        cuda.syncthreads()  # Sync: (simulator) the previous exchange's reads are done
-        sx[wbase + lane] = 1.0 if pred else 0.0
-        cuda.syncthreads()  # Sync: (simulator) the warp's 32 answers are in the scratch
-        for i in range(32):
-            if sx[wbase + i] == 0.0:
-                return False
-        return True
-
-    return cuda.jit(device=True)(warp_all_sim)
-
-
-@functools.cache
 def make_unpack2(kind: str, simulator: bool | None = None):
     """``unpack2(word) -> (lo, hi)``: the two ``kind`` halves of a word (:func:`_pack2_asm`'s layout) as float32.
 

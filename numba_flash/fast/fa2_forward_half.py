@@ -132,7 +132,7 @@ def kv_stages(cp_async: bool) -> int:
 
 @functools.cache
 def fa2_forward_half_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROPOUT: bool, PREFETCH: bool, SIM: bool, KIND: str,
-                            CP_ASYNC: bool = False, EX2_FTZ: bool = False, SKIP_RESCALE: bool = False):
+                            CP_ASYNC: bool = False, EX2_FTZ: bool = False):
     """The fp16/bf16 FA2 forward kernel for one specialization (see the module docstring).
 
     ``CP_ASYNC`` (d a multiple of 8): Q_i, K_j, V_j go HBM -> SRAM by ``cp.async`` into two SRAM stages of
@@ -186,7 +186,6 @@ def fa2_forward_half_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DR
     pack2, mma16, ldsm, ldsm_t = _mma.make_half_ops(KIND, SIM)
     _split, _mma3, quad_max, quad_sum = _mma.make_warp_ops(SIM)
     exp2 = _mma.make_exp2(EX2_FTZ, SIM)  # EX2_FTZ: one MUFU.EX2 instead of four instructions (see default_features)
-    warp_all = _mma.make_warp_all(SIM)  # SKIP_RESCALE: whether every lane of the warp says yes
     natural_stats = _regtile.make_natural_stats()
     mask_s, lane_row_max = _mma.make_fragment_steps(MW, NB, BC, CAUSAL)
 
@@ -340,16 +339,10 @@ def fa2_forward_half_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DR
                 rl[r] = ralpha[r] * rl[r] + psum
 
             # FA2.1 L10: O_i = diag(e^(m_old - m_new)) O_i + P~ V_j (A = P~ from registers, B = V_j by ldmatrix.trans)
-            unchanged = True  # Dev: SKIP_RESCALE: no row of this lane found a larger max (every e^(m_old - m_new) is 1)
-            if SKIP_RESCALE:
-                for r in range(NR):
-                    if ralpha[r] != float32(1.0):
-                        unchanged = False
-            if not (SKIP_RESCALE and warp_all(unchanged, sx, wbase, lane)):  # Dev: O times 1 is O: the warp skips it
-                for mt in range(MW):
-                    for dn in range(ND):
-                        for c in range(4):
-                            rO[(mt * ND + dn) * 4 + c] *= ralpha[mt * 2 + c // 2]
+            for mt in range(MW):
+                for dn in range(ND):
+                    for c in range(4):
+                        rO[(mt * ND + dn) * 4 + c] *= ralpha[mt * 2 + c // 2]
             for kt in range(NK):  # 16 keys per step: S tiles 2 kt and 2 kt + 1 are the A operand
                 for mt in range(MW):
                     f0 = (mt * NB + 2 * kt) * 4
@@ -413,11 +406,8 @@ def default_features() -> dict:
     ``EX2_FTZ``: ``P~ = 2^(S' - m)`` by ``ex2.approx.ftz.f32`` (:func:`numba_flash.fast._mma.make_exp2`): one
     instruction instead of four, and 0 instead of a subnormal below 2^-126; on since an H100 timed it 1.02-1.13x
     faster at N = 16k (bf16, three paired runs; the performance log's section "Half forward: one instruction per
-    exp2"). ``SKIP_RESCALE``: a warp none of whose rows found a larger max in key block j (every
-    ``e^(m_old - m_new)`` is exactly 1) skips the rescale of O at line 10 (MW x d multiplications per lane, by 1),
-    decided by a vote (:func:`numba_flash.fast._mma.make_warp_all`); the same bits; off until a GPU times it (the
-    performance log's section "Half forward: skip the rescale by 1")."""
-    return {"CP_ASYNC": True, "PREFETCH": True, "EX2_FTZ": True, "SKIP_RESCALE": False}
+    exp2")."""
+    return {"CP_ASYNC": True, "PREFETCH": True, "EX2_FTZ": True}
 
 
 def aligned16(*arrays) -> bool:
@@ -457,7 +447,7 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None):
     nbytes = 4 * smem_words(NW, MW, Bc, DP, kv_stages(cp_async))
     _plan.check_sram(nbytes, Br, Bc, d)
     kernel = fa2_forward_half_kernel(NW, MW, Bc, DP, prob.causal, prob.dropout_p > 0, prefetch, sim, _mma.HALF_KINDS[prob.dtype], cp_async,
-                                     bool(feats["EX2_FTZ"]), bool(feats["SKIP_RESCALE"]))
+                                     bool(feats["EX2_FTZ"]))
     grid = bh_grid(ceil_div(prob.seqlen_q, Br), prob.batch * prob.nheads)
     return kernel, grid, 32 * NW, nbytes
 
