@@ -77,6 +77,9 @@ VARIANTS_D64 = {
     "tc-cp-Bc32": (("tc", (4, 2, 32)), {"CP_ASYNC": True}),
     "tc-cp-NW8-MW1": (("tc", (8, 1, 64)), {"CP_ASYNC": True}),
     "tc-cp-ostep": (("tc", None), {"CP_ASYNC": True, "STAGE_O_STEP": True}),
+    # short causal sequences: smaller query blocks (Br 64: more blocks, less tail) or 8 warps of MW = 1
+    "tc-cp-4x1x32": (("tc", (4, 1, 32)), {"CP_ASYNC": True}),
+    "tc-cp-8x1x32": (("tc", (8, 1, 32)), {"CP_ASYNC": True}),
 }
 VARIANTS_D128 = {
     "readable": ("readable", {}),
