@@ -30,6 +30,8 @@
 #                did not time -> OUTDIR/short_d128.json/.log
 #   short_causal the 3xTF32 forward's causal cells at N 1k/2k (below SDPA memory-efficient in the grid) with the default
 #                and smaller or 8-warp tilings, d = 64 and 128 -> OUTDIR/short_causal_d64.json/.log, _d128
+#   causal_d128  the 3xTF32 forward's causal d = 128 default against 4 x 1 x 32 (Br = 64, the short causal cells' winner)
+#                at N 4k/8k/16k -> OUTDIR/causal_d128.json/.log
 #   half_bwd_cp  the half backward's tilings with and without cp.async for Q_i, dO_i (half_sweep --backward; the log's
 #                section "FA2 backward in fp16 / bf16: cp.async for Q_i, dO_i") -> OUTDIR/half_bwd_cp.json/.log
 # OUTDIR/pending_env.txt says what ran where. A failed step is noted and the rest run. Exit status: 0 when all ran.
@@ -121,11 +123,15 @@ for s in "${steps[@]}"; do
       step short_causal_d128.log timeout 150 python3 -m bench.fa2_sweep --seqlens 1024 2048 --headdims 128 --causal yes \
         --variants tc-cp tc-cp-NW8-MW1-Bc32 tc-cp-64x32 --out "$out/short_causal_d128.json"
       tail -n 14 "$out/short_causal_d64.log" "$out/short_causal_d128.log" ;;
+    causal_d128)
+      step causal_d128.log timeout 200 python3 -m bench.fa2_sweep --seqlens 4096 8192 16384 --headdims 128 --causal yes \
+        --variants tc-cp tc-cp-64x32 --no-baselines --out "$out/causal_d128.json"
+      tail -n 10 "$out/causal_d128.log" ;;
     half_bwd_cp)
       step half_bwd_cp.log python3 -m bench.half_sweep --backward --seqlens 1024 4096 --out "$out/half_bwd_cp.json"
       tail -n 40 "$out/half_bwd_cp.log" ;;
     *)
-      echo "run_pending: unknown step '$s' (streams host ncu_tc half_ex2 half_ex2_pairs ostep short_d128 short_causal tc_cp half_bwd_cp)" >&2
+      echo "run_pending: unknown step '$s' (streams host ncu_tc half_ex2 half_ex2_pairs ostep short_d128 short_causal causal_d128 tc_cp half_bwd_cp)" >&2
       rc=2 ;;
   esac
 done
