@@ -58,7 +58,8 @@ What changed from the fast (FFMA) kernel
   128 more and spilled. Staging each 8-key step instead (as ``STAGE_S`` stages each k step of S) drops ``rT``,
   and 8 warps of ``MW = 2`` with ``Bc = 16`` (Br = 256) fit in 254 registers (offline sm_90). Each K/V fragment
   read from SRAM then serves two m16 tiles: on an H100 1.065x the ``MW = 1``, ``Bc = 32`` tiling at N = 4096 and
-  16384 without causal, 0.99-1.00x with it (``docs/results/sweeps/ostep_h100_d128.json``).
+  16384 without causal, 0.99-1.00x with it (``docs/results/sweeps/ostep_h100_d128.json``). With ``causal`` the
+  default is 64-row blocks instead (4 warps of ``MW = 1``, ``Bc = 32``: :func:`config_for`).
 
 * **Staged accumulation (accuracy).** Accumulating the three products straight into ``S`` and ``O``
   broke the tests' error rule on the GPU (up to 4.4x the float32 error at N = 1024, d = 64; the NumPy
@@ -124,7 +125,7 @@ TC_MAX_HEADDIM = 128
 
 
 @functools.cache
-def config_for(d: int, block_sizes=None, cp_async=None):
+def config_for(d: int, block_sizes=None, cp_async=None, causal: bool = False):
     """The tiling ``(NW, MW, Bc, DP)``: warps per block, m16 tiles per warp, key block, padded d.
 
     Defaults (sweeps in docs/notes/performance-log.md): on the ``cp.async`` path (``cp_async``; None: where
@@ -132,7 +133,10 @@ def config_for(d: int, block_sizes=None, cp_async=None):
     13.4 ms at N = 4096 against 15.9 with ``Bc = 64``, ``docs/results/sweeps/tc_cp_h100_d64.json``) and
     8 warps of ``MW = 2`` (Br = 256) with ``Bc = 16`` above, with ``STAGE_O_STEP`` (its default where
     ``MW = 2`` and d > 64; H100 at N = 4096 / 16384: 13.72 / 50.92 ms against 14.61 / 54.25 for 8 warps of
-    ``MW = 1`` with ``Bc = 32``, ``docs/results/sweeps/ostep_h100_d128.json``). On the register path
+    ``MW = 1`` with ``Bc = 32``, ``docs/results/sweeps/ostep_h100_d128.json``); with ``causal``, 4 warps of
+    ``MW = 1`` with ``Bc = 32`` (Br = 64, two blocks per SM: 64-row blocks even out the causal triangle's unequal
+    work; H100, causal, N = 1k / 2k / 4k / 8k / 16k: 1.10 / 1.06 / 1.02 / 0.99 / 1.01x the 8 x 2 x 16 tiling,
+    ``short_causal_h100_d128.json``, ``causal_d128_h100.json``). On the register path
     (d % 4 != 0, unaligned K or V, ``CP_ASYNC=False``): ``d <= 64``: 4 warps, ``MW = 2``, ``Bc = 64``;
     above: 8 warps, ``MW = 1``, ``Bc = 32`` (at ``Bc = 64`` the SRAM allows one block per SM; H200 sweeps).
     ``block_sizes=(Br, Bc)`` is rounded up to the mma granularity (Br to a multiple of 16, Bc of 8; up to
@@ -143,7 +147,9 @@ def config_for(d: int, block_sizes=None, cp_async=None):
     if block_sizes is None:
         cp = cp_async_ok(d) if cp_async is None else cp_async
         if d > 64:
-            return (8, 2, 16, DP) if cp else (8, 1, 32, DP)
+            if not cp:
+                return (8, 1, 32, DP)
+            return (4, 1, 32, DP) if causal else (8, 2, 16, DP)
         return (4, 2, 32 if cp else 64, DP)
     Br, Bc = (int(n) for n in block_sizes)
     m16 = (Br + 15) // 16
@@ -522,7 +528,7 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None):
     feats = default_features()
     feats.update(features or {})
     cp_async = bool(feats["CP_ASYNC"]) and cp_async_ok(d)
-    NW, MW, Bc, DP = config if config is not None else config_for(d, block_sizes, cp_async)
+    NW, MW, Bc, DP = config if config is not None else config_for(d, block_sizes, cp_async, prob.causal)
     prefetch = feats["PREFETCH"] if feats["PREFETCH"] is not None else DP <= 64
     prefetch = bool(prefetch) and not cp_async  # unused by the cp.async path: one compiled kernel, not two
     sim = _backend.is_simulator()
@@ -542,7 +548,7 @@ def choose_block_sizes(prob: Problem, block_sizes=None) -> tuple[int, int]:
         return fa2_forward_half.choose_block_sizes(prob, block_sizes)
     if _ffma_fallback(prob):
         return fa2_forward_fast.choose_block_sizes(prob, block_sizes)
-    NW, MW, Bc, DP = config_for(prob.headdim, block_sizes)
+    NW, MW, Bc, DP = config_for(prob.headdim, block_sizes, None, prob.causal)
     return 16 * MW * NW, Bc
 
 

@@ -101,6 +101,11 @@ def test_each_load_path_gets_its_own_default_tiling():
     # register path's tiling by 1.065x without causal (ostep_h100_d128.json); the register path keeps 8 x 1 x 32
     assert fa2_forward_tc.config_for(128, None, True) == (8, 2, 16, 128)
     assert fa2_forward_tc.config_for(128, None, False) == (8, 1, 32, 128)
+    # causal d = 128 on the cp.async path: 64-row blocks (1.02-1.10x the 8 x 2 x 16 tiling at N 1k-4k, 0.99-1.01x
+    # at 8k-16k; short_causal_h100_d128.json, causal_d128_h100.json); the register path and d <= 64 ignore causal
+    assert fa2_forward_tc.config_for(128, None, True, True) == (4, 1, 32, 128)
+    assert fa2_forward_tc.config_for(128, None, False, True) == (8, 1, 32, 128)
+    assert fa2_forward_tc.config_for(64, None, True, True) == (4, 2, 32, 64)
     assert fa2_forward_tc.config_for(62) == (4, 2, 64, 64), "d = 62 is not whole 16-byte chunks: the register path's"
     assert fa2_forward_tc.default_features()["CP_ASYNC"]
     for d, cp in ((64, True), (62, False)):
@@ -140,9 +145,10 @@ def test_the_quiet_nan_pass_changes_only_nans_in_the_threads_chunks():
 def test_cp_async_pipeline_equals_the_register_path_on_gpu_shapes(rng, n, d, causal):
     q, k, v = make_qkv(rng, 2, n, n, 4, 2, d)
     # the cp.async path's default tiling for both paths (the register path's own default is Bc = 64 at d <= 64,
-    # 8 x 1 x 32 above); at d > 64 that is 8 x 2 x 16 with STAGE_O_STEP on both paths
-    bs = (256, 16) if d > 64 else (128, 32)
-    assert fa2_forward_tc.config_for(d, bs) == fa2_forward_tc.config_for(d, None, True)
+    # 8 x 1 x 32 above); at d > 64 that is 8 x 2 x 16 with STAGE_O_STEP on both paths, 4 x 1 x 32 with causal
+    NW, MW, Bc, _ = fa2_forward_tc.config_for(d, None, True, causal)
+    bs = (16 * MW * NW, Bc)
+    assert fa2_forward_tc.config_for(d, bs) == fa2_forward_tc.config_for(d, None, True, causal)
     (cp_out, cp_feats), (reg_out, _) = (_run(q, k, v, causal, 0.0, 0, bs, cp) for cp in (True, False))
     assert cp_feats["CP_ASYNC"]
     _assert_same(cp_out, reg_out)

@@ -8,11 +8,11 @@ Claims checked:
   rule against float64 (2x naive float32's error), and L, m, l, which line 10 does not touch, are bitwise the
   default's, on ragged, causal (blocks whose rows see no key included), GQA, dropout and ``MW = 2`` shapes.
 * It does not depend on ``STAGE_O`` (it overrides it): with ``STAGE_O`` off the result is bitwise the same.
-* It is on by default exactly where the tiling has ``MW = 2`` and d > 64: the ``cp.async`` path's d = 128 default
-  (8 warps of ``MW = 2``, ``Bc = 16``), which it makes fit the registers; off at d <= 64 (slower there) and for
-  ``MW = 1``.
+* It is on by default exactly where the tiling has ``MW = 2`` and d > 64: the ``cp.async`` path's non-causal d = 128
+  default (8 warps of ``MW = 2``, ``Bc = 16``), which it makes fit the registers; off at d <= 64 (slower there) and
+  for ``MW = 1`` (the causal d = 128 default, 4 warps of ``MW = 1``).
 * On a GPU (marker ``gpu``): the same at realistic shapes, at the tilings it was built for (``MW = 2`` at d = 128,
-  the default 8 x 2 x 16 with and without causal).
+  the non-causal default 8 x 2 x 16, with and without causal).
 
 Simulator shapes stay tiny (N <= 45, d <= 24): each ``mma`` is a lane exchange with two block barriers there.
 """
@@ -63,15 +63,15 @@ def test_o_staged_per_key_step_is_on_by_default_where_two_tiles_per_warp_need_it
     assert not fa2_forward_tc.stage_o_step(None, 2, 64), "d = 64: 8 % slower with it on an H100"
     assert not fa2_forward_tc.stage_o_step(False, 2, 128) and fa2_forward_tc.stage_o_step(True, 1, 64)
     q, k, v = make_qkv(np.random.default_rng(0), 1, 8, 8, 1, 1, 128)
-    for causal in (False, True):
+    for causal, (NW, MW, Bc, _), on in ((False, (8, 2, 16, 128), True), (True, (4, 1, 32, 128), False)):
         prob = check_attention_args(q, k, v, 0.0, None, causal, 0)
-        assert fa2_forward_tc.config_for(128) == (8, 2, 16, 128)
+        assert fa2_forward_tc.config_for(128, None, None, causal) == (NW, MW, Bc, 128)
         kernel = fa2_forward_tc.plan(prob)[0]
-        assert kernel is fa2_forward_tc.fa2_forward_tc_kernel(8, 2, 16, 128, causal, False, False, _backend.is_simulator(), True, True, True, True)
+        assert kernel is fa2_forward_tc.fa2_forward_tc_kernel(NW, MW, Bc, 128, causal, False, False, _backend.is_simulator(), True, True, True, on)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(("n", "d", "causal", "bs"), [(1000, 128, False, None), (1000, 128, True, None), (1000, 128, True, (128, 32)),
+@pytest.mark.parametrize(("n", "d", "causal", "bs"), [(1000, 128, False, None), (1000, 128, True, (256, 16)), (1000, 128, True, (128, 32)),
                                                        (777, 96, True, None), (1024, 64, False, None)])
 def test_o_staged_per_key_step_on_gpu_shapes(rng, n, d, causal, bs):
     _check(rng, 2, n, n, 4, 2, d, causal, 0.0, bs)
