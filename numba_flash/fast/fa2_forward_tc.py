@@ -140,7 +140,7 @@ def config_for(d: int, block_sizes=None, cp_async=None, causal: bool = False):
     (d % 4 != 0, unaligned K or V, ``CP_ASYNC=False``): ``d <= 64``: 4 warps, ``MW = 2``, ``Bc = 64``;
     above: 8 warps, ``MW = 1``, ``Bc = 32`` (at ``Bc = 64`` the SRAM allows one block per SM; H200 sweeps).
     ``block_sizes=(Br, Bc)`` is rounded up to the mma granularity (Br to a multiple of 16, Bc of 8; up to
-    Br = 128 the block has ``min(Br / 16, 4)`` warps of ``MW = Br / 64`` tiles, above it 8 warps of
+    Br = 64 the block has ``Br / 16`` warps of one m16 tile, up to Br = 128 4 warps of two, above it 8 warps of
     ``MW = Br / 128``, so the defaults' ``(Br, Bc)`` give back their tilings).
     """
     DP = 8 * ((d + 7) // 8)
