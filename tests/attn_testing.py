@@ -28,7 +28,6 @@ import functools
 from numba_flash_reference.common import causal_mask, default_scale, dropout_scale_matrix, kv_head
 
 import numpy as np
-import pytest
 
 EPS32 = float(np.finfo(np.float32).eps)
 
@@ -267,6 +266,8 @@ TC_FORWARD_SRAM_CASES = [
 
 def tc_forward_sram_params():
     """:data:`TC_FORWARD_SRAM_CASES` as ``pytest.param``s with their ids."""
+    import pytest  # here, not at the top: bench/logit_scale.py imports this module outside pytest
+
     return [pytest.param(*c[:-1], id=c[-1]) for c in TC_FORWARD_SRAM_CASES]
 
 
