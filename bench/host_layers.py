@@ -1,0 +1,152 @@
+"""Host time of one FA2 forward, layer by layer, on a GPU: where a short sequence's call spends its time.
+
+Why it exists: at N <= 1k the half forward is host-bound on an H100 (``flash_attn_func`` about 1 ms of host time
+a call against a 0.2-0.7 ms kernel; the performance log's section "Host path: ``_smem.CACHED_OPT_IN`` timed").
+Earlier probes timed the layers at N = 1k, where the launch queue fills and single loops moved by 0.4 ms. This
+one times each layer on a problem whose kernel takes a few microseconds (b 8, N 256, h 16), so that a loop of
+back-to-back calls measures the host alone, and it peels the call one layer at a time:
+
+* ``sdpa``: ``torch.nn.functional.scaled_dot_product_attention`` on the same tensors (torch's own host cost);
+* ``api``: ``flash_attn_func(q, k, v)``; ``api-grad``: the same with inputs that require grad;
+* ``op``: ``torch.ops.numba_flash.attention_forward`` called directly (no argument checks above it);
+* ``run``: the op's body: ``check_attention_args``, ``registry.resolve``, an ``Allocator``, ``_run.forward``, the results;
+* ``module``: the kernel module's ``forward`` on kernel arrays converted once (plan, outputs, launch);
+* ``plan``: the module's ``plan(prob)`` alone;
+* ``smem-launch``: ``_smem.launch`` on preallocated arguments (the opt-in's typing, then numba's launch);
+* ``dispatch``: ``kernel[grid, block, 0, nbytes](*args)``: numba's dispatcher (types the arguments, launches);
+* ``compiled``: the compiled overload's ``launch(args, ...)``: no typing, numba's argument marshalling;
+* ``raw``: cuda.core's ``launch`` on marshalled arguments: the floor of any Python launch;
+
+and single operations: ``cuda.as_cuda_array`` of a tensor, its ``__cuda_array_interface__``, ``torch.empty``,
+``check_attention_args``, ``cuda.get_current_device()``, ``_smem.max_optin_bytes()``, ``Allocator(q)``.
+
+Each line: the median over ``--repeats`` loops of ``--calls`` back-to-back calls (no synchronization inside a
+loop; one between loops), microseconds per call. Run on a GPU machine from the repository root::
+
+    source bench/gpu/setup_env.sh
+    python3 -m bench.host_layers [--calls 300] [--repeats 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+from bench import _utils as bu
+
+
+def per_call_us(fn, calls: int, repeats: int, sync) -> float:
+    """Median over ``repeats`` loops of ``calls`` calls of ``fn``, in microseconds per call (host time)."""
+    for _ in range(min(calls, 50)):
+        fn()
+    sync()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        times.append((time.perf_counter() - t0) / calls)
+        sync()
+    return 1e6 * statistics.median(times)
+
+
+def layers(torch, dtype, d: int, calls: int, repeats: int) -> list[tuple[str, float]]:
+    """``(layer, us per call)`` for one dtype and head dim (see the module docstring)."""
+    from numba_flash import _run, flash_attn_func, registry
+    from numba_flash._launch import Allocator, check_attention_args
+    from numba_flash._torch_ops import attention_forward
+    from numba_flash.fast import _smem
+
+    from numba import cuda
+
+    b, n, h = 8, 256, 16
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(b, n, h, d, device="cuda", generator=gen).to(dtype) for _ in range(3))
+    qg, kg, vg = (x.detach().clone().requires_grad_(True) for x in (q, k, v))
+    sync = torch.cuda.synchronize
+    scale = d ** -0.5
+    prob = check_attention_args(q, k, v, 0.0, None, False, 0)
+    kernel = registry.resolve("flash2", "forward", "auto")
+    module = kernel.module
+    alloc = Allocator(q)
+    to_kernel = _run._converter(kernel, prob, alloc)
+    kq, kk, kv = (to_kernel(x) for x in (q, k, v))
+    kernel_fn, grid, threads, nbytes = module.plan(prob)
+    fwd = module.forward(kq, kk, kv, prob, alloc)
+    args = (kq, kk, kv, fwd.out, fwd.lse, fwd.m, fwd.l, prob.softmax_scale * 1.4426950408889634, prob.group, prob.causal_offset,
+            prob.seed, prob.threshold, prob.dropout_scale)
+    _smem.launch(kernel_fn, grid, threads, nbytes, *args)
+    compiled = kernel_fn._compile_for_args(*args)
+    from cuda.core import LaunchConfig
+    from numba.cuda.cudadrv import driver
+    from numba.cuda.dispatcher import launch as core_launch
+
+    stream = driver._to_core_stream(0)
+    marshalled, retr = [], []
+    for ty, val in zip(compiled.argument_types, args):
+        compiled._prepare_args(ty, val, stream, retr, marshalled)
+    try:
+        config = LaunchConfig(grid=grid, block=threads, shmem_size=nbytes)
+    except TypeError:  # older cuda.core spells it differently; the numba-cuda code it mirrors tries both
+        config = LaunchConfig(grid=grid, block=threads, shmem_size=nbytes, cooperative_launch=False)
+    cufunc = compiled._codelibrary.get_cufunc()
+    qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+
+    def run_body():
+        p = check_attention_args(q, k, v, 0.0, scale, False, 0)
+        kern = registry.resolve("flash2", "forward", "auto")
+        a = Allocator(q)
+        f = _run.forward(q, k, v, p, kern, None, a)
+        return a.result(f.out, q.dtype), a.result(f.lse), a.result(f.m), a.result(f.l)
+
+    cases = [
+        ("sdpa", lambda: torch.nn.functional.scaled_dot_product_attention(qt, kt, vt)),
+        ("api", lambda: flash_attn_func(q, k, v)),
+        ("api-grad", lambda: flash_attn_func(qg, kg, vg)),
+        ("op", lambda: attention_forward(q, k, v, 0.0, scale, False, 0, "flash2", "auto", "auto", 0, 0, False)),
+        ("run", run_body),
+        ("module", lambda: module.forward(kq, kk, kv, prob, alloc)),
+        ("plan", lambda: module.plan(prob)),
+        ("smem-launch", lambda: _smem.launch(kernel_fn, grid, threads, nbytes, *args)),
+        ("dispatch", lambda: kernel_fn[grid, threads, 0, nbytes](*args)),
+        ("compiled", lambda: compiled.launch(args, grid, threads, 0, nbytes)),
+        ("raw", lambda: core_launch(stream, config, cufunc.kernel, *marshalled)),
+        ("as_cuda_array", lambda: cuda.as_cuda_array(q)),
+        ("cuda_array_interface", lambda: q.__cuda_array_interface__),
+        ("torch.empty", lambda: torch.empty((b, h, n), device="cuda")),
+        ("check_attention_args", lambda: check_attention_args(q, k, v, 0.0, scale, False, 0)),
+        ("get_current_device", cuda.get_current_device),
+        ("max_optin_bytes", _smem.max_optin_bytes),
+        ("Allocator", lambda: Allocator(q)),
+    ]
+    return [(name, per_call_us(fn, calls, repeats, sync)) for name, fn in cases]
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m bench.host_layers``."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--calls", type=int, default=300, help="back-to-back calls per timed loop")
+    ap.add_argument("--repeats", type=int, default=7, help="timed loops; the median is printed")
+    return ap
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    torch = bu.torch_or_none()
+    if torch is None or not bu.ON_GPU:
+        print("host_layers needs torch and a GPU (it times numba-cuda's launch path, which the simulator does not have)")
+        return 1
+    prov = bu.provenance()
+    print(f"# {prov['command']}; {prov['date_utc']}; device: {prov['device']}; {os.cpu_count()} CPU cores; python {prov['python']}, "
+          f"torch {torch.__version__}, numba {prov['numba']}; commit {os.environ.get('NUMBA_FLASH_COMMIT', 'unknown')}", flush=True)
+    for dtype in (torch.bfloat16, torch.float32):
+        for d in (64, 128):
+            for name, us in layers(torch, dtype, d, args.calls, args.repeats):
+                print(f"{str(dtype)[6:]:8} d={d:<3} {name:22} {us:8.1f} us/call", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
