@@ -111,7 +111,7 @@ def layers(torch, dtype, d: int, calls: int, repeats: int) -> list[tuple[str, fl
         ("plan", lambda: module.plan(prob)),
         ("smem-launch", lambda: _smem.launch(kernel_fn, grid, threads, nbytes, *args)),
         ("dispatch", lambda: kernel_fn[grid, threads, 0, nbytes](*args)),
-        ("compiled", lambda: compiled.launch(args, grid, threads, 0, nbytes)),
+        ("compiled", lambda: compiled.launch(args, grid, threads, stream, nbytes)),
         ("raw", lambda: core_launch(stream, config, cufunc.kernel, *marshalled)),
         ("as_cuda_array", lambda: cuda.as_cuda_array(q)),
         ("cuda_array_interface", lambda: q.__cuda_array_interface__),
