@@ -6,15 +6,16 @@
   causal, dropout threshold and seed).
 * :class:`Allocator`: turns the caller's arrays (NumPy arrays, torch CPU or CUDA tensors) into arrays a
   kernel can take, allocates outputs in the same world, and hands results back in the caller's type
-  and dtype. CUDA tensors are used zero-copy through ``__cuda_array_interface__``; NumPy arrays run
-  as they are in the simulator and are copied to and from the device on a GPU.
+  and dtype. CUDA tensors are the kernel arrays themselves (numba takes them through
+  ``__cuda_array_interface__``, :mod:`numba_flash.fast._direct` without numba's per-launch work); NumPy
+  arrays run as they are in the simulator and are copied to and from the device on a GPU.
 * Output poisoning: with :func:`poison_outputs` (or ``NUMBA_FLASH_POISON=1``) every output a kernel
   must write is allocated full of NaN, so an element a kernel forgets to write fails the tests.
 * :class:`ForwardOutput`: what a forward kernel module returns.
 * :class:`ForwardKernelModule` / :class:`BackwardKernelModule`: the one contract every kernel module
   (readable, fast or tensor-core) follows, so that :mod:`numba_flash.registry` can treat them alike.
 
-Kernel modules see only "kernel arrays" (NumPy in the simulator, Numba device arrays on a GPU) in
+Kernel modules see only "kernel arrays" (NumPy in the simulator, Numba device arrays or torch CUDA tensors on a GPU) in
 float32, in the caller's (batch, seqlen, nheads, headdim) layout with whatever strides it had: kernels
 index ``gQ[b, row, h, c]`` and never assume contiguity.
 """
@@ -247,7 +248,6 @@ class Allocator:
 
     def __init__(self, like):
         self.torch_device = None
-        self._owners: dict[int, Any] = {}
         # The caller's torch stream and the one the kernels launch on, where they differ (see join_caller_stream)
         self._caller_stream = self._launch_stream = None
         if _is_torch(like):
@@ -271,7 +271,6 @@ class Allocator:
             t = x.detach()
             if t.dtype != _torch().float32:
                 t = t.float()
-            self._owners[id(t)] = t
             return self._import(t)
         if self.kind == "device":
             return x if _dtype_name(x) == "float32" else cuda.to_device(x.copy_to_host().astype(np.float32))
@@ -305,7 +304,6 @@ class Allocator:
                 t = t.contiguous()
             w = t.view(_torch().int32)
             if self.kind == "torch-cuda":
-                self._owners[id(w)] = w
                 return self._import(w)
             a = w.numpy()
         else:
@@ -325,10 +323,7 @@ class Allocator:
         if self.kind == "torch-cuda":
             torch = _torch()
             tdt = {np.float32: torch.float32, np.int32: torch.int32, np.uint32: torch.int32}[np.dtype(dtype).type]
-            t = torch.full(shape, value, dtype=tdt, device=self.torch_device)
-            arr = self._import(t)
-            self._owners[id(arr)] = t
-            return arr
+            return self._import(torch.full(shape, value, dtype=tdt, device=self.torch_device))
         if self.on_device:
             arr = cuda.device_array(shape, dtype=dtype)
             if arr.size:
@@ -345,10 +340,7 @@ class Allocator:
         if self.kind == "torch-cuda":
             torch = _torch()
             tdt = {np.float32: torch.float32, np.int32: torch.int32}[np.dtype(dtype).type]
-            t = torch.empty(shape, dtype=tdt, device=self.torch_device)
-            arr = self._import(t)
-            self._owners[id(arr)] = t
-            return arr
+            return self._import(torch.empty(shape, dtype=tdt, device=self.torch_device))
         if self.on_device:
             return cuda.device_array(shape, dtype=dtype)
         return np.empty(shape, dtype=dtype)
@@ -378,12 +370,14 @@ class Allocator:
             self.join_caller_stream()
 
     def _import(self, t):
-        """The torch CUDA tensor ``t`` as a numba array for the kernels, with the launch stream first made to wait for
-        the caller's stream (when they differ): what torch queued there for ``t`` (its producer, a conversion or a
-        fill, the last use of its memory) is done before any kernel reads or writes it."""
+        """The torch CUDA tensor ``t`` handed to the kernels as it is (numba takes it through its CUDA array
+        interface), with the launch stream first made to wait for the caller's stream (when they differ): what torch
+        queued there for ``t`` (its producer, a conversion or a fill, the last use of its memory) is done before any
+        kernel reads or writes it. (Until 2026-11-26 it was converted by ``cuda.as_cuda_array``, 13 us a tensor on an
+        H200's host, seven a forward: ``docs/results/sweeps/host_layers_h200_1c20667.txt``.)"""
         if self._caller_stream is not None:
             self._launch_stream.wait_stream(self._caller_stream)
-        return cuda.as_cuda_array(t)
+        return t
 
     def join_caller_stream(self) -> None:
         """Order the caller's current torch stream after this call's launches (torch CUDA tensors; else nothing).
@@ -407,9 +401,7 @@ class Allocator:
         ``int32`` word array (:meth:`to_words`, the half kernels' output) is reinterpreted as it, not converted.
         """
         if self.kind == "torch-cuda":
-            t = self._owners.get(id(arr))
-            if t is None:
-                t = _torch().as_tensor(arr, device=self.torch_device)
+            t = arr if _is_torch(arr) else _torch().as_tensor(arr, device=self.torch_device)
             return t if like_dtype is None else _as_dtype(t, like_dtype)
         host = arr.copy_to_host() if self.on_device else arr
         if self.kind == "torch-cpu":

@@ -13,7 +13,8 @@ In the simulator there is no limit and nothing to set: :func:`launch` just launc
 
 Finding the function handle types the launch's arguments in Python on every launch above 48 KB. A variant that
 skipped that once every overload was opted in (``CACHED_OPT_IN``, 2026-11-25) showed no saving of host time on an
-H100 and was removed (docs/notes/performance-log.md, "Host path: ``_smem.CACHED_OPT_IN`` timed").
+H100 and was removed (docs/notes/performance-log.md, "Host path: ``_smem.CACHED_OPT_IN`` timed"). Launches on torch
+CUDA tensors skip both numba's typing and the opt-in's after their first (:mod:`numba_flash.fast._direct`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 from numba import cuda
 
 from .. import _backend
+from . import _direct
 
 #: Dynamic shared memory any kernel may use without the opt-in, in bytes.
 DEFAULT_LIMIT_BYTES = 48 * 1024
@@ -60,10 +62,21 @@ def _set_max_dynamic(cufunc, nbytes: int) -> None:
 
 def launch(dispatcher, grid, block, nbytes: int, *args) -> None:
     """``dispatcher[grid, block, 0, nbytes](*args)``, opting in to > 48 KB of dynamic SRAM first."""
-    if not _backend.is_simulator() and nbytes > DEFAULT_LIMIT_BYTES:
+    if _backend.is_simulator():
+        dispatcher[grid, block, 0, nbytes](*args)
+        return
+    if _direct.launch(dispatcher, grid, block, nbytes, args, _opt_in_function):  # Dev: torch tensors, after their first launch
+        return
+    if nbytes > DEFAULT_LIMIT_BYTES:
         _opt_in(dispatcher, args, nbytes)
     dispatcher[grid, block, 0, nbytes](*args)
 # [/doc:smem-opt-in]
+
+
+def _opt_in_function(cufunc, nbytes: int) -> None:
+    """The opt-in for a function handle already found (:mod:`numba_flash.fast._direct`'s launches)."""
+    if nbytes > DEFAULT_LIMIT_BYTES:
+        _set_max_dynamic(cufunc, nbytes)
 
 
 def function_attributes(dispatcher, args) -> dict:

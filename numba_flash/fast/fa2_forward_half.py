@@ -411,12 +411,15 @@ def default_features() -> dict:
 
 
 def aligned16(*arrays) -> bool:
-    """Whether every kernel array (device, or the simulator's) has a 16-byte aligned base and 16-byte
+    """Whether every kernel array (device, torch CUDA tensor, or the simulator's) has a 16-byte aligned base and 16-byte
     multiples as the strides of its leading dimensions (those of extent > 1): what 16-byte ``cp.async``
     of its rows needs. A slice of a tensor at an odd offset can fail it; the register path then runs."""
     for a in arrays:
-        iface = getattr(a, "__cuda_array_interface__", None) or a.__array_interface__
-        if iface["data"][0] % 16 or any(st % 16 for st, n in zip(a.strides[:-1], a.shape[:-1]) if n > 1):
+        if hasattr(a, "data_ptr"):  # a torch CUDA tensor (the kernel array of a torch caller on a GPU)
+            ptr, strides = a.data_ptr(), [st * a.element_size() for st in a.stride()]
+        else:
+            ptr, strides = (getattr(a, "__cuda_array_interface__", None) or a.__array_interface__)["data"][0], a.strides
+        if ptr % 16 or any(st % 16 for st, n in zip(strides[:-1], a.shape[:-1]) if n > 1):
             return False
     return True
 
