@@ -32,6 +32,10 @@
 #                and smaller or 8-warp tilings, d = 64 and 128 -> OUTDIR/short_causal_d64.json/.log, _d128
 #   causal_d128  the 3xTF32 forward's causal d = 128 default against 4 x 1 x 32 (Br = 64, the short causal cells' winner)
 #                at N 4k/8k/16k -> OUTDIR/causal_d128.json/.log
+#   short_direct the half grid's short cells (bf16, forward N 512/1k/2k, forward + backward N 1k/2k) with the direct launches
+#                of numba_flash/fast/_direct.py, against SDPA memory-efficient and flash in the same run, and first our cells
+#                from the tree NUMBA_FLASH_BASELINE_TREE (an earlier commit's checkout) if set -> OUTDIR/short_direct.json/.log,
+#                short_direct_base.json/.log
 #   half_bwd_cp  the half backward's tilings with and without cp.async for Q_i, dO_i (half_sweep --backward; the log's
 #                section "FA2 backward in fp16 / bf16: cp.async for Q_i, dO_i") -> OUTDIR/half_bwd_cp.json/.log
 # OUTDIR/pending_env.txt says what ran where. A failed step is noted and the rest run. Exit status: 0 when all ran.
@@ -127,11 +131,24 @@ for s in "${steps[@]}"; do
       step causal_d128.log timeout 200 python3 -m bench.fa2_sweep --seqlens 4096 8192 16384 --headdims 128 --causal yes \
         --variants tc-cp tc-cp-64x32 --no-baselines --out "$out/causal_d128.json"
       tail -n 10 "$out/causal_d128.log" ;;
+    short_direct)  # the baseline tree: NUMBA_FLASH_BASELINE_TREE, a checkout of an earlier commit (git archive SHA | tar -x -C DIR)
+      base="${NUMBA_FLASH_BASELINE_TREE:-}"
+      sel='bfloat16 and (512 or 1024 or 2048)'
+      if [ -n "$base" ]; then
+        python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir --target /tmp/nf-baseline-site "$base" >/dev/null
+        step short_direct_base.log env PYTHONPATH="/tmp/nf-baseline-site:$PYTHONPATH" bash -c "cd '$base' && python3 -m pytest \
+          tests/benchmarks/test_bench_half.py -k 'flash2 and $sel' -q -p no:xdist -p no:cacheprovider --benchmark-enable \
+          --benchmark-json='$(realpath "$out")/short_direct_base.json' --benchmark-columns=median,rounds --benchmark-sort=name"
+      fi
+      step short_direct.log python3 -m pytest tests/benchmarks/test_bench_half.py -k "(flash2 or sdpa_mem_efficient or sdpa_flash) and $sel" \
+        -q -p no:xdist -p no:cacheprovider --benchmark-enable --benchmark-json="$out/short_direct.json" \
+        --benchmark-columns=median,rounds --benchmark-sort=name
+      grep -h "test_bench" "$out"/short_direct*.log | sort ;;
     half_bwd_cp)
       step half_bwd_cp.log python3 -m bench.half_sweep --backward --seqlens 1024 4096 --out "$out/half_bwd_cp.json"
       tail -n 40 "$out/half_bwd_cp.log" ;;
     *)
-      echo "run_pending: unknown step '$s' (streams host ncu_tc half_ex2 half_ex2_pairs ostep short_d128 short_causal causal_d128 tc_cp half_bwd_cp)" >&2
+      echo "run_pending: unknown step '$s' (streams host ncu_tc half_ex2 half_ex2_pairs ostep short_d128 short_causal causal_d128 tc_cp short_direct half_bwd_cp)" >&2
       rc=2 ;;
   esac
 done

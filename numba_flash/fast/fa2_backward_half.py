@@ -152,7 +152,7 @@ def row_dot_words(out, dout, prob: Problem, alloc):
     """D (b, h, N_q) float32 from the word arrays of O and dO."""
     delta = alloc.empty((prob.batch, prob.nheads, prob.seqlen_q))
     grid = bh_grid(ceil_div(prob.seqlen_q, PREPASS_THREADS), prob.batch * prob.nheads)
-    make_word_prepass(_mma.HALF_KINDS[prob.dtype], _backend.is_simulator())[grid, PREPASS_THREADS](out, dout, delta)
+    _smem.launch(make_word_prepass(_mma.HALF_KINDS[prob.dtype], _backend.is_simulator()), grid, PREPASS_THREADS, 0, out, dout, delta)
     return delta
 
 
