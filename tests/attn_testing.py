@@ -226,6 +226,16 @@ def unaligned_copy(x):
     return y
 
 
+def to_host(x) -> np.ndarray:
+    """A kernel array as a NumPy array: NumPy as it is, a numba device array copied, a torch tensor (the kernel array
+    of a torch CUDA caller, :class:`numba_flash._launch.Allocator`) moved to the host."""
+    if hasattr(x, "copy_to_host"):
+        return x.copy_to_host()
+    if hasattr(x, "detach"):
+        return x.detach().cpu().numpy()
+    return np.array(x)
+
+
 def forward_recording_plan(module, kernel_arrays, prob, alloc, block_sizes, features):
     """``module.forward`` (a kernel module) on kernel arrays, outputs NaN-poisoned, recording what it plans.
 
@@ -248,7 +258,7 @@ def forward_recording_plan(module, kernel_arrays, prob, alloc, block_sizes, feat
             fwd = module.forward(*kernel_arrays, prob, alloc, block_sizes=block_sizes, features=features)
     finally:
         module.plan = real
-    host = [np.array(x.copy_to_host() if hasattr(x, "copy_to_host") else x) for x in (fwd.out, fwd.lse, fwd.m, fwd.l)]
+    host = [to_host(x) for x in (fwd.out, fwd.lse, fwd.m, fwd.l)]
     return fwd, host, planned[0]
 
 

@@ -28,7 +28,7 @@ from numba_flash.fast import fa2_backward_half, fa2_forward_half
 
 import numpy as np
 import pytest
-from attn_testing import assert_error_rule, make_qkv, torch_attention, unaligned_copy
+from attn_testing import assert_error_rule, make_qkv, to_host, torch_attention, unaligned_copy
 
 torch = pytest.importorskip("torch")
 
@@ -123,14 +123,14 @@ def test_head_dims_not_a_multiple_of_8_and_unaligned_inputs_take_the_register_pa
     alloc = Allocator(xs[0])
     kq, kk, kv, kdo = (alloc.to_words(x) for x in (*xs, dout))
     fwd = fa2_forward_half.forward(kq, kk, kv, prob, alloc)
-    sq, sdo = (unaligned_copy(a.copy_to_host()) for a in (kq, kdo))
+    sq, sdo = (unaligned_copy(to_host(a)) for a in (kq, kdo))
     assert not fa2_forward_half.aligned16(sq) and not fa2_forward_half.aligned16(sdo)
     runs, planned, real_plan = [], [], fa2_backward_half.plan
     monkeypatch.setattr(fa2_backward_half, "plan", lambda *a, **kw: planned.append(a[3]) or real_plan(*a, **kw))
     for q_, do_ in ((sq, sdo), (kq, kdo)):
         with poison_outputs():
             grads = fa2_backward_half.backward(do_, q_, kk, kv, fwd.out, fwd, prob, alloc, features={"CP_ASYNC": True})
-        runs.append(([np.array(g.copy_to_host() if hasattr(g, "copy_to_host") else g) for g in grads], planned[-1]["CP_ASYNC"]))
+        runs.append(([to_host(g) for g in grads], planned[-1]["CP_ASYNC"]))
     assert not runs[0][1], "unaligned Q, dO: backward() must ask for the register path"
     assert runs[1][1], "aligned: the cp.async path"
     for a, r in zip(runs[0][0], runs[1][0]):

@@ -34,6 +34,7 @@ from attn_testing import (
     assert_same_bits,
     half_inputs,
     run_half_forward,
+    to_host,
     torch_attention,
 )
 from numba import cuda
@@ -113,7 +114,7 @@ def _grads(th, causal, p, seed, bs, ftz, deterministic):
     fwd = fa2_forward_half.forward(kq, kk, kv, prob, alloc, bs)
     with poison_outputs():
         grads = fa2_backward_half.backward(kdo, kq, kk, kv, fwd.out, fwd, prob, alloc, bs, deterministic, features={"EX2_FTZ": ftz})
-    return [np.array(g.copy_to_host() if hasattr(g, "copy_to_host") else g) for g in grads]
+    return [to_host(g) for g in grads]
 
 
 #: the forward's cases with atomic dQ adds, and the causal dropout one with the deterministic dQ kernel as well

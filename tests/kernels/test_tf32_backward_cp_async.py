@@ -27,11 +27,11 @@ from numba_flash.fast import fa2_backward_tf32, fa2_forward_half, fa2_forward_tc
 
 import numpy as np
 import pytest
-from attn_testing import make_qkv, unaligned_copy
+from attn_testing import make_qkv, to_host, unaligned_copy
 
 
 def _host(x):
-    return np.array(x.copy_to_host() if hasattr(x, "copy_to_host") else x)
+    return to_host(x)
 
 
 def _gradients(q, k, v, dout, causal, p, seed, bs, cp, deterministic=False, config=None, words=None):
