@@ -24,6 +24,10 @@ device when it runs; the device query cannot be traced by Dynamo), ``block_sizes
 kernel's own choice), ``deterministic`` as a bool. The forward takes the backward's options too
 (``backward_variant``, ``deterministic``) only so that its autograd formula can pass them on.
 
+Eager calls (not traced by ``torch.compile``) run the same two functions, :func:`forward_pass` and
+:func:`backward_pass`, through :class:`EagerAttention`, a ``torch.autograd.Function``: the custom operators'
+dispatch costs more host time than a short sequence's kernel (:func:`run_forward` chooses).
+
 This module imports torch, so it is imported on the first call of ``flash_attn_func`` (importing
 :mod:`numba_flash` or :mod:`numba_flash.api` needs no torch).
 """
@@ -42,10 +46,9 @@ def _block_sizes(br: int, bc: int):
 
 
 # [doc:torch-custom-ops]
-@torch.library.custom_op("numba_flash::attention_forward", mutates_args=())
-def attention_forward(q: Tensor, k: Tensor, v: Tensor, dropout_p: float, softmax_scale: float, causal: bool, seed: int,
-                      algorithm: str, forward_variant: str, backward_variant: str, br: int, bc: int,
-                      deterministic: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def forward_pass(q: Tensor, k: Tensor, v: Tensor, dropout_p: float, softmax_scale: float, causal: bool, seed: int,
+                 algorithm: str, forward_variant: str, backward_variant: str, br: int, bc: int,
+                 deterministic: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """One forward pass: ``(out, lse, m, l)`` (see the module docstring)."""
     prob = check_attention_args(q, k, v, dropout_p, softmax_scale, causal, seed)
     kernel = registry.resolve(algorithm, "forward", forward_variant)
@@ -56,6 +59,9 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, dropout_p: float, softmax
         raise RuntimeError(f"the {kernel.path} forward returned no m, l; every forward must (KernelModule)")
     m, l = alloc.result(fwd.m), alloc.result(fwd.l)
     return out, lse, m, l
+
+
+attention_forward = torch.library.custom_op("numba_flash::attention_forward", mutates_args=())(forward_pass)
 
 
 @attention_forward.register_fake
@@ -69,10 +75,9 @@ def _attention_forward_fake(q, k, v, dropout_p, softmax_scale, causal, seed, alg
     return out, lse, m, l
 
 
-@torch.library.custom_op("numba_flash::attention_backward", mutates_args=())
-def attention_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, m: Tensor, l: Tensor,
-                       dropout_p: float, softmax_scale: float, causal: bool, seed: int, algorithm: str,
-                       backward_variant: str, br: int, bc: int, deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
+def backward_pass(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, m: Tensor, l: Tensor,
+                  dropout_p: float, softmax_scale: float, causal: bool, seed: int, algorithm: str,
+                  backward_variant: str, br: int, bc: int, deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
     """One backward pass: ``(dq, dk, dv)`` from the forward's saved tensors (see the module docstring)."""
     prob = check_attention_args(q, k, v, dropout_p, softmax_scale, causal, seed)
     check_backward_args(dout, out, prob, q)
@@ -81,6 +86,9 @@ def attention_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tenso
     fwd = ForwardOutput(out=None, lse=alloc.to_kernel(lse), m=alloc.to_kernel(m), l=alloc.to_kernel(l))
     dq, dk, dv = _run.backward(dout, q, k, v, out, fwd, prob, kernel, _block_sizes(br, bc), deterministic, alloc)
     return alloc.result(dq, q.dtype), alloc.result(dk, k.dtype), alloc.result(dv, v.dtype)
+
+
+attention_backward = torch.library.custom_op("numba_flash::attention_backward", mutates_args=())(backward_pass)
 
 
 @attention_backward.register_fake
@@ -105,4 +113,38 @@ def _backward(ctx, dout, _dlse, _dm, _dl):
 
 
 attention_forward.register_autograd(_backward, setup_context=_setup_context)
+
+
+class EagerAttention(torch.autograd.Function):
+    """The same two passes for eager calls: ``EagerAttention.apply(q, k, v, *options) -> (out, lse, m, l)``.
+
+    The custom operators are what ``torch.compile`` traces; called eagerly, their dispatch and autograd wrapper
+    cost more host time than a short sequence's kernel (0.1-0.2 ms a training call on an H200's host, the
+    performance log's section "Host path: eager calls through an autograd.Function"). This Function runs the same
+    :func:`forward_pass` and :func:`backward_pass` with the same saved tensors (``_setup_context``), so an eager
+    call and a compiled one give the same bits (``tests/test_torch_compile.py``).
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, *options):
+        outputs = forward_pass(q, k, v, *options)
+        _setup_context(ctx, (q, k, v, *options), outputs)
+        return outputs
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dout, _dlse, _dm, _dl):
+        q, k, v, out, lse, m, l = ctx.saved_tensors
+        dq, dk, dv = backward_pass(dout, q, k, v, out, lse, m, l, *ctx.options)
+        return dq, dk, dv, None, None, None, None, None, None, None, None, None, None
+
+
+def run_forward(*args) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``flash_attn_func``'s forward: the custom operator while ``torch.compile`` traces, else :class:`EagerAttention`
+    (or :func:`forward_pass` alone where no input needs a gradient)."""
+    if torch.compiler.is_compiling():
+        return attention_forward(*args)
+    if torch.is_grad_enabled() and any(x.requires_grad for x in args[:3]):
+        return EagerAttention.apply(*args)
+    return forward_pass(*args)
 # [/doc:torch-custom-ops]

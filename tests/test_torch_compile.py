@@ -6,7 +6,8 @@ fake implementations for shapes and dtypes and an autograd formula. Checked here
 function gives bit for bit the output, logsumexp and gradients of the eager one (``backend="eager"``
 runs Dynamo alone, ``"aot_eager"`` also AOTAutograd's joint forward/backward graph), in one graph
 (``fullgraph=True``); ``torch.library.opcheck`` passes on both operators; importing the API
-needs no torch. Shapes are tiny (the simulator runs every kernel call).
+needs no torch; eager calls skip the operators' dispatch but run their functions, to the same bits. Shapes are tiny
+(the simulator runs every kernel call).
 """
 
 from __future__ import annotations
@@ -102,6 +103,27 @@ def test_opcheck_passes_on_the_forward_and_backward_operators(rng, algorithm):
     assert m.shape == l.shape == (1, 2, 5)  # every forward saves m and l for its backward
     bwd = (g, q.detach(), k.detach(), v.detach(), out.detach(), lse, m, l, 0.2, 0.5, True, 3, algorithm, "readable", 4, 4, False)
     torch.library.opcheck(torch.ops.numba_flash.attention_backward.default, bwd)
+
+
+def test_eager_calls_run_the_operators_passes_without_their_dispatch(rng, monkeypatch):
+    """Eager calls go through ``EagerAttention`` (cheaper on the host than the custom operators' dispatch), which
+    runs the operators' own forward and backward functions: the same outputs and gradients, bit for bit, and the
+    same non-differentiable statistics."""
+    from numba_flash import _torch_ops
+
+    q, k, v, g = inputs(rng)
+    opts = (0.2, 0.5, True, 7, "flash2", "auto", "auto", 4, 4, True)  # deterministic: no atomics on a GPU
+    want = _torch_ops.attention_forward(q, k, v, *opts)
+    want_grads = torch.autograd.grad((want[0] * g).sum(), (q, k, v))
+    for name in ("attention_forward", "attention_backward"):
+        monkeypatch.setattr(_torch_ops, name, lambda *a, name=name: pytest.fail(f"an eager call went through {name}"))
+    got = _torch_ops.run_forward(q, k, v, *opts)
+    assert got[0].requires_grad and not any(x.requires_grad for x in got[1:])
+    got_grads = torch.autograd.grad((got[0] * g).sum(), (q, k, v))
+    for a, b in zip((*got, *got_grads), (*want, *want_grads)):
+        assert torch.equal(a, b)
+    with torch.no_grad():  # no graph to record: the forward function alone
+        assert torch.equal(_torch_ops.run_forward(q, k, v, *opts)[0], want[0])
 
 
 def test_importing_the_api_does_not_import_torch():
