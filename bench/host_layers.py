@@ -21,10 +21,13 @@ and single operations: ``cuda.as_cuda_array`` of a tensor, its ``__cuda_array_in
 ``check_attention_args``, ``cuda.get_current_device()``, ``_smem.max_optin_bytes()``, ``Allocator(q)``.
 
 Each line: the median over ``--repeats`` loops of ``--calls`` back-to-back calls (no synchronization inside a
-loop; one between loops), microseconds per call. Run on a GPU machine from the repository root::
+loop; one between loops), microseconds per call. ``--profile`` instead prints, for bf16 at d = 64, a cProfile of
+``--calls`` calls of ``flash_attn_func`` without grad and with it (forward only), by own time: which functions of
+the 160-190 us a call still spends on the host (2026-11-26) to cache or drop (cProfile inflates many small Python
+calls: read it for the order, the layers above for the time). Run on a GPU machine from the repository root::
 
     source bench/gpu/setup_env.sh
-    python3 -m bench.host_layers [--calls 300] [--repeats 7]
+    python3 -m bench.host_layers [--calls 300] [--repeats 7] [--profile]
 """
 
 from __future__ import annotations
@@ -124,11 +127,36 @@ def layers(torch, dtype, d: int, calls: int, repeats: int) -> list[tuple[str, fl
     return [(name, per_call_us(fn, calls, repeats, sync)) for name, fn in cases]
 
 
+def profile(torch, calls: int, top: int = 30) -> None:
+    """The ``--profile`` output of the module docstring."""
+    import cProfile
+    import pstats
+
+    from numba_flash import flash_attn_func
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(8, 256, 16, 64, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(3))
+    for grad in (False, True):
+        args = [x.detach().clone().requires_grad_(grad) for x in (q, k, v)]
+        for _ in range(50):  # compile and warm up
+            flash_attn_func(*args)
+        torch.cuda.synchronize()
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(calls):
+            flash_attn_func(*args)
+        prof.disable()
+        torch.cuda.synchronize()
+        print(f"## flash_attn_func, bfloat16, d = 64, inputs requires_grad={grad}: {calls} calls, by own time", flush=True)
+        pstats.Stats(prof).sort_stats("tottime").print_stats(top)
+
+
 def parser() -> argparse.ArgumentParser:
     """The command line of ``python -m bench.host_layers``."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calls", type=int, default=300, help="back-to-back calls per timed loop")
     ap.add_argument("--repeats", type=int, default=7, help="timed loops; the median is printed")
+    ap.add_argument("--profile", action="store_true", help="a cProfile of flash_attn_func instead of the layer table")
     return ap
 
 
@@ -141,6 +169,9 @@ def main(argv=None) -> int:
     prov = bu.provenance()
     print(f"# {prov['command']}; {prov['date_utc']}; device: {prov['device']}; {os.cpu_count()} CPU cores; python {prov['python']}, "
           f"torch {torch.__version__}, numba {prov['numba']}; commit {os.environ.get('NUMBA_FLASH_COMMIT', 'unknown')}", flush=True)
+    if args.profile:
+        profile(torch, args.calls)
+        return 0
     for dtype in (torch.bfloat16, torch.float32):
         for d in (64, 128):
             for name, us in layers(torch, dtype, d, args.calls, args.repeats):

@@ -10,8 +10,9 @@ module, which are plain Python and torch and so can be measured on any machine, 
   ``torch.autograd.Function`` with the same body, and the body alone; with inputs that require grad and without.
 * ``api``: ``flash_attn_func`` on the tool's inputs (b 2, N 64, h 4, d 64) with the kernel module replaced by a
   stub (``numba_flash._run.forward`` patched) that converts q, k, v as ``_run.forward`` does and returns
-  preallocated outputs: the argument checks, the registry's choice, the custom operator, the allocator's
-  conversions and results, no plan and no launch. On CPU tensors this is the simulator's path (the
+  preallocated outputs: the argument checks, the registry's choice, the eager ``autograd.Function`` (with inputs
+  that require grad; since 2026-11-26 eager calls no longer go through the custom operator, which
+  ``torch.compile`` traces), the allocator's conversions and results, no plan and no launch. On CPU tensors this is the simulator's path (the
   conversions copy); on a GPU, CUDA tensors (the conversions are ``cuda.as_cuda_array``).
 
 Each line is the median over ``--repeats`` loops of ``--calls`` back-to-back calls, in microseconds per call.

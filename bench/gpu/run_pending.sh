@@ -32,6 +32,8 @@
 #                and smaller or 8-warp tilings, d = 64 and 128 -> OUTDIR/short_causal_d64.json/.log, _d128
 #   causal_d128  the 3xTF32 forward's causal d = 128 default against 4 x 1 x 32 (Br = 64, the short causal cells' winner)
 #                at N 4k/8k/16k -> OUTDIR/causal_d128.json/.log
+#   host_layers  python -m bench.host_layers (host time of one forward, layer by layer) and its --profile (a cProfile of
+#                flash_attn_func by own time) -> OUTDIR/host_layers.txt, host_profile.txt
 #   short_direct the half grid's short cells (bf16, forward N 512/1k/2k, forward + backward N 1k/2k) with the direct launches
 #                of numba_flash/fast/_direct.py, against SDPA memory-efficient and flash in the same run, and first our cells
 #                from the tree NUMBA_FLASH_BASELINE_TREE (an earlier commit's checkout) if set -> OUTDIR/short_direct.json/.log,
@@ -131,6 +133,10 @@ for s in "${steps[@]}"; do
       step causal_d128.log timeout 200 python3 -m bench.fa2_sweep --seqlens 4096 8192 16384 --headdims 128 --causal yes \
         --variants tc-cp tc-cp-64x32 --no-baselines --out "$out/causal_d128.json"
       tail -n 10 "$out/causal_d128.log" ;;
+    host_layers)
+      step host_layers.txt python3 -m bench.host_layers
+      step host_profile.txt python3 -m bench.host_layers --profile
+      grep -E " api| run | module|smem-launch" "$out/host_layers.txt" ;;
     short_direct)  # the baseline tree: NUMBA_FLASH_BASELINE_TREE, a checkout of an earlier commit (git archive SHA | tar -x -C DIR)
       base="${NUMBA_FLASH_BASELINE_TREE:-}"
       sel='bfloat16 and (512 or 1024 or 2048)'
@@ -148,7 +154,7 @@ for s in "${steps[@]}"; do
       step half_bwd_cp.log python3 -m bench.half_sweep --backward --seqlens 1024 4096 --out "$out/half_bwd_cp.json"
       tail -n 40 "$out/half_bwd_cp.log" ;;
     *)
-      echo "run_pending: unknown step '$s' (streams host ncu_tc half_ex2 half_ex2_pairs ostep short_d128 short_causal causal_d128 tc_cp short_direct half_bwd_cp)" >&2
+      echo "run_pending: unknown step '$s' (streams host ncu_tc half_ex2 half_ex2_pairs ostep short_d128 short_causal causal_d128 tc_cp host_layers short_direct half_bwd_cp)" >&2
       rc=2 ;;
   esac
 done
