@@ -32,6 +32,10 @@
 #                and smaller or 8-warp tilings, d = 64 and 128 -> OUTDIR/short_causal_d64.json/.log, _d128
 #   causal_d128  the 3xTF32 forward's causal d = 128 default against 4 x 1 x 32 (Br = 64, the short causal cells' winner)
 #                at N 4k/8k/16k -> OUTDIR/causal_d128.json/.log
+#   occ3_d128    the 3xTF32 forward at d = 128 with three blocks of 4 x 1 x 16 per SM (STAGE_O_STEP: 166-168 registers
+#                offline, 71.5 KB) against the defaults (8 x 2 x 16; causal 4 x 1 x 32), N 1k/4k/16k, and its GPU tests
+#                (the performance log's section "3xTF32 forward at d = 128: three blocks per SM") -> OUTDIR/occ3_tests.txt,
+#                occ3_d128.json/.log
 #   host_layers  python -m bench.host_layers (host time of one forward, layer by layer) and its --profile (a cProfile of
 #                flash_attn_func by own time) -> OUTDIR/host_layers.txt, host_profile.txt
 #   short_direct the half grid's short cells (bf16, forward N 512/1k/2k, forward + backward N 1k/2k) with the direct launches
@@ -133,6 +137,11 @@ for s in "${steps[@]}"; do
       step causal_d128.log timeout 200 python3 -m bench.fa2_sweep --seqlens 4096 8192 16384 --headdims 128 --causal yes \
         --variants tc-cp tc-cp-64x32 --no-baselines --out "$out/causal_d128.json"
       tail -n 10 "$out/causal_d128.log" ;;
+    occ3_d128)
+      step occ3_tests.txt python3 -m pytest -q -p no:cacheprovider -rfE tests/kernels/test_tc_stage_o_step.py
+      step occ3_d128.log timeout 300 python3 -m bench.fa2_sweep --seqlens 1024 4096 16384 --headdims 128 \
+        --variants tc-cp tc-cp-4x1x16-ostep tc-cp-64x32 --out "$out/occ3_d128.json"
+      tail -n 24 "$out/occ3_d128.log" ;;
     host_layers)
       step host_layers.txt python3 -m bench.host_layers
       step host_profile.txt python3 -m bench.host_layers --profile
@@ -154,7 +163,7 @@ for s in "${steps[@]}"; do
       step half_bwd_cp.log python3 -m bench.half_sweep --backward --seqlens 1024 4096 --out "$out/half_bwd_cp.json"
       tail -n 40 "$out/half_bwd_cp.log" ;;
     *)
-      echo "run_pending: unknown step '$s' (streams host ncu_tc half_ex2 half_ex2_pairs ostep short_d128 short_causal causal_d128 tc_cp host_layers short_direct half_bwd_cp)" >&2
+      echo "run_pending: unknown step '$s' (streams host ncu_tc half_ex2 half_ex2_pairs ostep short_d128 short_causal causal_d128 tc_cp occ3_d128 host_layers short_direct half_bwd_cp)" >&2
       rc=2 ;;
   esac
 done

@@ -72,6 +72,8 @@ def test_o_staged_per_key_step_is_on_by_default_where_two_tiles_per_warp_need_it
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(("n", "d", "causal", "bs"), [(1000, 128, False, None), (1000, 128, True, (256, 16)), (1000, 128, True, (128, 32)),
-                                                       (777, 96, True, None), (1024, 64, False, None)])
+                                                       (777, 96, True, None), (1024, 64, False, None),
+                                                       # 4 x 1 x 16, three blocks per SM (fa2_sweep tc-cp-4x1x16-ostep)
+                                                       (1000, 128, False, (64, 16)), (1000, 128, True, (64, 16))])
 def test_o_staged_per_key_step_on_gpu_shapes(rng, n, d, causal, bs):
     _check(rng, 2, n, n, 4, 2, d, causal, 0.0, bs)
