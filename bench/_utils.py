@@ -136,6 +136,25 @@ def time_median(fn, warmup: int = 2, repeats: int = 10) -> float:
     return float(np.median(ts))
 
 
+def host_us_per_call(fn, calls: int, repeats: int, warmup: int, sync=None) -> float:
+    """Host time of ``fn`` in microseconds per call: the median over ``repeats`` loops of ``calls`` back-to-back calls
+    (nothing synchronized inside a loop), after ``warmup`` untimed calls; ``sync`` (e.g. ``torch.cuda.synchronize``),
+    when given, runs after the warm-up and after each loop, untimed, so that no loop waits on the previous one's work."""
+    for _ in range(warmup):
+        fn()
+    if sync is not None:
+        sync()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        times.append((time.perf_counter() - t0) / calls)
+        if sync is not None:
+            sync()
+    return 1e6 * float(np.median(times))
+
+
 def cuda_time_ms(fn, warmup: int = 2, repeats: int = 10):
     """(median, min, max) in ms of ``fn`` timed with CUDA events, after ``warmup`` untimed calls (GPU only)."""
     import torch

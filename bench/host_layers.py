@@ -34,25 +34,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
-import time
 
 from bench import _utils as bu
-
-
-def per_call_us(fn, calls: int, repeats: int, sync) -> float:
-    """Median over ``repeats`` loops of ``calls`` calls of ``fn``, in microseconds per call (host time)."""
-    for _ in range(min(calls, 50)):
-        fn()
-    sync()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        times.append((time.perf_counter() - t0) / calls)
-        sync()
-    return 1e6 * statistics.median(times)
 
 
 def layers(torch, dtype, d: int, calls: int, repeats: int) -> list[tuple[str, float]]:
@@ -60,7 +43,7 @@ def layers(torch, dtype, d: int, calls: int, repeats: int) -> list[tuple[str, fl
     from numba_flash import _run, flash_attn_func, registry
     from numba_flash._launch import Allocator, check_attention_args
     from numba_flash._torch_ops import attention_forward
-    from numba_flash.fast import _smem
+    from numba_flash.fast import _direct, _plan, _smem
 
     from numba import cuda
 
@@ -78,22 +61,14 @@ def layers(torch, dtype, d: int, calls: int, repeats: int) -> list[tuple[str, fl
     kq, kk, kv = (to_kernel(x) for x in (q, k, v))
     kernel_fn, grid, threads, nbytes = module.plan(prob)
     fwd = module.forward(kq, kk, kv, prob, alloc)
-    args = (kq, kk, kv, fwd.out, fwd.lse, fwd.m, fwd.l, prob.softmax_scale * 1.4426950408889634, prob.group, prob.causal_offset,
-            prob.seed, prob.threshold, prob.dropout_scale)
+    args = _plan.fa2_forward_args(kq, kk, kv, fwd, prob)  # what run_fa2_forward launches with
     _smem.launch(kernel_fn, grid, threads, nbytes, *args)
     compiled = kernel_fn._compile_for_args(*args)
-    from cuda.core import LaunchConfig
-    from numba.cuda.cudadrv import driver
-    from numba.cuda.dispatcher import launch as core_launch
-
-    stream = driver._to_core_stream(0)
+    core_launch, make_config, stream = _direct._launch_core()
+    config = make_config(grid, threads, nbytes)
     marshalled, retr = [], []
-    for ty, val in zip(compiled.argument_types, args):
+    for ty, val in zip(compiled.argument_types, args):  # numba's own marshalling, done once
         compiled._prepare_args(ty, val, stream, retr, marshalled)
-    try:
-        config = LaunchConfig(grid=grid, block=threads, shmem_size=nbytes)
-    except TypeError:  # older cuda.core spells it differently; the numba-cuda code it mirrors tries both
-        config = LaunchConfig(grid=grid, block=threads, shmem_size=nbytes, cooperative_launch=False)
     cufunc = compiled._codelibrary.get_cufunc()
     qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
 
@@ -124,7 +99,7 @@ def layers(torch, dtype, d: int, calls: int, repeats: int) -> list[tuple[str, fl
         ("max_optin_bytes", _smem.max_optin_bytes),
         ("Allocator", lambda: Allocator(q)),
     ]
-    return [(name, per_call_us(fn, calls, repeats, sync)) for name, fn in cases]
+    return [(name, bu.host_us_per_call(fn, calls, repeats, warmup=min(calls, 50), sync=sync)) for name, fn in cases]
 
 
 def profile(torch, calls: int, top: int = 30) -> None:

@@ -26,22 +26,12 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import statistics
-import time
 
 from bench import _utils as bu
 
 
 def _per_call_us(fn, calls: int, repeats: int) -> float:
-    for _ in range(min(calls, 200)):
-        fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        times.append((time.perf_counter() - t0) / calls)
-    return 1e6 * statistics.median(times)
+    return bu.host_us_per_call(fn, calls, repeats, warmup=min(calls, 200))
 
 
 def dispatch(torch, calls: int, repeats: int) -> list[str]:

@@ -106,10 +106,16 @@ def _setup_context(ctx, inputs, output):
     ctx.mark_non_differentiable(lse, m, l)
 
 
-def _backward(ctx, dout, _dlse, _dm, _dl):
+def _gradients(backward, ctx, dout):
+    """The forward's 13 input gradients: ``backward`` (the operator or its function) on the saved tensors for
+    q, k, v; None for the options."""
     q, k, v, out, lse, m, l = ctx.saved_tensors
-    dq, dk, dv = attention_backward(dout, q, k, v, out, lse, m, l, *ctx.options)
+    dq, dk, dv = backward(dout, q, k, v, out, lse, m, l, *ctx.options)
     return dq, dk, dv, None, None, None, None, None, None, None, None, None, None
+
+
+def _backward(ctx, dout, _dlse, _dm, _dl):
+    return _gradients(attention_backward, ctx, dout)
 
 
 attention_forward.register_autograd(_backward, setup_context=_setup_context)
@@ -134,9 +140,7 @@ class EagerAttention(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dout, _dlse, _dm, _dl):
-        q, k, v, out, lse, m, l = ctx.saved_tensors
-        dq, dk, dv = backward_pass(dout, q, k, v, out, lse, m, l, *ctx.options)
-        return dq, dk, dv, None, None, None, None, None, None, None, None, None, None
+        return _gradients(backward_pass, ctx, dout)
 
 
 def run_forward(*args) -> tuple[Tensor, Tensor, Tensor, Tensor]:

@@ -44,6 +44,13 @@ def run_fa2_forward(plan, q, k, v, prob: Problem, alloc, out_words: bool = False
     else:
         out = alloc.empty((prob.batch, prob.seqlen_q, prob.nheads, prob.headdim))
     lse, m, l = (alloc.empty((prob.batch, prob.nheads, prob.seqlen_q)) for _ in range(3))
-    args = (q, k, v, out, lse, m, l, prob.softmax_scale * LOG2E, prob.group, prob.causal_offset, prob.seed, prob.threshold, prob.dropout_scale)
-    _smem.launch(kernel, grid, threads, nbytes, *args)
-    return ForwardOutput(out=out, lse=lse, m=m, l=l)
+    fwd = ForwardOutput(out=out, lse=lse, m=m, l=l)
+    _smem.launch(kernel, grid, threads, nbytes, *fa2_forward_args(q, k, v, fwd, prob))
+    return fwd
+
+
+def fa2_forward_args(q, k, v, fwd: ForwardOutput, prob: Problem) -> tuple:
+    """The arguments of both FA2 forward kernels: the arrays, then tau log2 e, the GQA group, the causal offset and
+    the dropout seed, threshold and scale (``bench.host_layers`` launches with the same tuple)."""
+    return (q, k, v, fwd.out, fwd.lse, fwd.m, fwd.l, prob.softmax_scale * LOG2E, prob.group, prob.causal_offset, prob.seed,
+            prob.threshold, prob.dropout_scale)
