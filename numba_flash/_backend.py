@@ -16,7 +16,8 @@ The rule:
 In the simulator, :mod:`numba_flash._simfix` locks the simulator's static shared-array allocation
 (a numba-cuda race) when ``numba.cuda`` is imported.
 
-``describe()`` says what ran, for the demo's banner and pytest's header.
+``describe()`` says what ran, for the demo's banner and pytest's header; :func:`device_facts` gives the current
+GPU's compute capability and opt-in SRAM to the launch plans without a driver call per launch.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import ctypes.util
 import os
 import shutil
 import sys
+from typing import NamedTuple
 
 SIMULATOR = "simulator"
 GPU = "gpu"
@@ -74,6 +76,37 @@ if BACKEND == SIMULATOR:
 
 def is_simulator() -> bool:
     return BACKEND == SIMULATOR
+
+
+class DeviceFacts(NamedTuple):
+    """What the launch plans ask of the GPU a kernel runs on."""
+
+    compute_capability: tuple[int, int]
+    #: the largest dynamic shared memory one block may opt in to, in bytes
+    max_shared_optin: int
+
+
+_uniform_facts: list = []  # [DeviceFacts or None] once read: the facts every visible GPU shares (None: they differ)
+
+
+def device_facts() -> DeviceFacts:
+    """The current GPU's :class:`DeviceFacts` (GPU backend only).
+
+    ``cuda.get_current_device()`` finds numba's context for the thread's current device: 3-4 us of host time on an
+    H200's host, and a call asked it two to four times (the tensor-core kernels' ``available()``, the plans' SRAM
+    check and backward policy). The facts are read once for every visible GPU; where they all agree (one GPU, or one
+    model), the answer needs no device lookup again. On a machine of mixed GPUs the current device is asked each time.
+    """
+    from numba import cuda
+
+    if not _uniform_facts:
+        facts = {_facts_of(gpu) for gpu in cuda.gpus}
+        _uniform_facts.append(facts.pop() if len(facts) == 1 else None)
+    return _uniform_facts[0] or _facts_of(cuda.get_current_device())
+
+
+def _facts_of(dev) -> DeviceFacts:
+    return DeviceFacts(tuple(dev.compute_capability), int(dev.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN))
 
 
 def describe() -> str:

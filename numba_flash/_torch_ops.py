@@ -51,6 +51,11 @@ def forward_pass(q: Tensor, k: Tensor, v: Tensor, dropout_p: float, softmax_scal
                  deterministic: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """One forward pass: ``(out, lse, m, l)`` (see the module docstring)."""
     prob = check_attention_args(q, k, v, dropout_p, softmax_scale, causal, seed)
+    return _forward(prob, q, k, v, algorithm, forward_variant, br, bc)
+
+
+def _forward(prob, q, k, v, algorithm, forward_variant, br, bc):
+    """:func:`forward_pass` on arguments already checked into ``prob`` (an eager call's, checked by ``flash_attn_func``)."""
     kernel = registry.resolve(algorithm, "forward", forward_variant)
     alloc = Allocator(q)
     fwd = _run.forward(q, k, v, prob, kernel, _block_sizes(br, bc), alloc)
@@ -80,6 +85,11 @@ def backward_pass(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, ls
                   backward_variant: str, br: int, bc: int, deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
     """One backward pass: ``(dq, dk, dv)`` from the forward's saved tensors (see the module docstring)."""
     prob = check_attention_args(q, k, v, dropout_p, softmax_scale, causal, seed)
+    return _backward_checked(prob, dout, q, k, v, out, lse, m, l, algorithm, backward_variant, br, bc, deterministic)
+
+
+def _backward_checked(prob, dout, q, k, v, out, lse, m, l, algorithm, backward_variant, br, bc, deterministic):
+    """:func:`backward_pass` with q, k, v and the options already checked into ``prob`` (by the forward)."""
     check_backward_args(dout, out, prob, q)
     kernel = registry.resolve(algorithm, "backward", backward_variant)
     alloc = Allocator(q)
@@ -106,49 +116,56 @@ def _setup_context(ctx, inputs, output):
     ctx.mark_non_differentiable(lse, m, l)
 
 
-def _gradients(backward, ctx, dout):
-    """The forward's 13 input gradients: ``backward`` (the operator or its function) on the saved tensors for
-    q, k, v; None for the options."""
-    q, k, v, out, lse, m, l = ctx.saved_tensors
-    dq, dk, dv = backward(dout, q, k, v, out, lse, m, l, *ctx.options)
+def _input_gradients(dq, dk, dv):
+    """The forward's 13 input gradients: dq, dk, dv for q, k, v; None for the options."""
     return dq, dk, dv, None, None, None, None, None, None, None, None, None, None
 
 
 def _backward(ctx, dout, _dlse, _dm, _dl):
-    return _gradients(attention_backward, ctx, dout)
+    return _input_gradients(*attention_backward(dout, *ctx.saved_tensors, *ctx.options))
 
 
 attention_forward.register_autograd(_backward, setup_context=_setup_context)
 
 
 class EagerAttention(torch.autograd.Function):
-    """The same two passes for eager calls: ``EagerAttention.apply(q, k, v, *options) -> (out, lse, m, l)``.
+    """The same two passes for eager calls: ``EagerAttention.apply(prob, q, k, v, *options) -> (out, lse, m, l)``.
 
     The custom operators are what ``torch.compile`` traces; called eagerly, their dispatch and autograd wrapper
     cost more host time than a short sequence's kernel (0.1-0.2 ms a training call on an H200's host, the
     performance log's section "Host path: eager calls through an autograd.Function"). This Function runs the same
     :func:`forward_pass` and :func:`backward_pass` with the same saved tensors (``_setup_context``), so an eager
-    call and a compiled one give the same bits (``tests/test_torch_compile.py``).
+    call and a compiled one give the same bits (``tests/test_torch_compile.py``). ``prob`` is the
+    :class:`~numba_flash._launch.Problem` ``flash_attn_func`` checked the arguments into: neither pass checks them
+    again (each check is 9-12 us of host time).
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, *options):
-        outputs = forward_pass(q, k, v, *options)
+    def forward(ctx, prob, q, k, v, *options):
+        algorithm, forward_variant, br, bc = options[4], options[5], options[7], options[8]
+        outputs = _forward(prob, q, k, v, algorithm, forward_variant, br, bc)
         _setup_context(ctx, (q, k, v, *options), outputs)
+        ctx.prob = prob
         return outputs
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dout, _dlse, _dm, _dl):
-        return _gradients(backward_pass, ctx, dout)
+        *_, algorithm, backward_variant, br, bc, deterministic = ctx.options
+        grads = _backward_checked(ctx.prob, dout, *ctx.saved_tensors, algorithm, backward_variant, br, bc, deterministic)
+        return None, *_input_gradients(*grads)  # None for prob
 
 
-def run_forward(*args) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def run_forward(*args, prob=None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``flash_attn_func``'s forward: the custom operator while ``torch.compile`` traces, else :class:`EagerAttention`
-    (or :func:`forward_pass` alone where no input needs a gradient)."""
+    (or the forward function alone where no input needs a gradient). ``prob``: the arguments as
+    :func:`~numba_flash._launch.check_attention_args` checked them (checked here when not given)."""
     if torch.compiler.is_compiling():
         return attention_forward(*args)
-    if torch.is_grad_enabled() and any(x.requires_grad for x in args[:3]):
-        return EagerAttention.apply(*args)
-    return forward_pass(*args)
+    q, k, v, dropout_p, softmax_scale, causal, seed, algorithm, forward_variant, _bv, br, bc, _det = args
+    if prob is None:
+        prob = check_attention_args(q, k, v, dropout_p, softmax_scale, causal, seed)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return EagerAttention.apply(prob, *args)
+    return _forward(prob, q, k, v, algorithm, forward_variant, br, bc)
 # [/doc:torch-custom-ops]

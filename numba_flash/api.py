@@ -297,5 +297,5 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, re
         raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
     out, lse, _m, _l = _torch_ops.run_forward(
         q, k, v, prob.dropout_p, prob.softmax_scale, prob.causal, prob.seed,
-        algorithm, fwd_variant, bwd_variant, br, bc, deterministic)
+        algorithm, fwd_variant, bwd_variant, br, bc, deterministic, prob=prob)
     return (out, lse, None) if return_attn_probs else out

@@ -36,3 +36,32 @@ def test_cli_help_lists_the_subcommands():
     out = subprocess.run([sys.executable, "-m", "numba_flash", "--help"], capture_output=True, text=True, check=True)
     for sub in ("demo", "io", "info"):
         assert sub in out.stdout
+
+
+def _stand_in_gpus(monkeypatch, models):
+    """``numba.cuda.gpus`` as devices of the given (compute capability, opt-in bytes); the current device the last
+    one; counts the current-device lookups."""
+    from types import SimpleNamespace
+
+    from numba import cuda
+
+    devs = [SimpleNamespace(compute_capability=cc, MAX_SHARED_MEMORY_PER_BLOCK_OPTIN=optin) for cc, optin in models]
+    lookups = []
+    monkeypatch.setattr(cuda, "gpus", devs, raising=False)
+    monkeypatch.setattr(cuda, "get_current_device", lambda: lookups.append(1) or devs[-1])
+    monkeypatch.setattr(_backend, "_uniform_facts", [])
+    return lookups
+
+
+def test_device_facts_of_identical_gpus_are_read_once_and_need_no_device_lookup(monkeypatch):
+    lookups = _stand_in_gpus(monkeypatch, [((9, 0), 232448)] * 2)
+    for _ in range(3):
+        assert _backend.device_facts() == _backend.DeviceFacts((9, 0), 232448)
+    assert lookups == []
+
+
+def test_device_facts_of_mixed_gpus_come_from_the_current_device_each_time(monkeypatch):
+    lookups = _stand_in_gpus(monkeypatch, [((9, 0), 232448), ((8, 6), 101376)])
+    for _ in range(2):
+        assert _backend.device_facts() == _backend.DeviceFacts((8, 6), 101376)
+    assert len(lookups) == 2

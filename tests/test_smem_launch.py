@@ -67,7 +67,6 @@ def fake_gpu(monkeypatch):
         _smem._opted_in[(id(cufunc), 0)] = opted[id(cufunc)]
 
     monkeypatch.setattr(_smem._backend, "is_simulator", lambda: False)
-    monkeypatch.setattr(_smem, "cuda", SimpleNamespace(get_current_device=lambda: SimpleNamespace(id=0)))
     monkeypatch.setattr(_smem, "_set_max_dynamic", set_max_dynamic)
     monkeypatch.setattr(_smem, "_opted_in", {})
     return FakeDispatcher(opted)

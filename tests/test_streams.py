@@ -28,6 +28,7 @@ from attn_testing import make_qkv
 class _Stream:
     def __init__(self, name, log):
         self.name, self.log = name, log
+        self.cuda_stream = 0 if name == "legacy default" else 1 + len(name)  # the raw handle: 0 for the legacy stream
 
     def __eq__(self, other):
         return self.name == other.name
@@ -50,16 +51,16 @@ class _DeviceGuard:
         self.log.append(("exit device", self.device))
 
 
-def _fake_torch(current: str, log: list):
+def _fake_torch(current: str, log: list, default: str = "legacy default"):
     cuda = SimpleNamespace(current_stream=lambda device=None: _Stream(current, log),
-                           default_stream=lambda device=None: _Stream("legacy default", log),
+                           default_stream=lambda device=None: _Stream(default, log),
                            device=lambda device: _DeviceGuard(device, log))
     return SimpleNamespace(cuda=cuda)
 
 
-def _torch_cuda_allocator(monkeypatch, current: str, log: list):
+def _torch_cuda_allocator(monkeypatch, current: str, log: list, default: str = "legacy default"):
     """An Allocator of kind torch-cuda built against the stand-in ``torch.cuda`` (CPU tensors otherwise)."""
-    monkeypatch.setattr(_launch, "_torch", lambda: _fake_torch(current, log))
+    monkeypatch.setattr(_launch, "_torch", lambda: _fake_torch(current, log, default))
     like = SimpleNamespace(is_cuda=True, device="cuda:1")
     monkeypatch.setattr(_launch, "_is_torch", lambda x: x is like)
     return _launch.Allocator(like)
@@ -82,6 +83,16 @@ def test_on_a_side_stream_each_tensor_handed_to_the_kernels_waits_for_it_and_the
 def test_on_torch_default_stream_nothing_is_joined(monkeypatch):
     log = []
     alloc = _torch_cuda_allocator(monkeypatch, "legacy default", log)
+    log.append(("import", alloc._import("q")))
+    alloc.join_caller_stream()
+    assert log == [("import", "q")]
+
+
+def test_torchs_default_stream_is_not_joined_where_it_is_not_the_legacy_stream(monkeypatch):
+    """A torch built with per-thread default streams: the current stream's raw handle is not 0, but it is torch's
+    default stream, so nothing is joined (as before the shortcut for handle 0)."""
+    log = []
+    alloc = _torch_cuda_allocator(monkeypatch, "per-thread default", log, default="per-thread default")
     log.append(("import", alloc._import("q")))
     alloc.join_caller_stream()
     assert log == [("import", "q")]

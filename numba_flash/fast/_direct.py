@@ -46,19 +46,21 @@ def _is_cuda_tensor(a) -> bool:
     return torch is not None and isinstance(a, torch.Tensor) and a.is_cuda
 
 
-def _arg_key(a):
-    """The launch-cache key of one argument, or None for an argument this module does not take."""
-    if type(a) is float or type(a) is bool:
-        return type(a)
-    if type(a) is int:
-        return int, _INT64[0] <= a < _INT64[1]
+def _arg(a):
+    """``(key, value)`` of one argument: its launch-cache key and what its marshaller takes (a tensor's array struct,
+    a scalar itself); ``(None, None)`` for an argument this module does not take. A tensor is read once, here."""
+    ta = type(a)
+    if ta is float or ta is bool:
+        return ta, a
+    if ta is int:
+        return (int, _INT64[0] <= a < _INT64[1]), a
     if isinstance(a, np.generic):
-        return type(a)
+        return ta, a
     if not _is_cuda_tensor(a) or a.requires_grad:
-        return None
+        return None, None
     if a.is_contiguous():
-        return a.dtype, a.dim()
-    return a.dtype, tuple(a.shape), a.stride()
+        return (a.dtype, a.dim()), array_struct(a, True)
+    return (a.dtype, tuple(a.shape), a.stride()), array_struct(a, False)
 
 
 def c_strides(shape, itemsize: int) -> tuple:
@@ -89,15 +91,11 @@ def _marshaller(ty, key):
     ``_Kernel._prepare_args`` does; None where ``ty`` is not what ``key`` implies or not a type handled here."""
     from numba.cuda import types
 
-    if isinstance(key, tuple) and key[0] is not int:  # a tensor
+    if isinstance(key, tuple) and key[0] is not int:  # a tensor: its value is its array struct (_arg)
         contiguous = len(key) == 2
         if not isinstance(ty, types.Array) or (contiguous and (ty.layout != "C" or ty.ndim != key[1])):
             return None
-
-        def tensor(t, out, contiguous=contiguous):
-            out.extend(array_struct(t, contiguous))
-
-        return tensor
+        return lambda struct, out: out.extend(struct)
     if isinstance(ty, types.Integer):
         cls = getattr(ctypes, f"c_{ty}")
         return lambda v, out: out.append(cls(v))
@@ -117,7 +115,7 @@ def _entry(dispatcher, args):
         return None
     marshallers = []
     for ty, a in zip(kernel.argument_types, args):
-        m = _marshaller(ty, _arg_key(a))
+        m = _marshaller(ty, _arg(a)[0])
         if m is None:
             return None
         marshallers.append(m)
@@ -142,15 +140,16 @@ def launch(dispatcher, grid, block, nbytes: int, args, opt_in) -> bool:
     does not take the launch. ``opt_in(cufunc, nbytes)`` sets the > 48 KB attribute (once per function and size)."""
     if not ENABLED:
         return False
-    keys = []
+    keys, values = [], []
     device = None
     for a in args:
-        k = _arg_key(a)
+        k, value = _arg(a)
         if k is None:
             return False
         if device is None and type(k) is tuple and k[0] is not int:
             device = a.get_device()
         keys.append(k)
+        values.append(value)
     if device is None:
         return False
     key = (dispatcher, device, tuple(keys))
@@ -163,8 +162,8 @@ def launch(dispatcher, grid, block, nbytes: int, args, opt_in) -> bool:
     cufunc, marshallers = entry
     opt_in(cufunc, nbytes)
     kernelargs = []
-    for m, a in zip(marshallers, args):
-        m(a, kernelargs)
+    for m, value in zip(marshallers, values):
+        m(value, kernelargs)
     core_launch, make_config, stream = _launch_core()
     ckey = (grid, block, nbytes)
     config = _configs.get(ckey)

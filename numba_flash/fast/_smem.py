@@ -19,8 +19,6 @@ CUDA tensors skip both numba's typing and the opt-in's after their first (:mod:`
 
 from __future__ import annotations
 
-from numba import cuda
-
 from .. import _backend
 from . import _direct
 
@@ -34,8 +32,7 @@ def max_optin_bytes() -> int:
     """The largest dynamic shared memory one block may opt in to on the current device (bytes)."""
     if _backend.is_simulator():
         return 227 * 1024
-    dev = cuda.get_current_device()
-    return int(dev.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+    return _backend.device_facts().max_shared_optin
 
 
 # [doc:smem-opt-in]

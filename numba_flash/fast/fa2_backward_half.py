@@ -727,7 +727,7 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None, determinis
     dropout = prob.dropout_p > 0
     red2 = feats["RED2"]
     if red2 is None:
-        red2 = not sim and cuda.get_current_device().compute_capability >= (9, 0) and not (prob.causal and DP > 64)
+        red2 = not sim and _backend.device_facts().compute_capability >= (9, 0) and not (prob.causal and DP > 64)
     main = fa2_backward_half_kernel(NW, MW, BR, DP, prob.causal, dropout, not deterministic, bool(feats["PREFETCH"]), sim, kind,
                                     bool(from_lse), bool(red2), cp_async, bool(feats["EX2_FTZ"]))
     grid = bh_grid(ceil_div(prob.seqlen_k, BC), prob.batch * prob.nheads_k)

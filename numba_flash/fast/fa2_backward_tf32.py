@@ -746,7 +746,7 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None, determinis
     dropout = prob.dropout_p > 0
     red2 = feats["RED2"]
     if red2 is None:
-        red2 = not sim and cuda.get_current_device().compute_capability >= (9, 0)
+        red2 = not sim and _backend.device_facts().compute_capability >= (9, 0)
     red2 = bool(red2) and d % 2 == 0  # Dev: red.v2 needs 8-byte aligned pairs: rows of d floats, d even
     main = fa2_backward_tf32_kernel(NW, MW, BR, DP, prob.causal, dropout, not deterministic, bool(feats["PREFETCH"]), sim,
                                     bool(from_lse), red2, cp_async)

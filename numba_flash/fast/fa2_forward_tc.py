@@ -482,7 +482,7 @@ def available() -> bool:
     """True where this kernel can run: the simulator, or a GPU of compute capability >= 8.0."""
     if _backend.is_simulator():
         return True
-    return cuda.get_current_device().compute_capability >= (8, 0)
+    return _backend.device_facts().compute_capability >= (8, 0)
 
 
 def default_features() -> dict:
