@@ -345,12 +345,6 @@ class Allocator:
             return cuda.device_array(shape, dtype=dtype)
         return np.empty(shape, dtype=dtype)
 
-    def empty_rows(self, n: int, shape, dtype=np.float32) -> tuple:
-        """``n`` outputs of ``shape`` as :meth:`empty` gives them, from one allocation (rows of an ``(n, *shape)``
-        array): the FA2 forward's three statistics in one ``torch.empty`` of the call's host path instead of three."""
-        a = self.empty((n, *shape), dtype)
-        return a.unbind(0) if _is_torch(a) else tuple(a[i] for i in range(n))
-
     def zeros(self, shape, dtype=np.float32):
         return self.full(shape, 0, dtype)
 

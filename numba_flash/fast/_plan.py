@@ -43,7 +43,8 @@ def run_fa2_forward(plan, q, k, v, prob: Problem, alloc, out_words: bool = False
         out = alloc.empty((prob.batch, prob.seqlen_q, prob.nheads, prob.headdim // 2), dtype=np.int32)
     else:
         out = alloc.empty((prob.batch, prob.seqlen_q, prob.nheads, prob.headdim))
-    lse, m, l = alloc.empty_rows(3, (prob.batch, prob.nheads, prob.seqlen_q))
+    # Dev: three allocations, not rows of one: the custom operator's outputs may not alias each other (torch checks)
+    lse, m, l = (alloc.empty((prob.batch, prob.nheads, prob.seqlen_q)) for _ in range(3))
     fwd = ForwardOutput(out=out, lse=lse, m=m, l=l)
     _smem.launch(kernel, grid, threads, nbytes, *fa2_forward_args(q, k, v, fwd, prob))
     return fwd
