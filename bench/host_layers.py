@@ -7,7 +7,11 @@ one times each layer on a problem whose kernel takes a few microseconds (b 8, N 
 back-to-back calls measures the host alone, and it peels the call one layer at a time:
 
 * ``sdpa``: ``torch.nn.functional.scaled_dot_product_attention`` on the same tensors (torch's own host cost);
+  ``sdpa-fwd+bwd``: its forward and ``backward(dout)`` on inputs that require grad;
 * ``api``: ``flash_attn_func(q, k, v)``; ``api-grad``: the same with inputs that require grad;
+  ``api-fwd+bwd``: that forward and ``out.backward(dout)`` (a training step's attention); ``backward``:
+  ``torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)`` on one saved forward (the backward pass alone,
+  nothing accumulated);
 * ``op``: ``torch.ops.numba_flash.attention_forward`` called directly (no argument checks above it);
 * ``run``: the op's body: ``check_attention_args``, ``registry.resolve``, an ``Allocator``, ``_run.forward``, the results;
 * ``module``: the kernel module's ``forward`` on kernel arrays converted once (plan, outputs, launch);
@@ -22,7 +26,8 @@ and single operations: ``cuda.as_cuda_array`` of a tensor, its ``__cuda_array_in
 
 Each line: the median over ``--repeats`` loops of ``--calls`` back-to-back calls (no synchronization inside a
 loop; one between loops), microseconds per call. ``--profile`` instead prints, for bf16 at d = 64, a cProfile of
-``--calls`` calls of ``flash_attn_func`` without grad and with it (forward only), by own time: which functions of
+``--calls`` calls of ``flash_attn_func`` without grad, with it (forward only), and of forward and backward, by own
+time: which functions of
 the 160-190 us a call still spends on the host (2026-11-26) to cache or drop (cProfile inflates many small Python
 calls: read it for the order, the layers above for the time). Run on a GPU machine from the repository root::
 
@@ -71,6 +76,14 @@ def layers(torch, dtype, d: int, calls: int, repeats: int) -> list[tuple[str, fl
         compiled._prepare_args(ty, val, stream, retr, marshalled)
     cufunc = compiled._codelibrary.get_cufunc()
     qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+    qgt, kgt, vgt = (x.detach().clone().requires_grad_(True) for x in (qt, kt, vt))
+    dout = torch.randn_like(q)
+    saved = flash_attn_func(qg, kg, vg)  # one forward whose backward is timed alone
+
+    def train_step(fwd, args, grad):
+        for x in args:
+            x.grad = None
+        fwd(*args).backward(grad)
 
     def run_body():
         p = check_attention_args(q, k, v, 0.0, scale, False, 0)
@@ -83,6 +96,9 @@ def layers(torch, dtype, d: int, calls: int, repeats: int) -> list[tuple[str, fl
         ("sdpa", lambda: torch.nn.functional.scaled_dot_product_attention(qt, kt, vt)),
         ("api", lambda: flash_attn_func(q, k, v)),
         ("api-grad", lambda: flash_attn_func(qg, kg, vg)),
+        ("sdpa-fwd+bwd", lambda: train_step(torch.nn.functional.scaled_dot_product_attention, (qgt, kgt, vgt), dout.transpose(1, 2))),
+        ("api-fwd+bwd", lambda: train_step(flash_attn_func, (qg, kg, vg), dout)),
+        ("backward", lambda: torch.autograd.grad(saved, (qg, kg, vg), dout, retain_graph=True)),
         ("op", lambda: attention_forward(q, k, v, 0.0, scale, False, 0, "flash2", "auto", "auto", 0, 0, False)),
         ("run", run_body),
         ("module", lambda: module.forward(kq, kk, kv, prob, alloc)),
@@ -111,18 +127,26 @@ def profile(torch, calls: int, top: int = 30) -> None:
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(8, 256, 16, 64, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(3))
-    for grad in (False, True):
+    dout = torch.randn_like(q)
+
+    def fwd_bwd(*args):
+        for x in args:
+            x.grad = None
+        flash_attn_func(*args).backward(dout)
+
+    for what, grad, fn in (("flash_attn_func", False, flash_attn_func), ("flash_attn_func", True, flash_attn_func),
+                           ("flash_attn_func(...).backward(dout)", True, fwd_bwd)):
         args = [x.detach().clone().requires_grad_(grad) for x in (q, k, v)]
         for _ in range(50):  # compile and warm up
-            flash_attn_func(*args)
+            fn(*args)
         torch.cuda.synchronize()
         prof = cProfile.Profile()
         prof.enable()
         for _ in range(calls):
-            flash_attn_func(*args)
+            fn(*args)
         prof.disable()
         torch.cuda.synchronize()
-        print(f"## flash_attn_func, bfloat16, d = 64, inputs requires_grad={grad}: {calls} calls, by own time", flush=True)
+        print(f"## {what}, bfloat16, d = 64, inputs requires_grad={grad}: {calls} calls, by own time", flush=True)
         pstats.Stats(prof).sort_stats("tottime").print_stats(top)
 
 

@@ -26,7 +26,8 @@ kernel's own choice), ``deterministic`` as a bool. The forward takes the backwar
 
 Eager calls (not traced by ``torch.compile``) run the same two functions, :func:`forward_pass` and
 :func:`backward_pass`, through :class:`EagerAttention`, a ``torch.autograd.Function``: the custom operators'
-dispatch costs more host time than a short sequence's kernel (:func:`run_forward` chooses).
+dispatch costs more host time than a short sequence's kernel (:func:`run_forward` chooses). They skip only the
+functions' first line, the argument check, which ``flash_attn_func`` has made already (its ``Problem`` is passed on).
 
 This module imports torch, so it is imported on the first call of ``flash_attn_func`` (importing
 :mod:`numba_flash` or :mod:`numba_flash.api` needs no torch).
@@ -133,8 +134,9 @@ class EagerAttention(torch.autograd.Function):
 
     The custom operators are what ``torch.compile`` traces; called eagerly, their dispatch and autograd wrapper
     cost more host time than a short sequence's kernel (0.1-0.2 ms a training call on an H200's host, the
-    performance log's section "Host path: eager calls through an autograd.Function"). This Function runs the same
-    :func:`forward_pass` and :func:`backward_pass` with the same saved tensors (``_setup_context``), so an eager
+    performance log's section "Host path: eager calls through an autograd.Function"). This Function runs what
+    :func:`forward_pass` and :func:`backward_pass` run after their argument check (``_forward``, ``_backward_checked``)
+    with the same saved tensors (``_setup_context``), so an eager
     call and a compiled one give the same bits (``tests/test_torch_compile.py``). ``prob`` is the
     :class:`~numba_flash._launch.Problem` ``flash_attn_func`` checked the arguments into: neither pass checks them
     again (each check is 9-12 us of host time).
