@@ -11,7 +11,8 @@ back-to-back calls measures the host alone, and it peels the call one layer at a
 * ``api``: ``flash_attn_func(q, k, v)``; ``api-grad``: the same with inputs that require grad;
   ``api-fwd+bwd``: that forward and ``out.backward(dout)`` (a training step's attention); ``backward``:
   ``torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)`` on one saved forward (the backward pass alone,
-  nothing accumulated);
+  nothing accumulated); ``api-replay`` and ``api-grad-replay``: ``api`` and ``api-grad`` with the forward's launches
+  replayed (:mod:`numba_flash.fast._replay`, ``NUMBA_FLASH_REPLAY=1``);
 * ``op``: ``torch.ops.numba_flash.attention_forward`` called directly (no argument checks above it);
 * ``run``: the op's body: ``check_attention_args``, ``registry.resolve``, an ``Allocator``, ``_run.forward``, the results;
 * ``module``: the kernel module's ``forward`` on kernel arrays converted once (plan, outputs, launch);
@@ -48,7 +49,7 @@ def layers(torch, dtype, d: int, calls: int, repeats: int) -> list[tuple[str, fl
     from numba_flash import _run, flash_attn_func, registry
     from numba_flash._launch import Allocator, check_attention_args
     from numba_flash._torch_ops import attention_forward
-    from numba_flash.fast import _direct, _plan, _smem
+    from numba_flash.fast import _direct, _plan, _replay, _smem
 
     from numba import cuda
 
@@ -80,6 +81,13 @@ def layers(torch, dtype, d: int, calls: int, repeats: int) -> list[tuple[str, fl
     dout = torch.randn_like(q)
     saved = flash_attn_func(qg, kg, vg)  # one forward whose backward is timed alone
 
+    def replayed(*args):
+        was, _replay.ENABLED = _replay.ENABLED, True
+        try:
+            return flash_attn_func(*args)
+        finally:
+            _replay.ENABLED = was
+
     def train_step(fwd, args, grad):
         for x in args:
             x.grad = None
@@ -96,6 +104,8 @@ def layers(torch, dtype, d: int, calls: int, repeats: int) -> list[tuple[str, fl
         ("sdpa", lambda: torch.nn.functional.scaled_dot_product_attention(qt, kt, vt)),
         ("api", lambda: flash_attn_func(q, k, v)),
         ("api-grad", lambda: flash_attn_func(qg, kg, vg)),
+        ("api-replay", lambda: replayed(q, k, v)),
+        ("api-grad-replay", lambda: replayed(qg, kg, vg)),
         ("sdpa-fwd+bwd", lambda: train_step(torch.nn.functional.scaled_dot_product_attention, (qgt, kgt, vgt), dout.transpose(1, 2))),
         ("api-fwd+bwd", lambda: train_step(flash_attn_func, (qg, kg, vg), dout)),
         ("backward", lambda: torch.autograd.grad(saved, (qg, kg, vg), dout, retain_graph=True)),

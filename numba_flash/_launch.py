@@ -36,6 +36,7 @@ import numpy as np
 from numba import cuda
 
 from . import _backend
+from .fast import _replay
 
 #: Largest supported head dimension (flash-attn's: 256; the kernels keep a d-long row per thread block tile).
 MAX_HEADDIM = 256
@@ -43,6 +44,11 @@ MAX_HEADDIM = 256
 STATIC_SMEM_BYTES = 48 * 1024
 
 _POISON = os.environ.get("NUMBA_FLASH_POISON", "0") not in ("", "0")
+
+
+def poisoning() -> bool:
+    """Whether outputs are allocated full of NaN now (:func:`poison_outputs`)."""
+    return _POISON
 
 
 @contextlib.contextmanager
@@ -325,7 +331,10 @@ class Allocator:
     def full(self, shape, value, dtype=np.float32):
         shape = tuple(int(n) for n in shape)
         if self.kind == "torch-cuda":
-            return self._import(_torch().full(shape, value, dtype=_torch_dtype(dtype), device=self.torch_device))
+            t = _torch().full(shape, value, dtype=_torch_dtype(dtype), device=self.torch_device)
+            if _replay.active() is not None:
+                _replay.allocation(t, value)
+            return self._import(t)
         if self.on_device:
             arr = cuda.device_array(shape, dtype=dtype)
             if arr.size:
@@ -340,7 +349,10 @@ class Allocator:
             return self.full(shape, np.nan if np.dtype(dtype).kind == "f" else -1, dtype)
         shape = tuple(map(int, shape))
         if self.kind == "torch-cuda":
-            return self._import(_torch().empty(shape, dtype=_torch_dtype(dtype), device=self.torch_device))
+            t = _torch().empty(shape, dtype=_torch_dtype(dtype), device=self.torch_device)
+            if _replay.active() is not None:  # Dev: a forward being recorded (fast/_replay)
+                _replay.allocation(t, None)
+            return self._import(t)
         if self.on_device:
             return cuda.device_array(shape, dtype=dtype)
         return np.empty(shape, dtype=dtype)

@@ -126,6 +126,26 @@ def test_eager_calls_run_the_operators_passes_without_their_dispatch(rng, monkey
         assert torch.equal(_torch_ops.run_forward(q, k, v, *opts)[0], want[0])
 
 
+def test_an_eager_training_call_checks_its_arguments_once(rng, monkeypatch):
+    """``flash_attn_func`` checks q, k, v and the options once; its eager forward and backward take the checked
+    ``Problem`` instead of checking again (each check is 9-12 us of a short call's host time), and the backward still
+    checks what it adds (dout, out)."""
+    from numba_flash import _launch, _torch_ops, api
+
+    calls = []
+
+    def counted(name, real):
+        return lambda *a, **kw: calls.append(name) or real(*a, **kw)
+
+    monkeypatch.setattr(api, "check_attention_args", counted("api", _launch.check_attention_args))
+    monkeypatch.setattr(_torch_ops, "check_attention_args", counted("op", _launch.check_attention_args))
+    monkeypatch.setattr(_torch_ops, "check_backward_args", counted("backward", _launch.check_backward_args))
+    q, k, v, g = inputs(rng)
+    out = flash_attn_func(q, k, v, causal=True, algorithm="flash2", block_sizes=(4, 4))
+    (out * g).sum().backward()
+    assert calls == ["api", "backward"]
+
+
 def test_importing_the_api_does_not_import_torch():
     code = "import sys, numba_flash.api; assert 'torch' not in sys.modules, 'torch was imported'"
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -42,6 +42,9 @@
 #                of numba_flash/fast/_direct.py, against SDPA memory-efficient and flash in the same run, and first our cells
 #                from the tree NUMBA_FLASH_BASELINE_TREE (an earlier commit's checkout) if set -> OUTDIR/short_direct.json/.log,
 #                short_direct_base.json/.log
+#   short_replay the half grid's short cells (as short_direct) with the forward's launches replayed (NUMBA_FLASH_REPLAY=1,
+#                numba_flash/fast/_replay.py) and without, in the same call, then the GPU tests of the replay
+#                -> OUTDIR/short_replay_off.json/.log, short_replay_on.json/.log, replay_tests.txt
 #   half_bwd_cp  the half backward's tilings with and without cp.async for Q_i, dO_i (half_sweep --backward; the log's
 #                section "FA2 backward in fp16 / bf16: cp.async for Q_i, dO_i") -> OUTDIR/half_bwd_cp.json/.log
 # OUTDIR/pending_env.txt says what ran where. A failed step is noted and the rest run. Exit status: 0 when all ran.
@@ -159,11 +162,21 @@ for s in "${steps[@]}"; do
         -q -p no:xdist -p no:cacheprovider --benchmark-enable --benchmark-json="$out/short_direct.json" \
         --benchmark-columns=median,rounds --benchmark-sort=name
       grep -h "test_bench" "$out"/short_direct*.log | sort ;;
+    short_replay)
+      step replay_tests.txt python3 -m pytest -q -p no:cacheprovider -rfE tests/test_replay.py
+      sel='bfloat16 and (512 or 1024 or 2048)'
+      for mode in off on; do
+        flag=0; [ "$mode" = on ] && flag=1
+        step "short_replay_$mode.log" env NUMBA_FLASH_REPLAY=$flag python3 -m pytest tests/benchmarks/test_bench_half.py \
+          -k "(flash2 or sdpa_mem_efficient) and $sel" -q -p no:xdist -p no:cacheprovider --benchmark-enable \
+          --benchmark-json="$out/short_replay_$mode.json" --benchmark-columns=median,rounds --benchmark-sort=name
+      done
+      grep -h "test_bench.*flash2" "$out"/short_replay_*.log | sort ;;
     half_bwd_cp)
       step half_bwd_cp.log python3 -m bench.half_sweep --backward --seqlens 1024 4096 --out "$out/half_bwd_cp.json"
       tail -n 40 "$out/half_bwd_cp.log" ;;
     *)
-      echo "run_pending: unknown step '$s' (streams host ncu_tc half_ex2 half_ex2_pairs ostep short_d128 short_causal causal_d128 tc_cp occ3_d128 host_layers short_direct half_bwd_cp)" >&2
+      echo "run_pending: unknown step '$s' (streams host ncu_tc half_ex2 half_ex2_pairs ostep short_d128 short_causal causal_d128 tc_cp occ3_d128 host_layers short_direct short_replay half_bwd_cp)" >&2
       rc=2 ;;
   esac
 done

@@ -29,6 +29,8 @@ import sys
 
 import numpy as np
 
+from . import _replay
+
 #: Whether :func:`launch` takes launches at all (``NUMBA_FLASH_DIRECT_LAUNCH=0``: never; numba launches).
 ENABLED = os.environ.get("NUMBA_FLASH_DIRECT_LAUNCH", "1") not in ("", "0")
 
@@ -162,7 +164,11 @@ def launch(dispatcher, grid, block, nbytes: int, args, opt_in) -> bool:
     cufunc, marshallers = entry
     opt_in(cufunc, nbytes)
     kernelargs = []
+    recording = _replay.active() is not None
+    slots = []  # (position of an array's data pointer in kernelargs, its value), for a recorded call (fast/_replay)
     for m, value in zip(marshallers, values):
+        if recording and type(value) is tuple:
+            slots.append((len(kernelargs) + 4, value[4]))
         m(value, kernelargs)
     core_launch, make_config, stream = _launch_core()
     ckey = (grid, block, nbytes)
@@ -170,4 +176,6 @@ def launch(dispatcher, grid, block, nbytes: int, args, opt_in) -> bool:
     if config is None:
         config = _configs[ckey] = make_config(grid, block, nbytes)
     core_launch(stream, config, cufunc.kernel, *kernelargs)
+    if recording:
+        _replay.launch(core_launch, stream, cufunc.kernel, config, kernelargs, slots)
     return True

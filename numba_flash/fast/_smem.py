@@ -20,7 +20,7 @@ CUDA tensors skip both numba's typing and the opt-in's after their first (:mod:`
 from __future__ import annotations
 
 from .. import _backend
-from . import _direct
+from . import _direct, _replay
 
 #: Dynamic shared memory any kernel may use without the opt-in, in bytes.
 DEFAULT_LIMIT_BYTES = 48 * 1024
@@ -64,6 +64,8 @@ def launch(dispatcher, grid, block, nbytes: int, *args) -> None:
         return
     if _direct.launch(dispatcher, grid, block, nbytes, args, _opt_in_function):  # Dev: torch tensors, after their first launch
         return
+    if _replay.active() is not None:  # a recorded call whose launch numba makes: record it again next time
+        _replay.numba_launched()
     if nbytes > DEFAULT_LIMIT_BYTES:
         _opt_in(dispatcher, args, nbytes)
     dispatcher[grid, block, 0, nbytes](*args)

@@ -80,6 +80,10 @@ from .._dropout import head_key, row_key
 from .._launch import ForwardOutput, KernelLaunch, Problem, bh_grid, ceil_div
 from . import _plan, _regtile, _tiles
 
+#: :func:`forward` puts nothing on the GPU but the allocator's outputs and launches through ``_smem.launch``
+#: (:func:`numba_flash.fast._plan.run_fa2_forward`): an eager call may be replayed (:mod:`numba_flash.fast._replay`)
+REPLAYABLE = True
+
 
 def _padded_d(d: int, TPR: int) -> int:
     return 4 * TPR * ((d + 4 * TPR - 1) // (4 * TPR))

@@ -123,6 +123,10 @@ from . import fa2_forward as fa2_forward_fast
 #: and ``variant="tensorcore"`` still run at every head dim up to 256.
 TC_MAX_HEADDIM = 128
 
+#: :func:`forward` puts nothing on the GPU but the allocator's outputs and launches through ``_smem.launch``
+#: (:func:`numba_flash.fast._plan.run_fa2_forward`): an eager call may be replayed (:mod:`numba_flash.fast._replay`)
+REPLAYABLE = True
+
 
 @functools.cache
 def config_for(d: int, block_sizes=None, cp_async=None, causal: bool = False):

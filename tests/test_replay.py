@@ -1,0 +1,167 @@
+"""Replaying an eager forward's launches (:mod:`numba_flash.fast._replay`, opt-in with ``NUMBA_FLASH_REPLAY=1``).
+
+Claims checked:
+
+* A recording becomes a recipe only when every array a launch takes is one of the call's inputs or one of the
+  outputs it allocated, every returned output is one of those allocations (or a dtype view of one), and no two of
+  them share memory; otherwise the key is remembered as not replayable.
+* Replaying a recipe allocates the outputs as recorded (empty or filled), writes the new data pointers into a copy
+  of the recorded kernel arguments and launches each kernel once, in order.
+* Calls it does not take get no key: off, with dropout, a kernel module that is not ``REPLAYABLE``, CPU tensors.
+* On a GPU, ``flash_attn_func`` gives the same bits with it as without (forward and gradients, bf16 and float32,
+  causal, GQA, a strided q, an input at an odd offset), and the second call of a key is replayed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from types import SimpleNamespace
+
+from numba_flash.fast import _replay
+
+import pytest
+import torch
+
+_LAUNCHED: list = []  # what the stand-in of cuda.core's launch was called with: (stream, config, kernel, args)
+
+
+def _stand_in_launch(stream, config, kernel, *args):
+    _LAUNCHED.append((stream, config, kernel, args))
+
+
+def _record(allocate, launches):
+    """A recording of one call: ``allocate`` [(shape, dtype, fill)]; ``launches(allocs)`` gives the launches
+    [(kernel, [args], [(pos, tensor)])], whose pointer slots name tensors. Returns the recorder and the allocations."""
+    rec = _replay._Recorder()
+    allocs = []
+    for shape, dtype, fill in allocate:
+        t = torch.empty(shape, dtype=dtype) if fill is None else torch.full(shape, fill, dtype=dtype)
+        rec.allocations.append((t, tuple(t.shape), t.dtype, fill))
+        allocs.append(t)
+    for kernel, args, slots in launches(allocs):
+        rec.launches.append((_stand_in_launch, "stream 0", kernel, "config", list(args), [(pos, t.data_ptr()) for pos, t in slots]))
+    return rec, allocs
+
+
+def _inputs():
+    return tuple(torch.zeros(2, 8, 2, 4) for _ in range(3))
+
+
+def test_a_recording_of_inputs_and_allocations_is_a_recipe_with_their_roles():
+    q, k, v = _inputs()
+    rec, (words, lse) = _record([((2, 8, 2, 2), torch.int32, None), ((2, 2, 8), torch.float32, 0.0)],
+                                lambda a: [("kernel", [0, q.data_ptr(), 7, 0, 0.5], [(1, q), (3, a[1])]),
+                                           ("kernel2", [k.data_ptr(), 0], [(0, k), (1, a[0])])])
+    recipe = _replay._recipe(rec, (q, k, v), (words.view(torch.float16), lse))
+    assert recipe.allocations == [((2, 8, 2, 2), torch.int32, None), ((2, 2, 8), torch.float32, 0.0)]
+    assert [(kern, slots) for _, _, kern, _, _, slots in recipe.launches] == [
+        ("kernel", [(1, ("in", 0)), (3, ("out", 1))]), ("kernel2", [(0, ("in", 1)), (1, ("out", 0))])]
+    assert recipe.outputs == [(0, torch.float16), (1, None)]
+
+
+@pytest.mark.parametrize("case", ["unknown pointer", "output not allocated", "inputs share memory", "no launch"])
+def test_what_the_recipe_cannot_redo_makes_no_recipe(case):
+    q, k, v = _inputs()
+    stranger = torch.zeros(3)
+    if case == "inputs share memory":
+        k = q
+    rec, (out,) = _record([((2, 8, 2, 4), torch.float32, None)],
+                          lambda a: [] if case == "no launch" else [("kernel", [0, 0], [(0, q), (1, stranger if case == "unknown pointer" else a[0])])])
+    outputs = (stranger,) if case == "output not allocated" else (out,)
+    assert _replay._recipe(rec, (q, k, v), outputs) is None
+
+
+def test_a_replay_allocates_as_recorded_and_launches_with_the_new_pointers(monkeypatch):
+    monkeypatch.setattr(_replay, "_recipes", {})
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    q, k, v = _inputs()
+    rec, (words, stats) = _record([((2, 8, 2, 2), torch.int32, None), ((2, 2, 8), torch.float32, -1.0)],
+                                  lambda a: [("kernel", [0, 1.5, 0, 0], [(0, q), (2, a[0]), (3, a[1])])])
+    _replay._recipes["key"] = _replay._recipe(rec, (q, k, v), (words.view(torch.float16), stats))
+    q2, k2, v2 = _inputs()
+    _LAUNCHED.clear()
+    out, st = _replay.replay("key", q2, k2, v2)
+    assert out.dtype == torch.float16 and out.shape == (2, 8, 2, 4) and torch.equal(st, torch.full((2, 2, 8), -1.0))
+    assert _LAUNCHED == [("stream 0", "config", "kernel", (q2.data_ptr(), 1.5, out.data_ptr(), st.data_ptr()))]
+    assert out.data_ptr() != words.data_ptr()  # new outputs each call
+    assert _replay.replay("another key", q2, k2, v2) is None
+
+
+def test_calls_it_does_not_take_have_no_key(monkeypatch):
+    q, k, v = _inputs()
+    prob = SimpleNamespace(dropout_p=0.0)
+    replayable = SimpleNamespace(module=SimpleNamespace(REPLAYABLE=True), algorithm="flash2", variant="tensorcore")
+    monkeypatch.setattr(_replay, "ENABLED", False)
+    assert _replay.call_key(prob, q, k, v, replayable, 0, 0) is None
+    monkeypatch.setattr(_replay, "ENABLED", True)
+    assert _replay.call_key(prob, q, k, v, replayable, 0, 0) is None  # CPU tensors
+    cuda_like = SimpleNamespace(is_cuda=True)
+    assert _replay.call_key(SimpleNamespace(dropout_p=0.1), cuda_like, k, v, replayable, 0, 0) is None
+    assert _replay.call_key(prob, cuda_like, k, v, SimpleNamespace(module=SimpleNamespace()), 0, 0) is None
+
+
+def test_recording_context_records_only_a_new_key(monkeypatch):
+    monkeypatch.setattr(_replay, "_recipes", {"seen": None})
+    with _replay.recording("seen"):
+        assert _replay.active() is None
+    with _replay.recording(None):
+        assert _replay.active() is None
+    q, k, v = _inputs()
+    with _replay.recording("new") as recording:
+        assert _replay.active() is not None
+        recording.finish((q, k, v), ())
+    assert _replay.active() is None and _replay._recipes["new"] is None  # nothing launched: not replayable
+    with _replay.recording("numba's first launch") as recording:
+        _replay.numba_launched()
+        recording.finish((q, k, v), ())
+    assert "numba's first launch" not in _replay._recipes  # recorded again on the next call
+
+
+# ----------------------------------------------------------------------------------------------
+# On a GPU: the same bits as the normal path
+# ----------------------------------------------------------------------------------------------
+def _calls(dtype, d, causal, nheads_k, layout, n_calls):
+    from numba_flash import flash_attn_func
+
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    b, n, h = 2, 200, 4
+    if layout == "strided":
+        q = torch.randn(b, h, n, d, device="cuda", generator=gen).to(dtype).transpose(1, 2)
+    elif layout == "odd offset":  # 16-byte rows no longer: the register path, a key of its own
+        q = torch.randn(b * n * h * d + 1, device="cuda", generator=gen).to(dtype)[1:].view(b, n, h, d)
+    else:
+        q = torch.randn(b, n, h, d, device="cuda", generator=gen).to(dtype)
+    k, v, dout = (torch.randn(b, n, hk, d, device="cuda", generator=gen).to(dtype) for hk in (nheads_k, nheads_k, h))
+    q, k, v = (x.detach().requires_grad_(True) for x in (q, k, v))
+    results = []
+    for _ in range(n_calls):
+        for x in (q, k, v):
+            x.grad = None
+        out, lse, _ = flash_attn_func(q, k, v, causal=causal, return_attn_probs=True, deterministic=True)
+        out.backward(dout)
+        with torch.no_grad():
+            plain = flash_attn_func(q, k, v, causal=causal)
+        results.append([x.detach().clone() for x in (out, lse, plain, q.grad, k.grad, v.grad)])
+    return results
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("d, causal, nheads_k, layout", [(64, False, 4, "contiguous"), (128, True, 2, "contiguous"),
+                                                         (64, True, 1, "strided"), (96, False, 4, "odd offset")])
+def test_replayed_calls_give_the_normal_paths_bits(monkeypatch, dtype, d, causal, nheads_k, layout):
+    dtype = getattr(torch, dtype)
+    monkeypatch.setattr(_replay, "ENABLED", False)
+    (want,) = _calls(dtype, d, causal, nheads_k, layout, 1)
+    monkeypatch.setattr(_replay, "ENABLED", True)
+    monkeypatch.setattr(_replay, "_recipes", {})
+    replays = []
+    real = _replay.replay
+    monkeypatch.setattr(_replay, "replay", lambda *a: replays.append(real(*a)) or replays[-1])
+    for got in _calls(dtype, d, causal, nheads_k, layout, 3):
+        for a, b in zip(got, want):
+            assert torch.equal(a, b)
+    # a half q at an odd element offset is copied to whole words by the normal path: no recipe, never replayed
+    copied = layout == "odd offset" and dtype != torch.float32
+    assert any(r is not None for r in replays) != copied
+    assert all((recipe is None) == copied for recipe in _replay._recipes.values()) and _replay._recipes
