@@ -115,6 +115,11 @@ def test_recording_context_records_only_a_new_key(monkeypatch):
         _replay.numba_launched()
         recording.finish((q, k, v), ())
     assert "numba's first launch" not in _replay._recipes  # recorded again on the next call
+    monkeypatch.setattr(_replay, "MAX_RECIPES", 2)
+    for key in ("a", "b"):
+        with _replay.recording(key) as recording:
+            recording.finish((q, k, v), ())
+    assert list(_replay._recipes) == ["a", "b"]  # the oldest ("seen", then "new") dropped first
 
 
 # ----------------------------------------------------------------------------------------------

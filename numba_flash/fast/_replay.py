@@ -34,6 +34,9 @@ import threading
 #: Whether eager forwards are recorded and replayed (``NUMBA_FLASH_REPLAY=1``; off by default until timed on a GPU).
 ENABLED = os.environ.get("NUMBA_FLASH_REPLAY", "0") not in ("", "0")
 
+#: Keys remembered at most (a process that sees ever new shapes drops its oldest recipes first)
+MAX_RECIPES = 1024
+
 _recipes: dict = {}  # call key -> _Recipe, or None where the recording was not replayable
 _local = threading.local()  # .recorder: the _Recorder of the call this thread is recording, or None
 
@@ -135,6 +138,8 @@ class _Recording:
             return
         rec = _local.recorder
         if not rec.numba_launched:
+            if len(_recipes) >= MAX_RECIPES:
+                del _recipes[next(iter(_recipes))]
             _recipes[self.key] = _recipe(rec, inputs, outputs)
 
 
