@@ -155,8 +155,13 @@ def host_us_per_call(fn, calls: int, repeats: int, warmup: int, sync=None) -> fl
     return 1e6 * float(np.median(times))
 
 
-def cuda_time_ms(fn, warmup: int = 2, repeats: int = 10):
-    """(median, min, max) in ms of ``fn`` timed with CUDA events, after ``warmup`` untimed calls (GPU only)."""
+def cuda_time_ms(fn, warmup: int = 2, repeats: int = 10, calls: int = 1):
+    """(median, min, max) in ms of ``fn`` timed with CUDA events, after ``warmup`` untimed calls (GPU only).
+
+    Each timing spans ``calls`` back-to-back calls and is divided by them. With one call the events also time the host
+    work before the first launch (the GPU idles while the call is prepared); with several, where a call's host work
+    is shorter than its kernels, the launch queue stays full and the timing is the kernels' (short sequences, whose
+    one-call timing is mostly host time)."""
     import torch
 
     for _ in range(warmup):
@@ -166,10 +171,11 @@ def cuda_time_ms(fn, warmup: int = 2, repeats: int = 10):
     for _ in range(repeats):
         e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         e0.record()
-        fn()
+        for _ in range(calls):
+            fn()
         e1.record()
         e1.synchronize()
-        ts.append(e0.elapsed_time(e1))
+        ts.append(e0.elapsed_time(e1) / calls)
     return float(np.median(ts)), float(np.min(ts)), float(np.max(ts))
 
 

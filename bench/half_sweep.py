@@ -9,7 +9,8 @@ head dim (forward: the tilings of :data:`TILINGS` with the default cp.async pipe
    torch's naive attention in the same half dtype (NaN-poisoned outputs; backward: each gradient at most
    3x naive autograd's error);
 2. reads registers, local memory (spills) and shared memory of the compiled kernel;
-3. times the forward with CUDA events (median of ``--repeats`` after warm-up) on the FA2 benchmark
+3. times the forward with CUDA events (median of ``--repeats`` after warm-up; ``--calls K``: each timing the mean of
+   K back-to-back calls, the kernels' time where a call's host work is shorter than them) on the FA2 benchmark
    convention (16k tokens, hidden 2048) beside torch SDPA's flash, cuDNN and memory-efficient backends
    in the same dtype, in the same process.
 
@@ -171,6 +172,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--headdims", type=int, nargs="+", default=[64, 128])
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--calls", type=int, default=1, help="back-to-back calls per timing (bench._utils.cuda_time_ms): with "
+                    "10 or so, short sequences time the kernels rather than one call's host work")
     ap.add_argument("--backward", action="store_true", help="sweep the backward's tilings (forward + backward timed)")
     ap.add_argument("--features", metavar="JSON", help="features over every row's, e.g. '{\"EX2_FTZ\": true}' (in each row)")
     ap.add_argument("--default-only", action="store_true", help="only the first tiling of each head dim (the module's default)")
@@ -230,8 +233,8 @@ def main(argv=None):
                             res = _inspect.kernel_resources(kernel)
                             row.update(regs=res["regs_per_thread"], local=res["local_mem_per_thread"],
                                        err_over_bound=chk(tiling, d, dtype, torch) if n == args.seqlens[0] and not causal else None)
-                        med, lo, hi = bu.cuda_time_ms(fn, warmup=2, repeats=args.repeats)
-                        row.update(time_ms=med, tflops=bu.tflops(flops, med / 1e3))
+                        med, lo, hi = bu.cuda_time_ms(fn, warmup=2, repeats=args.repeats, calls=args.calls)
+                        row.update(time_ms=med, tflops=bu.tflops(flops, med / 1e3), calls_per_timing=args.calls)
                     except Exception as exc:  # a tiling that does not fit is a row, not the end of the sweep
                         row.update(error=f"{type(exc).__name__}: {str(exc)[:200]}")
                     rows.append(row)

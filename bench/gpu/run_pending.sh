@@ -45,6 +45,9 @@
 #   short_replay the half grid's short cells (as short_direct) with the forward's launches replayed (NUMBA_FLASH_REPLAY=1,
 #                numba_flash/fast/_replay.py) and without, in the same call, then the GPU tests of the replay
 #                -> OUTDIR/short_replay_off.json/.log, short_replay_on.json/.log, replay_tests.txt
+#   short_kernels the half forward's tilings (half_sweep's TILINGS, Br = 64 among them) at N 512/1k/2k, bf16, each timing
+#                the mean of 10 back-to-back calls (the kernels, not one call's host work), SDPA beside them
+#                -> OUTDIR/short_kernels.json/.log
 #   half_bwd_cp  the half backward's tilings with and without cp.async for Q_i, dO_i (half_sweep --backward; the log's
 #                section "FA2 backward in fp16 / bf16: cp.async for Q_i, dO_i") -> OUTDIR/half_bwd_cp.json/.log
 # OUTDIR/pending_env.txt says what ran where. A failed step is noted and the rest run. Exit status: 0 when all ran.
@@ -172,11 +175,15 @@ for s in "${steps[@]}"; do
           --benchmark-json="$out/short_replay_$mode.json" --benchmark-columns=median,rounds --benchmark-sort=name
       done
       grep -h "test_bench.*flash2" "$out"/short_replay_*.log | sort ;;
+    short_kernels)
+      step short_kernels.log timeout 400 python3 -m bench.half_sweep --seqlens 512 1024 2048 --calls 10 --repeats 10 \
+        --out "$out/short_kernels.json"
+      tail -n 40 "$out/short_kernels.log" ;;
     half_bwd_cp)
       step half_bwd_cp.log python3 -m bench.half_sweep --backward --seqlens 1024 4096 --out "$out/half_bwd_cp.json"
       tail -n 40 "$out/half_bwd_cp.log" ;;
     *)
-      echo "run_pending: unknown step '$s' (streams host ncu_tc half_ex2 half_ex2_pairs ostep short_d128 short_causal causal_d128 tc_cp occ3_d128 host_layers short_direct short_replay half_bwd_cp)" >&2
+      echo "run_pending: unknown step '$s' (streams host ncu_tc half_ex2 half_ex2_pairs ostep short_d128 short_causal causal_d128 tc_cp occ3_d128 host_layers short_direct short_replay short_kernels half_bwd_cp)" >&2
       rc=2 ;;
   esac
 done
