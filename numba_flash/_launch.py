@@ -260,14 +260,9 @@ class Allocator:
             self.kind = "torch-cuda" if like.is_cuda else "torch-cpu"
             if like.is_cuda:
                 self.torch_device = like.device
-                torch = _torch()
-                current = torch.cuda.current_stream(like.device)
-                # Dev: raw stream 0 is CUDA's legacy default stream, numba's stream 0: nothing to join, and one torch
-                # stream query fewer on every call's host path (3 us on an H200's host)
-                if current.cuda_stream != 0:
-                    launch = torch.cuda.default_stream(like.device)
-                    if current != launch:
-                        self._caller_stream, self._launch_stream = current, launch
+                joined = streams_to_join(like.device)
+                if joined is not None:
+                    self._caller_stream, self._launch_stream = joined
         elif hasattr(like, "__cuda_array_interface__") and not isinstance(like, np.ndarray):
             self.kind = "device"
         else:
@@ -332,8 +327,7 @@ class Allocator:
         shape = tuple(int(n) for n in shape)
         if self.kind == "torch-cuda":
             t = _torch().full(shape, value, dtype=_torch_dtype(dtype), device=self.torch_device)
-            if _replay.active() is not None:
-                _replay.allocation(t, value)
+            _replay.allocation(t, value)  # Dev: where a forward is being recorded (fast/_replay)
             return self._import(t)
         if self.on_device:
             arr = cuda.device_array(shape, dtype=dtype)
@@ -350,8 +344,7 @@ class Allocator:
         shape = tuple(map(int, shape))
         if self.kind == "torch-cuda":
             t = _torch().empty(shape, dtype=_torch_dtype(dtype), device=self.torch_device)
-            if _replay.active() is not None:  # Dev: a forward being recorded (fast/_replay)
-                _replay.allocation(t, None)
+            _replay.allocation(t, None)  # Dev: where a forward is being recorded (fast/_replay)
             return self._import(t)
         if self.on_device:
             return cuda.device_array(shape, dtype=dtype)
@@ -424,6 +417,19 @@ class Allocator:
         if like_dtype is None:
             return host
         return np.ascontiguousarray(host).view(like_dtype) if host.dtype == np.int32 else host.astype(like_dtype)
+
+
+def streams_to_join(device):
+    """``(caller's current stream, launch stream)`` of a call on torch CUDA tensors of ``device`` where the two differ
+    and :class:`Allocator` must order them (see :meth:`Allocator.join_caller_stream`); None on torch's default stream."""
+    torch = _torch()
+    current = torch.cuda.current_stream(device)
+    # Dev: raw stream 0 is CUDA's legacy default stream, numba's stream 0: nothing to join, and one torch
+    # stream query fewer on every call's host path (3 us on an H200's host)
+    if current.cuda_stream == 0:
+        return None
+    launch = torch.cuda.default_stream(device)
+    return None if current == launch else (current, launch)
 
 
 _TORCH_DTYPES: dict = {}

@@ -39,7 +39,7 @@ import torch
 from torch import Tensor
 
 from . import _run, registry
-from ._launch import Allocator, ForwardOutput, check_attention_args, check_backward_args, poisoning
+from ._launch import Allocator, ForwardOutput, check_attention_args, check_backward_args, poisoning, streams_to_join
 from .fast import _replay
 
 
@@ -61,6 +61,8 @@ def _forward(prob, q, k, v, algorithm, forward_variant, br, bc, replayable=False
     ``replayable``: an eager call, which :mod:`numba_flash.fast._replay` may record and replay where it is on."""
     kernel = registry.resolve(algorithm, "forward", forward_variant)
     key = _replay.call_key(prob, q, k, v, kernel, br, bc) if replayable and not poisoning() else None
+    if key is not None and streams_to_join(q.device) is not None:
+        key = None  # Dev: a side stream to join: the normal path orders it, a replay would not
     if key is not None:
         replayed = _replay.replay(key, q, k, v)
         if replayed is not None:

@@ -19,7 +19,7 @@ data pointer modulo 16 (the ``cp.async`` path needs 16-byte rows).
 
 Where it applies: eager forwards (not while ``torch.compile`` traces) of a kernel module that declares
 ``REPLAYABLE = True`` (its forward does nothing on the GPU but allocate through the allocator and launch through
-:func:`numba_flash.fast._smem.launch`: the FA2 forwards), on CUDA tensors, on torch's legacy default stream, without
+:func:`numba_flash.fast._smem.launch`: the FA2 forwards), on CUDA tensors, on a stream the normal path would not join to the launches' (torch's default), without
 dropout (a dropout call draws a new seed, which would be a new key every call), outside
 :func:`~numba_flash._launch.poison_outputs`. Anything else runs the normal path, as does a key whose recording
 was not a recipe (it is remembered as such and not recorded again). A recording in which a launch went through
@@ -56,8 +56,11 @@ def active():
 
 
 def allocation(t, fill) -> None:
-    """Record an output the allocator made (``fill`` None: ``torch.empty``, else ``torch.full`` with that value)."""
-    _local.recorder.allocations.append((t, tuple(t.shape), t.dtype, fill))
+    """Record an output the allocator made (``fill`` None: ``torch.empty``, else ``torch.full`` with that value), where
+    this thread records a call (else nothing)."""
+    rec = active()
+    if rec is not None:
+        rec.allocations.append((t, tuple(t.shape), t.dtype, fill))
 
 
 def launch(core_launch, stream, kernel, config, kernelargs, pointer_slots) -> None:
@@ -68,8 +71,11 @@ def launch(core_launch, stream, kernel, config, kernelargs, pointer_slots) -> No
 
 def numba_launched() -> None:
     """Note that a launch of the recorded call went through numba (the first launch of an argument key always does,
-    :mod:`numba_flash.fast._direct`): the recording is dropped and the key recorded again on its next call."""
-    _local.recorder.numba_launched = True
+    :mod:`numba_flash.fast._direct`): the recording is dropped and the key recorded again on its next call. Nothing
+    where this thread records no call."""
+    rec = active()
+    if rec is not None:
+        rec.numba_launched = True
 
 
 class _Recipe:
@@ -83,12 +89,9 @@ class _Recipe:
 
 def call_key(prob, q, k, v, kernel, br: int, bc: int):
     """The key of an eager forward, or None where this module does not take the call (see the module docstring; the
-    caller leaves out calls made while poisoning outputs)."""
+    caller leaves out calls made while poisoning outputs or from a stream the normal path would join,
+    :func:`numba_flash._launch.streams_to_join`)."""
     if not ENABLED or prob.dropout_p > 0 or not getattr(kernel.module, "REPLAYABLE", False) or not q.is_cuda:
-        return None
-    import torch
-
-    if torch.cuda.current_stream(q.device).cuda_stream != 0:  # Dev: a stream to join: the normal path orders it
         return None
     per_input = tuple((x.dtype, x.shape, x.stride(), x.device, x.data_ptr() % 16) for x in (q, k, v))
     return prob, kernel.algorithm, kernel.variant, br, bc, per_input
@@ -169,7 +172,8 @@ def _recipe(rec: _Recorder, inputs, outputs):
         if r is None or r[0] != "out":
             return None
         a = rec.allocations[r[1]][0]
-        if t.shape != a.shape and t.dtype == a.dtype or t.numel() * t.element_size() != a.numel() * a.element_size():
+        same = t.shape == a.shape if t.dtype == a.dtype else t.numel() * t.element_size() == a.numel() * a.element_size()
+        if not same:  # Dev: a part of an allocation, not the whole of it (or all of it in another dtype)
             return None
         outs.append((r[1], None if t.dtype == a.dtype else t.dtype))
     if not launches:

@@ -64,8 +64,7 @@ def launch(dispatcher, grid, block, nbytes: int, *args) -> None:
         return
     if _direct.launch(dispatcher, grid, block, nbytes, args, _opt_in_function):  # Dev: torch tensors, after their first launch
         return
-    if _replay.active() is not None:  # a recorded call whose launch numba makes: record it again next time
-        _replay.numba_launched()
+    _replay.numba_launched()  # Dev: a recorded call whose launch numba makes is recorded again next time
     if nbytes > DEFAULT_LIMIT_BYTES:
         _opt_in(dispatcher, args, nbytes)
     dispatcher[grid, block, 0, nbytes](*args)
