@@ -28,12 +28,15 @@ and single operations: ``cuda.as_cuda_array`` of a tensor, its ``__cuda_array_in
 Each line: the median over ``--repeats`` loops of ``--calls`` back-to-back calls (no synchronization inside a
 loop; one between loops), microseconds per call. ``--profile`` instead prints, for bf16 at d = 64, a cProfile of
 ``--calls`` calls of ``flash_attn_func`` without grad, with it (forward only), and of forward and backward, by own
-time: which functions of
-the 160-190 us a call still spends on the host (2026-11-26) to cache or drop (cProfile inflates many small Python
-calls: read it for the order, the layers above for the time). Run on a GPU machine from the repository root::
+time (replay on, the default): which functions of the host time a call still spends to cache or drop (cProfile
+inflates many small Python calls: read it for the order, the layers above for the time; the autograd engine runs a
+CUDA backward in a thread of its own, which cProfile does not see). ``--kernels`` instead prints, for bf16 training
+steps (forward and ``backward(dout)``) at b 8, N 256, d 64 and at the half grid's short d = 128 cells, the kernels'
+GPU time per step (torch.profiler) against the synchronized wall time of a step, replay off and on, SDPA beside:
+their difference is the time the GPU waited on the host. Run on a GPU machine from the repository root::
 
     source bench/gpu/setup_env.sh
-    python3 -m bench.host_layers [--calls 300] [--repeats 7] [--profile]
+    python3 -m bench.host_layers [--calls 300] [--repeats 7] [--profile | --kernels]
 """
 
 from __future__ import annotations
@@ -79,19 +82,23 @@ def layers(torch, dtype, d: int, calls: int, repeats: int) -> list[tuple[str, fl
     qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
     qgt, kgt, vgt = (x.detach().clone().requires_grad_(True) for x in (qt, kt, vt))
     dout = torch.randn_like(q)
-    saved = flash_attn_func(qg, kg, vg)  # one forward whose backward is timed alone
 
-    def replayed(*args):
-        was, _replay.ENABLED = _replay.ENABLED, True
-        try:
-            return flash_attn_func(*args)
-        finally:
-            _replay.ENABLED = was
+    def replay(on, fn):  # fn with numba_flash.fast._replay on or off, whatever the default
+        def call():
+            was, _replay.ENABLED = _replay.ENABLED, on
+            try:
+                return fn()
+            finally:
+                _replay.ENABLED = was
+        return call
 
     def train_step(fwd, args, grad):
         for x in args:
             x.grad = None
         fwd(*args).backward(grad)
+
+    saved_off = replay(False, lambda: flash_attn_func(qg, kg, vg))()  # forwards whose backwards are timed alone
+    saved_on = replay(True, lambda: flash_attn_func(qg, kg, vg))()
 
     def run_body():
         p = check_attention_args(q, k, v, 0.0, scale, False, 0)
@@ -102,13 +109,15 @@ def layers(torch, dtype, d: int, calls: int, repeats: int) -> list[tuple[str, fl
 
     cases = [
         ("sdpa", lambda: torch.nn.functional.scaled_dot_product_attention(qt, kt, vt)),
-        ("api", lambda: flash_attn_func(q, k, v)),
-        ("api-grad", lambda: flash_attn_func(qg, kg, vg)),
-        ("api-replay", lambda: replayed(q, k, v)),
-        ("api-grad-replay", lambda: replayed(qg, kg, vg)),
+        ("api", replay(False, lambda: flash_attn_func(q, k, v))),
+        ("api-grad", replay(False, lambda: flash_attn_func(qg, kg, vg))),
+        ("api-replay", replay(True, lambda: flash_attn_func(q, k, v))),
+        ("api-grad-replay", replay(True, lambda: flash_attn_func(qg, kg, vg))),
         ("sdpa-fwd+bwd", lambda: train_step(torch.nn.functional.scaled_dot_product_attention, (qgt, kgt, vgt), dout.transpose(1, 2))),
-        ("api-fwd+bwd", lambda: train_step(flash_attn_func, (qg, kg, vg), dout)),
-        ("backward", lambda: torch.autograd.grad(saved, (qg, kg, vg), dout, retain_graph=True)),
+        ("api-fwd+bwd", replay(False, lambda: train_step(flash_attn_func, (qg, kg, vg), dout))),
+        ("api-fwd+bwd-replay", replay(True, lambda: train_step(flash_attn_func, (qg, kg, vg), dout))),
+        ("backward", replay(False, lambda: torch.autograd.grad(saved_off, (qg, kg, vg), dout, retain_graph=True))),
+        ("backward-replay", replay(True, lambda: torch.autograd.grad(saved_on, (qg, kg, vg), dout, retain_graph=True))),
         ("op", lambda: attention_forward(q, k, v, 0.0, scale, False, 0, "flash2", "auto", "auto", 0, 0, False)),
         ("run", run_body),
         ("module", lambda: module.forward(kq, kk, kv, prob, alloc)),
@@ -160,12 +169,84 @@ def profile(torch, calls: int, top: int = 30) -> None:
         pstats.Stats(prof).sort_stats("tottime").print_stats(top)
 
 
+def _training_steps(torch, b: int, n: int, h: int, d: int, causal: bool):
+    """``(ours, sdpa)``: one bf16 training step's attention each (forward and ``backward(dout)``), on the same data."""
+    from numba_flash import flash_attn_func
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(b, n, h, d, device="cuda", generator=gen).to(torch.bfloat16).requires_grad_(True) for _ in range(3))
+    dout = torch.randn_like(q)
+    qt, kt, vt = (x.detach().transpose(1, 2).requires_grad_(True) for x in (q, k, v))
+
+    def ours():
+        for x in (q, k, v):
+            x.grad = None
+        flash_attn_func(q, k, v, causal=causal).backward(dout)
+
+    def sdpa():
+        for x in (qt, kt, vt):
+            x.grad = None
+        torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal).backward(dout.transpose(1, 2))
+
+    return ours, sdpa
+
+
+def _wall_and_kernels(torch, step, steps: int):
+    """(median synchronized wall time of ``step`` in ms, {kernel name: GPU ms per step} from torch.profiler)."""
+    import statistics
+    import time
+
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(5):
+        step()
+    torch.cuda.synchronize()
+    walls = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        walls.append(1e3 * (time.perf_counter() - t0))
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    per_kernel = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            per_kernel[e.name] = per_kernel.get(e.name, 0.0) + e.device_time / 1e3 / steps
+    return statistics.median(walls), per_kernel
+
+
+def kernel_time(torch, steps: int = 20) -> None:
+    """The ``--kernels`` output of the module docstring: per training step (forward and ``backward(dout)``, bf16), the
+    kernels' GPU time (torch.profiler's CUDA activity: numba's launches are in it too), the synchronized wall time of
+    one step (median of ``steps``), and their difference (the time the GPU waited on the host), replay off and on."""
+    from numba_flash.fast import _replay
+
+    was = _replay.ENABLED
+    for b, n, h, d, causal in ((8, 256, 16, 64, False), (16, 1024, 16, 128, True), (16, 1024, 16, 128, False),
+                               (8, 2048, 16, 128, True)):
+        ours, sdpa = _training_steps(torch, b, n, h, d, causal)
+        for name, step, on in (("ours", ours, False), ("ours-replay", ours, True), ("sdpa", sdpa, was)):
+            _replay.ENABLED = on
+            wall, per_kernel = _wall_and_kernels(torch, step, steps)
+            gpu = sum(per_kernel.values())
+            print(f"b={b} N={n} h={h} d={d} causal={int(causal)} {name:12} wall {wall:7.3f} ms/step, kernels {gpu:7.3f} ms, "
+                  f"GPU idle {wall - gpu:6.3f} ms", flush=True)
+            for kname, ms in sorted(per_kernel.items(), key=lambda kv: -kv[1])[:6]:
+                print(f"    {ms:7.3f} ms  {kname[:110]}", flush=True)
+    _replay.ENABLED = was
+
+
 def parser() -> argparse.ArgumentParser:
     """The command line of ``python -m bench.host_layers``."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calls", type=int, default=300, help="back-to-back calls per timed loop")
     ap.add_argument("--repeats", type=int, default=7, help="timed loops; the median is printed")
     ap.add_argument("--profile", action="store_true", help="a cProfile of flash_attn_func instead of the layer table")
+    ap.add_argument("--kernels", action="store_true",
+                    help="per training step: the kernels' GPU time against the synchronized wall time, replay off and on")
     return ap
 
 
@@ -180,6 +261,9 @@ def main(argv=None) -> int:
           f"torch {torch.__version__}, numba {prov['numba']}; commit {os.environ.get('NUMBA_FLASH_COMMIT', 'unknown')}", flush=True)
     if args.profile:
         profile(torch, args.calls)
+        return 0
+    if args.kernels:
+        kernel_time(torch)
         return 0
     for dtype in (torch.bfloat16, torch.float32):
         for d in (64, 128):

@@ -306,7 +306,8 @@ class Allocator:
         if self.kind in ("torch-cuda", "torch-cpu"):
             t = x.detach()
             if t.stride(-1) != 1 or t.storage_offset() % 2 or any(s % 2 for s in t.stride()[:-1]):
-                t = t.contiguous()
+                # clone, not contiguous(): a contiguous tensor at an odd offset is its own contiguous()
+                t = t.clone(memory_format=_torch().contiguous_format)
             w = t.view(_torch().int32)
             if self.kind == "torch-cuda":
                 return self._import(w)
@@ -327,7 +328,7 @@ class Allocator:
         shape = tuple(int(n) for n in shape)
         if self.kind == "torch-cuda":
             t = _torch().full(shape, value, dtype=_torch_dtype(dtype), device=self.torch_device)
-            _replay.allocation(t, value)  # Dev: where a forward is being recorded (fast/_replay)
+            _replay.allocation(t, value)  # Dev: where a pass is being recorded (fast/_replay)
             return self._import(t)
         if self.on_device:
             arr = cuda.device_array(shape, dtype=dtype)
@@ -344,7 +345,7 @@ class Allocator:
         shape = tuple(map(int, shape))
         if self.kind == "torch-cuda":
             t = _torch().empty(shape, dtype=_torch_dtype(dtype), device=self.torch_device)
-            _replay.allocation(t, None)  # Dev: where a forward is being recorded (fast/_replay)
+            _replay.allocation(t, None)  # Dev: where a pass is being recorded (fast/_replay)
             return self._import(t)
         if self.on_device:
             return cuda.device_array(shape, dtype=dtype)
@@ -446,7 +447,11 @@ def _torch_dtype(dtype):
 
 def _as_dtype(t, like_dtype):
     """A torch result in ``like_dtype``: half words (int32) reinterpreted, float32 converted."""
-    return t.contiguous().view(like_dtype) if t.dtype == _torch().int32 else t.to(like_dtype)
+    if t.dtype == _torch().int32:
+        return t.contiguous().view(like_dtype)
+    converted = t.to(like_dtype)
+    _replay.conversion(t, converted)  # Dev: where a pass is being recorded (fast/_replay)
+    return converted
 
 
 def _torch():

@@ -56,26 +56,42 @@ def forward_pass(q: Tensor, k: Tensor, v: Tensor, dropout_p: float, softmax_scal
     return _forward(prob, q, k, v, algorithm, forward_variant, br, bc)
 
 
-def _forward(prob, q, k, v, algorithm, forward_variant, br, bc, replayable=False):
-    """:func:`forward_pass` on arguments already checked into ``prob`` (an eager call's, checked by ``flash_attn_func``).
-    ``replayable``: an eager call, which :mod:`numba_flash.fast._replay` may record and replay where it is on."""
-    kernel = registry.resolve(algorithm, "forward", forward_variant)
-    key = _replay.call_key(prob, q, k, v, kernel, br, bc) if replayable and not poisoning() else None
-    if key is not None and streams_to_join(q.device) is not None:
-        key = None  # Dev: a side stream to join: the normal path orders it, a replay would not
+def _replay_key(replayable, pass_name, prob, inputs, kernel, *options):
+    """The :mod:`numba_flash.fast._replay` key of an eager pass (``replayable``), or None where the normal path runs."""
+    if not replayable or poisoning():
+        return None
+    key = _replay.call_key(pass_name, prob, inputs, kernel, *options)
+    if key is not None and streams_to_join(inputs[0].device) is not None:
+        return None  # Dev: a side stream to join: the normal path orders it, a replay would not
+    return key
+
+
+def _replayed_or_run(key, inputs, run):
+    """``run()``'s outputs: replayed where ``key`` has a recipe, else run (and recorded where ``key`` is new)."""
     if key is not None:
-        replayed = _replay.replay(key, q, k, v)
+        replayed = _replay.replay(key, inputs)
         if replayed is not None:
             return replayed
     with _replay.recording(key) as recording:
+        outputs = run()
+        recording.finish(inputs, outputs)
+    return outputs
+
+
+def _forward(prob, q, k, v, algorithm, forward_variant, br, bc, replayable=False):
+    """:func:`forward_pass` on arguments already checked into ``prob`` (an eager call's, checked by ``flash_attn_func``).
+    ``replayable``: an eager call, which :mod:`numba_flash.fast._replay` may record and replay."""
+    kernel = registry.resolve(algorithm, "forward", forward_variant)
+
+    def run():
         alloc = Allocator(q)
         fwd = _run.forward(q, k, v, prob, kernel, _block_sizes(br, bc), alloc)
         out, lse = alloc.result(fwd.out, q.dtype), alloc.result(fwd.lse)
         if fwd.m is None or fwd.l is None:  # pragma: no cover - a kernel module broke its contract
             raise RuntimeError(f"the {kernel.path} forward returned no m, l; every forward must (KernelModule)")
-        m, l = alloc.result(fwd.m), alloc.result(fwd.l)
-        recording.finish((q, k, v), (out, lse, m, l))
-    return out, lse, m, l
+        return out, lse, alloc.result(fwd.m), alloc.result(fwd.l)
+
+    return _replayed_or_run(_replay_key(replayable, "forward", prob, (q, k, v), kernel, br, bc), (q, k, v), run)
 
 
 attention_forward = torch.library.custom_op("numba_flash::attention_forward", mutates_args=())(forward_pass)
@@ -100,14 +116,22 @@ def backward_pass(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, ls
     return _backward_checked(prob, dout, q, k, v, out, lse, m, l, algorithm, backward_variant, br, bc, deterministic)
 
 
-def _backward_checked(prob, dout, q, k, v, out, lse, m, l, algorithm, backward_variant, br, bc, deterministic):
-    """:func:`backward_pass` with q, k, v and the options already checked into ``prob`` (by the forward)."""
+def _backward_checked(prob, dout, q, k, v, out, lse, m, l, algorithm, backward_variant, br, bc, deterministic,
+                      replayable=False):
+    """:func:`backward_pass` with q, k, v and the options already checked into ``prob`` (by the forward).
+    ``replayable``: an eager call's backward, which :mod:`numba_flash.fast._replay` may record and replay."""
     check_backward_args(dout, out, prob, q)
     kernel = registry.resolve(algorithm, "backward", backward_variant)
-    alloc = Allocator(q)
-    fwd = ForwardOutput(out=None, lse=alloc.to_kernel(lse), m=alloc.to_kernel(m), l=alloc.to_kernel(l))
-    dq, dk, dv = _run.backward(dout, q, k, v, out, fwd, prob, kernel, _block_sizes(br, bc), deterministic, alloc)
-    return alloc.result(dq, q.dtype), alloc.result(dk, k.dtype), alloc.result(dv, v.dtype)
+
+    def run():
+        alloc = Allocator(q)
+        fwd = ForwardOutput(out=None, lse=alloc.to_kernel(lse), m=alloc.to_kernel(m), l=alloc.to_kernel(l))
+        dq, dk, dv = _run.backward(dout, q, k, v, out, fwd, prob, kernel, _block_sizes(br, bc), deterministic, alloc)
+        return alloc.result(dq, q.dtype), alloc.result(dk, k.dtype), alloc.result(dv, v.dtype)
+
+    inputs = (dout, q, k, v, out, lse, m, l)
+    key = _replay_key(replayable, "backward", prob, inputs, kernel, br, bc, deterministic)
+    return _replayed_or_run(key, inputs, run)
 
 
 attention_backward = torch.library.custom_op("numba_flash::attention_backward", mutates_args=())(backward_pass)
@@ -165,7 +189,8 @@ class EagerAttention(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, dout, _dlse, _dm, _dl):
         *_, algorithm, backward_variant, br, bc, deterministic = ctx.options
-        grads = _backward_checked(ctx.prob, dout, *ctx.saved_tensors, algorithm, backward_variant, br, bc, deterministic)
+        grads = _backward_checked(ctx.prob, dout, *ctx.saved_tensors, algorithm, backward_variant, br, bc, deterministic,
+                                  replayable=True)
         return None, *_input_gradients(*grads)  # None for prob
 
 

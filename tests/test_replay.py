@@ -1,15 +1,18 @@
-"""Replaying an eager forward's launches (:mod:`numba_flash.fast._replay`, opt-in with ``NUMBA_FLASH_REPLAY=1``).
+"""Replaying an eager pass's launches (:mod:`numba_flash.fast._replay`, on unless ``NUMBA_FLASH_REPLAY=0``).
 
 Claims checked:
 
 * A recording becomes a recipe only when every array a launch takes is one of the call's inputs or one of the
-  outputs it allocated, every returned output is one of those allocations (or a dtype view of one), and no two of
-  them share memory; otherwise the key is remembered as not replayable.
-* Replaying a recipe allocates the outputs as recorded (empty or filled), writes the new data pointers into a copy
-  of the recorded kernel arguments and launches each kernel once, in order.
-* Calls it does not take get no key: off, with dropout, a kernel module that is not ``REPLAYABLE``, CPU tensors.
+  arrays the call made before it (allocated, or converted from one it allocated), every returned output is one of
+  those (or a dtype view of one), and no two of them share memory; otherwise the key is remembered as not
+  replayable.
+* Replaying a recipe allocates as recorded (empty or filled), writes the new data pointers into a copy of the
+  recorded kernel arguments, launches each kernel once and converts, in the recorded order.
+* Calls it does not take get no key: off, with dropout, a kernel module that is not ``REPLAYABLE``, CPU tensors;
+  the forward's and the backward's keys differ.
 * On a GPU, ``flash_attn_func`` gives the same bits with it as without (forward and gradients, bf16 and float32,
-  causal, GQA, a strided q, an input at an odd offset), and the second call of a key is replayed.
+  causal, GQA, a strided q, an input at an odd offset, atomic and deterministic dQ), and the second call of a key
+  is replayed, the forward's and the backward's.
 """
 
 from __future__ import annotations
@@ -29,18 +32,23 @@ def _stand_in_launch(stream, config, kernel, *args):
     _LAUNCHED.append((stream, config, kernel, args))
 
 
-def _record(allocate, launches):
+def _record(allocate, launches, convert=()):
     """A recording of one call: ``allocate`` [(shape, dtype, fill)]; ``launches(allocs)`` gives the launches
-    [(kernel, [args], [(pos, tensor)])], whose pointer slots name tensors. Returns the recorder and the allocations."""
+    [(kernel, [args], [(pos, tensor)])], whose pointer slots name tensors; then ``convert`` [(allocation index,
+    dtype)]. Returns the recorder and the tensors made (allocations, then conversions)."""
     rec = _replay._Recorder()
-    allocs = []
+    made = []
     for shape, dtype, fill in allocate:
         t = torch.empty(shape, dtype=dtype) if fill is None else torch.full(shape, fill, dtype=dtype)
-        rec.allocations.append((t, tuple(t.shape), t.dtype, fill))
-        allocs.append(t)
-    for kernel, args, slots in launches(allocs):
-        rec.launches.append((_stand_in_launch, "stream 0", kernel, "config", list(args), [(pos, t.data_ptr()) for pos, t in slots]))
-    return rec, allocs
+        rec.steps.append(("alloc", t, fill))
+        made.append(t)
+    for kernel, args, slots in launches(made):
+        rec.steps.append(("launch", _stand_in_launch, "stream 0", kernel, "config", list(args),
+                          [(pos, t.data_ptr()) for pos, t in slots]))
+    for i, dtype in convert:
+        made.append(made[i].to(dtype))
+        rec.steps.append(("convert", made[i], made[-1]))
+    return rec, made
 
 
 def _inputs():
@@ -49,17 +57,23 @@ def _inputs():
 
 def test_a_recording_of_inputs_and_allocations_is_a_recipe_with_their_roles():
     q, k, v = _inputs()
-    rec, (words, lse) = _record([((2, 8, 2, 2), torch.int32, None), ((2, 2, 8), torch.float32, 0.0)],
-                                lambda a: [("kernel", [0, q.data_ptr(), 7, 0, 0.5], [(1, q), (3, a[1])]),
-                                           ("kernel2", [k.data_ptr(), 0], [(0, k), (1, a[0])])])
-    recipe = _replay._recipe(rec, (q, k, v), (words.view(torch.float16), lse))
-    assert recipe.allocations == [((2, 8, 2, 2), torch.int32, None), ((2, 2, 8), torch.float32, 0.0)]
-    assert [(kern, slots) for _, _, kern, _, _, slots in recipe.launches] == [
-        ("kernel", [(1, ("in", 0)), (3, ("out", 1))]), ("kernel2", [(0, ("in", 1)), (1, ("out", 0))])]
-    assert recipe.outputs == [(0, torch.float16), (1, None)]
+    rec, (words, lse, dq, dq16) = _record(
+        [((2, 8, 2, 2), torch.int32, None), ((2, 2, 8), torch.float32, 0.0), ((2, 8, 2, 4), torch.float32, 0.0)],
+        lambda a: [("kernel", [0, q.data_ptr(), 7, 0, 0.5], [(1, q), (3, a[1])]),
+                   ("kernel2", [k.data_ptr(), 0, 0], [(0, k), (1, a[0]), (2, a[2])])],
+        convert=[(2, torch.float16)])
+    recipe = _replay._recipe(rec, (q, k, v), (words.view(torch.float16), lse, dq16))
+    assert [s[:4] for s in recipe.steps if s[0] == "alloc"] == [
+        ("alloc", (2, 8, 2, 2), torch.int32, None), ("alloc", (2, 2, 8), torch.float32, 0.0),
+        ("alloc", (2, 8, 2, 4), torch.float32, 0.0)]
+    assert [(s[3], s[6]) for s in recipe.steps if s[0] == "launch"] == [
+        ("kernel", [(1, ("in", 0)), (3, ("made", 1))]), ("kernel2", [(0, ("in", 1)), (1, ("made", 0)), (2, ("made", 2))])]
+    assert recipe.steps[-1] == ("convert", 2, torch.float16)  # after the launches, as recorded
+    assert recipe.outputs == [(0, torch.float16), (1, None), (3, None)]
 
 
-@pytest.mark.parametrize("case", ["unknown pointer", "output not allocated", "inputs share memory", "no launch"])
+@pytest.mark.parametrize("case", ["unknown pointer", "output not made", "inputs share memory", "no launch",
+                                  "part of an allocation", "conversion of a stranger"])
 def test_what_the_recipe_cannot_redo_makes_no_recipe(case):
     q, k, v = _inputs()
     stranger = torch.zeros(3)
@@ -67,24 +81,31 @@ def test_what_the_recipe_cannot_redo_makes_no_recipe(case):
         k = q
     rec, (out,) = _record([((2, 8, 2, 4), torch.float32, None)],
                           lambda a: [] if case == "no launch" else [("kernel", [0, 0], [(0, q), (1, stranger if case == "unknown pointer" else a[0])])])
-    outputs = (stranger,) if case == "output not allocated" else (out,)
+    outputs = {"output not made": (stranger,), "part of an allocation": (out[:1],)}.get(case, (out,))
+    if case == "conversion of a stranger":
+        rec.steps.append(("convert", stranger, stranger.half()))
     assert _replay._recipe(rec, (q, k, v), outputs) is None
 
 
-def test_a_replay_allocates_as_recorded_and_launches_with_the_new_pointers(monkeypatch):
+def test_a_replay_allocates_as_recorded_launches_with_the_new_pointers_and_converts(monkeypatch):
     monkeypatch.setattr(_replay, "_recipes", {})
     monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
     q, k, v = _inputs()
-    rec, (words, stats) = _record([((2, 8, 2, 2), torch.int32, None), ((2, 2, 8), torch.float32, -1.0)],
-                                  lambda a: [("kernel", [0, 1.5, 0, 0], [(0, q), (2, a[0]), (3, a[1])])])
-    _replay._recipes["key"] = _replay._recipe(rec, (q, k, v), (words.view(torch.float16), stats))
+    rec, (words, stats, dq, dq16) = _record(
+        [((2, 8, 2, 2), torch.int32, None), ((2, 2, 8), torch.float32, -1.0), ((2, 8, 2, 4), torch.float32, 0.25)],
+        lambda a: [("kernel", [0, 1.5, 0, 0, 0], [(0, q), (2, a[0]), (3, a[1]), (4, a[2])])], convert=[(2, torch.float16)])
+    _replay._recipes["key"] = _replay._recipe(rec, (q, k, v), (words.view(torch.float16), stats, dq16))
     q2, k2, v2 = _inputs()
     _LAUNCHED.clear()
-    out, st = _replay.replay("key", q2, k2, v2)
+    out, st, dq2 = _replay.replay("key", (q2, k2, v2))
     assert out.dtype == torch.float16 and out.shape == (2, 8, 2, 4) and torch.equal(st, torch.full((2, 2, 8), -1.0))
-    assert _LAUNCHED == [("stream 0", "config", "kernel", (q2.data_ptr(), 1.5, out.data_ptr(), st.data_ptr()))]
+    assert dq2.dtype == torch.float16 and torch.equal(dq2, torch.full((2, 8, 2, 4), 0.25, dtype=torch.float16))
+    ((stream, config, kernel, args),) = _LAUNCHED
+    assert (stream, config, kernel) == ("stream 0", "config", "kernel")
+    assert args[:4] == (q2.data_ptr(), 1.5, out.data_ptr(), st.data_ptr())
+    assert args[4] not in (dq.data_ptr(), q2.data_ptr(), out.data_ptr(), st.data_ptr())  # the new float32 dQ
     assert out.data_ptr() != words.data_ptr()  # new outputs each call
-    assert _replay.replay("another key", q2, k2, v2) is None
+    assert _replay.replay("another key", (q2, k2, v2)) is None
 
 
 def test_calls_it_does_not_take_have_no_key(monkeypatch):
@@ -92,12 +113,15 @@ def test_calls_it_does_not_take_have_no_key(monkeypatch):
     prob = SimpleNamespace(dropout_p=0.0)
     replayable = SimpleNamespace(module=SimpleNamespace(REPLAYABLE=True), algorithm="flash2", variant="tensorcore")
     monkeypatch.setattr(_replay, "ENABLED", False)
-    assert _replay.call_key(prob, q, k, v, replayable, 0, 0) is None
+    assert _replay.call_key("forward", prob, (q, k, v), replayable, 0, 0) is None
     monkeypatch.setattr(_replay, "ENABLED", True)
-    assert _replay.call_key(prob, q, k, v, replayable, 0, 0) is None  # CPU tensors
-    cuda_like = SimpleNamespace(is_cuda=True)
-    assert _replay.call_key(SimpleNamespace(dropout_p=0.1), cuda_like, k, v, replayable, 0, 0) is None
-    assert _replay.call_key(prob, cuda_like, k, v, SimpleNamespace(module=SimpleNamespace()), 0, 0) is None
+    assert _replay.call_key("forward", prob, (q, k, v), replayable, 0, 0) is None  # CPU tensors
+    cuda_like = SimpleNamespace(is_cuda=True, dtype=torch.float32, shape=(1,), stride=lambda: (1,), device="cuda:0",
+                                data_ptr=lambda: 256)
+    assert _replay.call_key("forward", SimpleNamespace(dropout_p=0.1), (cuda_like,), replayable, 0, 0) is None
+    assert _replay.call_key("forward", prob, (cuda_like,), SimpleNamespace(module=SimpleNamespace()), 0, 0) is None
+    forward = _replay.call_key("forward", prob, (cuda_like,), replayable, 0, 0)
+    assert forward is not None and forward != _replay.call_key("backward", prob, (cuda_like,), replayable, 0, 0)
 
 
 def test_recording_context_records_only_a_new_key(monkeypatch):
@@ -125,7 +149,9 @@ def test_recording_context_records_only_a_new_key(monkeypatch):
 # ----------------------------------------------------------------------------------------------
 # On a GPU: the same bits as the normal path
 # ----------------------------------------------------------------------------------------------
-def _calls(dtype, d, causal, nheads_k, layout, n_calls):
+def _calls(dtype, d, causal, nheads_k, layout, n_calls, deterministic=True):
+    """``n_calls`` training calls and a no-grad forward on the same inputs: per call [O, L, O without grad, dQ, dK, dV]
+    and, last, (q, k, v, dO)."""
     from numba_flash import flash_attn_func
 
     gen = torch.Generator(device="cuda").manual_seed(3)
@@ -142,12 +168,22 @@ def _calls(dtype, d, causal, nheads_k, layout, n_calls):
     for _ in range(n_calls):
         for x in (q, k, v):
             x.grad = None
-        out, lse, _ = flash_attn_func(q, k, v, causal=causal, return_attn_probs=True, deterministic=True)
+        out, lse, _ = flash_attn_func(q, k, v, causal=causal, return_attn_probs=True, deterministic=deterministic)
         out.backward(dout)
         with torch.no_grad():
             plain = flash_attn_func(q, k, v, causal=causal)
         results.append([x.detach().clone() for x in (out, lse, plain, q.grad, k.grad, v.grad)])
-    return results
+    return results, (q, k, v, dout)
+
+
+def _counting_replays(monkeypatch):
+    """Replay on, no recipes yet; the list of what each :func:`_replay.replay` call returned, by pass."""
+    monkeypatch.setattr(_replay, "ENABLED", True)
+    monkeypatch.setattr(_replay, "_recipes", {})
+    replays = []
+    real = _replay.replay
+    monkeypatch.setattr(_replay, "replay", lambda key, inputs: replays.append((key[0], real(key, inputs))) or replays[-1][1])
+    return replays
 
 
 @pytest.mark.gpu
@@ -157,16 +193,39 @@ def _calls(dtype, d, causal, nheads_k, layout, n_calls):
 def test_replayed_calls_give_the_normal_paths_bits(monkeypatch, dtype, d, causal, nheads_k, layout):
     dtype = getattr(torch, dtype)
     monkeypatch.setattr(_replay, "ENABLED", False)
-    (want,) = _calls(dtype, d, causal, nheads_k, layout, 1)
-    monkeypatch.setattr(_replay, "ENABLED", True)
-    monkeypatch.setattr(_replay, "_recipes", {})
-    replays = []
-    real = _replay.replay
-    monkeypatch.setattr(_replay, "replay", lambda *a: replays.append(real(*a)) or replays[-1])
-    for got in _calls(dtype, d, causal, nheads_k, layout, 3):
-        for a, b in zip(got, want):
-            assert torch.equal(a, b)
+    (want,), _ = _calls(dtype, d, causal, nheads_k, layout, 1)
+    replays = _counting_replays(monkeypatch)
+    got_calls, _ = _calls(dtype, d, causal, nheads_k, layout, 3)
+    for got in got_calls:
+        for name, a, b in zip(("O", "L", "O (no grad)", "dQ", "dK", "dV"), got, want):
+            assert torch.equal(a, b), name
     # a half q at an odd element offset is copied to whole words by the normal path: no recipe, never replayed
     copied = layout == "odd offset" and dtype != torch.float32
-    assert any(r is not None for r in replays) != copied
-    assert all((recipe is None) == copied for recipe in _replay._recipes.values()) and _replay._recipes
+    for pass_name in ("forward", "backward"):
+        assert any(r is not None for p, r in replays if p == pass_name) != copied, pass_name
+    assert all((recipe is None) == copied for recipe in _replay._recipes.values())
+    assert {key[0] for key in _replay._recipes} == {"forward", "backward"}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_a_replayed_atomic_backward_keeps_dk_dv_bits_and_dq_within_the_rule(monkeypatch, dtype):
+    # dQ by atomic adds is not bitwise reproducible (the order of the adds varies); O, L, dK, dV are. The replayed
+    # dQ (a zeroed float32 array, the atomic adds, the conversion to bf16) is held to the backward's 3x rule.
+    from attn_testing import assert_error_rule, torch_attention
+
+    dtype = getattr(torch, dtype)
+    monkeypatch.setattr(_replay, "ENABLED", False)
+    (want,), _ = _calls(dtype, 64, True, 2, "contiguous", 1, deterministic=False)
+    replays = _counting_replays(monkeypatch)
+    got_calls, (q, k, v, dout) = _calls(dtype, 64, True, 2, "contiguous", 3, deterministic=False)
+    assert any(r is not None for p, r in replays if p == "backward")
+    grads = {}
+    for ref_dtype in (torch.float64, dtype):
+        xs = [x.detach().to(ref_dtype).requires_grad_(True) for x in (q, k, v)]
+        torch_attention(*xs, True, 0.0, 0, ref_dtype).backward(dout.to(ref_dtype))
+        grads[ref_dtype] = xs[0].grad.double().cpu().numpy()
+    for got in got_calls:
+        for name, a, b in zip(("O", "L", "O (no grad)", "dK", "dV"), got[:3] + got[4:], want[:3] + want[4:]):
+            assert torch.equal(a, b), name
+        assert_error_rule(got[3].double().cpu().numpy(), grads[torch.float64], grads[dtype], mult=3.0, what="dQ")

@@ -42,9 +42,12 @@
 #                of numba_flash/fast/_direct.py, against SDPA memory-efficient and flash in the same run, and first our cells
 #                from the tree NUMBA_FLASH_BASELINE_TREE (an earlier commit's checkout) if set -> OUTDIR/short_direct.json/.log,
 #                short_direct_base.json/.log
-#   short_replay the half grid's short cells (as short_direct) with the forward's launches replayed (NUMBA_FLASH_REPLAY=1,
-#                numba_flash/fast/_replay.py) and without, in the same call, then the GPU tests of the replay
+#   short_replay the half grid's short cells (as short_direct) with the launches replayed (NUMBA_FLASH_REPLAY=1, the default
+#                since 2026-11-26, numba_flash/fast/_replay.py) and without, in the same call, after the GPU tests of the replay
 #                -> OUTDIR/short_replay_off.json/.log, short_replay_on.json/.log, replay_tests.txt
+#   host_kernels python -m bench.host_layers --kernels: per bf16 training step (b 8 N 256 d 64; N 1k/2k d 128), the kernels'
+#                GPU time (torch.profiler) against the synchronized wall time, replay off and on, SDPA beside
+#                -> OUTDIR/host_kernels.txt
 #   short_kernels the half forward's tilings (half_sweep's TILINGS, Br = 64 among them) at N 512/1k/2k, bf16, each timing
 #                the mean of 10 back-to-back calls (the kernels, not one call's host work), SDPA beside them
 #                -> OUTDIR/short_kernels.json/.log
@@ -175,6 +178,9 @@ for s in "${steps[@]}"; do
           --benchmark-json="$out/short_replay_$mode.json" --benchmark-columns=median,rounds --benchmark-sort=name
       done
       grep -h "test_bench.*flash2" "$out"/short_replay_*.log | sort ;;
+    host_kernels)
+      step host_kernels.txt timeout 300 python3 -m bench.host_layers --kernels
+      grep "ms/step" "$out/host_kernels.txt" ;;
     short_kernels)
       step short_kernels.log timeout 400 python3 -m bench.half_sweep --seqlens 512 1024 2048 --calls 10 --repeats 10 \
         --out "$out/short_kernels.json"
@@ -183,7 +189,7 @@ for s in "${steps[@]}"; do
       step half_bwd_cp.log python3 -m bench.half_sweep --backward --seqlens 1024 4096 --out "$out/half_bwd_cp.json"
       tail -n 40 "$out/half_bwd_cp.log" ;;
     *)
-      echo "run_pending: unknown step '$s' (streams host ncu_tc half_ex2 half_ex2_pairs ostep short_d128 short_causal causal_d128 tc_cp occ3_d128 host_layers short_direct short_replay short_kernels half_bwd_cp)" >&2
+      echo "run_pending: unknown step '$s' (streams host ncu_tc half_ex2 half_ex2_pairs ostep short_d128 short_causal causal_d128 tc_cp occ3_d128 host_layers host_kernels short_direct short_replay short_kernels half_bwd_cp)" >&2
       rc=2 ;;
   esac
 done

@@ -1,28 +1,34 @@
-"""Replaying a forward's launches: the host path of a call whose arguments were seen before (opt-in).
+"""Replaying a pass's launches: the host path of an eager call whose arguments were seen before.
 
 Why it exists: with the direct launches (:mod:`numba_flash.fast._direct`) an eager ``flash_attn_func`` forward
-still spends 120-137 us of an H200's host time a call (SDPA: 13-18 us), in the Python between the call and its one
-kernel launch: resolving the kernel, the allocator, the conversions to kernel arrays, the plan, four allocations,
-the launch arguments (``docs/results/sweeps/host_layers_h200_e02c4ff.txt``). At N = 512 the half forward's kernel
-is faster than SDPA memory-efficient's, and the call is slower only by that host time.
+still spent 120-158 us of host time a call (SDPA: 13-18 us), in the Python between the call and its one kernel
+launch: resolving the kernel, the allocator, the conversions to kernel arrays, the plan, four allocations, the
+launch arguments (``docs/results/sweeps/host_layers_h200_e02c4ff.txt``). At N = 512 the half forward's kernel is
+faster than SDPA memory-efficient's, and the call was slower only by that host time. Replayed, the forward takes
+65 us of an H100's host time and the bf16 forward at N = 512-2k gains 0.06-0.09 ms a call
+(``docs/results/sweeps/host_layers_h100_3058ce8.txt``, ``short_replay_h100_3058ce8_*.json``).
 
-What it does (``NUMBA_FLASH_REPLAY=1``, or :data:`ENABLED`): the first eager forward of a *call key* runs as
-always, and records what reached the GPU: the outputs the :class:`~numba_flash._launch.Allocator` allocated
-(shape, dtype, fill) and every direct launch (function, launch configuration, the marshalled kernel arguments and
-where in them each array's data pointer sits). The recording becomes a *recipe* when every array of every launch is
-one of the call's inputs (the same memory as q, k or v) or one of the recorded allocations, and every output the
-call returns is one of the allocations (or a dtype view of one). A later call with the same key replays the recipe:
-it allocates the outputs, writes the new data pointers into a copy of the recorded arguments and launches. The key
-holds everything the normal path decides from: the checked :class:`~numba_flash._launch.Problem` (shapes, scale,
-causal, dropout, seed), the kernel's names and tile override, and per input its dtype, shape, strides, device and
-data pointer modulo 16 (the ``cp.async`` path needs 16-byte rows).
+What it does (on by default; ``NUMBA_FLASH_REPLAY=0`` or :data:`ENABLED` turns it off): the first eager pass (the
+forward, or the backward of an eager training call) of a *call key* runs as always, and records what reached the
+GPU, in order: the outputs the :class:`~numba_flash._launch.Allocator` allocated (shape, dtype, fill), every direct
+launch (function, launch configuration, the marshalled kernel arguments and where in them each array's data pointer
+sits) and every dtype conversion of a result (the float32 dQ of an atomic half backward converted to the input
+dtype). The recording becomes a *recipe* when every array of every launch is one of the call's inputs (the same
+memory as q, k, v, or the backward's dO, O and statistics) or one of the arrays the call made before it, every
+conversion converts such an array, and every output the call returns is one of them (or a dtype view of one). A
+later call with the same key replays the recipe: it allocates, writes the new data pointers into a copy of the
+recorded arguments, launches and converts, in the recorded order. The key holds everything the normal path decides
+from: the pass, the checked :class:`~numba_flash._launch.Problem` (shapes, scale, causal, dropout, seed), the
+kernel's names and the options (tile override; the backward's ``deterministic``), and per input its dtype, shape,
+strides, device and data pointer modulo 16 (the ``cp.async`` path needs 16-byte rows).
 
-Where it applies: eager forwards (not while ``torch.compile`` traces) of a kernel module that declares
-``REPLAYABLE = True`` (its forward does nothing on the GPU but allocate through the allocator and launch through
-:func:`numba_flash.fast._smem.launch`: the FA2 forwards), on CUDA tensors, on a stream the normal path would not join to the launches' (torch's default), without
-dropout (a dropout call draws a new seed, which would be a new key every call), outside
-:func:`~numba_flash._launch.poison_outputs`. Anything else runs the normal path, as does a key whose recording
-was not a recipe (it is remembered as such and not recorded again). A recording in which a launch went through
+Where it applies: eager passes (not while ``torch.compile`` traces) of a kernel module that declares
+``REPLAYABLE = True`` (its pass does nothing on the GPU but allocate through the allocator and launch through
+:func:`numba_flash.fast._smem.launch`: the FA2 forwards and backwards), on CUDA tensors, on a stream the normal
+path would not join to the launches' (torch's default), without dropout (a dropout call draws a new seed, which
+would be a new key every call), outside :func:`~numba_flash._launch.poison_outputs`. Anything else runs the normal
+path, as does a key whose recording was not a recipe (an input the normal path copies first, such as a half tensor
+at an odd offset: it is remembered as such and not recorded again). A recording in which a launch went through
 numba (the first launch of a kernel for its argument types does) is dropped, and the next call records again.
 """
 
@@ -31,8 +37,8 @@ from __future__ import annotations
 import os
 import threading
 
-#: Whether eager forwards are recorded and replayed (``NUMBA_FLASH_REPLAY=1``; off by default until timed on a GPU).
-ENABLED = os.environ.get("NUMBA_FLASH_REPLAY", "0") not in ("", "0")
+#: Whether eager passes are recorded and replayed (on unless ``NUMBA_FLASH_REPLAY=0``; timed on an H100 2026-11-26).
+ENABLED = os.environ.get("NUMBA_FLASH_REPLAY", "1") not in ("", "0")
 
 #: Keys remembered at most (a process that sees ever new shapes drops its oldest recipes first)
 MAX_RECIPES = 1024
@@ -42,11 +48,11 @@ _local = threading.local()  # .recorder: the _Recorder of the call this thread i
 
 
 class _Recorder:
-    """What one call put on the GPU, in order."""
+    """What one call put on the GPU, in order: ``steps`` of ("alloc", tensor, fill or None), ("launch", cuda.core's
+    launch, stream, kernel, config, kernelargs, [(data pointer position, value)]) and ("convert", source, result)."""
 
     def __init__(self):
-        self.allocations = []  # (tensor, shape, torch dtype, fill or None)
-        self.launches = []  # (cuda.core's launch, stream, kernel, config, kernelargs, [(data pointer position, value)])
+        self.steps = []
         self.numba_launched = False  # a launch went through numba: record the key again on its next call
 
 
@@ -60,13 +66,21 @@ def allocation(t, fill) -> None:
     this thread records a call (else nothing)."""
     rec = active()
     if rec is not None:
-        rec.allocations.append((t, tuple(t.shape), t.dtype, fill))
+        rec.steps.append(("alloc", t, fill))
+
+
+def conversion(source, result) -> None:
+    """Record ``result = source.to(result.dtype)`` (the allocator returning a float32 result in the input's dtype),
+    where this thread records a call and ``result`` is a new tensor (else nothing)."""
+    rec = active()
+    if rec is not None and result is not source:
+        rec.steps.append(("convert", source, result))
 
 
 def launch(core_launch, stream, kernel, config, kernelargs, pointer_slots) -> None:
     """Record a direct launch, ``core_launch(stream, config, kernel, *kernelargs)`` (:mod:`numba_flash.fast._direct`):
     ``kernelargs`` as marshalled, ``pointer_slots`` the (position, value) of each array's data pointer in them."""
-    _local.recorder.launches.append((core_launch, stream, kernel, config, list(kernelargs), pointer_slots))
+    _local.recorder.steps.append(("launch", core_launch, stream, kernel, config, list(kernelargs), pointer_slots))
 
 
 def numba_launched() -> None:
@@ -79,42 +93,50 @@ def numba_launched() -> None:
 
 
 class _Recipe:
-    """Outputs to allocate and launches to repeat with new data pointers."""
+    """What to redo, in order, with new data pointers: ``steps`` of ("alloc", shape, torch dtype, fill or None),
+    ("launch", launch, stream, kernel, config, kernelargs template, [(position, ("in", i) or ("made", j))]) and
+    ("convert", j, torch dtype), where ``made`` j is the j-th array an "alloc" or a "convert" step made."""
 
-    def __init__(self, allocations, launches, outputs):
-        self.allocations = allocations  # (shape, torch dtype, fill or None)
-        self.launches = launches  # (launch, stream, kernel, config, kernelargs template, [(position, ("in", i) or ("out", j))])
-        self.outputs = outputs  # per returned output: (allocation index, dtype to view it as, or None)
+    def __init__(self, steps, outputs):
+        self.steps = steps
+        self.outputs = outputs  # per returned output: (index of a made array, dtype to view it as, or None)
 
 
-def call_key(prob, q, k, v, kernel, br: int, bc: int):
-    """The key of an eager forward, or None where this module does not take the call (see the module docstring; the
-    caller leaves out calls made while poisoning outputs or from a stream the normal path would join,
-    :func:`numba_flash._launch.streams_to_join`)."""
-    if not ENABLED or prob.dropout_p > 0 or not getattr(kernel.module, "REPLAYABLE", False) or not q.is_cuda:
+def call_key(pass_name: str, prob, inputs, kernel, *options):
+    """The key of an eager pass (``"forward"`` on (q, k, v), ``"backward"`` on (dO, q, k, v, O, L, m, l)), or None
+    where this module does not take the call (see the module docstring; the caller leaves out calls made while
+    poisoning outputs or from a stream the normal path would join, :func:`numba_flash._launch.streams_to_join`)."""
+    if not ENABLED or prob.dropout_p > 0 or not getattr(kernel.module, "REPLAYABLE", False) or not inputs[0].is_cuda:
         return None
-    per_input = tuple((x.dtype, x.shape, x.stride(), x.device, x.data_ptr() % 16) for x in (q, k, v))
-    return prob, kernel.algorithm, kernel.variant, br, bc, per_input
+    per_input = tuple((x.dtype, x.shape, x.stride(), x.device, x.data_ptr() % 16) for x in inputs)
+    return pass_name, prob, kernel.algorithm, kernel.variant, options, per_input
 
 
-def replay(key, q, k, v):
-    """The outputs of the recipe for ``key`` run on q, k, v; None where there is none (record the call instead)."""
+def replay(key, inputs):
+    """The outputs of the recipe for ``key`` run on ``inputs``; None where there is none (record the call instead)."""
     recipe = _recipes.get(key, False)
     if recipe is None or recipe is False:
         return None
     import torch
 
-    device = q.device
-    allocs = [torch.empty(shape, dtype=dt, device=device) if fill is None else torch.full(shape, fill, dtype=dt, device=device)
-              for shape, dt, fill in recipe.allocations]
-    inputs = (q.data_ptr(), k.data_ptr(), v.data_ptr())
+    device = inputs[0].device
+    in_ptrs = [x.data_ptr() for x in inputs]
+    made = []
     with torch.cuda.device(device):
-        for core_launch, stream, kernel, config, template, slots in recipe.launches:
-            args = list(template)
-            for pos, (role, i) in slots:
-                args[pos] = inputs[i] if role == "in" else allocs[i].data_ptr()
-            core_launch(stream, config, kernel, *args)
-    return tuple(allocs[a] if view is None else allocs[a].view(view) for a, view in recipe.outputs)
+        for step in recipe.steps:
+            if step[0] == "alloc":
+                _, shape, dt, fill = step
+                made.append(torch.empty(shape, dtype=dt, device=device) if fill is None
+                            else torch.full(shape, fill, dtype=dt, device=device))
+            elif step[0] == "launch":
+                _, core_launch, stream, kernel, config, template, slots = step
+                args = list(template)
+                for pos, (role, i) in slots:
+                    args[pos] = in_ptrs[i] if role == "in" else made[i].data_ptr()
+                core_launch(stream, config, kernel, *args)
+            else:  # "convert"
+                made.append(made[step[1]].to(step[2]))
+    return tuple(made[j] if view is None else made[j].view(view) for j, view in recipe.outputs)
 
 
 def recording(key):
@@ -147,35 +169,50 @@ class _Recording:
 
 
 def _recipe(rec: _Recorder, inputs, outputs):
-    """The recipe of a recording, or None where some array is neither an input nor a recorded allocation."""
+    """The recipe of a recording, or None where some array is neither an input nor one the call made before it."""
     in_ptrs = [x.data_ptr() for x in inputs]
-    alloc_ptrs = [t.data_ptr() for t, *_ in rec.allocations]
-    if len(set(in_ptrs + alloc_ptrs)) != len(in_ptrs) + len(alloc_ptrs):
-        return None  # Dev: two inputs (or an input and an output) share memory: a pointer names no one role
+    made = []  # the tensors the "alloc" and "convert" steps made, in order
+    steps = []
 
     def role(ptr):
         if ptr in in_ptrs:
             return "in", in_ptrs.index(ptr)
-        if ptr in alloc_ptrs:
-            return "out", alloc_ptrs.index(ptr)
+        for j, t in enumerate(made):
+            if t.data_ptr() == ptr:
+                return "made", j
         return None
 
-    launches = []
-    for core_launch, stream, kernel, config, kernelargs, slots in rec.launches:
-        roles = [(pos, role(ptr)) for pos, ptr in slots]
-        if any(r is None for _, r in roles):
-            return None
-        launches.append((core_launch, stream, kernel, config, kernelargs, roles))
+    for step in rec.steps:
+        if step[0] == "alloc":
+            _, t, fill = step
+            made.append(t)
+            steps.append(("alloc", tuple(t.shape), t.dtype, fill))
+        elif step[0] == "launch":
+            _, core_launch, stream, kernel, config, kernelargs, slots = step
+            roles = [(pos, role(ptr)) for pos, ptr in slots]
+            if any(r is None for _, r in roles):
+                return None
+            steps.append(("launch", core_launch, stream, kernel, config, kernelargs, roles))
+        else:  # "convert"
+            _, source, result = step
+            r = role(source.data_ptr())
+            if r is None or r[0] != "made" or (made[r[1]].shape, made[r[1]].dtype) != (source.shape, source.dtype):
+                return None  # Dev: only a whole array the call made is converted by a replay
+            made.append(result)
+            steps.append(("convert", r[1], result.dtype))
+    ptrs = in_ptrs + [t.data_ptr() for t in made]
+    if len(set(ptrs)) != len(ptrs):
+        return None  # Dev: two inputs (or an input and an output) share memory: a pointer names no one role
+    if not any(step[0] == "launch" for step in steps):
+        return None
     outs = []
     for t in outputs:
         r = role(t.data_ptr())
-        if r is None or r[0] != "out":
+        if r is None or r[0] != "made":
             return None
-        a = rec.allocations[r[1]][0]
+        a = made[r[1]]
         same = t.shape == a.shape if t.dtype == a.dtype else t.numel() * t.element_size() == a.numel() * a.element_size()
-        if not same:  # Dev: a part of an allocation, not the whole of it (or all of it in another dtype)
+        if not same:  # Dev: a part of an array the call made, not the whole of it (or all of it in another dtype)
             return None
         outs.append((r[1], None if t.dtype == a.dtype else t.dtype))
-    if not launches:
-        return None
-    return _Recipe([(shape, dt, fill) for _, shape, dt, fill in rec.allocations], launches, outs)
+    return _Recipe(steps, outs)

@@ -577,6 +577,12 @@ def compiled_kernels(prob: Problem, block_sizes=None, deterministic=False) -> li
     return out
 
 
+#: :func:`backward` puts nothing on the GPU but the allocator's outputs and launches through ``_smem.launch`` (the
+#: pre-pass, the main kernel, the deterministic dQ kernel): an eager call's backward may be replayed
+#: (:mod:`numba_flash.fast._replay`)
+REPLAYABLE = True
+
+
 def backward(dout, q, k, v, out, fwd, prob: Problem, alloc, block_sizes=None, deterministic=False, config=None, features=None):
     """FA2 Algorithm 2, fast kernels, on kernel arrays: ``(dq, dk, dv)`` (dk, dv summed over each GQA group).
 

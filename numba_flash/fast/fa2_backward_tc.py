@@ -19,6 +19,11 @@ from . import fa2_backward_half, fa2_backward_tf32
 from .fa2_backward import backward as _ffma_backward  # bound once: a call here is this module's, not the "fast" entry's
 from .fa2_forward_tc import available  # noqa: F401  (the kernel contract's optional available())
 
+#: :func:`backward` puts nothing on the GPU but the allocator's outputs and launches through ``_smem.launch`` (each of
+#: the three modules it picks: the pre-pass, the main kernel, the deterministic dQ kernel): an eager call's backward
+#: may be replayed (:mod:`numba_flash.fast._replay`)
+REPLAYABLE = True
+
 
 def takes_words(prob: Problem) -> bool:
     """Whether :func:`backward` takes q, k, v, O, dO as half words (the half kernel runs ``prob``)."""

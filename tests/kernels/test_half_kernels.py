@@ -110,6 +110,13 @@ def test_odd_head_dims_and_strided_inputs_run_and_keep_their_dtype(rng, dtype):
         out = api.flash_attn_func(q, k, v, variant="tensorcore", block_sizes=(16, 16))
     dense = api.flash_attn_func(q.contiguous(), k.contiguous(), v.contiguous(), variant="tensorcore", block_sizes=(16, 16))
     assert torch.equal(out, dense)
+    # A contiguous q one element into its buffer: its rows are not whole words, and contiguous() would
+    # hand back the same tensor (the GPU run of tests/test_replay.py found that).
+    shifted = torch.cat([q.new_zeros(1), q.contiguous().flatten()])[1:].view(q.shape)
+    assert shifted.is_contiguous() and shifted.storage_offset() == 1
+    with poison_outputs():
+        out = api.flash_attn_func(shifted, k, v, variant="tensorcore", block_sizes=(16, 16))
+    assert torch.equal(out, dense)
 
 
 def test_numpy_float16_arrays_run_natively_and_come_back_float16(rng):
