@@ -265,22 +265,24 @@ def compulsory_bytes(pass_: str, batch: int, nheads: int, N: int, d: int) -> int
 # ----------------------------------------------------------------------------------------------
 # The call a case makes
 # ----------------------------------------------------------------------------------------------
-def make_inputs(batch, nheads, N, d, seed=0, requires_grad=False):
-    """q, k, v and an upstream gradient g: torch CUDA tensors on a GPU, CPU tensors in the simulator."""
+def make_inputs(batch, nheads, N, d, seed=0, requires_grad=False, dtype="float32"):
+    """q, k, v and an upstream gradient g in ``dtype`` (a torch dtype's name): torch CUDA tensors on a GPU, CPU
+    tensors in the simulator."""
     import torch
 
     device = "cuda" if on_gpu() else "cpu"
     gen = torch.Generator(device=device).manual_seed(seed)
     shape = (batch, N, nheads, d)
-    q, k, v, g = (torch.randn(shape, device=device, dtype=torch.float32, generator=gen) for _ in range(4))
+    q, k, v, g = (torch.randn(shape, device=device, dtype=torch.float32, generator=gen).to(getattr(torch, dtype))
+                  for _ in range(4))
     if requires_grad:
         for x in (q, k, v):
             x.requires_grad_(True)
     return q, k, v, g
 
 
-def prepare(algorithm, variant, pass_, batch, nheads, N, d, mask=None, block_sizes=None, seed=0):
-    """The call of one case as a function of no arguments (inputs built here; see the module docstring).
+def prepare(algorithm, variant, pass_, batch, nheads, N, d, mask=None, block_sizes=None, seed=0, dtype="float32"):
+    """The call of one case as a function of no arguments (inputs built here in ``dtype``; see the module docstring).
 
     For "backward" the forward runs once here and the function computes only the gradients
     (``torch.autograd.grad`` with ``retain_graph``, so it can run again and nothing accumulates).
@@ -290,7 +292,7 @@ def prepare(algorithm, variant, pass_, batch, nheads, N, d, mask=None, block_siz
     import torch
 
     grad = pass_ in ("backward", "fwd+bwd")
-    q, k, v, g = make_inputs(batch, nheads, N, d, seed=seed, requires_grad=grad)
+    q, k, v, g = make_inputs(batch, nheads, N, d, seed=seed, requires_grad=grad, dtype=dtype)
 
     def forward():
         if algorithm == "block-sparse":

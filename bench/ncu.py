@@ -134,7 +134,8 @@ def run_child(spec: dict) -> dict:
     alg, variant, pass_ = spec["algorithm"], spec.get("variant"), spec["pass"]
     b, h, N, d = spec["batch"], spec["nheads"], spec["N"], spec["d"]
     mask = np.asarray(spec["mask"], dtype=bool) if spec.get("mask") is not None else None
-    fn = common.prepare(alg, variant, pass_, b, h, N, d, mask=mask, block_sizes=spec.get("block_sizes"))
+    fn = common.prepare(alg, variant, pass_, b, h, N, d, mask=mask, block_sizes=spec.get("block_sizes"),
+                        dtype=spec.get("dtype", "float32"))
     for _ in range(int(spec.get("warmup", 2))):
         fn()
     torch.cuda.synchronize()

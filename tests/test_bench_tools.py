@@ -245,3 +245,26 @@ def test_host_overhead_times_every_layer_and_puts_the_launch_path_back(capsys):
     assert len(lines) == 10, lines  # 3 dispatchers x grad on/off, then 2 dtypes x grad on/off through flash_attn_func
     assert all(float(line.split()[-2]) > 0 for line in lines)
     assert _run.forward is real
+
+
+def test_ratios_divide_the_baseline_by_ours_cell_by_cell():
+    from bench import ratios
+
+    def row(alg, n, t, causal=False, **kw):
+        return dict(algorithm=alg, N=n, d=64, causal=causal, time_ms=t, pass_="forward", dtype="bfloat16", **kw)
+
+    rows = [row("flash2", 512, 2.0), row("sdpa_mem_efficient", 512, 1.0), row("flash2", 1024, 1.0),
+            row("sdpa_mem_efficient", 1024, 3.0), row("flash2", 2048, 1.0),  # no baseline: left out
+            row("flash2", 1024, 1.0, shape="fa1_figure2"), row("sdpa_mem_efficient", 1024, 9.0, shape="fa1_figure2")]
+    got = ratios.cell_ratios(rows, "flash2", "sdpa_mem_efficient")
+    assert got == {("bfloat16", "forward", 64, False): {512: 0.5, 1024: 3.0}}
+    assert ratios.cell_ratios(rows, "flash2", "sdpa_mem_efficient", min_n=1024) == {("bfloat16", "forward", 64, False): {1024: 3.0}}
+    assert "1 of 2 cells below 1.0x sdpa_mem_efficient; range 0.50-3.00" in ratios.format_tables(got, "flash2", "sdpa_mem_efficient")
+
+
+def test_ratios_read_the_committed_grids(capsys):
+    from bench import ratios
+
+    assert ratios.main([str(ROOT / "docs" / "results" / "half_h100.json")]) == 0
+    out = capsys.readouterr().out
+    assert "## bfloat16 fwd+bwd: sdpa_mem_efficient time / flash2 time" in out and "cells below 1.0x" in out

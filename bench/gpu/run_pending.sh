@@ -14,6 +14,9 @@
 #   ncu_tc       Nsight Compute's full set (--set full) on one 3xTF32 forward at d = 128 and d = 64 and one 3xTF32
 #                backward at d = 128 (N 4096, b 4, h 16, float32): where the d = 128 kernels lose to SDPA memory-efficient
 #                (shared-memory throughput, issue stalls, tensor-pipe use) -> OUTDIR/ncu_tc_fwd_d128.txt, _fwd_d64, _bwd_d128
+#   ncu_half     Nsight Compute's full set on the bf16 half backward at d = 128 and d = 64 (N 4096, b 4, h 16): where the
+#                d = 128 backward loses (#16's remaining cells: SRAM traffic of P and dS, the dQ atomics, register-bound
+#                occupancy) -> OUTDIR/ncu_half_bwd_d128.txt, _d64 (and _meta.json)
 #   half_ex2     the half forward (N 1k/4k/16k) and forward + backward (N 1k/4k) with P = 2^(S' - m) by ex2.approx.ftz
 #                (EX2_FTZ) against their defaults, default tilings, bf16 (the performance log's section "Half forward: one
 #                instruction per exp2") and its GPU tests -> OUTDIR/half_ex2_off.json/.log, half_ex2_on, half_ex2_bwd_off,
@@ -105,6 +108,14 @@ for s in "${steps[@]}"; do
         step "ncu_tc_${tag}_d${d}.txt" "$ncu_bin" --set full --nvtx --nvtx-include "numba_flash_measure/" --print-units base \
           python3 -m bench.ncu --child "$spec" --meta-out "$out/ncu_tc_${tag}_d${d}_meta.json"
       done ;;
+    ncu_half)
+      ncu_bin="$(python3 -c 'from bench.ncu import find_ncu; print(find_ncu() or "")')"
+      if [ -z "$ncu_bin" ]; then echo "run_pending: no ncu" >&2; rc=1; continue; fi
+      for d in 128 64; do
+        spec="{\"algorithm\":\"flash2\",\"variant\":\"tensorcore\",\"pass\":\"backward\",\"batch\":4,\"nheads\":16,\"N\":4096,\"d\":$d,\"dtype\":\"bfloat16\"}"
+        step "ncu_half_bwd_d${d}.txt" timeout 200 "$ncu_bin" --set full --nvtx --nvtx-include "numba_flash_measure/" --print-units base \
+          python3 -m bench.ncu --child "$spec" --meta-out "$out/ncu_half_bwd_d${d}_meta.json"
+      done ;;
     half_ex2)
       step half_ex2_tests.txt python3 -m pytest -q -p no:cacheprovider -rfE tests/kernels/test_half_ex2_ftz.py
       step half_ex2_off.log python3 -m bench.half_sweep --seqlens 1024 4096 16384 --default-only --out "$out/half_ex2_off.json"
@@ -189,7 +200,7 @@ for s in "${steps[@]}"; do
       step half_bwd_cp.log python3 -m bench.half_sweep --backward --seqlens 1024 4096 --out "$out/half_bwd_cp.json"
       tail -n 40 "$out/half_bwd_cp.log" ;;
     *)
-      echo "run_pending: unknown step '$s' (streams host ncu_tc half_ex2 half_ex2_pairs ostep short_d128 short_causal causal_d128 tc_cp occ3_d128 host_layers host_kernels short_direct short_replay short_kernels half_bwd_cp)" >&2
+      echo "run_pending: unknown step '$s' (streams host ncu_tc ncu_half half_ex2 half_ex2_pairs ostep short_d128 short_causal causal_d128 tc_cp occ3_d128 host_layers host_kernels short_direct short_replay short_kernels half_bwd_cp)" >&2
       rc=2 ;;
   esac
 done
