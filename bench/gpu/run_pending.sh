@@ -54,6 +54,9 @@
 #   short_kernels the half forward's tilings (half_sweep's TILINGS, Br = 64 among them) at N 512/1k/2k, bf16, each timing
 #                the mean of 10 back-to-back calls (the kernels, not one call's host work), SDPA beside them
 #                -> OUTDIR/short_kernels.json/.log
+#   lse_p        the half backward's LSE_P (P from the logsumexp alone: one FFMA and one exponential per element) off and on,
+#                twice, alternating, default tilings, N 1k/2k/4k, d 64 and 128, causal and not (forward + backward timed), after
+#                its GPU tests -> OUTDIR/lse_p_tests.txt, lse_p_off_1.json/.log, lse_p_on_1, _off_2, _on_2
 #   half_bwd_cp  the half backward's tilings with and without cp.async for Q_i, dO_i (half_sweep --backward; the log's
 #                section "FA2 backward in fp16 / bf16: cp.async for Q_i, dO_i") -> OUTDIR/half_bwd_cp.json/.log
 # OUTDIR/pending_env.txt says what ran where. A failed step is noted and the rest run. Exit status: 0 when all ran.
@@ -196,11 +199,21 @@ for s in "${steps[@]}"; do
       step short_kernels.log timeout 400 python3 -m bench.half_sweep --seqlens 512 1024 2048 --calls 10 --repeats 10 \
         --out "$out/short_kernels.json"
       tail -n 40 "$out/short_kernels.log" ;;
+    lse_p)
+      step lse_p_tests.txt timeout 200 python3 -m pytest -q -p no:cacheprovider -rfE tests/kernels/test_half_lse_p.py
+      for r in 1 2; do
+        for mode in off on; do
+          flag=false; [ "$mode" = on ] && flag=true
+          step "lse_p_${mode}_$r.log" timeout 110 python3 -m bench.half_sweep --backward --default-only --seqlens 1024 2048 4096 \
+            --features "{\"LSE_P\": $flag}" --out "$out/lse_p_${mode}_$r.json"
+        done
+      done
+      grep -h "^half" "$out"/lse_p_*.log | sort ;;
     half_bwd_cp)
       step half_bwd_cp.log python3 -m bench.half_sweep --backward --seqlens 1024 4096 --out "$out/half_bwd_cp.json"
       tail -n 40 "$out/half_bwd_cp.log" ;;
     *)
-      echo "run_pending: unknown step '$s' (streams host ncu_tc ncu_half half_ex2 half_ex2_pairs ostep short_d128 short_causal causal_d128 tc_cp occ3_d128 host_layers host_kernels short_direct short_replay short_kernels half_bwd_cp)" >&2
+      echo "run_pending: unknown step '$s' (streams host ncu_tc ncu_half half_ex2 half_ex2_pairs ostep short_d128 short_causal causal_d128 tc_cp occ3_d128 host_layers host_kernels short_direct short_replay short_kernels lse_p half_bwd_cp)" >&2
       rc=2 ;;
   esac
 done

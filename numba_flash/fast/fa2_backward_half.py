@@ -430,7 +430,8 @@ def fa2_backward_half_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
             # FA2.2 L10: S_ij^T = K_j Q_i^T; FA2.2 L13: dP_ij^T = V_j dO_i^T -- per 16-wide d step,
             # A = this warp's K_j (V_j) rows by ldmatrix, B = two n8 query tiles of Q_i (dO_i) rows by ldmatrix
             mma_pair_products(smem, OFF_K, OFF_V, OFF_Q + qs, OFF_DO + qs, wrow, lr, lw, kr, kw, rA, rB, rS, rdP, sx, wbase, lane)
-            # FA2.2 L11: P_ij = exp(S_ij - L_i) as exp2(S tau log2 e - M_i) / l_i, masked (a column of P^T is a query)
+            # FA2.2 L11: P_ij = exp(S_ij - L_i) as exp2(S tau log2 e - M_i) / l_i, masked (a column of P^T is a query);
+            # FROM_LSE: M_i = L_i log2 e and no 1/l_i, one FFMA and one MUFU.EX2 per element
             # FA2.2 L14: dS_ij = P_ij o (dP_ij - D_i), times tau (Dev: dropout: P o Z for L12, dP o Z in L14)
             masked = col0 + BC > s_k or (CAUSAL and col0 + BC - 1 > row0 + causal_offset)
             for mt in range(MW):
@@ -440,7 +441,11 @@ def fa2_backward_half_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
                         key = col0 + int(wrow) + 16 * mt + 8 * (c // 2) + int(g)
                         qi = so + U(8 * nt + c % 2) + U(2) * t  # (CP_ASYNC: in this step's statistics stage)
                         # Dev: min(., 64): no overflow on masked entries (exp2 overflow, then inf * 0 = NaN)
-                        p = exp2(min(rS[f] * c1 - sM[qi], CAP)) * sIL[qi]
+                        if FROM_LSE:  # Dev: no 1/l (0 for a row past N_q or that sees no key): such a row's P
+                            # meets zero dO_i and dP - D_i rows past N_q, and the causal mask below for a row without keys
+                            p = exp2(min(cuda.fma(rS[f], c1, -sM[qi]), CAP))
+                        else:
+                            p = exp2(min(rS[f] * c1 - sM[qi], CAP)) * sIL[qi]
                         if masked:
                             if key >= s_k or (CAUSAL and key > row0 + int(qi - so) + causal_offset):
                                 p = ZERO
@@ -705,8 +710,13 @@ def default_features() -> dict:
     (``docs/results/sweeps/half_bwd_cp_h100.json``; the performance log has prediction and outcome).
     ``EX2_FTZ``: the recomputed ``P = 2^(S' - M) / l`` by ``ex2.approx.ftz.f32`` in both kernels, as the half
     forward's ``EX2_FTZ`` (:func:`numba_flash.fast._mma.make_exp2`); on with the forward's (on an H100 forward +
-    backward ran 1.01-1.05x faster with it at N = 4k, one pair, inside the run-to-run spread)."""
-    return {"PREFETCH": True, "RED2": None, "CP_ASYNC": True, "EX2_FTZ": True}
+    backward ran 1.01-1.05x faster with it at N = 4k, one pair, inside the run-to-run spread). ``LSE_P``: recompute
+    ``P = 2^(S' - L log2 e)`` from the logsumexp alone (the kernels' ``FROM_LSE`` path, as flash-attn does) even where
+    the forward's ``m, l`` are given: in the main kernel one FFMA and one MUFU.EX2 per element instead of a multiply,
+    a subtraction, the exponential and a multiply by ``1/l`` (an H100's Nsight Compute put the d = 128 backward's
+    ALU pipe busiest, at one block per SM: ``docs/results/sweeps/ncu_half_bwd_d128_h100_1be382f.txt``). Off until
+    timed (the performance log's section "Half backward: P from the logsumexp")."""
+    return {"PREFETCH": True, "RED2": None, "CP_ASYNC": True, "EX2_FTZ": True, "LSE_P": False}
 
 
 def plan(prob: Problem, block_sizes=None, config=None, features=None, deterministic=False, from_lse=False):
@@ -725,6 +735,7 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None, determinis
     nbytes = 4 * smem_words(NW, MW, BR, DP, 2 if cp_async else 1)
     _plan.check_sram(nbytes, BR, BC, d)
     dropout = prob.dropout_p > 0
+    from_lse = from_lse or bool(feats["LSE_P"])  # Dev: the caller passes L as both m and l then (backward)
     red2 = feats["RED2"]
     if red2 is None:
         red2 = not sim and _backend.device_facts().compute_capability >= (9, 0) and not (prob.causal and DP > 64)
@@ -766,8 +777,9 @@ def compiled_kernels(prob: Problem, block_sizes=None, deterministic=False) -> li
 def backward(dout, q, k, v, out, fwd, prob: Problem, alloc, block_sizes=None, deterministic=False, config=None, features=None):
     """FA2 Algorithm 2 on half words: ``(dq, dk, dv)``; dk, dv half words (summed over each GQA group), dq
     float32 (atomic adds) or, with ``deterministic``, half words from :func:`fa2_backward_half_dq_kernel`."""
-    from_lse = fwd.m is None or fwd.l is None
     features = fa2_forward_half.register_path_if_unaligned(features, default_features(), q, dout)  # Dev: cp.async of Q, dO rows
+    lse_p = {**default_features(), **(features or {})}["LSE_P"]
+    from_lse = fwd.m is None or fwd.l is None or bool(lse_p)
     main, grid, dqk, grid_dq, (nt, nt_dq), (nbytes, nbytes_dq) = plan(prob, block_sizes, config, features, deterministic, from_lse)
     dq, dk, dv = _allocate_grads(prob, alloc, deterministic)
     delta = row_dot_words(out, dout, prob, alloc)  # D = rowsum(dO o O), line 4
