@@ -55,15 +55,17 @@ def forward_tilings(d: int) -> list[tuple]:
     """The forward rows of one head dim: ``(NW, MW, Bc, PREFETCH, CP_ASYNC)``."""
     return [(*t, True) for t in TILINGS[d]] + [(*t, False) for t in REGISTER_TILINGS[d]]
 
-#: head dim -> backward tilings (NW, MW, Br, PREFETCH, RED2, CP_ASYNC); the first is the module's default on sm_90
-#: (non-causal; causal at d = 128 runs RED2 off). The CP_ASYNC rows (Q_i, dO_i by cp.async into two SRAM stages) were
-#: added without device time: offline (sm_90) they drop the default's spills (d = 64: 28/36 B -> 0, d = 128: 72/84 B
-#: -> 12/12 B non-causal, 44/76 -> 4/4 causal) and 8-10 % of the SASS instructions.
+#: head dim -> backward tilings (NW, MW, Br, PREFETCH, RED2, CP_ASYNC); the first is the module's default
+#: (:func:`numba_flash.fast.fa2_backward_half.default_features`: cp.async, RED2 None = its policy, on sm_90 off only for
+#: causal at d = 128), which ``--default-only`` runs. The register-path rows (CP_ASYNC False) were the default before
+#: the cp.async rows, which offline (sm_90) drop the spills (d = 64: 28/36 B -> 0, d = 128: 72/84 B -> 12/12 B
+#: non-causal, 44/76 -> 4/4 causal) and 8-10 % of the SASS instructions; until 2026-11-26 a register-path row stood
+#: first, so ``--default-only`` ran it (the first LSE_P pairs, ``docs/results/sweeps/lse_p_h100_5d25ee7_*``).
 BWD_TILINGS = {
-    64: [(8, 1, 64, True, True, False), (8, 1, 64, True, False, False), (8, 1, 32, True, True, False), (4, 1, 64, True, True, False),
-         (8, 1, 64, True, True, True), (8, 1, 64, True, False, True), (4, 1, 64, True, True, True)],
-    128: [(8, 1, 32, True, True, False), (8, 1, 32, True, False, False), (8, 1, 32, False, True, False), (8, 1, 16, False, True, False),
-          (8, 1, 32, True, True, True), (8, 1, 32, True, False, True)],
+    64: [(8, 1, 64, True, None, True), (8, 1, 64, True, True, False), (8, 1, 64, True, False, False), (8, 1, 32, True, True, False),
+         (4, 1, 64, True, True, False), (8, 1, 64, True, False, True), (4, 1, 64, True, True, True)],
+    128: [(8, 1, 32, True, None, True), (8, 1, 32, True, True, False), (8, 1, 32, True, False, False), (8, 1, 32, False, True, False),
+          (8, 1, 16, False, True, False), (8, 1, 32, True, True, True), (8, 1, 32, True, False, True)],
 }
 
 
@@ -218,7 +220,8 @@ def main(argv=None):
                 flops = bu.flops_forward(b, h, n, n, d, causal) * (3.5 if args.backward else 1.0)
                 cands = [("sdpa_" + be, _sdpa_call(q, k, v, causal, be, args.backward), None) for be in ("flash", "cudnn", "efficient")]
                 cands += [(f"{tag} NW{t[0]} MW{t[1]} {'Br' if args.backward else 'Bc'}{t[2]} pf{int(t[3])}"
-                           + (f" red2{int(t[4])} cp{int(t[5])}" if args.backward else f" cp{int(t[4])}"), None, t)
+                           + (f" red2{'-' if t[4] is None else int(t[4])} cp{int(t[5])}" if args.backward else f" cp{int(t[4])}"),
+                           None, t)
                           for t in (tilings[d][:1] if args.default_only else tilings[d])]
                 for name, fn, tiling in cands:
                     row = dict(impl=name, N=n, d=d, batch=b, nheads=h, causal=causal, dtype=args.dtype)
