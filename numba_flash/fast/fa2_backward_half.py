@@ -24,9 +24,11 @@ What half precision changes
   the warps: each warp stores its ``dS^T`` half words (the A words it already packed) to SRAM, and after a
   barrier every warp multiplies a slice of ``dS`` (A: ``ldmatrix.x4.trans`` of the stored ``dS^T``) by
   ``K_j`` (B: ``ldmatrix.x4.trans``) and adds it to HBM with float32 atomics.
-* **P from the forward's statistics.** ``P^T = exp2(S^T tau log2 e - M) / l`` with the forward's ``M, l``
-  per *column* (query), as :func:`numba_flash.fast._regtile.make_row_stats` gives them; ``S`` is the
-  float32 sum of exact half products, the forward's ``S`` to float32 rounding.
+* **P from the forward's statistics.** ``P^T = exp2(S^T tau log2 e - L log2 e)`` from the forward's logsumexp
+  ``L`` per *column* (query), one FFMA and one exponential per element (``LSE_P``, the default; the kernels'
+  ``FROM_LSE`` path), or ``exp2(S^T tau log2 e - M) / l`` from its ``M, l`` (``LSE_P`` off), as
+  :func:`numba_flash.fast._regtile.make_row_stats` gives them; ``S`` is the float32 sum of exact half products, the
+  forward's ``S`` to float32 rounding.
 * ``deterministic=True``: no atomics; :func:`fa2_backward_half_dq_kernel` (one block per query block, the
   forward's geometry: warps own query rows, ``dS`` in registers is the A operand of ``dS K_j``) sums
   ``dQ_i`` in registers in a fixed order and writes half words.
@@ -714,9 +716,11 @@ def default_features() -> dict:
     ``P = 2^(S' - L log2 e)`` from the logsumexp alone (the kernels' ``FROM_LSE`` path, as flash-attn does) even where
     the forward's ``m, l`` are given: in the main kernel one FFMA and one MUFU.EX2 per element instead of a multiply,
     a subtraction, the exponential and a multiply by ``1/l`` (an H100's Nsight Compute put the d = 128 backward's
-    ALU pipe busiest, at one block per SM: ``docs/results/sweeps/ncu_half_bwd_d128_h100_1be382f.txt``). Off until
-    timed (the performance log's section "Half backward: P from the logsumexp")."""
-    return {"PREFETCH": True, "RED2": None, "CP_ASYNC": True, "EX2_FTZ": True, "LSE_P": False}
+    ALU pipe busiest, at one block per SM: ``docs/results/sweeps/ncu_half_bwd_d128_h100_1be382f.txt``). On: on an
+    H100 forward + backward ran 1.04-1.08x faster at d = 128 without causal and 1.02-1.06x at d = 64, N 1k-4k, two
+    alternating pairs; the causal d = 128 cells 1.00-1.06x (``docs/results/sweeps/lse_p_h100_d645902_*``; the
+    performance log's section "Half backward: P from the logsumexp")."""
+    return {"PREFETCH": True, "RED2": None, "CP_ASYNC": True, "EX2_FTZ": True, "LSE_P": True}
 
 
 def plan(prob: Problem, block_sizes=None, config=None, features=None, deterministic=False, from_lse=False):
