@@ -5,7 +5,7 @@ still spent 120-158 us of host time a call (SDPA: 13-18 us), in the Python betwe
 launch: resolving the kernel, the allocator, the conversions to kernel arrays, the plan, four allocations, the
 launch arguments (``docs/results/sweeps/host_layers_h200_e02c4ff.txt``). At N = 512 the half forward's kernel is
 faster than SDPA memory-efficient's, and the call was slower only by that host time. Replayed, the forward takes
-65 us of an H100's host time and the bf16 forward at N = 512-2k gains 0.06-0.09 ms a call
+65-70 us of an H100's host time and the bf16 forward at N = 512-2k gains 0.06-0.09 ms a call
 (``docs/results/sweeps/host_layers_h100_3058ce8.txt``, ``short_replay_h100_3058ce8_*.json``).
 
 What it does (on by default; ``NUMBA_FLASH_REPLAY=0`` or :data:`ENABLED` turns it off): the first eager pass (the
