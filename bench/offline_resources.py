@@ -217,13 +217,14 @@ def _kernel(name: str, d: int, causal: bool, tiling=None):
         return A4.alg4_backward_fast_kernel(*A4.config_for(d), causal, False, False, f["VEC"], f["MAXREG"])
     if name.startswith("fa2_backward_half_dq_"):
         NW, MW, BC, DP = H.config_for(d)
-        return HB.fa2_backward_half_dq_kernel(NW, MW, BC, DP, causal, False, HB.default_features()["PREFETCH"], False, "bf16", False,
-                                              bool(_features(HB)["EX2_FTZ"]))
+        return HB.fa2_backward_half_dq_kernel(NW, MW, BC, DP, causal, False, HB.default_features()["PREFETCH"], False, "bf16",
+                                              bool(_features(HB)["LSE_P"]), bool(_features(HB)["EX2_FTZ"]))
     if name.startswith("fa2_backward_half_"):
         NW, MW, BR, DP, cp_async = _backward_tiling(HB.config_for(d), HB.default_features()["CP_ASYNC"], tiling)
         red2 = not (causal and DP > 64)  # as HB.plan on compute capability 9.0
         return HB.fa2_backward_half_kernel(NW, MW, BR, DP, causal, False, True, HB.default_features()["PREFETCH"], False,
-                                           name.rsplit("_", 1)[1], False, red2, cp_async and H.cp_async_ok(d), bool(_features(HB)["EX2_FTZ"]))
+                                           name.rsplit("_", 1)[1], bool(_features(HB)["LSE_P"]), red2, cp_async and H.cp_async_ok(d),
+                                           bool(_features(HB)["EX2_FTZ"]))  # LSE_P: the FROM_LSE kernel, as HB.plan
     if name == "fa2_backward_tf32":
         NW, MW, BR, DP, cp_async = _backward_tiling(TB.config_for(d, None, causal), TB.features_for(d)["CP_ASYNC"], tiling)
         red2 = d % 2 == 0  # as TB.plan on compute capability 9.0
