@@ -214,6 +214,14 @@ def torch_attention(q, k, v, causal, p, seed, dtype, softmax_scale=None):
     return torch.einsum("bhij,bjhd->bihd", P, vv)
 
 
+def torch_attention_grads(qkv, dout, causal, p, seed, dtype) -> list:
+    """``[dq, dk, dv]`` of :func:`torch_attention` computed in ``dtype`` by autograd (float64: the oracle of the
+    backward's 3x rule; the inputs' half dtype or float32: its baseline), as float64 NumPy arrays."""
+    xs = [x.detach().to(dtype).requires_grad_(True) for x in qkv]
+    torch_attention(*xs, causal, p, seed, dtype).backward(dout.to(dtype))
+    return [x.grad.double().cpu().numpy() for x in xs]
+
+
 def unaligned_copy(x):
     """A copy of the host array ``x`` (4-byte elements) whose base is 4 bytes past a 16-byte boundary: rows that
     ``cp.async`` cannot copy, so the kernels that use it must take their register path."""

@@ -212,7 +212,7 @@ def test_replayed_calls_give_the_normal_paths_bits(monkeypatch, dtype, d, causal
 def test_a_replayed_atomic_backward_keeps_dk_dv_bits_and_dq_within_the_rule(monkeypatch, dtype):
     # dQ by atomic adds is not bitwise reproducible (the order of the adds varies); O, L, dK, dV are. The replayed
     # dQ (a zeroed float32 array, the atomic adds, the conversion to bf16) is held to the backward's 3x rule.
-    from attn_testing import assert_error_rule, torch_attention
+    from attn_testing import assert_error_rule, torch_attention_grads
 
     dtype = getattr(torch, dtype)
     monkeypatch.setattr(_replay, "ENABLED", False)
@@ -220,11 +220,7 @@ def test_a_replayed_atomic_backward_keeps_dk_dv_bits_and_dq_within_the_rule(monk
     replays = _counting_replays(monkeypatch)
     got_calls, (q, k, v, dout) = _calls(dtype, 64, True, 2, "contiguous", 3, deterministic=False)
     assert any(r is not None for p, r in replays if p == "backward")
-    grads = {}
-    for ref_dtype in (torch.float64, dtype):
-        xs = [x.detach().to(ref_dtype).requires_grad_(True) for x in (q, k, v)]
-        torch_attention(*xs, True, 0.0, 0, ref_dtype).backward(dout.to(ref_dtype))
-        grads[ref_dtype] = xs[0].grad.double().cpu().numpy()
+    grads = {dt: torch_attention_grads((q, k, v), dout, True, 0.0, 0, dt)[0] for dt in (torch.float64, dtype)}
     for got in got_calls:
         for name, a, b in zip(("O", "L", "O (no grad)", "dK", "dV"), got[:3] + got[4:], want[:3] + want[4:]):
             assert torch.equal(a, b), name

@@ -38,7 +38,15 @@ from numba_flash_reference.alg0_standard import standard_attention
 
 import numpy as np
 import pytest
-from attn_testing import assert_error_rule, forward_recording_plan, make_qkv, naive_stats_float32, torch_attention, unaligned_copy
+from attn_testing import (
+    assert_error_rule,
+    forward_recording_plan,
+    make_qkv,
+    naive_stats_float32,
+    torch_attention,
+    torch_attention_grads,
+    unaligned_copy,
+)
 from numba import cuda, uint32
 
 torch = pytest.importorskip("torch")
@@ -238,11 +246,7 @@ def _check_grads(th, causal, p, seed, device, **kw):
     dtype = th[0].dtype
     g = torch.Generator(device="cpu").manual_seed(seed % 2**31)
     dout = torch.randn(th[0].shape, generator=g).to(device=device, dtype=dtype)
-    grads = {}
-    for dt in (torch.float64, dtype):
-        xs = [x.detach().to(dt).requires_grad_(True) for x in th]
-        torch_attention(*xs, causal, p, seed, dt).backward(dout.to(dt))
-        grads[dt] = [x.grad.double().cpu().numpy() for x in xs]
+    grads = {dt: torch_attention_grads(th, dout, causal, p, seed, dt) for dt in (torch.float64, dtype)}
     xs = [x.detach().clone().requires_grad_(True) for x in th]
     with poison_outputs():
         api.flash_attn_func(*xs, p, causal=causal, seed=seed, **kw).backward(dout)

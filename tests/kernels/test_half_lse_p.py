@@ -21,7 +21,14 @@ from numba_flash.fast import fa2_backward_half, fa2_forward_half
 
 import numpy as np
 import pytest
-from attn_testing import HALF_FEATURE_GPU_SHAPES, HALF_FORWARD_FEATURE_CASES, assert_error_rule, half_inputs, to_host, torch_attention
+from attn_testing import (
+    HALF_FEATURE_GPU_SHAPES,
+    HALF_FORWARD_FEATURE_CASES,
+    assert_error_rule,
+    half_inputs,
+    to_host,
+    torch_attention_grads,
+)
 
 torch = pytest.importorskip("torch")
 
@@ -48,19 +55,12 @@ def _grads(th, dout, causal, p, seed, bs, deterministic, lse_p):
     return out
 
 
-def _reference_grads(th, dout, causal, p, seed, dtype):
-    """dq, dk, dv of torch's naive attention computed in ``dtype`` (float64: the oracle), as float64 NumPy."""
-    xs = [x.detach().to(dtype).requires_grad_(True) for x in th]
-    torch_attention(*xs, causal, p, seed, dtype).backward(dout.to(dtype))
-    return [x.grad.double().cpu().numpy() for x in xs]
-
-
 def _check(th, causal, p, seed, bs, deterministic):
     dtype = th[0].dtype
     dout = torch.from_numpy(np.random.default_rng(1).standard_normal(tuple(th[0].shape)).astype(np.float32)).to(th[0].device, dtype)
     got = _grads(th, dout, causal, p, seed, bs, deterministic, True)
-    ref = _reference_grads(th, dout, causal, p, seed, torch.float64)
-    naive = _reference_grads(th, dout, causal, p, seed, dtype)
+    ref = torch_attention_grads(th, dout, causal, p, seed, torch.float64)
+    naive = torch_attention_grads(th, dout, causal, p, seed, dtype)
     for name, g, r, n in zip(("dQ", "dK", "dV"), got, ref, naive):
         assert_error_rule(g.reshape(r.shape), r, n, mult=3.0, what=name)
 
