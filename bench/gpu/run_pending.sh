@@ -57,6 +57,9 @@
 #   lse_p        the half backward's LSE_P (P from the logsumexp alone: one FFMA and one exponential per element) off and on,
 #                twice, alternating, default tilings, N 1k/2k/4k, d 64 and 128, causal and not (forward + backward timed), after
 #                its GPU tests -> OUTDIR/lse_p_tests.txt, lse_p_off_1.json/.log, lse_p_on_1, _off_2, _on_2
+#   prepass      the GPU tests of the fast backwards' pre-pass (numba_flash/fast/_prepass.py: a warp per row, dQ's zeros)
+#                and of the backwards that use it (their gpu-marked tests) -> OUTDIR/prepass_tests.txt; run host_kernels
+#                after it for the pre-pass kernel's time beside cuDNN's
 #   half_bwd_cp  the half backward's tilings with and without cp.async for Q_i, dO_i (half_sweep --backward; the log's
 #                section "FA2 backward in fp16 / bf16: cp.async for Q_i, dO_i") -> OUTDIR/half_bwd_cp.json/.log
 # OUTDIR/pending_env.txt says what ran where. A failed step is noted and the rest run. Exit status: 0 when all ran.
@@ -209,11 +212,16 @@ for s in "${steps[@]}"; do
         done
       done
       grep -h "^half" "$out"/lse_p_*.log | sort ;;
+    prepass)
+      step prepass_tests.txt timeout 420 python3 -m pytest -q -n 8 -p no:cacheprovider -rfE tests/kernels/test_fast_prepass.py \
+        tests/kernels/test_tf32_backward.py tests/kernels/test_half_lse_p.py tests/test_replay.py tests/kernels/test_backward_kernels.py \
+        tests/kernels/test_fa2_kernels.py
+      tail -n 3 "$out/prepass_tests.txt" ;;
     half_bwd_cp)
       step half_bwd_cp.log python3 -m bench.half_sweep --backward --seqlens 1024 4096 --out "$out/half_bwd_cp.json"
       tail -n 40 "$out/half_bwd_cp.log" ;;
     *)
-      echo "run_pending: unknown step '$s' (streams host ncu_tc ncu_half half_ex2 half_ex2_pairs ostep short_d128 short_causal causal_d128 tc_cp occ3_d128 host_layers host_kernels short_direct short_replay short_kernels lse_p half_bwd_cp)" >&2
+      echo "run_pending: unknown step '$s' (streams host ncu_tc ncu_half half_ex2 half_ex2_pairs ostep short_d128 short_causal causal_d128 tc_cp occ3_d128 host_layers host_kernels short_direct short_replay short_kernels lse_p prepass half_bwd_cp)" >&2
       rc=2 ;;
   esac
 done

@@ -38,7 +38,7 @@ autograd in the same half dtype, both against float64 (``tests/kernels/test_half
 
 Launch geometry
 ---------------
-pre-pass: ``D = rowsum(dO o O)`` from words (:func:`row_dot_words`). Main kernel: grid ``(Tc, batch * nheads_k)``,
+pre-pass: ``D = rowsum(dO o O)`` from words and the atomic dQ's zeros (:func:`row_dot_words`, a warp per row). Main kernel: grid ``(Tc, batch * nheads_k)``,
 block ``32 NW`` threads, ``Bc = 16 MW NW`` keys; the block loops over the ``G`` query heads of its KV head
 and the visible query blocks of ``Br`` rows (one flat loop, as the FFMA kernel). SRAM (``uint32`` words):
 ``Q_i, dO_i`` Br (DW+4) each (two stages of both with ``CP_ASYNC``), ``K_j, V_j`` Bc (DW+4) each, ``dS^T``
@@ -61,14 +61,11 @@ from .. import _backend
 from .._constants import LOG2E, U
 from .._dropout import head_key, keep, row_key
 from .._launch import KernelLaunch, Problem, bh_grid, ceil_div
-from . import _mma, _plan, _regtile, _smem, _tiles, fa2_forward_half
+from . import _mma, _plan, _prepass, _regtile, _smem, _tiles, fa2_forward_half
 
 #: The inputs this kernel runs: those of the half forward (float16/bfloat16, even head dim <= 128).
 handles = fa2_forward_half.handles
 stride = fa2_forward_half.stride
-
-#: Threads per block of the word pre-pass: one per query row.
-PREPASS_THREADS = 128
 
 
 @functools.cache
@@ -114,48 +111,23 @@ def smem_words(NW: int, MW: int, BR: int, DP: int, stages: int = 1) -> int:
 
 
 def _allocate_grads(prob: Problem, alloc, deterministic: bool):
-    """(dQ, dK, dV) of the half backward: dK, dV half words; dQ float32 zeros (atomic adds) or half words (deterministic)."""
+    """(dQ, dK, dV) of the half backward: dK, dV half words; dQ float32 (atomic adds; zeroed by the pre-pass) or half
+    words (deterministic)."""
     shape_q = (prob.batch, prob.seqlen_q, prob.nheads, prob.headdim)
     words_k = (prob.batch, prob.seqlen_k, prob.nheads_k, prob.headdim // 2)
-    # FA2.2 L3: dQ = (0) in HBM (float32, for the atomic adds; the deterministic kernel writes every row); dK, dV: Tc blocks
+    # dQ: float32 for the atomic adds, whose zeros (Algorithm 2 line 3) the pre-pass writes (row_dot_words), or half
+    # words that the deterministic kernel writes row by row; dK, dV: Tc blocks
     if deterministic:
         dq = alloc.empty(shape_q[:3] + (prob.headdim // 2,), dtype=np.int32)
     else:
-        dq = alloc.zeros(shape_q)
+        dq = alloc.empty(shape_q)
     return dq, alloc.empty(words_k, dtype=np.int32), alloc.empty(words_k, dtype=np.int32)
 
 
-@functools.cache
-def make_word_prepass(KIND: str, SIM: bool):
-    """The pre-pass kernel ``(gO, gdO, gD)``: ``D = rowsum(dO o O)`` from half words, float32 sums."""
-    unpack2 = _mma.make_unpack2(KIND, SIM)
-
-    @cuda.jit
-    def prepass(gO, gdO, gD):
-        nheads = gO.shape[2]
-        bh = cuda.blockIdx.y + cuda.gridDim.y * cuda.blockIdx.z  # Dev: b*h folded over grid y, z (y <= 65535)
-        b = bh // nheads
-        h = bh % nheads
-        row = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-        if row < gO.shape[1] and b < gO.shape[0]:
-            # FA2.2 L4: D_i = rowsum(dO_i o O_i), written to HBM (a separate pre-pass)
-            acc = float32(0.0)
-            for x in range(gO.shape[3]):
-                o0, o1 = unpack2(gO[b, row, h, x])  # HBM read: 2 d halves per row (with dO)
-                g0, g1 = unpack2(gdO[b, row, h, x])
-                acc += g0 * o0
-                acc += g1 * o1
-            gD[b, h, row] = acc  # HBM write: 1 per row
-
-    return prepass
-
-
-def row_dot_words(out, dout, prob: Problem, alloc):
-    """D (b, h, N_q) float32 from the word arrays of O and dO."""
-    delta = alloc.empty((prob.batch, prob.nheads, prob.seqlen_q))
-    grid = bh_grid(ceil_div(prob.seqlen_q, PREPASS_THREADS), prob.batch * prob.nheads)
-    _smem.launch(make_word_prepass(_mma.HALF_KINDS[prob.dtype], _backend.is_simulator()), grid, PREPASS_THREADS, 0, out, dout, delta)
-    return delta
+def row_dot_words(out, dout, dq, prob: Problem, alloc, deterministic: bool):
+    """D (b, h, N_q) float32 from the word arrays of O and dO (:func:`numba_flash.fast._prepass.row_dot`, a warp per
+    row); the same kernel zeroes the float32 dQ of the atomic adds (not the deterministic kernel's words)."""
+    return _prepass.row_dot(out, dout, prob, alloc, dq=None if deterministic else dq, kind=_mma.HALF_KINDS[prob.dtype])
 
 
 @functools.cache
@@ -786,7 +758,7 @@ def backward(dout, q, k, v, out, fwd, prob: Problem, alloc, block_sizes=None, de
     from_lse = fwd.m is None or fwd.l is None or bool(lse_p)
     main, grid, dqk, grid_dq, (nt, nt_dq), (nbytes, nbytes_dq) = plan(prob, block_sizes, config, features, deterministic, from_lse)
     dq, dk, dv = _allocate_grads(prob, alloc, deterministic)
-    delta = row_dot_words(out, dout, prob, alloc)  # D = rowsum(dO o O), line 4
+    delta = row_dot_words(out, dout, dq, prob, alloc, deterministic)  # D = rowsum(dO o O), line 4; the atomic dQ's zeros
     tau = prob.softmax_scale
     opts = (tau, tau * LOG2E, prob.group, prob.causal_offset, prob.seed, prob.threshold, prob.dropout_scale)
     m, l = (fwd.lse, fwd.lse) if from_lse else (fwd.m, fwd.l)

@@ -1,0 +1,131 @@
+"""FA2 Algorithm 2 lines 3-4 for the fast backward kernels: ``D = rowsum(dO o O)`` a warp per row, and dQ's zeros.
+
+Paper: Dao, "FlashAttention-2", Algorithm 2 lines 3-4 ([FA2-ICLR] Appendix A). Read the readable pre-pass
+:mod:`numba_flash._fa2_prepass` first: the sum is the same, only the threads that compute it differ.
+
+Why a second pre-pass
+---------------------
+The readable pre-pass gives each thread one query row. Rows of O and dO are ``nheads * d`` elements apart in
+the ``(b, N, h, d)`` layout, so the 32 threads of a warp read 32 different rows with every load instruction:
+32 memory transactions for 32 elements. On an H100 at b 16, N 1k, h 16, d 128 in bfloat16 that pre-pass took
+0.28-0.29 ms of a 2.5-3.6 ms training step; cuDNN's kernel for the same sum took 0.094 ms
+(``docs/results/sweeps/host_kernels_h100_a80a359.txt``). The sum reads ``2 b N h d`` elements and writes
+``b h N`` floats, so it is bound by HBM bandwidth, and at 0.28 ms it reached a sixth of it.
+
+Here ``LANES`` lanes (a whole warp on a GPU) share a row: lane ``x`` reads elements ``x, x + LANES, ...`` of
+the row of O and of dO, so the lanes of one load instruction read one contiguous piece of it. The lanes'
+partial sums meet in a butterfly of ``shfl_xor_sync`` (in the simulator, which has no warp intrinsics,
+through shared memory) and lane 0 writes ``D_i``. Where the backward adds dQ with atomics, the same lanes write
+the row's zeros into the float32 dQ accumulator (line 3), so dQ needs no fill kernel of its own.
+
+Launch geometry: grid ``(ceil(N_q / ROWS), b h)`` (:func:`numba_flash._launch.bh_grid`), block ``LANES * ROWS``
+threads: 32 x 8 on a GPU, 4 x 4 in the simulator (each simulated thread is a Python thread).
+"""
+
+from __future__ import annotations
+
+import functools
+
+from numba import cuda, float32
+
+from .. import _backend
+from .._constants import FULL_MASK
+from .._launch import Problem, bh_grid, ceil_div
+from . import _mma, _smem
+
+#: (lanes per row, rows per block) on a GPU and in the simulator.
+GPU_SHAPE = (32, 8)
+SIM_SHAPE = (4, 4)
+
+
+def block_shape(sim: bool) -> tuple[int, int]:
+    """``(LANES, ROWS)``: the lanes that share a row and the rows of a block."""
+    return SIM_SHAPE if sim else GPU_SHAPE
+
+
+@functools.cache
+def make_prepass(KIND, ZERO_DQ: bool, SIM: bool):
+    """The pre-pass kernel ``(gO, gdO, gD, gdQ)``.
+
+    ``KIND`` None: O and dO are float32 ``(b, N, h, d)``; ``"f16"`` / ``"bf16"``: int32 words of two halves
+    ``(b, N, h, d / 2)`` (:meth:`numba_flash._launch.Allocator.to_words`). ``gD`` is ``(b, h, N)`` float32. With
+    ``ZERO_DQ`` the kernel also writes zeros into every element of ``gdQ`` (float32 ``(b, N, h, d)``); without
+    it ``gdQ`` is not touched (pass any array but ``gD``).
+    """
+    LANES, ROWS = block_shape(SIM)
+    NT = LANES * ROWS
+    HALF = KIND is not None
+    unpack2 = _mma.make_unpack2(KIND, SIM) if HALF else None
+    ZERO = float32(0.0)
+
+    if SIM:
+        SXN = NT
+
+        @cuda.jit(device=True)
+        def lanes_sum(x, sx, tid):
+            # the LANES partial sums of a row, through shared memory (the simulator has no shuffles)
+            sx[tid] = x
+            cuda.syncthreads()  # Sync: (simulator) every lane's partial sum is stored
+            base = tid - tid % LANES
+            s = ZERO
+            for i in range(LANES):
+                s += sx[base + i]
+            return s
+    else:
+        SXN = 1
+
+        @cuda.jit(device=True, inline="always")
+        def lanes_sum(x, sx, tid):
+            off = LANES // 2
+            while off > 0:  # butterfly: after log2(LANES) steps every lane holds the sum
+                x += cuda.shfl_xor_sync(FULL_MASK, x, off)
+                off //= 2
+            return x
+
+    @cuda.jit
+    def prepass(gO, gdO, gD, gdQ):
+        sx = cuda.shared.array(SXN, float32)  # the simulator's reduction scratch (unused on a GPU)
+        nheads = gO.shape[2]
+        bh = cuda.blockIdx.y + cuda.gridDim.y * cuda.blockIdx.z  # Dev: b*h folded over grid y, z (y <= 65535)
+        b = bh // nheads
+        h = bh % nheads
+        tid = cuda.threadIdx.x
+        lane = tid % LANES
+        row = cuda.blockIdx.x * ROWS + tid // LANES
+        live = row < gO.shape[1] and b < gO.shape[0]  # Dev: uniform over a row's lanes; all lanes reach lanes_sum
+        if ZERO_DQ and live:
+            # FA2.2 L3: dQ = (0) in HBM, the float32 accumulator of the atomic adds, row by row
+            for x in range(lane, gdQ.shape[3], LANES):
+                gdQ[b, row, h, x] = ZERO
+        # [doc:fast-prepass]
+        # FA2.2 L4: D_i = rowsum(dO_i o O_i), LANES lanes a row, written to HBM (a separate pre-pass)
+        acc = ZERO
+        if live:
+            for x in range(lane, gO.shape[3], LANES):
+                if HALF:
+                    o0, o1 = unpack2(gO[b, row, h, x])  # HBM read: the row's words, LANES consecutive per load
+                    g0, g1 = unpack2(gdO[b, row, h, x])
+                    acc += g0 * o0
+                    acc += g1 * o1
+                else:
+                    acc += gdO[b, row, h, x] * gO[b, row, h, x]  # HBM read: LANES consecutive elements per load
+        acc = lanes_sum(acc, sx, tid)
+        if live and lane == 0:
+            gD[b, h, row] = acc  # HBM write: 1 per row
+        # [/doc:fast-prepass]
+
+    return prepass
+
+
+def row_dot(out, dout, prob: Problem, alloc, dq=None, kind=None):
+    """D ``(b, h, N_q)`` float32 from O and dO: float32 arrays, or with ``kind`` (``"f16"``, ``"bf16"``) their half
+    words. With ``dq`` (the float32 accumulator of the atomic adds) the same kernel zeroes it."""
+    sim = _backend.is_simulator()
+    lanes, rows = block_shape(sim)
+    delta = alloc.empty((prob.batch, prob.nheads, prob.seqlen_q))
+    grid = bh_grid(ceil_div(prob.seqlen_q, rows), prob.batch * prob.nheads)
+    kernel = make_prepass(kind, dq is not None, sim)
+    # Dev: without dq, O stands in for it (never written); the simulator copies each array argument back, so delta
+    # passed twice would have its D overwritten by the untouched second copy
+    _smem.launch(kernel, grid, lanes * rows, 0, out, dout, delta, out if dq is None else dq)
+    return delta
