@@ -221,7 +221,8 @@ def _kernel(name: str, d: int, causal: bool, tiling=None):
                                               bool(_features(HB)["LSE_P"]), bool(_features(HB)["EX2_FTZ"]))
     if name.startswith("fa2_backward_half_"):
         NW, MW, BR, DP, cp_async = _backward_tiling(HB.config_for(d), HB.default_features()["CP_ASYNC"], tiling)
-        red2 = not (causal and DP > 64)  # as HB.plan on compute capability 9.0
+        red2 = _features(HB)["RED2"]
+        red2 = True if red2 is None else bool(red2)  # None: as HB.plan on compute capability 9.0
         return HB.fa2_backward_half_kernel(NW, MW, BR, DP, causal, False, True, HB.default_features()["PREFETCH"], False,
                                            name.rsplit("_", 1)[1], bool(_features(HB)["LSE_P"]), red2, cp_async and H.cp_async_ok(d),
                                            bool(_features(HB)["EX2_FTZ"]))  # LSE_P: the FROM_LSE kernel, as HB.plan

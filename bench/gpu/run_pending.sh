@@ -60,6 +60,10 @@
 #   prepass      the GPU tests of the fast backwards' pre-pass (numba_flash/fast/_prepass.py: a warp per row, dQ's zeros)
 #                and of the backwards that use it (their gpu-marked tests) -> OUTDIR/prepass_tests.txt; run host_kernels
 #                after it for the pre-pass kernel's time beside cuDNN's
+#   red2_causal  the half backward's dQ atomics two columns at a time (RED2) off and on, twice, alternating, default
+#                tilings, d = 128, N 1k/2k/4k, causal and not (forward + backward timed; the policy left causal d > 64
+#                on scalar adds until LSE_P), after the half backward's GPU tests -> OUTDIR/red2_tests.txt,
+#                red2_off_1.json/.log, red2_on_1, _off_2, _on_2
 #   half_bwd_cp  the half backward's tilings with and without cp.async for Q_i, dO_i (half_sweep --backward; the log's
 #                section "FA2 backward in fp16 / bf16: cp.async for Q_i, dO_i") -> OUTDIR/half_bwd_cp.json/.log
 # OUTDIR/pending_env.txt says what ran where. A failed step is noted and the rest run. Exit status: 0 when all ran.
@@ -217,11 +221,23 @@ for s in "${steps[@]}"; do
         tests/kernels/test_tf32_backward.py tests/kernels/test_half_lse_p.py tests/test_replay.py tests/kernels/test_backward_kernels.py \
         tests/kernels/test_fa2_kernels.py
       tail -n 3 "$out/prepass_tests.txt" ;;
+    red2_causal)
+      step red2_tests.txt timeout 300 python3 -m pytest -q -n 8 -p no:cacheprovider -rfE tests/kernels/test_half_red2.py \
+        tests/kernels/test_half_backward_cp_async.py tests/kernels/test_half_kernels.py -m gpu
+      tail -n 3 "$out/red2_tests.txt"
+      for r in 1 2; do
+        for mode in off on; do
+          flag=false; [ "$mode" = on ] && flag=true
+          step "red2_${mode}_$r.log" timeout 100 python3 -m bench.half_sweep --backward --default-only --headdims 128 \
+            --seqlens 1024 2048 4096 --features "{\"RED2\": $flag}" --out "$out/red2_${mode}_$r.json"
+        done
+      done
+      grep -h "^half" "$out"/red2_*.log | sort ;;
     half_bwd_cp)
       step half_bwd_cp.log python3 -m bench.half_sweep --backward --seqlens 1024 4096 --out "$out/half_bwd_cp.json"
       tail -n 40 "$out/half_bwd_cp.log" ;;
     *)
-      echo "run_pending: unknown step '$s' (streams host ncu_tc ncu_half half_ex2 half_ex2_pairs ostep short_d128 short_causal causal_d128 tc_cp occ3_d128 host_layers host_kernels short_direct short_replay short_kernels lse_p prepass half_bwd_cp)" >&2
+      echo "run_pending: unknown step '$s' (streams host ncu_tc ncu_half half_ex2 half_ex2_pairs ostep short_d128 short_causal causal_d128 tc_cp occ3_d128 host_layers host_kernels short_direct short_replay short_kernels lse_p prepass red2_causal half_bwd_cp)" >&2
       rc=2 ;;
   esac
 done
