@@ -60,6 +60,9 @@
 #   prepass      the GPU tests of the fast backwards' pre-pass (numba_flash/fast/_prepass.py: a warp per row, dQ's zeros)
 #                and of the backwards that use it (their gpu-marked tests) -> OUTDIR/prepass_tests.txt; run host_kernels
 #                after it for the pre-pass kernel's time beside cuDNN's
+#   prepass_probe  the pre-pass's GPU tests (rows_per_group 1 and 4), then python -m bench.prepass_probe: the pre-pass with
+#                dQ's zeros fused, 1/2/4/8 rows a warp, against the pre-pass alone plus torch's zero_ of dQ, bf16 and float32,
+#                d 64/128, N 1k/4k at 16k tokens -> OUTDIR/prepass_probe_tests.txt, prepass_probe.txt
 #   red2_causal  the half backward's dQ atomics two columns at a time (RED2) off and on, twice, alternating, default
 #                tilings, d = 128, N 1k/2k/4k, causal and not (forward + backward timed; the policy left causal d > 64
 #                on scalar adds until LSE_P), after the half backward's GPU tests -> OUTDIR/red2_tests.txt,
@@ -221,6 +224,11 @@ for s in "${steps[@]}"; do
         tests/kernels/test_tf32_backward.py tests/kernels/test_half_lse_p.py tests/test_replay.py tests/kernels/test_backward_kernels.py \
         tests/kernels/test_fa2_kernels.py
       tail -n 3 "$out/prepass_tests.txt" ;;
+    prepass_probe)
+      step prepass_probe_tests.txt timeout 200 python3 -m pytest -q -n 4 -p no:cacheprovider -rfE tests/kernels/test_fast_prepass.py
+      tail -n 2 "$out/prepass_probe_tests.txt"
+      step prepass_probe.txt timeout 240 python3 -m bench.prepass_probe
+      cat "$out/prepass_probe.txt" ;;
     red2_causal)
       step red2_tests.txt timeout 300 python3 -m pytest -q -n 8 -p no:cacheprovider -rfE tests/kernels/test_half_red2.py \
         tests/kernels/test_half_backward_cp_async.py tests/kernels/test_half_kernels.py -m gpu
@@ -237,7 +245,7 @@ for s in "${steps[@]}"; do
       step half_bwd_cp.log python3 -m bench.half_sweep --backward --seqlens 1024 4096 --out "$out/half_bwd_cp.json"
       tail -n 40 "$out/half_bwd_cp.log" ;;
     *)
-      echo "run_pending: unknown step '$s' (streams host ncu_tc ncu_half half_ex2 half_ex2_pairs ostep short_d128 short_causal causal_d128 tc_cp occ3_d128 host_layers host_kernels short_direct short_replay short_kernels lse_p prepass red2_causal half_bwd_cp)" >&2
+      echo "run_pending: unknown step '$s' (streams host ncu_tc ncu_half half_ex2 half_ex2_pairs ostep short_d128 short_causal causal_d128 tc_cp occ3_d128 host_layers host_kernels short_direct short_replay short_kernels lse_p prepass prepass_probe red2_causal half_bwd_cp)" >&2
       rc=2 ;;
   esac
 done

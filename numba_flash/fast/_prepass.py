@@ -18,8 +18,9 @@ partial sums meet in a butterfly of ``shfl_xor_sync`` (in the simulator, which h
 through shared memory) and lane 0 writes ``D_i``. Where the backward adds dQ with atomics, the same lanes write
 the row's zeros into the float32 dQ accumulator (line 3), so dQ needs no fill kernel of its own.
 
-Launch geometry: grid ``(ceil(N_q / ROWS), b h)`` (:func:`numba_flash._launch.bh_grid`), block ``LANES * ROWS``
-threads: 32 x 8 on a GPU, 4 x 4 in the simulator (each simulated thread is a Python thread).
+Launch geometry: grid ``(ceil(N_q / (GROUPS RPW)), b h)`` (:func:`numba_flash._launch.bh_grid`), block
+``LANES * GROUPS`` threads: 32 x 8 on a GPU, 4 x 4 in the simulator (each simulated thread is a Python thread); each
+group of lanes takes ``RPW`` consecutive rows (:data:`ROWS_PER_GROUP`).
 """
 
 from __future__ import annotations
@@ -33,27 +34,29 @@ from .._constants import FULL_MASK
 from .._launch import Problem, bh_grid, ceil_div
 from . import _mma, _smem
 
-#: (lanes per row, rows per block) on a GPU and in the simulator.
+#: (lanes per row, row groups per block) on a GPU and in the simulator.
 GPU_SHAPE = (32, 8)
 SIM_SHAPE = (4, 4)
+#: Rows a group of lanes takes one after another (``RPW``): their loads are issued before the first sum.
+ROWS_PER_GROUP = 1
 
 
 def block_shape(sim: bool) -> tuple[int, int]:
-    """``(LANES, ROWS)``: the lanes that share a row and the rows of a block."""
+    """``(LANES, GROUPS)``: the lanes that share a row and the lane groups of a block."""
     return SIM_SHAPE if sim else GPU_SHAPE
 
 
 @functools.cache
-def make_prepass(KIND, ZERO_DQ: bool, SIM: bool):
-    """The pre-pass kernel ``(gO, gdO, gD, gdQ)``.
+def make_prepass(KIND, ZERO_DQ: bool, SIM: bool, RPW: int = 1):
+    """The pre-pass kernel ``(gO, gdO, gD, gdQ)``; each group of ``LANES`` lanes takes ``RPW`` consecutive rows.
 
     ``KIND`` None: O and dO are float32 ``(b, N, h, d)``; ``"f16"`` / ``"bf16"``: int32 words of two halves
     ``(b, N, h, d / 2)`` (:meth:`numba_flash._launch.Allocator.to_words`). ``gD`` is ``(b, h, N)`` float32. With
     ``ZERO_DQ`` the kernel also writes zeros into every element of ``gdQ`` (float32 ``(b, N, h, d)``); without
     it ``gdQ`` is not touched (pass any array but ``gD``).
     """
-    LANES, ROWS = block_shape(SIM)
-    NT = LANES * ROWS
+    LANES, GROUPS = block_shape(SIM)
+    NT = LANES * GROUPS
     HALF = KIND is not None
     unpack2 = _mma.make_unpack2(KIND, SIM) if HALF else None
     ZERO = float32(0.0)
@@ -64,6 +67,7 @@ def make_prepass(KIND, ZERO_DQ: bool, SIM: bool):
         @cuda.jit(device=True)
         def lanes_sum(x, sx, tid):
             # the LANES partial sums of a row, through shared memory (the simulator has no shuffles)
+            cuda.syncthreads()  # Sync: (simulator) every lane has read the previous row's partial sums
             sx[tid] = x
             cuda.syncthreads()  # Sync: (simulator) every lane's partial sum is stored
             base = tid - tid % LANES
@@ -89,43 +93,50 @@ def make_prepass(KIND, ZERO_DQ: bool, SIM: bool):
         bh = cuda.blockIdx.y + cuda.gridDim.y * cuda.blockIdx.z  # Dev: b*h folded over grid y, z (y <= 65535)
         b = bh // nheads
         h = bh % nheads
+        # [doc:fast-prepass]
         tid = cuda.threadIdx.x
         lane = tid % LANES
-        row = cuda.blockIdx.x * ROWS + tid // LANES
-        live = row < gO.shape[1] and b < gO.shape[0]  # Dev: uniform over a row's lanes; all lanes reach lanes_sum
-        if ZERO_DQ and live:
-            # FA2.2 L3: dQ = (0) in HBM, the float32 accumulator of the atomic adds, row by row
-            for x in range(lane, gdQ.shape[3], LANES):
-                gdQ[b, row, h, x] = ZERO
-        # [doc:fast-prepass]
-        # FA2.2 L4: D_i = rowsum(dO_i o O_i), LANES lanes a row, written to HBM (a separate pre-pass)
-        acc = ZERO
-        if live:
-            for x in range(lane, gO.shape[3], LANES):
-                if HALF:
-                    o0, o1 = unpack2(gO[b, row, h, x])  # HBM read: the row's words, LANES consecutive per load
-                    g0, g1 = unpack2(gdO[b, row, h, x])
-                    acc += g0 * o0
-                    acc += g1 * o1
-                else:
-                    acc += gdO[b, row, h, x] * gO[b, row, h, x]  # HBM read: LANES consecutive elements per load
-        acc = lanes_sum(acc, sx, tid)
-        if live and lane == 0:
-            gD[b, h, row] = acc  # HBM write: 1 per row
+        row0 = (cuda.blockIdx.x * GROUPS + tid // LANES) * RPW
+        acc = cuda.local.array(RPW, float32)
+        for r in range(RPW):
+            row = row0 + r
+            live = row < gO.shape[1] and b < gO.shape[0]  # Dev: uniform over a row's lanes; all lanes reach lanes_sum
+            if ZERO_DQ and live:
+                # FA2.2 L3: dQ = (0) in HBM, the float32 accumulator of the atomic adds, row by row
+                for x in range(lane, gdQ.shape[3], LANES):
+                    gdQ[b, row, h, x] = ZERO
+            # FA2.2 L4: D_i = rowsum(dO_i o O_i), LANES lanes a row, written to HBM (a separate pre-pass)
+            acc[r] = ZERO
+            if live:
+                for x in range(lane, gO.shape[3], LANES):
+                    if HALF:
+                        o0, o1 = unpack2(gO[b, row, h, x])  # HBM read: the row's words, LANES consecutive per load
+                        g0, g1 = unpack2(gdO[b, row, h, x])
+                        acc[r] += g0 * o0
+                        acc[r] += g1 * o1
+                    else:
+                        acc[r] += gdO[b, row, h, x] * gO[b, row, h, x]  # HBM read: LANES consecutive elements per load
+        for r in range(RPW):  # Dev: the sums after every row's loads, so RPW rows of loads are in flight at once
+            s = lanes_sum(acc[r], sx, tid)
+            row = row0 + r
+            if row < gO.shape[1] and b < gO.shape[0] and lane == 0:
+                gD[b, h, row] = s  # HBM write: 1 per row
         # [/doc:fast-prepass]
 
     return prepass
 
 
-def row_dot(out, dout, prob: Problem, alloc, dq=None, kind=None):
+def row_dot(out, dout, prob: Problem, alloc, dq=None, kind=None, rows_per_group=None):
     """D ``(b, h, N_q)`` float32 from O and dO: float32 arrays, or with ``kind`` (``"f16"``, ``"bf16"``) their half
-    words. With ``dq`` (the float32 accumulator of the atomic adds) the same kernel zeroes it."""
+    words. With ``dq`` (the float32 accumulator of the atomic adds) the same kernel zeroes it. ``rows_per_group``:
+    the kernel's ``RPW`` (None: :data:`ROWS_PER_GROUP`)."""
     sim = _backend.is_simulator()
-    lanes, rows = block_shape(sim)
+    lanes, groups = block_shape(sim)
+    rpw = ROWS_PER_GROUP if rows_per_group is None else int(rows_per_group)
     delta = alloc.empty((prob.batch, prob.nheads, prob.seqlen_q))
-    grid = bh_grid(ceil_div(prob.seqlen_q, rows), prob.batch * prob.nheads)
-    kernel = make_prepass(kind, dq is not None, sim)
+    grid = bh_grid(ceil_div(prob.seqlen_q, groups * rpw), prob.batch * prob.nheads)
+    kernel = make_prepass(kind, dq is not None, sim, rpw)
     # Dev: without dq, O stands in for it (never written); the simulator copies each array argument back, so delta
     # passed twice would have its D overwritten by the untouched second copy
-    _smem.launch(kernel, grid, lanes * rows, 0, out, dout, delta, out if dq is None else dq)
+    _smem.launch(kernel, grid, lanes * groups, 0, out, dout, delta, out if dq is None else dq)
     return delta

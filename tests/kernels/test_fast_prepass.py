@@ -12,7 +12,8 @@ Claims checked:
   same bits as without it; without ``dq`` the array passed is not touched.
 * The backwards that use it leave no NaN of the poisoned dQ behind (atomic dQ path; the deterministic one writes
   its own rows): :func:`test_the_backwards_zero_the_atomic_dq_through_the_prepass`.
-* On a GPU (marker ``gpu``): the same at realistic shapes (32 lanes, 8 rows a block).
+* The same with a group of lanes taking several rows one after another (``rows_per_group``, ragged at the end).
+* On a GPU (marker ``gpu``): the same at realistic shapes (32 lanes, 8 groups a block).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def _inputs(rng, dtype, b, n, h, d, device):
     return o, do
 
 
-def _run(o, do, zero_dq):
+def _run(o, do, zero_dq, rpw):
     """The pre-pass on O, dO: ``(D, dq)`` on the host, dq (float32, NaN-filled before) as the kernel left it."""
     prob = check_attention_args(o, o, o, 0.0, None, False, 0)
     alloc = Allocator(o)
@@ -49,13 +50,13 @@ def _run(o, do, zero_dq):
     with poison_outputs():
         dq = alloc.empty(tuple(o.shape))
         delta = _prepass.row_dot(ko, kdo, prob, alloc, dq=dq if zero_dq else None,
-                                 kind=_mma.HALF_KINDS[prob.dtype] if half else None)
+                                 kind=_mma.HALF_KINDS[prob.dtype] if half else None, rows_per_group=rpw)
     return to_host(delta), to_host(dq)
 
 
-def _check_rowsum(rng, dtype, b, n, h, d, device):
+def _check_rowsum(rng, dtype, b, n, h, d, device, rpw):
     o, do = _inputs(rng, dtype, b, n, h, d, device)
-    got, dq = _run(o, do, zero_dq=True)
+    got, dq = _run(o, do, True, rpw)
     # the float32 products are exact for half inputs, so the float32 and float64 sums differ only in the summing
     prod32 = (do.float() * o.float()).cpu().numpy().transpose(0, 2, 1, 3)  # (b, h, n, d) like D's (b, h, n)
     ref64 = prod32.astype(np.float64).sum(-1)
@@ -64,17 +65,18 @@ def _check_rowsum(rng, dtype, b, n, h, d, device):
         naive32 += prod32[..., x]
     assert_error_rule(got, ref64, naive32, mult=2.0, what="D")
     assert np.all(dq == 0.0), "the pre-pass left dQ elements it should have zeroed"
-    again, untouched = _run(o, do, zero_dq=False)
+    again, untouched = _run(o, do, False, rpw)
     assert np.array_equal(again.view(np.uint32), got.view(np.uint32)), "zeroing dQ changed D"
     assert np.isnan(untouched).all(), "without dq the pre-pass wrote into the array it was given"
 
 
+@pytest.mark.parametrize("rpw", [1, 3], ids=lambda r: f"rows{r}")
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 @pytest.mark.parametrize(("b", "n", "h", "d"), SIM_SHAPES)
-def test_the_prepass_row_sums_are_within_the_rule_and_zero_dq(rng, dtype, b, n, h, d):
+def test_the_prepass_row_sums_are_within_the_rule_and_zero_dq(rng, dtype, b, n, h, d, rpw):
     if dtype != "float32" and d % 2:
         pytest.skip("half words need an even head dim")
-    _check_rowsum(rng, getattr(torch, dtype), b, n, h, d, "cpu")
+    _check_rowsum(rng, getattr(torch, dtype), b, n, h, d, "cpu", rpw)
 
 
 @pytest.mark.parametrize("module", [fa2_backward, fa2_backward_tf32, fa2_backward_half], ids=lambda m: m.__name__.split(".")[-1])
@@ -102,7 +104,8 @@ def test_the_backwards_zero_the_atomic_dq_through_the_prepass(rng, module):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("rpw", [1, 4], ids=lambda r: f"rows{r}")
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 @pytest.mark.parametrize(("b", "n", "h", "d"), GPU_SHAPES)
-def test_the_prepass_on_gpu_shapes(rng, dtype, b, n, h, d):
-    _check_rowsum(rng, getattr(torch, dtype), b, n, h, d, "cuda")
+def test_the_prepass_on_gpu_shapes(rng, dtype, b, n, h, d, rpw):
+    _check_rowsum(rng, getattr(torch, dtype), b, n, h, d, "cuda", rpw)
