@@ -42,11 +42,10 @@ def row_dot(out, dout, prob: Problem, alloc):
     return delta
 
 
-def allocate_grads(prob: Problem, alloc, deterministic: bool, zero_dq: bool = True):
+def allocate_grads(prob: Problem, alloc, deterministic: bool):
     """(dQ, dK, dV) of an FA2 backward: dQ zeroed for the atomic adds (the deterministic kernel writes
-    every row, so it gets an empty array; so does a caller whose pre-pass writes the zeros, ``zero_dq=False``:
-    :func:`numba_flash.fast._prepass.row_dot`); dK, dV empty (each column block writes its own rows)."""
+    every row, so it gets an empty array); dK, dV empty (each column block writes its own rows)."""
     shape_q = (prob.batch, prob.seqlen_q, prob.nheads, prob.headdim)
     shape_k = (prob.batch, prob.seqlen_k, prob.nheads_k, prob.headdim)
-    dq = alloc.empty(shape_q) if deterministic or not zero_dq else alloc.zeros(shape_q)
+    dq = alloc.empty(shape_q) if deterministic else alloc.zeros(shape_q)
     return dq, alloc.empty(shape_k), alloc.empty(shape_k)

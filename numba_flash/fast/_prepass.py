@@ -1,4 +1,4 @@
-"""FA2 Algorithm 2 lines 3-4 for the fast backward kernels: ``D = rowsum(dO o O)`` a warp per row, and dQ's zeros.
+"""FA2 Algorithm 2 line 4 for the fast backward kernels: ``D = rowsum(dO o O)``, a warp per row.
 
 Paper: Dao, "FlashAttention-2", Algorithm 2 lines 3-4 ([FA2-ICLR] Appendix A). Read the readable pre-pass
 :mod:`numba_flash._fa2_prepass` first: the sum is the same, only the threads that compute it differ.
@@ -10,13 +10,19 @@ the ``(b, N, h, d)`` layout, so the 32 threads of a warp read 32 different rows 
 32 memory transactions for 32 elements. On an H100 at b 16, N 1k, h 16, d 128 in bfloat16 that pre-pass took
 0.28-0.29 ms of a 2.5-3.6 ms training step; cuDNN's kernel for the same sum took 0.094 ms
 (``docs/results/sweeps/host_kernels_h100_a80a359.txt``). The sum reads ``2 b N h d`` elements and writes
-``b h N`` floats, so it is bound by HBM bandwidth, and at 0.28 ms it reached a sixth of it.
+``b h N`` floats, so it is bound by HBM bandwidth, and at 0.28 ms it reached a seventh of it.
 
 Here ``LANES`` lanes (a whole warp on a GPU) share a row: lane ``x`` reads elements ``x, x + LANES, ...`` of
 the row of O and of dO, so the lanes of one load instruction read one contiguous piece of it. The lanes'
 partial sums meet in a butterfly of ``shfl_xor_sync`` (in the simulator, which has no warp intrinsics,
-through shared memory) and lane 0 writes ``D_i``. Where the backward adds dQ with atomics, the same lanes write
-the row's zeros into the float32 dQ accumulator (line 3), so dQ needs no fill kernel of its own.
+through shared memory) and lane 0 writes ``D_i``. A warp takes ``RPW`` rows one after another and issues the loads
+of all of them before the first sum, so more bytes are in flight per warp.
+
+Measured on an H100 at 16k tokens (``python -m bench.prepass_probe``; ``docs/results/sweeps/prepass_probe_h100.txt``):
+4 rows a warp (the default) took 0.139-0.141 ms for bf16 at d = 128 (0.164 with one) and 0.17 ms at d = 64 (0.27),
+including torch's fill of the float32 dQ for the atomic adds (0.043 ms, a separate kernel). With ``dq`` given, the
+kernel also writes that row's zeros into dQ (line 3) and the fill goes; on the H100 the best fused layout was 4-20 % *slower*
+than the best unfused one with the fill (3 TB/s) beside it, so the backwards do not use it.
 
 Launch geometry: grid ``(ceil(N_q / (GROUPS RPW)), b h)`` (:func:`numba_flash._launch.bh_grid`), block
 ``LANES * GROUPS`` threads: 32 x 8 on a GPU, 4 x 4 in the simulator (each simulated thread is a Python thread); each
@@ -37,8 +43,9 @@ from . import _mma, _smem
 #: (lanes per row, row groups per block) on a GPU and in the simulator.
 GPU_SHAPE = (32, 8)
 SIM_SHAPE = (4, 4)
-#: Rows a group of lanes takes one after another (``RPW``): their loads are issued before the first sum.
-ROWS_PER_GROUP = 1
+#: Rows a group of lanes takes one after another (``RPW``): their loads are issued before the first sum. 4 was the
+#: fastest of 1, 2, 4, 8 without the fused dQ zeros at d 64 / 128, bf16 and float32 (``bench.prepass_probe``, H100).
+ROWS_PER_GROUP = 4
 
 
 def block_shape(sim: bool) -> tuple[int, int]:

@@ -172,14 +172,13 @@ def _split(prob: Problem, cfg):
 
 
 def _allocate_grads(prob: Problem, alloc, deterministic: bool):
-    # FA2.2 L3: dQ = (0) in HBM (the atomic adds need zeros: the pre-pass writes them, fast._prepass; the
-    # deterministic kernel writes every row); dK, dV: Tc blocks
-    return allocate_grads(prob, alloc, deterministic, zero_dq=False)  # numba_flash._fa2_prepass, shared with the other FA2 backward
+    # FA2.2 L3: dQ = (0) in HBM (the atomic adds need zeros; the deterministic kernel writes every row); dK, dV: Tc blocks
+    return allocate_grads(prob, alloc, deterministic)  # numba_flash._fa2_prepass, shared with the other FA2 backward
 
 
-def _prepass(out, dout, dq, prob: Problem, alloc, deterministic: bool):
-    # FA2.2 L4: D_i = rowsum(dO_i o O_i), a separate pre-pass (fast._prepass: a warp per row; it zeroes the atomic dQ)
-    return _prepass_kernel.row_dot(out, dout, prob, alloc, dq=None if deterministic else dq)
+def _prepass(out, dout, prob: Problem, alloc):
+    # FA2.2 L4: D_i = rowsum(dO_i o O_i), a separate pre-pass (numba_flash.fast._prepass: a warp per row)
+    return _prepass_kernel.row_dot(out, dout, prob, alloc)
 
 
 @functools.cache
@@ -595,7 +594,7 @@ def backward(dout, q, k, v, out, fwd, prob: Problem, alloc, block_sizes=None, de
     from_lse = fwd.m is None or fwd.l is None
     main, grid, dqk, grid_dq, NT, nbytes = plan(prob, block_sizes, config, features, deterministic, from_lse)
     dq, dk, dv = _allocate_grads(prob, alloc, deterministic)
-    delta = _prepass(out, dout, dq, prob, alloc, deterministic)
+    delta = _prepass(out, dout, prob, alloc)
     tau = prob.softmax_scale
     opts = (tau, tau * LOG2E, prob.group, prob.causal_offset, prob.seed, prob.threshold, prob.dropout_scale)
     m, l = (fwd.lse, fwd.lse) if from_lse else (fwd.m, fwd.l)

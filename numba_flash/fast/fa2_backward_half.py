@@ -38,7 +38,7 @@ autograd in the same half dtype, both against float64 (``tests/kernels/test_half
 
 Launch geometry
 ---------------
-pre-pass: ``D = rowsum(dO o O)`` from words and the atomic dQ's zeros (:func:`row_dot_words`, a warp per row). Main kernel: grid ``(Tc, batch * nheads_k)``,
+pre-pass: ``D = rowsum(dO o O)`` from words (:func:`row_dot_words`, a warp per row). Main kernel: grid ``(Tc, batch * nheads_k)``,
 block ``32 NW`` threads, ``Bc = 16 MW NW`` keys; the block loops over the ``G`` query heads of its KV head
 and the visible query blocks of ``Br`` rows (one flat loop, as the FFMA kernel). SRAM (``uint32`` words):
 ``Q_i, dO_i`` Br (DW+4) each (two stages of both with ``CP_ASYNC``), ``K_j, V_j`` Bc (DW+4) each, ``dS^T``
@@ -111,23 +111,21 @@ def smem_words(NW: int, MW: int, BR: int, DP: int, stages: int = 1) -> int:
 
 
 def _allocate_grads(prob: Problem, alloc, deterministic: bool):
-    """(dQ, dK, dV) of the half backward: dK, dV half words; dQ float32 (atomic adds; zeroed by the pre-pass) or half
-    words (deterministic)."""
+    """(dQ, dK, dV) of the half backward: dK, dV half words; dQ float32 zeros (atomic adds) or half words (deterministic)."""
     shape_q = (prob.batch, prob.seqlen_q, prob.nheads, prob.headdim)
     words_k = (prob.batch, prob.seqlen_k, prob.nheads_k, prob.headdim // 2)
-    # dQ: float32 for the atomic adds, whose zeros (Algorithm 2 line 3) the pre-pass writes (row_dot_words), or half
-    # words that the deterministic kernel writes row by row; dK, dV: Tc blocks
+    # FA2.2 L3: dQ = (0) in HBM (float32, for the atomic adds; the deterministic kernel writes every row); dK, dV: Tc blocks
     if deterministic:
         dq = alloc.empty(shape_q[:3] + (prob.headdim // 2,), dtype=np.int32)
     else:
-        dq = alloc.empty(shape_q)
+        dq = alloc.zeros(shape_q)
     return dq, alloc.empty(words_k, dtype=np.int32), alloc.empty(words_k, dtype=np.int32)
 
 
-def row_dot_words(out, dout, dq, prob: Problem, alloc, deterministic: bool):
+def row_dot_words(out, dout, prob: Problem, alloc):
     """D (b, h, N_q) float32 from the word arrays of O and dO (:func:`numba_flash.fast._prepass.row_dot`, a warp per
-    row); the same kernel zeroes the float32 dQ of the atomic adds (not the deterministic kernel's words)."""
-    return _prepass.row_dot(out, dout, prob, alloc, dq=None if deterministic else dq, kind=_mma.HALF_KINDS[prob.dtype])
+    row)."""
+    return _prepass.row_dot(out, dout, prob, alloc, kind=_mma.HALF_KINDS[prob.dtype])
 
 
 @functools.cache
@@ -761,7 +759,7 @@ def backward(dout, q, k, v, out, fwd, prob: Problem, alloc, block_sizes=None, de
     from_lse = fwd.m is None or fwd.l is None or bool(lse_p)
     main, grid, dqk, grid_dq, (nt, nt_dq), (nbytes, nbytes_dq) = plan(prob, block_sizes, config, features, deterministic, from_lse)
     dq, dk, dv = _allocate_grads(prob, alloc, deterministic)
-    delta = row_dot_words(out, dout, dq, prob, alloc, deterministic)  # D = rowsum(dO o O), line 4; the atomic dQ's zeros
+    delta = row_dot_words(out, dout, prob, alloc)  # D = rowsum(dO o O), line 4
     tau = prob.softmax_scale
     opts = (tau, tau * LOG2E, prob.group, prob.causal_offset, prob.seed, prob.threshold, prob.dropout_scale)
     m, l = (fwd.lse, fwd.lse) if from_lse else (fwd.m, fwd.l)

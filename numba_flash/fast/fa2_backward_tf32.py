@@ -45,7 +45,7 @@ Accuracy: every gradient within 3x the error of float32 naive attention's autogr
 
 Launch geometry
 ---------------
-pre-pass ``D = rowsum(dO o O)`` and the atomic dQ's zeros: :func:`numba_flash.fast._prepass.row_dot`. Main kernel: grid
+pre-pass ``D = rowsum(dO o O)``: :func:`numba_flash.fast._prepass.row_dot`. Main kernel: grid
 ``(Tc, batch * nheads_k)``, block ``32 NW`` threads, ``Bc = 16 MW NW`` keys; the block loops over the ``G``
 query heads of its KV head and the visible query blocks of ``Br`` rows (one flat loop, as the FFMA kernel).
 SRAM (float32, one dynamic array): ``Q_i, dO_i`` Br (DP+4) each, ``K_j, V_j`` Bc (DP+4) each, ``P_ij o Z_ij``
@@ -139,14 +139,13 @@ def dq_config(d: int):
 
 
 def _allocate_grads(prob: Problem, alloc, deterministic: bool):
-    # FA2.2 L3: dQ = (0) in HBM (the atomic adds need zeros: the pre-pass writes them, fast._prepass; the
-    # deterministic kernel writes every row); dK, dV: Tc blocks
-    return allocate_grads(prob, alloc, deterministic, zero_dq=False)  # numba_flash._fa2_prepass, shared with the other float32 FA2 backwards
+    # FA2.2 L3: dQ = (0) in HBM (the atomic adds need zeros; the deterministic kernel writes every row); dK, dV: Tc blocks
+    return allocate_grads(prob, alloc, deterministic)  # numba_flash._fa2_prepass, shared with the other float32 FA2 backwards
 
 
-def _prepass(out, dout, dq, prob: Problem, alloc, deterministic: bool):
-    # FA2.2 L4: D_i = rowsum(dO_i o O_i), a separate pre-pass (fast._prepass: a warp per row; it zeroes the atomic dQ)
-    return _prepass_kernel.row_dot(out, dout, prob, alloc, dq=None if deterministic else dq)
+def _prepass(out, dout, prob: Problem, alloc):
+    # FA2.2 L4: D_i = rowsum(dO_i o O_i), a separate pre-pass (numba_flash.fast._prepass: a warp per row)
+    return _prepass_kernel.row_dot(out, dout, prob, alloc)
 
 
 @functools.cache
@@ -791,7 +790,7 @@ def backward(dout, q, k, v, out, fwd, prob: Problem, alloc, block_sizes=None, de
     features = fa2_forward_half.register_path_if_unaligned(features_for(prob.headdim, features), {}, q, dout)  # Dev: cp.async of Q, dO rows
     main, grid, dqk, grid_dq, (nt, nt_dq), (nbytes, nbytes_dq) = plan(prob, block_sizes, config, features, deterministic, from_lse)
     dq, dk, dv = _allocate_grads(prob, alloc, deterministic)
-    delta = _prepass(out, dout, dq, prob, alloc, deterministic)  # D = rowsum(dO o O), line 4; the atomic dQ's zeros
+    delta = _prepass(out, dout, prob, alloc)  # D = rowsum(dO o O), line 4
     tau = prob.softmax_scale
     opts = (tau, tau * LOG2E, prob.group, prob.causal_offset, prob.seed, prob.threshold, prob.dropout_scale)
     m, l = (fwd.lse, fwd.lse) if from_lse else (fwd.m, fwd.l)

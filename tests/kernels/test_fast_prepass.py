@@ -1,7 +1,8 @@
 """The fast backwards' pre-pass (:mod:`numba_flash.fast._prepass`): ``D = rowsum(dO o O)`` a warp per row, dQ's zeros.
 
 FA2 Algorithm 2 line 4 computes ``D_i = rowsum(dO_i o O_i)`` before the main loop; line 3 sets ``dQ = 0`` for the
-atomic adds. The fast backwards (float32 FFMA, 3xTF32, fp16/bf16) do both in one kernel whose lanes share a row.
+atomic adds. The fast backwards (float32 FFMA, 3xTF32, fp16/bf16) compute D in one kernel whose lanes share a row,
+which can also write dQ's zeros (measured slower than torch's fill beside it: the backwards leave it off).
 
 Claims checked:
 
@@ -10,18 +11,14 @@ Claims checked:
   head dims that are not a multiple of the lanes (odd for float32), several heads and batches.
 * With ``dq`` every element of the float32 dQ accumulator is zero afterwards (it was NaN-filled), and ``D`` has the
   same bits as without it; without ``dq`` the array passed is not touched.
-* The backwards that use it leave no NaN of the poisoned dQ behind (atomic dQ path; the deterministic one writes
-  its own rows): :func:`test_the_backwards_zero_the_atomic_dq_through_the_prepass`.
 * The same with a group of lanes taking several rows one after another (``rows_per_group``, ragged at the end).
 * On a GPU (marker ``gpu``): the same at realistic shapes (32 lanes, 8 groups a block).
 """
 
 from __future__ import annotations
 
-import math
-
 from numba_flash._launch import Allocator, check_attention_args, poison_outputs
-from numba_flash.fast import _mma, _prepass, fa2_backward, fa2_backward_half, fa2_backward_tf32, fa2_forward_half
+from numba_flash.fast import _mma, _prepass
 
 import numpy as np
 import pytest
@@ -77,30 +74,6 @@ def test_the_prepass_row_sums_are_within_the_rule_and_zero_dq(rng, dtype, b, n, 
     if dtype != "float32" and d % 2:
         pytest.skip("half words need an even head dim")
     _check_rowsum(rng, getattr(torch, dtype), b, n, h, d, "cpu", rpw)
-
-
-@pytest.mark.parametrize("module", [fa2_backward, fa2_backward_tf32, fa2_backward_half], ids=lambda m: m.__name__.split(".")[-1])
-def test_the_backwards_zero_the_atomic_dq_through_the_prepass(rng, module):
-    """With dQ allocated NaN-filled (poisoned), the atomic dQ of each fast backward is finite and nonzero: the
-    pre-pass zeroed it before the adds (without the zeros every element would stay NaN)."""
-    half = module is fa2_backward_half
-    dtype = torch.bfloat16 if half else torch.float32
-    th = half_inputs(rng, dtype, 1, 19, 19, 2, 1, 16) if half else [torch.from_numpy(x) for x in make_qkv(rng, 1, 19, 19, 2, 1, 16)]
-    dout = torch.from_numpy(rng.standard_normal(tuple(th[0].shape)).astype(np.float32)).to(dtype)
-    prob = check_attention_args(*th, 0.0, None, False, 0)
-    alloc = Allocator(th[0])
-    conv = alloc.to_words if half else alloc.to_kernel
-    kq, kk, kv, kdo = (conv(x) for x in (*th, dout))
-    if half:
-        fwd = fa2_forward_half.forward(kq, kk, kv, prob, alloc, (16, 16))
-    else:
-        from numba_flash.fast import fa2_forward
-
-        fwd = fa2_forward.forward(kq, kk, kv, prob, alloc, (16, 16))
-    with poison_outputs():
-        dq, _, _ = module.backward(kdo, kq, kk, kv, fwd.out, fwd, prob, alloc, (16, 16))
-    dq = to_host(dq)
-    assert dq.dtype == np.float32 and np.isfinite(dq).all() and math.fsum(np.abs(dq).ravel()) > 0
 
 
 @pytest.mark.gpu
