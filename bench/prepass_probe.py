@@ -42,12 +42,16 @@ def _time_shape(torch, name, d, n):
     return [(label, mb, bu.cuda_time_ms(fn, warmup=2, repeats=10, calls=10)[0]) for label, mb, fn in rows]
 
 
-def main(argv=None) -> int:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seqlens", type=int, nargs="+", default=[1024, 4096])
     ap.add_argument("--headdims", type=int, nargs="+", default=[64, 128])
     ap.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"])
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
     torch = bu.torch_or_none()
     if torch is None or not bu.ON_GPU:
         print("prepass_probe needs torch and a GPU")
