@@ -5,8 +5,8 @@ at a time whatever the feature says.
 
 Claims checked:
 
-* On compute capability 9.0 the plan turns ``RED2`` on by default, causal included (until ``LSE_P`` it left causal
-  d > 64 on the scalar adds).
+* On compute capability 9.0 the plan turns ``RED2`` on by default, causal included (before bfef7ac it left causal
+  d > 64 on the scalar adds, a choice measured before ``LSE_P``).
 * Both forms give dK and dV bit for bit (neither touches them) and dQ within flash-attn's 3x rule against naive
   attention in the same half dtype, on ragged, causal, GQA shapes at d = 64, 96 and 128.
 """
