@@ -46,12 +46,14 @@ from bench.fa2_bwd_sweep import check_backward
 #: 8 x 1 x 32 does not fit two stages (236 KB), so its candidates are 8 x 1 x 16 and 4 x 1 x 32 (offline sm_90:
 #: no spill, 16/20 B; ``docs/results/sweeps/offline_tf32_bwd_cp_async.txt``).
 CP = {"CP_ASYNC": True}
+#: The default tiling with the causal blocks in their launch order (``HEAVY_FIRST`` off), beside the default.
+DEFAULT_ORDER = {"default": (None, {}), "default-hf0": (None, {"HEAVY_FIRST": False}), "default-hf1": (None, {"HEAVY_FIRST": True})}
 TILINGS = {
     64: {"ffma": ("ffma", {}), "8x1-Br64": ((8, 1, 64), {}), "8x1-Br32": ((8, 1, 32), {}), "4x1-Br32": ((4, 1, 32), {}),
          "8x1-Br64-pf": ((8, 1, 64), {"PREFETCH": True}), "8x1-Br64-cp": ((8, 1, 64), CP), "4x1-Br32-cp": ((4, 1, 32), CP),
-         "8x1-Br32-cp": ((8, 1, 32), CP)},
+         "8x1-Br32-cp": ((8, 1, 32), CP), **DEFAULT_ORDER},
     128: {"ffma": ("ffma", {}), "8x1-Br16": ((8, 1, 16), {}), "4x1-Br16": ((4, 1, 16), {}), "8x1-Br32": ((8, 1, 32), {}),
-          "8x1-Br16-cp": ((8, 1, 16), CP), "4x1-Br32-cp": ((4, 1, 32), CP)},
+          "8x1-Br16-cp": ((8, 1, 16), CP), "4x1-Br32-cp": ((4, 1, 32), CP), **DEFAULT_ORDER},
 }
 
 

@@ -63,6 +63,10 @@
 #   prepass_probe  the pre-pass's GPU tests (rows_per_group 1 and 4), then python -m bench.prepass_probe: the pre-pass with
 #                dQ's zeros fused, 1/2/4/8 rows a warp, against the pre-pass alone plus torch's zero_ of dQ, bf16 and float32,
 #                d 64/128, N 1k/4k at 16k tokens -> OUTDIR/prepass_probe_tests.txt, prepass_probe.txt
+#   heavy_first  the causal backwards' block order (HEAVY_FIRST: every head's key block 0 first) off and on: its GPU tests,
+#                the half backward at d = 128 (N 1k/2k/4k, twice, alternating; forward + backward timed) and the 3xTF32
+#                backward alone (tf32_bwd_sweep rows default-hf0 / default-hf1, N 1k/4k) -> OUTDIR/heavy_first_tests.txt,
+#                heavy_first_{off,on}_{1,2}.json/.log, heavy_first_tf32.json/.log
 #   red2_causal  the half backward's dQ atomics two columns at a time (RED2) off and on, twice, alternating, default
 #                tilings, d = 128, N 1k/2k/4k, causal and not (forward + backward timed; the policy left causal d > 64
 #                on scalar adds until LSE_P), after the half backward's GPU tests -> OUTDIR/red2_tests.txt,
@@ -229,6 +233,20 @@ for s in "${steps[@]}"; do
       tail -n 2 "$out/prepass_probe_tests.txt"
       step prepass_probe.txt timeout 240 python3 -m bench.prepass_probe
       cat "$out/prepass_probe.txt" ;;
+    heavy_first)
+      step heavy_first_tests.txt timeout 240 python3 -m pytest -q -n 8 -p no:cacheprovider -rfE tests/kernels/test_key_block_order.py \
+        tests/kernels/test_half_red2.py tests/kernels/test_tf32_backward.py tests/kernels/test_launch_limits.py
+      tail -n 2 "$out/heavy_first_tests.txt"
+      for r in 1 2; do
+        for mode in off on; do
+          flag=false; [ "$mode" = on ] && flag=true
+          step "heavy_first_${mode}_$r.log" timeout 80 python3 -m bench.half_sweep --backward --default-only --headdims 128 \
+            --seqlens 1024 2048 4096 --features "{\"HEAVY_FIRST\": $flag}" --out "$out/heavy_first_${mode}_$r.json"
+        done
+      done
+      step heavy_first_tf32.log timeout 150 python3 -m bench.tf32_bwd_sweep --headdims 128 --seqlens 1024 4096 --no-fwdbwd \
+        --tilings default-hf0 default-hf1 --out "$out/heavy_first_tf32.json"
+      grep -h "^half" "$out"/heavy_first_*.log | sort; grep "^bwd" "$out/heavy_first_tf32.log" ;;
     red2_causal)
       step red2_tests.txt timeout 300 python3 -m pytest -q -n 8 -p no:cacheprovider -rfE tests/kernels/test_half_red2.py \
         tests/kernels/test_half_backward_cp_async.py tests/kernels/test_half_kernels.py -m gpu
@@ -245,7 +263,7 @@ for s in "${steps[@]}"; do
       step half_bwd_cp.log python3 -m bench.half_sweep --backward --seqlens 1024 4096 --out "$out/half_bwd_cp.json"
       tail -n 40 "$out/half_bwd_cp.log" ;;
     *)
-      echo "run_pending: unknown step '$s' (streams host ncu_tc ncu_half half_ex2 half_ex2_pairs ostep short_d128 short_causal causal_d128 tc_cp occ3_d128 host_layers host_kernels short_direct short_replay short_kernels lse_p prepass prepass_probe red2_causal half_bwd_cp)" >&2
+      echo "run_pending: unknown step '$s' (streams host ncu_tc ncu_half half_ex2 half_ex2_pairs ostep short_d128 short_causal causal_d128 tc_cp occ3_d128 host_layers host_kernels short_direct short_replay short_kernels lse_p prepass prepass_probe heavy_first red2_causal half_bwd_cp)" >&2
       rc=2 ;;
   esac
 done

@@ -164,6 +164,28 @@ def make_block_counts(BR: int, BC: int, CAUSAL: bool):
     return n_key_blocks, first_row_block
 
 
+@functools.cache
+def make_key_block_order(HEAVY_FIRST: bool):
+    """``key_block(n_bh) -> (j, bh)``: the key block and the (batch, KV head) of a column-block backward's thread block.
+
+    Without ``HEAVY_FIRST``: ``j = blockIdx.x`` and ``bh`` from grid y, z (:func:`numba_flash._launch.bh_grid`). A GPU
+    starts blocks in the order of their linear number (x fastest, then y, z), so every head's key blocks start one
+    after another. With ``HEAVY_FIRST`` (causal) the linear number is split the other way, ``j`` major: every head's
+    ``j = 0`` first, then every head's ``j = 1`` ... Under a causal mask key block ``j`` sees the fewest query
+    blocks the larger it is, so the blocks with the most work start first and the lightest fill the tail (longest
+    processing time first). ``j`` comes back at or past ``gridDim.x`` for the padding of the folded grid: return then.
+    """
+
+    @cuda.jit(device=True, inline="always")
+    def key_block(n_bh):
+        if HEAVY_FIRST:
+            lin = cuda.blockIdx.x + cuda.gridDim.x * (cuda.blockIdx.y + cuda.gridDim.y * cuda.blockIdx.z)
+            return lin // n_bh, lin % n_bh
+        return cuda.blockIdx.x, cuda.blockIdx.y + cuda.gridDim.y * cuda.blockIdx.z
+
+    return key_block
+
+
 _W0 = uint32(0)
 
 

@@ -203,7 +203,8 @@ def make_score_products(QT: int, NKN: int, KD: int, SQ: int, SIM: bool):
 
 @functools.cache
 def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, DROPOUT: bool, ATOMIC_DQ: bool,
-                             PREFETCH: bool, SIM: bool, FROM_LSE: bool = False, RED2: bool = False, CP_ASYNC: bool = False):
+                             PREFETCH: bool, SIM: bool, FROM_LSE: bool = False, RED2: bool = False, CP_ASYNC: bool = False,
+                             HEAVY_FIRST: bool = False):
     """The main (column-block) 3xTF32 backward kernel: dK, dV, and with ``ATOMIC_DQ`` the atomic dQ adds.
 
     Kernel arguments: ``gQ, gdO (b, s_q, h, d)``, ``gK, gV (b, s_k, h_k, d)`` float32, ``gm, gl, gD (b, h, s_q)``
@@ -279,6 +280,7 @@ def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
     _copy16, cp_commit, cp_wait0 = _mma.make_cp_async(SIM)
     NLK, load_kv, store_kv = _tiles.make_pair_loader(BC, DP, NT, SQ, QUIET_NAN=True)  # K_j with V_j
     _, first_row_block = _tiles.make_block_counts(BR, BC, CAUSAL)
+    key_block = _tiles.make_key_block_order(HEAVY_FIRST)
     split, mma3, _, _ = _mma.make_warp_ops(SIM)
     mma_score_products = make_score_products(QT, NKN, KD, SQ, SIM)
     row_stats = _regtile.make_row_stats(FROM_LSE)
@@ -326,17 +328,16 @@ def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
         s_q = gQ.shape[1]
         s_k = gK.shape[1]
         d = gQ.shape[3]
-        bhk = cuda.blockIdx.y + cuda.gridDim.y * cuda.blockIdx.z  # Dev: b*h_k folded over grid y, z (y <= 65535)
-        b = bhk // nheads_k
-        hk = bhk % nheads_k
-        if b >= gQ.shape[0]:
-            return  # Dev: past b*h_k in the last z slab of the fold
-        ub, uhk = U(b), U(hk)
         wrow = U(16 * MW) * U(warp)  # this warp's first key row within the block
         qw = warp // DSPLIT  # dQ slice of this warp: query tiles qw, qw + NW / DSPLIT, ...; column tiles from dq0
         dq0 = (warp % DSPLIT) * NDW
-        # FA2.2 L5: for j = 1..Tc -- one thread block per (j, batch, KV head)
-        j = cuda.blockIdx.x
+        # FA2.2 L5: for j = 1..Tc -- one thread block per (j, batch, KV head) (HEAVY_FIRST: every head's j = 0 first)
+        j, bhk = key_block(gQ.shape[0] * nheads_k)  # Dev: b*h_k folded over grid y, z (y <= 65535)
+        b = bhk // nheads_k
+        hk = bhk % nheads_k
+        if b >= gQ.shape[0] or j >= cuda.gridDim.x:
+            return  # Dev: past b*h_k in the last z slab of the fold
+        ub, uhk = U(b), U(hk)
         col0 = j * BC
         # FA2.2 L6: load K_j, V_j from HBM to SRAM (ragged rows and padded columns zero)
         load_kv(gK, gV, ub, uhk, col0, s_k, d, tid, rKn, rVn)  # HBM read: 2 Bc*d
@@ -719,8 +720,10 @@ def default_features() -> dict:
     ``cp.async`` into two SRAM stages where :func:`numba_flash.fast.fa2_forward_tc.cp_async_ok` and Q, dO are
     16-byte aligned; None: at ``d <= 64``, where an H100 sweep timed the backward 1.03-1.05x faster at the
     default tiling and 1.04-1.11x causal; above, the default tiling's two stages do not fit (236 KB) and the
-    tilings they fit ran 0.89-1.01x (``docs/results/sweeps/tf32_bwd_cp_h100.json``, the performance log)."""
-    return {"PREFETCH": False, "RED2": None, "CP_ASYNC": None}
+    tilings they fit ran 0.89-1.01x (``docs/results/sweeps/tf32_bwd_cp_h100.json``, the performance log).
+    ``HEAVY_FIRST``: with causal, the heaviest key blocks of every head start first, as in the half backward
+    (:func:`numba_flash.fast._tiles.make_key_block_order`)."""
+    return {"PREFETCH": False, "RED2": None, "CP_ASYNC": None, "HEAVY_FIRST": True}
 
 
 def features_for(d: int, features=None) -> dict:
@@ -750,7 +753,7 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None, determinis
         red2 = not sim and _backend.device_facts().compute_capability >= (9, 0)
     red2 = bool(red2) and d % 2 == 0  # Dev: red.v2 needs 8-byte aligned pairs: rows of d floats, d even
     main = fa2_backward_tf32_kernel(NW, MW, BR, DP, prob.causal, dropout, not deterministic, bool(feats["PREFETCH"]), sim,
-                                    bool(from_lse), red2, cp_async)
+                                    bool(from_lse), red2, cp_async, prob.causal and bool(feats["HEAVY_FIRST"]))
     grid = bh_grid(ceil_div(prob.seqlen_k, BC), prob.batch * prob.nheads_k)
     dq = None
     NWq, MWq, BCq, _ = dq_config(d)
