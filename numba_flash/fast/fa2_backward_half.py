@@ -694,9 +694,11 @@ def default_features() -> dict:
     alternating pairs; the causal d = 128 cells 1.00-1.06x (``docs/results/sweeps/lse_p_h100_d645902_*``; the
     performance log's section "Half backward: P from the logsumexp"). ``HEAVY_FIRST``: with causal, the blocks start in
     key-block-major order, the heaviest (j = 0, most visible query blocks) of every head first
-    (:func:`numba_flash.fast._tiles.make_key_block_order`; the performance log's section "Causal backward: the
-    heaviest key blocks first")."""
-    return {"PREFETCH": True, "RED2": None, "CP_ASYNC": True, "EX2_FTZ": True, "LSE_P": True, "HEAVY_FIRST": True}
+    (:func:`numba_flash.fast._tiles.make_key_block_order`). Off: on an H100 causal d = 128 forward + backward at
+    N 1k-4k moved 0.91-1.02x with it, within the run-to-run spread and not better on average (two alternating pairs,
+    ``docs/results/sweeps/heavy_first_h100_827b946_*``; the performance log's section "Causal backward: the heaviest
+    key blocks first"); the 3xTF32 backward, slower per block, gains from it and has it on."""
+    return {"PREFETCH": True, "RED2": None, "CP_ASYNC": True, "EX2_FTZ": True, "LSE_P": True, "HEAVY_FIRST": False}
 
 
 def plan(prob: Problem, block_sizes=None, config=None, features=None, deterministic=False, from_lse=False):

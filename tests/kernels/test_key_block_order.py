@@ -2,7 +2,7 @@
 
 A GPU starts the blocks of a grid in the order of their linear number. The half and 3xTF32 backwards have one block per
 (key block ``j``, batch x KV head); under a causal mask block ``j`` has the more query blocks to visit the smaller
-``j`` is. ``HEAVY_FIRST`` (their default with causal) reads the linear number ``j``-major, so that every head's heaviest
+``j`` is. ``HEAVY_FIRST`` (the 3xTF32 backward's default with causal; a feature of the half backward) reads the linear number ``j``-major, so that every head's heaviest
 block starts before any lighter one.
 
 Claims checked:
