@@ -269,6 +269,14 @@ def command_line() -> str:
     return " ".join([prog, *(shlex.quote(a) for a in sys.argv[1:])])
 
 
+def header_line(torch) -> str:
+    """``# command; date; device; CPU cores; versions; commit``: the first line of a GPU probe's text output (the
+    commit from ``NUMBA_FLASH_COMMIT``: the device machine's copy of ``.git`` may not be the checkout's)."""
+    prov = provenance()
+    return (f"# {prov['command']}; {prov['date_utc']}; device: {prov['device']}; {os.cpu_count()} CPU cores; python "
+            f"{prov['python']}, torch {torch.__version__}, numba {prov['numba']}; commit {os.environ.get('NUMBA_FLASH_COMMIT', 'unknown')}")
+
+
 def provenance() -> dict:
     """Device, driver, versions, date and command, for the results JSON."""
     import numba

@@ -42,7 +42,6 @@ their difference is the time the GPU waited on the host. Run on a GPU machine fr
 from __future__ import annotations
 
 import argparse
-import os
 
 from bench import _utils as bu
 
@@ -256,9 +255,7 @@ def main(argv=None) -> int:
     if torch is None or not bu.ON_GPU:
         print("host_layers needs torch and a GPU (it times numba-cuda's launch path, which the simulator does not have)")
         return 1
-    prov = bu.provenance()
-    print(f"# {prov['command']}; {prov['date_utc']}; device: {prov['device']}; {os.cpu_count()} CPU cores; python {prov['python']}, "
-          f"torch {torch.__version__}, numba {prov['numba']}; commit {os.environ.get('NUMBA_FLASH_COMMIT', 'unknown')}", flush=True)
+    print(bu.header_line(torch), flush=True)
     if args.profile:
         profile(torch, args.calls)
         return 0

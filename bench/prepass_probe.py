@@ -12,7 +12,6 @@ bytes moved and the rate.
 from __future__ import annotations
 
 import argparse
-import os
 
 from . import _utils as bu
 
@@ -56,9 +55,7 @@ def main(argv=None) -> int:
     if torch is None or not bu.ON_GPU:
         print("prepass_probe needs torch and a GPU")
         return 1
-    prov = bu.provenance()
-    print(f"# {prov['command']}; {prov['date_utc']}; device: {prov['device']}; python {prov['python']}, torch {torch.__version__}, "
-          f"numba {prov['numba']}; commit {os.environ.get('NUMBA_FLASH_COMMIT', 'unknown')}", flush=True)
+    print(bu.header_line(torch), flush=True)
     print(f"{'dtype':9} {'d':>4} {'N':>6} {'layout':24} {'ms':>8} {'MB':>7} {'TB/s':>6}")
     for name in args.dtypes:
         for d in args.headdims:

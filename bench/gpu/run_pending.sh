@@ -93,6 +93,18 @@ step() {  # step FILE COMMAND...: run, log to OUTDIR/FILE, note a failure and go
   echo "+ $*" | tee "$out/$name"
   "$@" >> "$out/$name" 2>&1 || { echo "run_pending: '$*' failed (see $name)" >&2; rc=1; }
 }
+backward_pairs() {  # backward_pairs STEM FEATURE TIMEOUT [HALF_SWEEP_ARGS...]: the half backward's default tiling
+  # (forward + backward timed) with FEATURE false, true, false, true -> OUTDIR/STEM_{off,on}_{1,2}.json/.log
+  local stem="$1" feature="$2" limit="$3" r mode flag
+  shift 3
+  for r in 1 2; do
+    for mode in off on; do
+      flag=false; [ "$mode" = on ] && flag=true
+      step "${stem}_${mode}_$r.log" timeout "$limit" python3 -m bench.half_sweep --backward --default-only "$@" \
+        --features "{\"$feature\": $flag}" --out "$out/${stem}_${mode}_$r.json"
+    done
+  done
+}
 forward_pairs() {  # forward_pairs PREFIX OFF_JSON ON_JSON: the half forward's default tilings off, on, off, on (N 4k/16k)
   local prefix="$1" off="$2" on="$3" r
   for r in 1 2; do
@@ -215,13 +227,7 @@ for s in "${steps[@]}"; do
       tail -n 40 "$out/short_kernels.log" ;;
     lse_p)
       step lse_p_tests.txt timeout 200 python3 -m pytest -q -p no:cacheprovider -rfE tests/kernels/test_half_lse_p.py
-      for r in 1 2; do
-        for mode in off on; do
-          flag=false; [ "$mode" = on ] && flag=true
-          step "lse_p_${mode}_$r.log" timeout 110 python3 -m bench.half_sweep --backward --default-only --seqlens 1024 2048 4096 \
-            --features "{\"LSE_P\": $flag}" --out "$out/lse_p_${mode}_$r.json"
-        done
-      done
+      backward_pairs lse_p LSE_P 110 --seqlens 1024 2048 4096
       grep -h "^half" "$out"/lse_p_*.log | sort ;;
     prepass)
       step prepass_tests.txt timeout 420 python3 -m pytest -q -n 8 -p no:cacheprovider -rfE tests/kernels/test_fast_prepass.py \
@@ -237,13 +243,7 @@ for s in "${steps[@]}"; do
       step heavy_first_tests.txt timeout 240 python3 -m pytest -q -n 8 -p no:cacheprovider -rfE tests/kernels/test_key_block_order.py \
         tests/kernels/test_half_red2.py tests/kernels/test_tf32_backward.py tests/kernels/test_launch_limits.py
       tail -n 2 "$out/heavy_first_tests.txt"
-      for r in 1 2; do
-        for mode in off on; do
-          flag=false; [ "$mode" = on ] && flag=true
-          step "heavy_first_${mode}_$r.log" timeout 80 python3 -m bench.half_sweep --backward --default-only --headdims 128 \
-            --seqlens 1024 2048 4096 --features "{\"HEAVY_FIRST\": $flag}" --out "$out/heavy_first_${mode}_$r.json"
-        done
-      done
+      backward_pairs heavy_first HEAVY_FIRST 80 --headdims 128 --seqlens 1024 2048 4096
       step heavy_first_tf32.log timeout 150 python3 -m bench.tf32_bwd_sweep --headdims 128 --seqlens 1024 4096 --no-fwdbwd \
         --tilings default-hf0 default-hf1 --out "$out/heavy_first_tf32.json"
       grep -h "^half" "$out"/heavy_first_*.log | sort; grep "^bwd" "$out/heavy_first_tf32.log" ;;
@@ -251,13 +251,7 @@ for s in "${steps[@]}"; do
       step red2_tests.txt timeout 300 python3 -m pytest -q -n 8 -p no:cacheprovider -rfE tests/kernels/test_half_red2.py \
         tests/kernels/test_half_backward_cp_async.py tests/kernels/test_half_kernels.py -m gpu
       tail -n 3 "$out/red2_tests.txt"
-      for r in 1 2; do
-        for mode in off on; do
-          flag=false; [ "$mode" = on ] && flag=true
-          step "red2_${mode}_$r.log" timeout 100 python3 -m bench.half_sweep --backward --default-only --headdims 128 \
-            --seqlens 1024 2048 4096 --features "{\"RED2\": $flag}" --out "$out/red2_${mode}_$r.json"
-        done
-      done
+      backward_pairs red2 RED2 100 --headdims 128 --seqlens 1024 2048 4096
       grep -h "^half" "$out"/red2_*.log | sort ;;
     half_bwd_cp)
       step half_bwd_cp.log python3 -m bench.half_sweep --backward --seqlens 1024 4096 --out "$out/half_bwd_cp.json"

@@ -54,7 +54,7 @@ def block_shape(sim: bool) -> tuple[int, int]:
 
 
 @functools.cache
-def make_prepass(KIND, ZERO_DQ: bool, SIM: bool, RPW: int = 1):
+def make_prepass(KIND, ZERO_DQ: bool, SIM: bool, RPW: int):
     """The pre-pass kernel ``(gO, gdO, gD, gdQ)``; each group of ``LANES`` lanes takes ``RPW`` consecutive rows.
 
     ``KIND`` None: O and dO are float32 ``(b, N, h, d)``; ``"f16"`` / ``"bf16"``: int32 words of two halves
