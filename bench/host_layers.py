@@ -33,10 +33,12 @@ inflates many small Python calls: read it for the order, the layers above for th
 CUDA backward in a thread of its own, which cProfile does not see). ``--kernels`` instead prints, for bf16 training
 steps (forward and ``backward(dout)``) at b 8, N 256, d 64 and at the half grid's short d = 128 cells, the kernels'
 GPU time per step (torch.profiler) against the synchronized wall time of a step, replay off and on, SDPA beside:
-their difference is the time the GPU waited on the host. Run on a GPU machine from the repository root::
+their difference is the time the GPU waited on the host. ``--timeline`` places that wait: one training step at the
+causal and non-causal d = 128, N = 1k cells, event by event (the host's launches, allocations and synchronize, the
+GPU's kernels, each from the step's start). Run on a GPU machine from the repository root::
 
     source bench/gpu/setup_env.sh
-    python3 -m bench.host_layers [--calls 300] [--repeats 7] [--profile | --kernels]
+    python3 -m bench.host_layers [--calls 300] [--repeats 7] [--profile | --kernels | --timeline]
 """
 
 from __future__ import annotations
@@ -238,6 +240,55 @@ def kernel_time(torch, steps: int = 20) -> None:
     _replay.ENABLED = was
 
 
+def _timeline_events(torch, step, steps: int):
+    """One profiled ``step`` (after ``steps`` warm-up steps): [(start us from the step's start, duration us, kind,
+    name)], kind "cpu" for the host's launch, allocation and synchronize calls and the autograd engine's nodes,
+    "gpu" for kernels and memsets (torch.profiler with CPU and CUDA activity; kineto puts both on the host clock)."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    for _ in range(steps):
+        step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        with record_function("timeline::step"):
+            step()
+            torch.cuda.synchronize()
+    events = prof.events()
+    t0 = next(e.time_range.start for e in events if e.name == "timeline::step")
+    host = ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx", "cudaMemsetAsync", "cudaDeviceSynchronize",
+            "cudaStreamSynchronize", "aten::empty", "aten::fill_", "aten::zeros", "aten::to", "aten::copy_",
+            "autograd::engine", "EagerAttention", "cudaMalloc", "cudaFree")
+    rows = []
+    for e in events:
+        start, dur = e.time_range.start - t0, e.time_range.end - e.time_range.start
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            rows.append((start, dur, "gpu", e.name))
+        elif e.name != "timeline::step" and e.name.startswith(host):
+            rows.append((start, dur, "cpu", e.name))
+    return sorted(rows)
+
+
+def timeline(torch, steps: int = 10) -> None:
+    """The ``--timeline`` output: one bf16 training step at the half grid's causal d = 128, N = 1k cell (b 16, h 16),
+    ours (replay on, the default) and SDPA's, event by event: when the host launched each kernel and when the GPU ran
+    it, so that the GPU's idle time of ``--kernels`` is placed (before the first kernel, between two, after the last)."""
+    for b, n, h, d, causal in ((16, 1024, 16, 128, True), (16, 1024, 16, 128, False)):
+        ours, sdpa = _training_steps(torch, b, n, h, d, causal)
+        for name, step in (("ours", ours), ("sdpa", sdpa)):
+            rows = _timeline_events(torch, step, steps)
+            busy_until, idle = 0.0, 0.0
+            print(f"## b={b} N={n} h={h} d={d} causal={int(causal)} {name}: us from the step's start", flush=True)
+            for start, dur, kind, ev in rows:
+                gap = ""
+                if kind == "gpu":
+                    if start > busy_until:
+                        gap = f"  (GPU idle {start - busy_until:7.1f} us before it)"
+                        idle += start - busy_until
+                    busy_until = max(busy_until, start + dur)
+                print(f"  {start:9.1f} {dur:9.1f}  {kind}  {ev[:80]}{gap}", flush=True)
+            print(f"  GPU idle before and between kernels: {idle:.1f} us", flush=True)
+
+
 def parser() -> argparse.ArgumentParser:
     """The command line of ``python -m bench.host_layers``."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -246,6 +297,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--profile", action="store_true", help="a cProfile of flash_attn_func instead of the layer table")
     ap.add_argument("--kernels", action="store_true",
                     help="per training step: the kernels' GPU time against the synchronized wall time, replay off and on")
+    ap.add_argument("--timeline", action="store_true",
+                    help="one training step at b 16, N 1k, d 128 (causal and not), ours and SDPA's, event by event")
     return ap
 
 
@@ -261,6 +314,9 @@ def main(argv=None) -> int:
         return 0
     if args.kernels:
         kernel_time(torch)
+        return 0
+    if args.timeline:
+        timeline(torch)
         return 0
     for dtype in (torch.bfloat16, torch.float32):
         for d in (64, 128):

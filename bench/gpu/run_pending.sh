@@ -51,6 +51,11 @@
 #   host_kernels python -m bench.host_layers --kernels: per bf16 training step (b 8 N 256 d 64; N 1k/2k d 128), the kernels'
 #                GPU time (torch.profiler) against the synchronized wall time, replay off and on, SDPA beside
 #                -> OUTDIR/host_kernels.txt
+#   timeline     python -m bench.host_layers --timeline: one bf16 training step at b 16, N 1k, d 128 (causal and not), ours
+#                and SDPA's, event by event (host launches, allocations, synchronize; GPU kernels): where the GPU waits
+#                -> OUTDIR/timeline.txt
+#   heavy_first_d64  the 3xTF32 backward alone at d = 64 with HEAVY_FIRST off and on (tf32_bwd_sweep rows default-hf0 /
+#                default-hf1, N 1k/2k/4k, causal and not), two runs -> OUTDIR/heavy_first_d64_{1,2}.json/.log
 #   short_kernels the half forward's tilings (half_sweep's TILINGS, Br = 64 among them) at N 512/1k/2k, bf16, each timing
 #                the mean of 10 back-to-back calls (the kernels, not one call's host work), SDPA beside them
 #                -> OUTDIR/short_kernels.json/.log
@@ -221,6 +226,15 @@ for s in "${steps[@]}"; do
     host_kernels)
       step host_kernels.txt timeout 300 python3 -m bench.host_layers --kernels
       grep "ms/step" "$out/host_kernels.txt" ;;
+    timeline)
+      step timeline.txt timeout 300 python3 -m bench.host_layers --timeline
+      grep "GPU idle before" "$out/timeline.txt" ;;
+    heavy_first_d64)
+      for i in 1 2; do
+        step "heavy_first_d64_$i.log" timeout 200 python3 -m bench.tf32_bwd_sweep --headdims 64 --seqlens 1024 2048 4096 \
+          --no-fwdbwd --tilings default-hf0 default-hf1 --out "$out/heavy_first_d64_$i.json"
+      done
+      grep -h "^bwd" "$out"/heavy_first_d64_*.log ;;
     short_kernels)
       step short_kernels.log timeout 400 python3 -m bench.half_sweep --seqlens 512 1024 2048 --calls 10 --repeats 10 \
         --out "$out/short_kernels.json"
