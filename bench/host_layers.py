@@ -33,9 +33,10 @@ inflates many small Python calls: read it for the order, the layers above for th
 CUDA backward in a thread of its own, which cProfile does not see). ``--kernels`` instead prints, for bf16 training
 steps (forward and ``backward(dout)``) at b 8, N 256, d 64 and at the half grid's short d = 128 cells, the kernels'
 GPU time per step (torch.profiler) against the synchronized wall time of a step, replay off and on, SDPA beside:
-their difference is the time the GPU waited on the host. ``--timeline`` places that wait: one training step at the
-causal and non-causal d = 128, N = 1k cells, event by event (the host's launches, allocations and synchronize, the
-GPU's kernels, each from the step's start). Run on a GPU machine from the repository root::
+their difference is the time the GPU waited on the host. ``--timeline`` places that wait: one synchronized call of the
+half grid's cells nearest 1.0x (the causal training step at d = 128, N = 1k; the causal forward at N = 512), ours and
+SDPA memory-efficient's, event by event (the host's launches, allocations and synchronize, the GPU's kernels, each
+from the call's start). Run on a GPU machine from the repository root::
 
     source bench/gpu/setup_env.sh
     python3 -m bench.host_layers [--calls 300] [--repeats 7] [--profile | --kernels | --timeline]
@@ -241,43 +242,90 @@ def kernel_time(torch, steps: int = 20) -> None:
 
 
 def _timeline_events(torch, step, steps: int):
-    """One profiled ``step`` (after ``steps`` warm-up steps): [(start us from the step's start, duration us, kind,
-    name)], kind "cpu" for the host's launch, allocation and synchronize calls and the autograd engine's nodes,
-    "gpu" for kernels and memsets (torch.profiler with CPU and CUDA activity; kineto puts both on the host clock)."""
+    """The last of ``steps`` profiled calls of ``step`` (each followed by a synchronize; the first ones warm the
+    profiler up): [(start us from the call's start, duration us, kind, name)], kind "cpu" for the host's launch,
+    allocation and synchronize calls and the autograd engine's nodes, "gpu" for kernels and memsets (torch.profiler
+    with CPU and CUDA activity; kineto puts both on the host clock). The profiler adds a few microseconds to each
+    host operation it records: read the host times as upper bounds."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    for _ in range(steps):
+    for _ in range(3):
         step()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        with record_function("timeline::step"):
-            step()
-            torch.cuda.synchronize()
+        for _ in range(steps):
+            with record_function("timeline::step"):
+                step()
+                torch.cuda.synchronize()
     events = prof.events()
-    t0 = next(e.time_range.start for e in events if e.name == "timeline::step")
+    t0, t1 = max((e.time_range.start, e.time_range.end) for e in events if e.name == "timeline::step")
     host = ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx", "cudaMemsetAsync", "cudaDeviceSynchronize",
             "cudaStreamSynchronize", "aten::empty", "aten::fill_", "aten::zeros", "aten::to", "aten::copy_",
             "autograd::engine", "EagerAttention", "cudaMalloc", "cudaFree")
     rows = []
     for e in events:
         start, dur = e.time_range.start - t0, e.time_range.end - e.time_range.start
+        if start < 0 or e.name == "timeline::step":
+            continue
         if e.device_type == torch.autograd.DeviceType.CUDA:
             rows.append((start, dur, "gpu", e.name))
-        elif e.name != "timeline::step" and e.name.startswith(host):
+        elif e.name.startswith(host) and start <= t1 - t0:
             rows.append((start, dur, "cpu", e.name))
-    return sorted(rows)
+    return sorted(rows), t1 - t0
 
 
-def timeline(torch, steps: int = 10) -> None:
-    """The ``--timeline`` output: one bf16 training step at the half grid's causal d = 128, N = 1k cell (b 16, h 16),
-    ours (replay on, the default) and SDPA's, event by event: when the host launched each kernel and when the GPU ran
-    it, so that the GPU's idle time of ``--kernels`` is placed (before the first kernel, between two, after the last)."""
-    for b, n, h, d, causal in ((16, 1024, 16, 128, True), (16, 1024, 16, 128, False)):
-        ours, sdpa = _training_steps(torch, b, n, h, d, causal)
-        for name, step in (("ours", ours), ("sdpa", sdpa)):
-            rows = _timeline_events(torch, step, steps)
-            busy_until, idle = 0.0, 0.0
-            print(f"## b={b} N={n} h={h} d={d} causal={int(causal)} {name}: us from the step's start", flush=True)
+def _forward_calls(torch, b: int, n: int, h: int, d: int, causal: bool):
+    """``(ours, sdpa)``: one bf16 forward call each without grad (the half grid's forward cells: ours through
+    ``flash_attn_func``, SDPA memory-efficient as ``bench._utils.torch_sdpa`` calls it)."""
+    from numba_flash import flash_attn_func
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(b, n, h, d, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(3))
+    return (lambda: flash_attn_func(q, k, v, causal=causal)), (lambda: bu.torch_sdpa(q, k, v, causal, "efficient"))
+
+
+def timeline(torch, steps: int = 8) -> None:
+    """The ``--timeline`` output: the half grid's cells nearest 1.0x SDPA memory-efficient, one synchronized call
+    event by event, ours (replay on, the default) and SDPA memory-efficient's: a bf16 training step at causal
+    d = 128, N = 1k (b 16, h 16) and the causal forward at N = 512 (b 32, d = 64 and 128, no grad). For each: the
+    median synchronized wall time of 20 unprofiled calls, then when the host launched each kernel and when the GPU
+    ran it, so that the GPU's idle time is placed (before the first kernel, between two, after the last)."""
+    import statistics
+    import time
+
+    def sdpa_train(b, n, h, d, causal):
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        q, k, v = (torch.randn(b, n, h, d, device="cuda", generator=gen).to(torch.bfloat16).requires_grad_(True)
+                   for _ in range(3))
+        dout = torch.randn_like(q)
+
+        def step():
+            for x in (q, k, v):
+                x.grad = None
+            bu.torch_sdpa(q, k, v, causal, "efficient").backward(dout)
+        return step
+
+    cases = [("train", 16, 1024, 16, 128, True), ("forward", 32, 512, 32, 64, True), ("forward", 32, 512, 16, 128, True)]
+    for what, b, n, h, d, causal in cases:
+        if what == "train":
+            ours, _ = _training_steps(torch, b, n, h, d, causal)
+            sdpa = sdpa_train(b, n, h, d, causal)
+        else:
+            ours, sdpa = _forward_calls(torch, b, n, h, d, causal)
+        for name, step in (("ours", ours), ("sdpa-mem-eff", sdpa)):
+            for _ in range(3):
+                step()
+            torch.cuda.synchronize()
+            walls = []
+            for _ in range(20):
+                t0 = time.perf_counter()
+                step()
+                torch.cuda.synchronize()
+                walls.append(1e6 * (time.perf_counter() - t0))
+            rows, span = _timeline_events(torch, step, steps)
+            busy_until, idle, gpu = 0.0, 0.0, 0.0
+            print(f"## {what} b={b} N={n} h={h} d={d} causal={int(causal)} {name}: wall {statistics.median(walls):.1f} us "
+                  f"unprofiled (median of 20); the profiled call, us from its start:", flush=True)
             for start, dur, kind, ev in rows:
                 gap = ""
                 if kind == "gpu":
@@ -285,8 +333,10 @@ def timeline(torch, steps: int = 10) -> None:
                         gap = f"  (GPU idle {start - busy_until:7.1f} us before it)"
                         idle += start - busy_until
                     busy_until = max(busy_until, start + dur)
+                    gpu += dur
                 print(f"  {start:9.1f} {dur:9.1f}  {kind}  {ev[:80]}{gap}", flush=True)
-            print(f"  GPU idle before and between kernels: {idle:.1f} us", flush=True)
+            print(f"  profiled call {span:.1f} us: kernels {gpu:.1f} us, GPU idle before and between kernels {idle:.1f} us, "
+                  f"after the last {span - busy_until:.1f} us", flush=True)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -298,7 +348,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--kernels", action="store_true",
                     help="per training step: the kernels' GPU time against the synchronized wall time, replay off and on")
     ap.add_argument("--timeline", action="store_true",
-                    help="one training step at b 16, N 1k, d 128 (causal and not), ours and SDPA's, event by event")
+                    help="the grid cells nearest 1.0x (causal training step at d 128, N 1k; causal forward at N 512), "
+                    "ours and SDPA memory-efficient's, event by event")
     return ap
 
 

@@ -183,11 +183,17 @@ class EagerAttention(torch.autograd.Function):
         outputs = _forward(prob, q, k, v, algorithm, forward_variant, br, bc, replayable=True)
         _setup_context(ctx, (q, k, v, *options), outputs)
         ctx.prob = prob
+        # Dev: lse, m, l are non-differentiable outputs; with materialized gradients autograd would allocate and
+        # fill three (b, h, N) zero tensors on every backward only for them to be ignored (3 fill kernels and
+        # 30-60 us of host time on the backward's path, bench.host_layers --timeline). Their gradients arrive as None.
+        ctx.set_materialize_grads(False)
         return outputs
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dout, _dlse, _dm, _dl):
+        if dout is None:  # Dev: no gradient reached out (set_materialize_grads(False)): q, k, v get none from it
+            return None, *_input_gradients(None, None, None)
         *_, algorithm, backward_variant, br, bc, deterministic = ctx.options
         grads = _backward_checked(ctx.prob, dout, *ctx.saved_tensors, algorithm, backward_variant, br, bc, deterministic,
                                   replayable=True)

@@ -146,6 +146,29 @@ def test_an_eager_training_call_checks_its_arguments_once(rng, monkeypatch):
     assert calls == ["api", "backward"]
 
 
+def test_an_eager_backward_gets_no_zero_gradients_for_the_statistics(rng, monkeypatch):
+    """lse, m and l are non-differentiable outputs: autograd hands the eager backward None for them rather than three
+    (b, h, N) zero tensors it would allocate and fill on every training step (``set_materialize_grads(False)``),
+    and the gradients of q, k, v are those of the custom operators' path."""
+    from numba_flash import _torch_ops
+
+    seen = []
+    real = _torch_ops.EagerAttention.backward
+
+    def spy(ctx, dout, dlse, dm, dl):
+        seen.append((dout, dlse, dm, dl))
+        return real(ctx, dout, dlse, dm, dl)
+
+    monkeypatch.setattr(_torch_ops.EagerAttention, "backward", staticmethod(spy))
+    q, k, v, g = inputs(rng)
+    opts = (0.0, 0.5, True, 0, "flash2", "auto", "auto", 4, 4, True)
+    want_grads = torch.autograd.grad((_torch_ops.attention_forward(q, k, v, *opts)[0] * g).sum(), (q, k, v))
+    got_grads = torch.autograd.grad((_torch_ops.run_forward(q, k, v, *opts)[0] * g).sum(), (q, k, v))
+    assert len(seen) == 1 and seen[0][0] is not None and seen[0][1:] == (None, None, None)
+    for a, b in zip(got_grads, want_grads):
+        assert torch.equal(a, b)
+
+
 def test_importing_the_api_does_not_import_torch():
     code = "import sys, numba_flash.api; assert 'torch' not in sys.modules, 'torch was imported'"
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -51,8 +51,9 @@
 #   host_kernels python -m bench.host_layers --kernels: per bf16 training step (b 8 N 256 d 64; N 1k/2k d 128), the kernels'
 #                GPU time (torch.profiler) against the synchronized wall time, replay off and on, SDPA beside
 #                -> OUTDIR/host_kernels.txt
-#   timeline     python -m bench.host_layers --timeline: one bf16 training step at b 16, N 1k, d 128 (causal and not), ours
-#                and SDPA's, event by event (host launches, allocations, synchronize; GPU kernels): where the GPU waits
+#   timeline     python -m bench.host_layers --timeline: the half grid cells nearest 1.0x (causal training step d 128
+#                N 1k, causal forward N 512), ours and SDPA memory-efficient, event by event (host launches, allocations,
+#                synchronize; GPU kernels)
 #                -> OUTDIR/timeline.txt
 #   heavy_first_d64  the 3xTF32 backward alone at d = 64 with HEAVY_FIRST off and on (tf32_bwd_sweep rows default-hf0 /
 #                default-hf1, N 1k/2k/4k, causal and not), two runs -> OUTDIR/heavy_first_d64_{1,2}.json/.log
@@ -228,7 +229,7 @@ for s in "${steps[@]}"; do
       grep "ms/step" "$out/host_kernels.txt" ;;
     timeline)
       step timeline.txt timeout 300 python3 -m bench.host_layers --timeline
-      grep "GPU idle before" "$out/timeline.txt" ;;
+      grep "^##\|profiled call" "$out/timeline.txt" ;;
     heavy_first_d64)
       for i in 1 2; do
         step "heavy_first_d64_$i.log" timeout 200 python3 -m bench.tf32_bwd_sweep --headdims 64 --seqlens 1024 2048 4096 \
