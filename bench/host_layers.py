@@ -258,10 +258,12 @@ def _timeline_events(torch, step, steps: int):
                 step()
                 torch.cuda.synchronize()
     events = prof.events()
-    t0, t1 = max((e.time_range.start, e.time_range.end) for e in events if e.name == "timeline::step")
+    # Dev: the host's range of the last call (kineto also puts a GPU range of that name around its kernels)
+    t0, t1 = max((e.time_range.start, e.time_range.end) for e in events
+                 if e.name == "timeline::step" and e.device_type != torch.autograd.DeviceType.CUDA)
     host = ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx", "cudaMemsetAsync", "cudaDeviceSynchronize",
             "cudaStreamSynchronize", "aten::empty", "aten::fill_", "aten::zeros", "aten::to", "aten::copy_",
-            "autograd::engine", "EagerAttention", "cudaMalloc", "cudaFree")
+            "autograd::engine", "EagerAttention", "cudaMalloc", "cudaFree", "nf::")
     rows = []
     for e in events:
         start, dur = e.time_range.start - t0, e.time_range.end - e.time_range.start
@@ -284,12 +286,51 @@ def _forward_calls(torch, b: int, n: int, h: int, d: int, causal: bool):
     return (lambda: flash_attn_func(q, k, v, causal=causal)), (lambda: bu.torch_sdpa(q, k, v, causal, "efficient"))
 
 
+#: The host functions ``--timeline`` marks with a profiler range ``nf::<name>`` (module, attribute), so that the
+#: Python between the call and its launches is placed, not only the torch operations in it.
+_MARKED = (("numba_flash.api", "check_attention_args"), ("numba_flash._torch_ops", "run_forward"),
+           ("numba_flash._torch_ops", "_forward"), ("numba_flash._torch_ops", "_backward_checked"),
+           ("numba_flash._torch_ops", "check_backward_args"), ("numba_flash._torch_ops", "_replay_key"),
+           ("numba_flash._torch_ops", "streams_to_join"), ("numba_flash.registry", "resolve"),
+           ("numba_flash.fast._replay", "replay"), ("numba_flash.fast._replay", "call_key"))
+
+
+def _marked_functions():
+    """A context in which each function of :data:`_MARKED` runs inside ``record_function("nf::<name>")``."""
+    import contextlib
+    import functools
+    import importlib
+
+    from torch.profiler import record_function
+
+    @contextlib.contextmanager
+    def patched():
+        saved = []
+        for mod_name, attr in _MARKED:
+            mod = importlib.import_module(mod_name)
+            real = getattr(mod, attr)
+
+            @functools.wraps(real)
+            def marked(*a, _real=real, _name=f"nf::{attr}", **kw):
+                with record_function(_name):
+                    return _real(*a, **kw)
+            saved.append((mod, attr, real))
+            setattr(mod, attr, marked)
+        try:
+            yield
+        finally:
+            for mod, attr, real in saved:
+                setattr(mod, attr, real)
+    return patched()
+
+
 def timeline(torch, steps: int = 8) -> None:
     """The ``--timeline`` output: the half grid's cells nearest 1.0x SDPA memory-efficient, one synchronized call
     event by event, ours (replay on, the default) and SDPA memory-efficient's: a bf16 training step at causal
     d = 128, N = 1k (b 16, h 16) and the causal forward at N = 512 (b 32, d = 64 and 128, no grad). For each: the
     median synchronized wall time of 20 unprofiled calls, then when the host launched each kernel and when the GPU
-    ran it, so that the GPU's idle time is placed (before the first kernel, between two, after the last)."""
+    ran it, so that the GPU's idle time is placed (before the first kernel, between two, after the last); our host
+functions of :data:`_MARKED` appear as ``nf::`` ranges (in the profiled calls only)."""
     import statistics
     import time
 
@@ -322,7 +363,8 @@ def timeline(torch, steps: int = 8) -> None:
                 step()
                 torch.cuda.synchronize()
                 walls.append(1e6 * (time.perf_counter() - t0))
-            rows, span = _timeline_events(torch, step, steps)
+            with _marked_functions():
+                rows, span = _timeline_events(torch, step, steps)
             busy_until, idle, gpu = 0.0, 0.0, 0.0
             print(f"## {what} b={b} N={n} h={h} d={d} causal={int(causal)} {name}: wall {statistics.median(walls):.1f} us "
                   f"unprofiled (median of 20); the profiled call, us from its start:", flush=True)
