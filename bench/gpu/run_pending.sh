@@ -55,6 +55,9 @@
 #                N 1k, causal forward N 512), ours and SDPA memory-efficient, event by event (host launches, allocations,
 #                synchronize; GPU kernels)
 #                -> OUTDIR/timeline.txt
+#   host_kernels_ab  host_kernels on the tree NUMBA_FLASH_BASELINE_TREE (an earlier commit's checkout) and on this one,
+#                alternating, twice: a host-path change's effect on the training steps' GPU idle, one machine
+#                -> OUTDIR/host_kernels_{base,new}_{1,2}.txt
 #   heavy_first_d64  the 3xTF32 backward alone at d = 64 with HEAVY_FIRST off and on (tf32_bwd_sweep rows default-hf0 /
 #                default-hf1, N 1k/2k/4k, causal and not), two runs -> OUTDIR/heavy_first_d64_{1,2}.json/.log
 #   short_kernels the half forward's tilings (half_sweep's TILINGS, Br = 64 among them) at N 512/1k/2k, bf16, each timing
@@ -230,6 +233,15 @@ for s in "${steps[@]}"; do
     timeline)
       step timeline.txt timeout 300 python3 -m bench.host_layers --timeline
       grep "^##\|profiled call" "$out/timeline.txt" ;;
+    host_kernels_ab)  # the baseline tree: NUMBA_FLASH_BASELINE_TREE (git archive SHA | tar -x -C DIR), as short_direct
+      base="${NUMBA_FLASH_BASELINE_TREE:?host_kernels_ab needs NUMBA_FLASH_BASELINE_TREE}"
+      python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir --target /tmp/nf-baseline-site "$base" >/dev/null
+      for r in 1 2; do
+        step "host_kernels_base_$r.txt" env PYTHONPATH="/tmp/nf-baseline-site:$PYTHONPATH" bash -c \
+          "cd '$base' && timeout 300 python3 -m bench.host_layers --kernels"
+        step "host_kernels_new_$r.txt" timeout 300 python3 -m bench.host_layers --kernels
+      done
+      grep -H "ms/step" "$out"/host_kernels_{base,new}_*.txt | grep -v "ours  " ;;
     heavy_first_d64)
       for i in 1 2; do
         step "heavy_first_d64_$i.log" timeout 200 python3 -m bench.tf32_bwd_sweep --headdims 64 --seqlens 1024 2048 4096 \

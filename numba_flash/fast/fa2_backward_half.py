@@ -764,8 +764,9 @@ def backward(dout, q, k, v, out, fwd, prob: Problem, alloc, block_sizes=None, de
     lse_p = {**default_features(), **(features or {})}["LSE_P"]
     from_lse = fwd.m is None or fwd.l is None or bool(lse_p)
     main, grid, dqk, grid_dq, (nt, nt_dq), (nbytes, nbytes_dq) = plan(prob, block_sizes, config, features, deterministic, from_lse)
-    dq, dk, dv = _allocate_grads(prob, alloc, deterministic)
+    # Dev: D before dQ's zeros: the GPU runs the pre-pass while the host allocates and launches the rest
     delta = row_dot_words(out, dout, prob, alloc)  # D = rowsum(dO o O), line 4
+    dq, dk, dv = _allocate_grads(prob, alloc, deterministic)
     tau = prob.softmax_scale
     opts = (tau, tau * LOG2E, prob.group, prob.causal_offset, prob.seed, prob.threshold, prob.dropout_scale)
     m, l = (fwd.lse, fwd.lse) if from_lse else (fwd.m, fwd.l)

@@ -794,8 +794,9 @@ def backward(dout, q, k, v, out, fwd, prob: Problem, alloc, block_sizes=None, de
     from_lse = fwd.m is None or fwd.l is None
     features = fa2_forward_half.register_path_if_unaligned(features_for(prob.headdim, features), {}, q, dout)  # Dev: cp.async of Q, dO rows
     main, grid, dqk, grid_dq, (nt, nt_dq), (nbytes, nbytes_dq) = plan(prob, block_sizes, config, features, deterministic, from_lse)
-    dq, dk, dv = _allocate_grads(prob, alloc, deterministic)
+    # Dev: D before dQ's zeros: the GPU runs the pre-pass while the host allocates and launches the rest
     delta = _prepass(out, dout, prob, alloc)  # D = rowsum(dO o O), line 4
+    dq, dk, dv = _allocate_grads(prob, alloc, deterministic)
     tau = prob.softmax_scale
     opts = (tau, tau * LOG2E, prob.group, prob.causal_offset, prob.seed, prob.threshold, prob.dropout_scale)
     m, l = (fwd.lse, fwd.lse) if from_lse else (fwd.m, fwd.l)
