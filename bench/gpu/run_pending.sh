@@ -55,7 +55,8 @@
 #                N 1k, causal forward N 512), ours and SDPA memory-efficient, event by event (host launches, allocations,
 #                synchronize; GPU kernels)
 #                -> OUTDIR/timeline.txt
-#   host_kernels_ab  host_kernels on the tree NUMBA_FLASH_BASELINE_TREE (an earlier commit's checkout) and on this one,
+#   host_kernels_ab  host_kernels on the tree NUMBA_FLASH_BASELINE_TREE (an earlier commit's checkout, its commit in
+#                NUMBA_FLASH_BASELINE_COMMIT for the files' header) and on this one,
 #                alternating, twice: a host-path change's effect on the training steps' GPU idle, one machine
 #                -> OUTDIR/host_kernels_{base,new}_{1,2}.txt
 #   heavy_first_d64  the 3xTF32 backward alone at d = 64 with HEAVY_FIRST off and on (tf32_bwd_sweep rows default-hf0 /
@@ -237,7 +238,8 @@ for s in "${steps[@]}"; do
       base="${NUMBA_FLASH_BASELINE_TREE:?host_kernels_ab needs NUMBA_FLASH_BASELINE_TREE}"
       python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir --target /tmp/nf-baseline-site "$base" >/dev/null
       for r in 1 2; do
-        step "host_kernels_base_$r.txt" env PYTHONPATH="/tmp/nf-baseline-site:$PYTHONPATH" bash -c \
+        step "host_kernels_base_$r.txt" env PYTHONPATH="/tmp/nf-baseline-site:$PYTHONPATH" \
+          NUMBA_FLASH_COMMIT="${NUMBA_FLASH_BASELINE_COMMIT:-the baseline tree}" bash -c \
           "cd '$base' && timeout 300 python3 -m bench.host_layers --kernels"
         step "host_kernels_new_$r.txt" timeout 300 python3 -m bench.host_layers --kernels
       done
