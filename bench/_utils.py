@@ -338,6 +338,20 @@ def free_memory():
         torch.cuda.empty_cache()
 
 
+def grid_rounds(n: int, training: bool) -> int:
+    """Timed rounds of an FA2 grid cell (``tests/benchmarks/test_bench_fa2.py``, ``test_bench_half.py``) of sequence
+    length ``n``: a forward (``training`` False) or a forward + backward step.
+
+    Each round is one synchronized call, so a short cell's time holds the caller's host work, which on a GPU
+    machine spreads by up to 2.7x over ten rounds (the half grid at 805a132: our causal forward at N = 512
+    0.37-1.05 ms, while its kernel takes 0.26-0.27 ms). The cells up to 2k get more rounds (forward 30, forward +
+    backward 10) so that their medians rest on more calls; longer cells keep 10 / 5 (forward) and 3 (training),
+    their rounds being many milliseconds of GPU work each. Every implementation of a cell gets the same rounds."""
+    if training:
+        return 10 if n <= 2048 else 3
+    return 30 if n <= 2048 else (10 if n < 8192 else 5)
+
+
 def time_or_skip_oom(benchmark, fn, rounds: int, io_bytes: int, what: str):
     """Time ``fn`` with pytest-benchmark (``rounds`` rounds after one warm-up) and record its extra memory.
 

@@ -104,7 +104,7 @@ def test_bench_fa2_forward(benchmark, impl, seqlen, headdim, causal, sgemm_tflop
     q, k, v = bu.make_inputs(b, h, n, d, seed=n + d)
     fn = _forward_call(impl, q, k, v, causal)
     io_bytes = b * n * h * d * 4 + (b * h * n * 4 if impl in NUMBA_IMPLS else 0)
-    bu.time_or_skip_oom(benchmark, fn, 5 if n >= 8192 else 10, io_bytes, f"{impl} at N={n}, d={d}")
+    bu.time_or_skip_oom(benchmark, fn, bu.grid_rounds(n, False), io_bytes, f"{impl} at N={n}, d={d}")
     if impl in NUMBA_IMPLS:
         benchmark.extra_info.update(fast_kernel_info(q, k, v, causal, impl))
     _record(benchmark, bu.flops_forward(b, h, n, n, d, causal), sgemm_tflops)
@@ -148,5 +148,5 @@ def test_bench_fa2_forward_backward(benchmark, impl, seqlen, headdim, causal, sg
             x.grad = None
         fwd().backward(dout)
 
-    bu.time_or_skip_oom(benchmark, step, 3, 0, f"{impl} fwd+bwd at N={n}")
+    bu.time_or_skip_oom(benchmark, step, bu.grid_rounds(n, True), 0, f"{impl} fwd+bwd at N={n}")
     _record(benchmark, 3.5 * bu.flops_forward(b, h, n, n, d, causal), sgemm_tflops)

@@ -75,7 +75,7 @@ def test_bench_half_forward(benchmark, impl, dtype, seqlen, headdim, causal):
                                 shape="fa2_grid", device=bu.device_name(), functional_only=not bu.ON_GPU)
     bu.free_memory()
     q, k, v = bu.make_inputs(b, h, n, d, seed=n + d, dtype=dtype)
-    bu.time_or_skip_oom(benchmark, _forward_call(impl, q, k, v, causal), 5 if n >= 8192 else 10, b * n * h * d * 2, impl)
+    bu.time_or_skip_oom(benchmark, _forward_call(impl, q, k, v, causal), bu.grid_rounds(n, False), b * n * h * d * 2, impl)
     _record(benchmark, bu.flops_forward(b, h, n, n, d, causal))
 
 
@@ -134,5 +134,5 @@ def _forward_backward(benchmark, impl, dtype, b, h, n, d, causal, shape="fa2_gri
             x.grad = None
         fwd().backward(dout)
 
-    bu.time_or_skip_oom(benchmark, step, 3, 0, impl)
+    bu.time_or_skip_oom(benchmark, step, bu.grid_rounds(n, True), 0, impl)
     _record(benchmark, 3.5 * bu.flops_forward(b, h, n, n, d, causal))
