@@ -268,3 +268,24 @@ def test_ratios_read_the_committed_grids(capsys):
     assert ratios.main([str(ROOT / "docs" / "results" / "half_h100.json")]) == 0
     out = capsys.readouterr().out
     assert "## bfloat16 fwd+bwd: sdpa_mem_efficient time / flash2 time" in out and "cells below 1.0x" in out
+
+
+@pytest.mark.parametrize("path", ["tests/benchmarks/test_bench_fa2.py", "tests/benchmarks/test_bench_half.py"])
+def test_a_grid_cells_implementations_run_back_to_back(path):
+    """In the FA2 grids the implementation is the outermost parametrize decorator, the one pytest varies fastest: a
+    cell's implementations (ours, SDPA's backends, torch's naive attention) are timed one after another, under the
+    same machine state, rather than all of ours first (in the half grid at 805a132 the same causal kernel took 0.38 ms
+    as float16 and 0.53 ms as bfloat16, the bfloat16 cells among the run's first), and a grid's rounds come from
+    ``bench._utils.grid_rounds``, the same for every implementation."""
+    import ast
+
+    tree = ast.parse((ROOT / path).read_text())
+    grids = [f for f in tree.body if isinstance(f, ast.FunctionDef) and f.name.startswith("test_bench")
+             and any(isinstance(d, ast.Call) and getattr(d.func, "attr", "") == "parametrize" and len(d.args) > 1
+                     and ast.literal_eval(d.args[0]) == "seqlen" for d in f.decorator_list)]
+    assert len(grids) == 2
+    for f in grids:
+        first = f.decorator_list[0]
+        assert ast.literal_eval(first.args[0]) == "impl", f"{f.name}: impl is not the outermost parametrize"
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "attr", "") == "time_or_skip_oom"]
+    assert calls and all(isinstance(c.args[2], ast.Call) and c.args[2].func.attr == "grid_rounds" for c in calls)

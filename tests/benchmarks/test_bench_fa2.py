@@ -90,10 +90,11 @@ def _record(benchmark, flops, sgemm_tflops):
     bu.record_jsonl(dict(benchmark.extra_info))
 
 
+# Dev: impl on top varies fastest: a cell's implementations run back to back, under the same machine state
+@pytest.mark.parametrize("impl", tuple(NUMBA_IMPLS) + TORCH_IMPLS)
 @pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
 @pytest.mark.parametrize("headdim", HEADDIMS)
 @pytest.mark.parametrize("seqlen", SEQLENS)
-@pytest.mark.parametrize("impl", tuple(NUMBA_IMPLS) + TORCH_IMPLS)
 def test_bench_fa2_forward(benchmark, impl, seqlen, headdim, causal, sgemm_tflops):
     shape = bu.fa2_shape(seqlen, headdim)
     b, h, n, d = shape["batch"], shape["nheads"], shape["seqlen"], shape["headdim"]
@@ -110,10 +111,11 @@ def test_bench_fa2_forward(benchmark, impl, seqlen, headdim, causal, sgemm_tflop
     _record(benchmark, bu.flops_forward(b, h, n, n, d, causal), sgemm_tflops)
 
 
+# Dev: impl on top varies fastest: a cell's implementations run back to back, under the same machine state
+@pytest.mark.parametrize("impl", tuple(FWDBWD_IMPLS) + TORCH_IMPLS)
 @pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
 @pytest.mark.parametrize("headdim", HEADDIMS)
 @pytest.mark.parametrize("seqlen", FWDBWD_SEQLENS)
-@pytest.mark.parametrize("impl", tuple(FWDBWD_IMPLS) + TORCH_IMPLS)
 def test_bench_fa2_forward_backward(benchmark, impl, seqlen, headdim, causal, sgemm_tflops):
     """Forward + backward on the forward's grid (issue #15's fwd+bwd cells)."""
     shape = bu.fa2_shape(seqlen, headdim)

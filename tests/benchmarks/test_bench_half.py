@@ -62,11 +62,12 @@ def _record(benchmark, flops):
     bu.record_jsonl(dict(benchmark.extra_info))
 
 
+# Dev: impl on top varies fastest: a cell's implementations run back to back, under the same machine state
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
 @pytest.mark.parametrize("headdim", HEADDIMS)
 @pytest.mark.parametrize("seqlen", SEQLENS)
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("impl", IMPLS)
 def test_bench_half_forward(benchmark, impl, dtype, seqlen, headdim, causal):
     shape = bu.fa2_shape(seqlen, headdim)
     b, h, n, d = shape["batch"], shape["nheads"], shape["seqlen"], shape["headdim"]
@@ -79,11 +80,12 @@ def test_bench_half_forward(benchmark, impl, dtype, seqlen, headdim, causal):
     _record(benchmark, bu.flops_forward(b, h, n, n, d, causal))
 
 
+# Dev: impl on top varies fastest: a cell's implementations run back to back, under the same machine state
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
 @pytest.mark.parametrize("headdim", HEADDIMS)
 @pytest.mark.parametrize("seqlen", FWDBWD_SEQLENS)
 @pytest.mark.parametrize("dtype", DTYPES[:1])
-@pytest.mark.parametrize("impl", IMPLS)
 def test_bench_half_forward_backward(benchmark, impl, dtype, seqlen, headdim, causal):
     """Forward + backward, bfloat16, causal and not (torch naive: the standard attention, tiled vs standard)."""
     shape = bu.fa2_shape(seqlen, headdim)
