@@ -270,6 +270,8 @@ def _timeline_events(torch, step, steps: int):
         if start < 0 or e.name == "timeline::step":
             continue
         if e.device_type == torch.autograd.DeviceType.CUDA:
+            if e.name.startswith("nf::"):
+                continue  # Dev: kineto's GPU range of a marked host function, not a kernel (it spans the kernels)
             rows.append((start, dur, "gpu", e.name))
         elif e.name.startswith(host) and start <= t1 - t0:
             rows.append((start, dur, "cpu", e.name))
@@ -330,7 +332,7 @@ def timeline(torch, steps: int = 8) -> None:
     d = 128, N = 1k (b 16, h 16) and the causal forward at N = 512 (b 32, d = 64 and 128, no grad). For each: the
     median synchronized wall time of 20 unprofiled calls, then when the host launched each kernel and when the GPU
     ran it, so that the GPU's idle time is placed (before the first kernel, between two, after the last); our host
-functions of :data:`_MARKED` appear as ``nf::`` ranges (in the profiled calls only)."""
+    functions of :data:`_MARKED` appear as ``nf::`` ranges (in the profiled calls only)."""
     import statistics
     import time
 
