@@ -12,7 +12,9 @@ back-to-back calls measures the host alone, and it peels the call one layer at a
   ``api-fwd+bwd``: that forward and ``out.backward(dout)`` (a training step's attention); ``backward``:
   ``torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)`` on one saved forward (the backward pass alone,
   nothing accumulated); ``api-replay`` and ``api-grad-replay``: ``api`` and ``api-grad`` with the forward's launches
-  replayed (:mod:`numba_flash.fast._replay`, ``NUMBA_FLASH_REPLAY=1``);
+  replayed (:mod:`numba_flash.fast._replay`, ``NUMBA_FLASH_REPLAY=1``); ``api-replay-core`` / ``api-replay-packed``
+  (and ``api-fwd+bwd-replay-core`` / ``-packed``): replayed with cuda.core's launch or with packed launches
+  (:class:`numba_flash.fast._direct.PackedLaunch`), the recipes made anew at each switch;
 * ``op``: ``torch.ops.numba_flash.attention_forward`` called directly (no argument checks above it);
 * ``run``: the op's body: ``check_attention_args``, ``registry.resolve``, an ``Allocator``, ``_run.forward``, the results;
 * ``module``: the kernel module's ``forward`` on kernel arrays converted once (plan, outputs, launch);
@@ -23,7 +25,7 @@ back-to-back calls measures the host alone, and it peels the call one layer at a
 * ``raw``: cuda.core's ``launch`` on marshalled arguments: the floor of any Python launch;
 
 and single operations: ``cuda.as_cuda_array`` of a tensor, its ``__cuda_array_interface__``, ``torch.empty``,
-``check_attention_args``, ``cuda.get_current_device()``, ``_smem.max_optin_bytes()``, ``Allocator(q)``.
+``check_attention_args`` (remembered) and ``check (not remembered)``, ``cuda.get_current_device()``, ``_smem.max_optin_bytes()``, ``Allocator(q)``.
 
 Each line: the median over ``--repeats`` loops of ``--calls`` back-to-back calls (no synchronization inside a
 loop; one between loops), microseconds per call. ``--profile`` instead prints, for bf16 at d = 64, a cProfile of
@@ -52,7 +54,7 @@ from bench import _utils as bu
 def layers(torch, dtype, d: int, calls: int, repeats: int) -> list[tuple[str, float]]:
     """``(layer, us per call)`` for one dtype and head dim (see the module docstring)."""
     from numba_flash import _run, flash_attn_func, registry
-    from numba_flash._launch import Allocator, check_attention_args
+    from numba_flash._launch import Allocator, _check_attention_args, check_attention_args
     from numba_flash._torch_ops import attention_forward
     from numba_flash.fast import _direct, _plan, _replay, _smem
 
@@ -94,6 +96,14 @@ def layers(torch, dtype, d: int, calls: int, repeats: int) -> list[tuple[str, fl
                 _replay.ENABLED = was
         return call
 
+    def packed(on, fn):  # fn with replays packed (fast._direct.PACKED) or through cuda.core; recipes made anew
+        def call():
+            if _direct.PACKED != on:
+                _direct.PACKED = on
+                _replay._recipes.clear()
+            return fn()
+        return call
+
     def train_step(fwd, args, grad):
         for x in args:
             x.grad = None
@@ -114,10 +124,14 @@ def layers(torch, dtype, d: int, calls: int, repeats: int) -> list[tuple[str, fl
         ("api", replay(False, lambda: flash_attn_func(q, k, v))),
         ("api-grad", replay(False, lambda: flash_attn_func(qg, kg, vg))),
         ("api-replay", replay(True, lambda: flash_attn_func(q, k, v))),
+        ("api-replay-core", packed(False, replay(True, lambda: flash_attn_func(q, k, v)))),
+        ("api-replay-packed", packed(True, replay(True, lambda: flash_attn_func(q, k, v)))),
         ("api-grad-replay", replay(True, lambda: flash_attn_func(qg, kg, vg))),
         ("sdpa-fwd+bwd", lambda: train_step(torch.nn.functional.scaled_dot_product_attention, (qgt, kgt, vgt), dout.transpose(1, 2))),
         ("api-fwd+bwd", replay(False, lambda: train_step(flash_attn_func, (qg, kg, vg), dout))),
         ("api-fwd+bwd-replay", replay(True, lambda: train_step(flash_attn_func, (qg, kg, vg), dout))),
+        ("api-fwd+bwd-replay-core", packed(False, replay(True, lambda: train_step(flash_attn_func, (qg, kg, vg), dout)))),
+        ("api-fwd+bwd-replay-packed", packed(True, replay(True, lambda: train_step(flash_attn_func, (qg, kg, vg), dout)))),
         ("backward", replay(False, lambda: torch.autograd.grad(saved_off, (qg, kg, vg), dout, retain_graph=True))),
         ("backward-replay", replay(True, lambda: torch.autograd.grad(saved_on, (qg, kg, vg), dout, retain_graph=True))),
         ("op", lambda: attention_forward(q, k, v, 0.0, scale, False, 0, "flash2", "auto", "auto", 0, 0, False)),
@@ -132,6 +146,7 @@ def layers(torch, dtype, d: int, calls: int, repeats: int) -> list[tuple[str, fl
         ("cuda_array_interface", lambda: q.__cuda_array_interface__),
         ("torch.empty", lambda: torch.empty((b, h, n), device="cuda")),
         ("check_attention_args", lambda: check_attention_args(q, k, v, 0.0, scale, False, 0)),
+        ("check (not remembered)", lambda: _check_attention_args(q, k, v, 0.0, scale, False, 0)),
         ("get_current_device", cuda.get_current_device),
         ("max_optin_bytes", _smem.max_optin_bytes),
         ("Allocator", lambda: Allocator(q)),

@@ -219,6 +219,82 @@ def test_any_real_scalar_is_accepted_as_softmax_scale_dropout_p_and_seed(rng, na
 
 
 # ----------------------------------------------------------------------------------------------
+# check_attention_args remembers the checks of torch calls: a remembered answer is the check's answer
+# ----------------------------------------------------------------------------------------------
+def _torch_qkv(rng, **kw):
+    return tuple(torch.from_numpy(x) for x in qkv(rng, **kw))
+
+
+def test_a_remembered_check_gives_back_the_problem_the_check_gives(rng, monkeypatch):
+    from numba_flash import _launch
+
+    monkeypatch.setattr(_launch, "_checked", {})
+    q, k, v = _torch_qkv(rng, s_q=5, s_k=7, h=4, h_k=2, d=6)
+    first = _launch.check_attention_args(q, k, v, 0.0, None, True, 3)
+    assert first == _launch._check_attention_args(q, k, v, 0.0, None, True, 3) and len(_launch._checked) == 1
+    assert _launch.check_attention_args(q, k, v, 0.0, None, True, 3) is first
+    assert _launch.check_attention_args(q.clone(), k.clone(), v.clone(), 0.0, None, True, 3) is first  # other data
+    others = [(q.double(), k.double(), v.double(), 0.0, None, True, 3), (q[:, :4], k, v, 0.0, None, True, 3),
+              (q, k[:, :6], v[:, :6], 0.0, None, True, 3), (q, k.repeat(1, 1, 2, 1), v.repeat(1, 1, 2, 1), 0.0, None, True, 3),
+              (q, k, v, 0.25, None, True, 3), (q, k, v, 0.0, 0.5, True, 3), (q, k, v, 0.0, None, False, 3),
+              (q, k, v, 0.0, None, True, 4), (q, k, v, 0, None, True, 3)]
+    for call in others:
+        got = _launch.check_attention_args(*call)
+        assert got == _launch._check_attention_args(*call)
+        assert got is not first
+    assert len(_launch._checked) == 1 + len(others)
+
+
+def test_a_remembered_check_still_refuses_what_the_check_refuses(rng, monkeypatch):
+    # True == 1 and hash(True) == hash(1): a memo keyed by the options' values alone would hand causal=1 the problem
+    # of causal=True, and softmax_scale=True that of softmax_scale=1, past the check's TypeError.
+    from numba_flash import _launch
+
+    monkeypatch.setattr(_launch, "_checked", {})
+    q, k, v = _torch_qkv(rng)
+    _launch.check_attention_args(q, k, v, 0.0, 1, True, 0)
+    with pytest.raises(TypeError, match="^causal must be a bool"):
+        _launch.check_attention_args(q, k, v, 0.0, 1, 1, 0)
+    with pytest.raises(TypeError, match="^softmax_scale must be a real number"):
+        _launch.check_attention_args(q, k, v, 0.0, True, True, 0)
+    with pytest.raises(ValueError, match="k has batch size 1 but q has 2"):  # q alone changed: its whole shape is read
+        _launch.check_attention_args(torch.cat([q, q]), k, v, 0.0, 1, True, 0)
+    with pytest.raises(ValueError, match="must be on the same device, got meta, cpu, cpu"):
+        _launch.check_attention_args(q.to("meta"), k, v, 0.0, 1, True, 0)
+    with pytest.raises(TypeError, match="must have the same dtype"):
+        _launch.check_attention_args(q, k, v.double(), 0.0, 1, True, 0)
+    for _ in range(2):
+        with pytest.raises(ValueError, match="^softmax_scale must be finite and positive"):
+            _launch.check_attention_args(q, k, v, 0.0, math.nan, True, 0)
+    assert len(_launch._checked) == 1  # a failed check is not remembered
+
+
+@pytest.mark.parametrize("case", ["numpy arrays", "parameter", "tensor scale", "numpy seed", "numpy causal"])
+def test_calls_with_other_than_tensors_and_python_options_are_always_checked(rng, case):
+    from numba_flash import _launch
+
+    arrays = qkv(rng)
+    q, k, v = arrays if case == "numpy arrays" else _torch_qkv(rng)
+    if case == "parameter":
+        q = torch.nn.Parameter(q)
+    options = {"tensor scale": (0.0, torch.tensor(0.5), False, 0), "numpy seed": (0.0, None, False, np.int64(1)),
+               "numpy causal": (0.0, None, np.bool_(True), 0)}.get(case, (0.0, None, False, 0))
+    assert _launch._check_key(q, k, v, *options) is None
+    assert _launch._check_key(*_torch_qkv(rng), 0.0, None, False, 0) is not None
+
+
+def test_the_checks_remembered_are_bounded_oldest_first(rng, monkeypatch):
+    from numba_flash import _launch
+
+    monkeypatch.setattr(_launch, "_checked", {})
+    monkeypatch.setattr(_launch, "MAX_CHECKED", 2)
+    q, k, v = _torch_qkv(rng)
+    for seed in (1, 2, 3):
+        _launch.check_attention_args(q, k, v, 0.0, None, False, seed)
+    assert [key[-1] for key in _launch._checked] == [2, 3]
+
+
+# ----------------------------------------------------------------------------------------------
 # attention_backward_numpy refuses q, k, v, out other than the forward's
 # ----------------------------------------------------------------------------------------------
 @pytest.fixture

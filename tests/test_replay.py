@@ -32,10 +32,11 @@ def _stand_in_launch(stream, config, kernel, *args):
     _LAUNCHED.append((stream, config, kernel, args))
 
 
-def _record(allocate, launches, convert=()):
+def _record(allocate, launches, convert=(), packer=None):
     """A recording of one call: ``allocate`` [(shape, dtype, fill)]; ``launches(allocs)`` gives the launches
     [(kernel, [args], [(pos, tensor)])], whose pointer slots name tensors; then ``convert`` [(allocation index,
-    dtype)]. Returns the recorder and the tensors made (allocations, then conversions)."""
+    dtype)]; ``packer`` recorded with every launch. Returns the recorder and the tensors made (allocations, then
+    conversions)."""
     rec = _replay._Recorder()
     made = []
     for shape, dtype, fill in allocate:
@@ -44,7 +45,7 @@ def _record(allocate, launches, convert=()):
         made.append(t)
     for kernel, args, slots in launches(made):
         rec.steps.append(("launch", _stand_in_launch, "stream 0", kernel, "config", list(args),
-                          [(pos, t.data_ptr()) for pos, t in slots]))
+                          [(pos, t.data_ptr()) for pos, t in slots], packer))
     for i, dtype in convert:
         made.append(made[i].to(dtype))
         rec.steps.append(("convert", made[i], made[-1]))
@@ -66,7 +67,7 @@ def test_a_recording_of_inputs_and_allocations_is_a_recipe_with_their_roles():
     assert [s[:4] for s in recipe.steps if s[0] == "alloc"] == [
         ("alloc", (2, 8, 2, 2), torch.int32, None), ("alloc", (2, 2, 8), torch.float32, 0.0),
         ("alloc", (2, 8, 2, 4), torch.float32, 0.0)]
-    assert [(s[3], s[6]) for s in recipe.steps if s[0] == "launch"] == [
+    assert [(s[1].kernel, s[2]) for s in recipe.steps if s[0] == "launch"] == [
         ("kernel", [(1, ("in", 0)), (3, ("made", 1))]), ("kernel2", [(0, ("in", 1)), (1, ("made", 0)), (2, ("made", 2))])]
     assert recipe.steps[-1] == ("convert", 2, torch.float16)  # after the launches, as recorded
     assert recipe.outputs == [(0, torch.float16), (1, None), (3, None)]
@@ -106,6 +107,96 @@ def test_a_replay_allocates_as_recorded_launches_with_the_new_pointers_and_conve
     assert args[4] not in (dq.data_ptr(), q2.data_ptr(), out.data_ptr(), st.data_ptr())  # the new float32 dQ
     assert out.data_ptr() != words.data_ptr()  # new outputs each call
     assert _replay.replay("another key", (q2, k2, v2)) is None
+
+
+def test_a_recipe_launches_through_the_packer_where_it_packs_and_else_through_the_recorded_launch(monkeypatch):
+    monkeypatch.setattr(_replay, "_recipes", {})
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    packed = []  # (kernelargs, positions) each packer call saw; then the pointers each packed launch got
+
+    def packer(kernelargs, positions):
+        packed.append((list(kernelargs), positions))
+        return None if kernelargs[1] == "no" else lambda pointers: packed.append(pointers)
+
+    q, k, v = _inputs()
+    rec, (out,) = _record([((2, 8, 2, 4), torch.float32, None)],
+                          lambda a: [("kernel", [q.data_ptr(), "yes", a[0].data_ptr()], [(0, q), (2, a[0])]),
+                                     ("kernel2", [0, "no", k.data_ptr()], [(2, k)])], packer=packer)
+    _replay._recipes["key"] = _replay._recipe(rec, (q, k, v), (out,))
+    assert packed == [([q.data_ptr(), "yes", out.data_ptr()], [0, 2]), ([0, "no", k.data_ptr()], [2])]
+    q2, k2, v2 = _inputs()
+    _LAUNCHED.clear()
+    (out2,) = _replay.replay("key", (q2, k2, v2))
+    assert packed[2] == [q2.data_ptr(), out2.data_ptr()]  # the packed launch, with the new pointers in order
+    assert _LAUNCHED == [("stream 0", "config", "kernel2", (0, "no", k2.data_ptr()))]  # the other: as recorded
+
+
+def _fake_driver(calls, rc=0):
+    """Stand-ins of ``cuLaunchKernel`` (appends its arguments to ``calls``, returns ``rc``) and ``cuGetErrorName``."""
+    import ctypes
+
+    def launch(*args):
+        calls.append(args)
+        return rc
+
+    def error_name(code, out):
+        out._obj.value = b"CUDA_ERROR_STAND_IN"
+        return 0
+
+    return ctypes, launch, error_name
+
+
+def test_a_packed_launch_passes_the_c_values_cuda_core_would_with_the_new_pointers(monkeypatch):
+    # cuda.core's launch passes a Python int (a bool too) as an intptr_t, a float as a double, a ctypes value as its
+    # own C type; a packed launch must put the same bytes behind each of cuLaunchKernel's kernelParams.
+    from numba_flash.fast import _direct
+
+    calls = []
+    ctypes, launch, error_name = _fake_driver(calls)
+    monkeypatch.setattr(_direct, "_driver", (launch, error_name))
+    monkeypatch.setattr(_direct, "PACKED", True)
+    kernelargs = [0, 0, 96, 4, 0x7F0000001000, 2, 8, 2, 4, ctypes.c_int32(-7), ctypes.c_float(0.5), 1.5, True,
+                  ctypes.c_uint64(2**63 + 5), 0x7F0000002000]
+    kernel, stream = SimpleNamespace(handle=0xABC0), SimpleNamespace(handle=0)
+    packed = _direct.packed_launch(kernel, stream, (3, 2), 128, 4096, kernelargs, [4, 14])
+    assert packed is not None and packed.kernel is kernel
+    packed([0x7F0000009000, 0x7F000000A000])
+    packed([0x7F000000B000, 0x7F000000C000])
+    assert [c[:9] for c in calls] == [(0xABC0, 3, 2, 1, 128, 1, 1, 4096, 0)] * 2  # grid and block as three dims each
+    params = calls[-1][9]
+    types = [ctypes.c_int64] * 9 + [ctypes.c_int32, ctypes.c_float, ctypes.c_double, ctypes.c_int64, ctypes.c_uint64,
+                                    ctypes.c_int64]
+    got = [ctypes.cast(params[i], ctypes.POINTER(t)).contents.value for i, t in enumerate(types)]
+    assert got == [0, 0, 96, 4, 0x7F000000B000, 2, 8, 2, 4, -7, 0.5, 1.5, 1, 2**63 + 5, 0x7F000000C000]
+    assert kernelargs[4] == 0x7F0000001000 and kernelargs[9].value == -7  # the recorded arguments are left alone
+
+
+def test_a_failed_packed_launch_raises_with_the_drivers_error_name(monkeypatch):
+    from numba_flash.fast import _direct
+
+    ctypes, launch, error_name = _fake_driver([], rc=719)
+    monkeypatch.setattr(_direct, "_driver", (launch, error_name))
+    monkeypatch.setattr(_direct, "PACKED", True)
+    packed = _direct.packed_launch(SimpleNamespace(handle=1), SimpleNamespace(handle=0), 1, 32, 0, [0, 1.0], [0])
+    with pytest.raises(RuntimeError, match="cuLaunchKernel.*CUDA_ERROR_STAND_IN.*719"):
+        packed([0x1000])
+
+
+@pytest.mark.parametrize("case", ["off", "no driver", "unknown argument type", "no handle"])
+def test_launches_it_cannot_pack_are_not_packed(monkeypatch, case):
+    from numba_flash.fast import _direct
+
+    import numpy as np
+
+    ctypes, launch, error_name = _fake_driver([])
+    monkeypatch.setattr(_direct, "_driver", False if case == "no driver" else (launch, error_name))
+    monkeypatch.setattr(_direct, "PACKED", case != "off")
+    args = [0, np.bool_(True)] if case == "unknown argument type" else [0, 1]
+    kernel = SimpleNamespace() if case == "no handle" else SimpleNamespace(handle=1)
+    assert _direct.packed_launch(kernel, SimpleNamespace(handle=0), 1, 32, 0, args, [0]) is None
+    monkeypatch.setattr(_direct, "PACKED", True)
+    monkeypatch.setattr(_direct, "_driver", (launch, error_name))
+    assert _direct.packed_launch(SimpleNamespace(handle=1), SimpleNamespace(handle=0), 1, 32, 0, [0, 1], [0]) is not None
 
 
 def test_calls_it_does_not_take_have_no_key(monkeypatch):

@@ -19,6 +19,14 @@ torch tensors are the kernel arrays (:class:`numba_flash._launch.Allocator` hand
 A launch this module does not take (an argument that is neither a CUDA tensor nor a Python or NumPy scalar,
 a compiled overload whose argument types differ from those the key implies, a debug build) goes through numba,
 as before. ``NUMBA_FLASH_DIRECT_LAUNCH=0`` turns it off (``ENABLED``), for timing against numba's path.
+
+Packed launches (:class:`PackedLaunch`), for :mod:`numba_flash.fast._replay`'s recipes: cuda.core's ``launch``
+converts every argument to its C value on every call (a 4-D array is 13 of them; a forward launch has about 100),
+9-14 us of an H100 host's time. A recorded launch is converted once instead: each argument becomes a ctypes value
+of the C type cuda.core would give it (a Python int an ``intptr_t``, a float a ``double``, a ctypes value its own
+type), the pointers to them one ``void*`` array, and a replay writes its new data pointers into those values and
+calls the driver's ``cuLaunchKernel`` on the same function, stream, grid, block and shared-memory size.
+``NUMBA_FLASH_PACKED_LAUNCH=0`` (``PACKED``) keeps cuda.core's launch for replays too.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
+import threading
 
 import numpy as np
 
@@ -34,11 +43,15 @@ from . import _replay
 #: Whether :func:`launch` takes launches at all (``NUMBA_FLASH_DIRECT_LAUNCH=0``: never; numba launches).
 ENABLED = os.environ.get("NUMBA_FLASH_DIRECT_LAUNCH", "1") not in ("", "0")
 
+#: Whether replayed launches are packed once and launched through the driver (``NUMBA_FLASH_PACKED_LAUNCH=0``: never).
+PACKED = os.environ.get("NUMBA_FLASH_PACKED_LAUNCH", "1") not in ("", "0")
+
 # (dispatcher, device, argument keys) -> (cufunc, marshallers), or None where numba must launch
 _entries: dict = {}
 _configs: dict = {}
 _c_strides: dict = {}
 _core = None  # (cuda.core's launch, LaunchConfig builder, numba's stream 0), on first use
+_driver = None  # (cuLaunchKernel, cuGetErrorName) of the driver library on first use; False where it cannot be loaded
 
 _INT64 = (-(2**63), 2**63)
 
@@ -177,5 +190,88 @@ def launch(dispatcher, grid, block, nbytes: int, args, opt_in) -> bool:
         config = _configs[ckey] = make_config(grid, block, nbytes)
     core_launch(stream, config, cufunc.kernel, *kernelargs)
     if recording:
-        _replay.launch(core_launch, stream, cufunc.kernel, config, kernelargs, slots)
+        _replay.launch(core_launch, stream, cufunc.kernel, config, kernelargs, slots,
+                       packer=lambda args, positions: packed_launch(cufunc.kernel, stream, grid, block, nbytes, args,
+                                                                    positions))
     return True
+
+
+# [doc:packed-launch]
+def _c_value(a):
+    """The ctypes value cuda.core's launch passes for the kernel argument ``a`` (a Python int, bool included, as an
+    ``intptr_t``; a float as a ``double``; a ctypes value as itself), a fresh one; None for any other type."""
+    if type(a) is int or type(a) is bool:
+        return ctypes.c_int64(a)  # Dev: a 64-bit host: cuda.core's intptr_t
+    if type(a) is float:
+        return ctypes.c_double(a)
+    if isinstance(a, ctypes._SimpleCData):
+        return type(a)(a.value)
+    return None
+
+
+def _dim3(x) -> tuple:
+    t = (x,) if isinstance(x, int) else tuple(x)
+    return t + (1,) * (3 - len(t))
+
+
+def _load_driver():
+    """``(cuLaunchKernel, cuGetErrorName)`` from the CUDA driver library with their C signatures; False where the
+    library or a symbol is missing (replays then launch through cuda.core)."""
+    global _driver
+    if _driver is None:
+        try:
+            lib = ctypes.CDLL("nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1")
+            fn, name = lib.cuLaunchKernel, lib.cuGetErrorName
+        except (OSError, AttributeError):
+            _driver = False
+        else:
+            u, p = ctypes.c_uint, ctypes.c_void_p
+            fn.argtypes = [p, u, u, u, u, u, u, u, p, p, p]  # f, grid xyz, block xyz, shared bytes, stream, params, extra
+            fn.restype = ctypes.c_int
+            name.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+            name.restype = ctypes.c_int
+            _driver = (fn, name)
+    return _driver
+
+
+class PackedLaunch:
+    """One recorded launch with its arguments converted once: ``launch(pointers)`` writes ``pointers`` (the new data
+    pointers, in the order of ``positions``) into their C values and calls ``cuLaunchKernel``. ``values`` are the
+    arguments' ctypes values (:func:`_c_value`), ``positions`` the indices of the data pointers among them."""
+
+    def __init__(self, kernel, handle: int, stream_handle: int, grid, block, nbytes: int, values, positions, driver):
+        self.kernel = kernel
+        self.values = values  # Dev: kept alive: params points into them
+        self.params = (ctypes.c_void_p * len(values))(*(ctypes.addressof(v) for v in values))  # void* per argument
+        self._slots = [values[p] for p in positions]
+        self._launch, self._error_name = driver
+        self._args = (handle, *_dim3(grid), *_dim3(block), nbytes, stream_handle, self.params, None)
+        self._lock = threading.Lock()  # Dev: two threads replaying one recipe must not interleave writes and launch
+
+    def __call__(self, pointers) -> None:
+        with self._lock:
+            for slot, ptr in zip(self._slots, pointers):
+                slot.value = ptr
+            rc = self._launch(*self._args)
+        if rc:
+            name = ctypes.c_char_p()
+            self._error_name(rc, ctypes.byref(name))
+            raise RuntimeError(f"cuLaunchKernel of a replayed launch failed: {(name.value or b'?').decode()} ({rc})")
+
+
+def packed_launch(kernel, stream, grid, block, nbytes: int, kernelargs, positions):
+    """A :class:`PackedLaunch` of ``cuda.core.launch(stream, config(grid, block, nbytes), kernel, *kernelargs)``,
+    ``positions`` the data pointers' indices in ``kernelargs``; None where :data:`PACKED` is off, the driver library
+    cannot be loaded, a handle cannot be read or an argument has a type :func:`_c_value` does not convert."""
+    if not PACKED:
+        return None
+    driver = _load_driver()
+    values = [_c_value(a) for a in kernelargs]
+    if not driver or any(v is None for v in values):
+        return None
+    try:
+        handle, stream_handle = int(kernel.handle), int(stream.handle)
+    except (AttributeError, TypeError, ValueError):
+        return None
+    return PackedLaunch(kernel, handle, stream_handle, grid, block, nbytes, values, positions, driver)
+# [/doc:packed-launch]

@@ -16,8 +16,10 @@ sits) and every dtype conversion of a result (the float32 dQ of an atomic half b
 dtype). The recording becomes a *recipe* when every array of every launch is one of the call's inputs (the same
 memory as q, k, v, or the backward's dO, O and statistics) or one of the arrays the call made before it, every
 conversion converts such an array, and every output the call returns is one of them (or a dtype view of one). A
-later call with the same key replays the recipe: it allocates, writes the new data pointers into a copy of the
-recorded arguments, launches and converts, in the recorded order. The key holds everything the normal path decides
+later call with the same key replays the recipe: it allocates, writes the new data pointers into the recorded
+arguments, launches and converts, in the recorded order. A direct launch's arguments are packed once, when the recipe
+is made (:class:`numba_flash.fast._direct.PackedLaunch`: the driver's ``cuLaunchKernel`` on C values converted once,
+2-3 us of host time against cuda.core's 9-14); any other launch gets a copy of its recorded arguments each time. The key holds everything the normal path decides
 from: the pass, the checked :class:`~numba_flash._launch.Problem` (shapes, scale, causal, dropout, seed), the
 kernel's names and the options (tile override; the backward's ``deterministic``), and per input its dtype, shape,
 strides, device and data pointer modulo 16 (the ``cp.async`` path needs 16-byte rows).
@@ -49,7 +51,8 @@ _local = threading.local()  # .recorder: the _Recorder of the call this thread i
 
 class _Recorder:
     """What one call put on the GPU, in order: ``steps`` of ("alloc", tensor, fill or None), ("launch", cuda.core's
-    launch, stream, kernel, config, kernelargs, [(data pointer position, value)]) and ("convert", source, result)."""
+    launch, stream, kernel, config, kernelargs, [(data pointer position, value)], packer or None) and ("convert",
+    source, result)."""
 
     def __init__(self):
         self.steps = []
@@ -77,10 +80,12 @@ def conversion(source, result) -> None:
         rec.steps.append(("convert", source, result))
 
 
-def launch(core_launch, stream, kernel, config, kernelargs, pointer_slots) -> None:
+def launch(core_launch, stream, kernel, config, kernelargs, pointer_slots, packer=None) -> None:
     """Record a direct launch, ``core_launch(stream, config, kernel, *kernelargs)`` (:mod:`numba_flash.fast._direct`):
-    ``kernelargs`` as marshalled, ``pointer_slots`` the (position, value) of each array's data pointer in them."""
-    _local.recorder.steps.append(("launch", core_launch, stream, kernel, config, list(kernelargs), pointer_slots))
+    ``kernelargs`` as marshalled, ``pointer_slots`` the (position, value) of each array's data pointer in them.
+    ``packer(kernelargs, positions)``: the launch packed once (a callable of the new data pointers), or None."""
+    _local.recorder.steps.append(("launch", core_launch, stream, kernel, config, list(kernelargs), pointer_slots,
+                                  packer))
 
 
 def numba_launched() -> None:
@@ -94,12 +99,28 @@ def numba_launched() -> None:
 
 class _Recipe:
     """What to redo, in order, with new data pointers: ``steps`` of ("alloc", shape, torch dtype, fill or None),
-    ("launch", launch, stream, kernel, config, kernelargs template, [(position, ("in", i) or ("made", j))]) and
-    ("convert", j, torch dtype), where ``made`` j is the j-th array an "alloc" or a "convert" step made."""
+    ("launch", launcher, [(position, ("in", i) or ("made", j))]) and ("convert", j, torch dtype), where ``made`` j is
+    the j-th array an "alloc" or a "convert" step made and ``launcher(pointers)`` launches with the new data pointers
+    (in the order of the positions): a packed launch, or a :class:`_CoreLaunch`."""
 
     def __init__(self, steps, outputs):
         self.steps = steps
         self.outputs = outputs  # per returned output: (index of a made array, dtype to view it as, or None)
+
+
+class _CoreLaunch:
+    """A recorded launch redone through the launch function it was made with: ``launch(pointers)`` copies the recorded
+    arguments, writes the new data pointers at ``positions`` and calls ``core_launch(stream, config, kernel, *args)``."""
+
+    def __init__(self, core_launch, stream, kernel, config, template, positions):
+        self.core_launch, self.stream, self.kernel, self.config = core_launch, stream, kernel, config
+        self.template, self.positions = template, positions
+
+    def __call__(self, pointers) -> None:
+        args = list(self.template)
+        for pos, ptr in zip(self.positions, pointers):
+            args[pos] = ptr
+        self.core_launch(self.stream, self.config, self.kernel, *args)
 
 
 def call_key(pass_name: str, prob, inputs, kernel, *options):
@@ -129,11 +150,8 @@ def replay(key, inputs):
                 made.append(torch.empty(shape, dtype=dt, device=device) if fill is None
                             else torch.full(shape, fill, dtype=dt, device=device))
             elif step[0] == "launch":
-                _, core_launch, stream, kernel, config, template, slots = step
-                args = list(template)
-                for pos, (role, i) in slots:
-                    args[pos] = in_ptrs[i] if role == "in" else made[i].data_ptr()
-                core_launch(stream, config, kernel, *args)
+                _, launcher, slots = step
+                launcher([in_ptrs[i] if role == "in" else made[i].data_ptr() for _, (role, i) in slots])
             else:  # "convert"
                 made.append(made[step[1]].to(step[2]))
     return tuple(made[j] if view is None else made[j].view(view) for j, view in recipe.outputs)
@@ -188,11 +206,15 @@ def _recipe(rec: _Recorder, inputs, outputs):
             made.append(t)
             steps.append(("alloc", tuple(t.shape), t.dtype, fill))
         elif step[0] == "launch":
-            _, core_launch, stream, kernel, config, kernelargs, slots = step
+            _, core_launch, stream, kernel, config, kernelargs, slots, packer = step
             roles = [(pos, role(ptr)) for pos, ptr in slots]
             if any(r is None for _, r in roles):
                 return None
-            steps.append(("launch", core_launch, stream, kernel, config, kernelargs, roles))
+            positions = [pos for pos, _ in slots]
+            launcher = packer(kernelargs, positions) if packer is not None else None
+            if launcher is None:
+                launcher = _CoreLaunch(core_launch, stream, kernel, config, kernelargs, positions)
+            steps.append(("launch", launcher, roles))
         else:  # "convert"
             _, source, result = step
             r = role(source.data_ptr())
