@@ -7,8 +7,9 @@ draws q, k, v from its seeded NumPy generator but dO from torch's global generat
 worker ran before: alone it sees one dO, in the suite another. This probe runs the test's computation (float64 and
 float32 torch attention's gradients, then ours with atomic and deterministic dQ) for ``--draws`` seeds of q, k, v and
 dO and prints, per draw, variant and gradient, the ratio ``max|ours - ref| / (3 * max|naive32 - ref| + floor)``: the
-rule holds where it is at most 1. A failure of the rule shows as a ratio above 1; the spread of the ratios says
-whether a case sits near the bound (the test's outcome then depends on the draw) or far below it.
+rule holds where it is at most 1. A failure of the rule shows as a ratio above 1, with where the largest error sits;
+the spread of the ratios says whether a case sits near the bound (the test's outcome then depends on the draw) or far
+below it. ``--draws-from`` skips to later draws (draw ``i`` is seeded ``1000 + i``).
 
 Run on a GPU machine from the repository root::
 
@@ -28,13 +29,13 @@ from tests.attn_testing import make_qkv, max_err, torch_attention, ulp_floor
 CASE = (2, 1029, 513, 4, 1, 96, True, 0.17)
 
 
-def margins(torch, variant: str, draws: int, case=CASE):
+def margins(torch, variant: str, draws: int, case=CASE, first: int = 0):
     """Per draw: ``(draw, deterministic, name, ratio)`` for dQ, dK, dV (see the module docstring)."""
     from numba_flash import flash_attn_func
 
     b, s_q, s_k, h, h_k, d, causal, p = case
     rows = []
-    for draw in range(draws):
+    for draw in range(first, first + draws):
         rng = np.random.default_rng(1000 + draw)
         tq, tk, tv = (torch.tensor(x, device="cuda") for x in make_qkv(rng, b, s_q, s_k, h, h_k, d))
         seed = int(rng.integers(0, 2**32))
@@ -52,13 +53,26 @@ def margins(torch, variant: str, draws: int, case=CASE):
             for name, x, ref, naive in zip(("dq", "dk", "dv"), xs, grads[torch.float64], grads[torch.float32]):
                 got = x.grad.double().cpu().numpy()
                 bound = 3 * max_err(naive, ref) + ulp_floor(ref)
-                rows.append((draw, deterministic, name, max_err(got, ref) / bound if np.all(np.isfinite(got)) else np.inf))
+                ratio = max_err(got, ref) / bound if np.all(np.isfinite(got)) else np.inf
+                rows.append((draw, deterministic, name, ratio, _where(got, ref, naive, case) if ratio > 1 else ""))
     return rows
+
+
+def _where(got, ref, naive, case) -> str:
+    """Where ``got``'s largest error sits: (batch, row, head, column), the keys a query row sees there (dQ: the row
+    is a query), the reference's value, our error and the naive one's there, and the naive one's largest error."""
+    b, s_q, s_k, h, h_k, d, causal, p = case
+    err = np.abs(got - ref)
+    at = np.unravel_index(int(np.argmax(err)), err.shape)
+    seen = max(0, min(s_k, at[1] + s_k - s_q + 1)) if causal else s_k
+    return (f"at {tuple(int(i) for i in at)} (a query row there sees {seen} keys), ref {ref[at]:.3e}, ours off by "
+            f"{err[at]:.3e}, naive off by {abs(naive[at] - ref[at]):.3e} there and by {max_err(naive, ref):.3e} at most")
 
 
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--draws", type=int, default=40)
+    ap.add_argument("--draws-from", type=int, default=0)
     ap.add_argument("--variants", nargs="+", default=["fast", "tensorcore", "readable"])
     return ap
 
@@ -73,7 +87,7 @@ def main(argv=None) -> int:
     print(f"case b, s_q, s_k, h, h_k, d, causal, p = {CASE}; ratio = error / (3 x float32 naive error + floor)")
     worst = 0.0
     for variant in args.variants:
-        rows = margins(torch, variant, args.draws)
+        rows = margins(torch, variant, args.draws, first=args.draws_from)
         for deterministic in (False, True):
             for name in ("dq", "dk", "dv"):
                 r = np.array([row[3] for row in rows if row[1] == deterministic and row[2] == name])
@@ -81,6 +95,9 @@ def main(argv=None) -> int:
                 worst = max(worst, float(r.max()))
                 print(f"{variant:10s} deterministic={deterministic!s:5s} {name}: ratio median {np.median(r):.3f} "
                       f"max {r.max():.3f} min {r.min():.3f} over {len(r)} draws; above 1 in draws {bad}", flush=True)
+                for row in rows:
+                    if row[1] == deterministic and row[2] == name and row[3] > 1:
+                        print(f"    draw {row[0]}: {row[4]}")
     print(f"worst ratio {worst:.3f}")
     return 0
 

@@ -299,6 +299,17 @@ HALF_FORWARD_FEATURE_CASES = [
 ]
 
 
+def randn_like(rng, x):
+    """A standard normal tensor with ``x``'s shape, dtype and device, drawn from the test's seeded ``rng``.
+
+    Never torch's global generator for a test's data: its state depends on what the worker ran before, so
+    under pytest-xdist a test would see other inputs in the suite than alone (a dO drawn that way made a
+    gradient test fail once in the GPU suite at 805a132 and pass alone; ``bench.rule_margin`` shows why)."""
+    import torch
+
+    return torch.tensor(rng.standard_normal(tuple(x.shape), dtype=np.float32), device=x.device).to(x.dtype)
+
+
 def half_inputs(rng, dtype, b, s_q, s_k, h, h_k, d, device="cpu"):
     """q, k, v of :func:`make_qkv` as torch tensors of ``dtype`` (float16 or bfloat16) on ``device``."""
     import torch

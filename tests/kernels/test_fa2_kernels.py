@@ -26,7 +26,17 @@ from numba_flash_reference.common import causal_mask, default_scale, dropout_sca
 
 import numpy as np
 import pytest
-from attn_testing import EPS32, assert_error_rule, make_qkv, max_err, naive_attention_backward_float32, naive_attention_float32, torch_attention, ulp_floor
+from attn_testing import (
+    EPS32,
+    assert_error_rule,
+    make_qkv,
+    max_err,
+    naive_attention_backward_float32,
+    naive_attention_float32,
+    randn_like,
+    torch_attention,
+    ulp_floor,
+)
 
 #: Every registered variant of each pass (the forward also has the tensor-core kernel).
 FWD_VARIANTS = tuple(k.variant for k in registry.variants("flash2") if k.pass_ == "forward")
@@ -233,7 +243,7 @@ def test_fa2_backward_gradients_within_3x_float32_error_on_gpu_shapes(rng, bwd_v
 
     q, k, v, tq, tk, tv = _cuda_inputs(rng, b, s_q, s_k, h, h_k, d)
     seed = int(rng.integers(0, 2**32))
-    dout = torch.randn(b, s_q, h, d, device="cuda")
+    dout = randn_like(rng, tq)
     grads = {}
     for dtype in (torch.float64, torch.float32):
         xs = [x.detach().to(dtype).requires_grad_(True) for x in (tq, tk, tv)]
@@ -255,7 +265,7 @@ def test_fa2_forward_is_bitwise_reproducible_and_backward_race_free(rng, variant
     import torch
 
     q, k, v, tq, tk, tv = _cuda_inputs(rng, 2, 1000, 1000, 4, 2, 64)
-    dout = torch.randn(2, 1000, 4, 64, device="cuda")
+    dout = randn_like(rng, tq)
     outs = [api.flash_attn_func(tq, tk, tv, causal=True, algorithm="flash2", variant=variant, return_attn_probs=True) for _ in range(10)]
     for o, lse, _ in outs[1:]:
         assert torch.equal(o, outs[0][0]) and torch.equal(lse, outs[0][1])

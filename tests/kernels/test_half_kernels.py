@@ -43,6 +43,7 @@ from attn_testing import (
     forward_recording_plan,
     make_qkv,
     naive_stats_float32,
+    randn_like,
     torch_attention,
     torch_attention_grads,
     unaligned_copy,
@@ -352,7 +353,7 @@ def test_half_training_gives_gradients_within_3x_naive_half_error_on_gpu_shapes(
 def test_deterministic_half_backward_is_bitwise_reproducible_and_within_3x(rng, dtype):
     th, _ = _inputs(rng, dtype, 2, 1000, 1000, 4, 2, 64, device="cuda")
     _check_grads(th, True, 0.0, 7, "cuda", deterministic=True)
-    dout = torch.randn(th[0].shape, device="cuda").to(dtype)
+    dout = randn_like(rng, th[0])
     runs = []
     for _ in range(3):
         xs = [x.detach().clone().requires_grad_(True) for x in th]

@@ -19,7 +19,7 @@ from numba_flash.fast import fa2_backward_half, fa2_forward_half
 
 import numpy as np
 import pytest
-from attn_testing import assert_error_rule, half_inputs, to_host, torch_attention_grads
+from attn_testing import assert_error_rule, half_inputs, randn_like, to_host, torch_attention_grads
 
 torch = pytest.importorskip("torch")
 
@@ -55,7 +55,7 @@ def test_vector_and_scalar_dq_atomics_give_the_same_dk_dv_and_dq_within_the_rule
     if _backend.device_facts().compute_capability < (9, 0):
         pytest.skip("red.global.add.v2.f32 needs compute capability 9.0")
     th = half_inputs(rng, torch.bfloat16, b, n, n, h, h_k, d, device="cuda")
-    dout = torch.randn_like(th[0])
+    dout = randn_like(rng, th[0])
     vec, sca = (_grads(th, dout, causal, red2) for red2 in (True, False))
     for name, a, s in zip(("dk", "dv"), vec[1:], sca[1:]):
         assert torch.equal(a, s), f"{name}: RED2 changed a gradient it does not touch"
