@@ -14,7 +14,7 @@ below it. ``--draws-from`` skips to later draws (draw ``i`` is seeded ``1000 + i
 Run on a GPU machine from the repository root::
 
     source bench/gpu/setup_env.sh
-    python3 -m bench.rule_margin [--draws 40] [--variants fast tensorcore readable]
+    python3 -m bench.rule_margin [--draws 40] [--variants fast tensorcore readable] [--case 2,777,1029,6,2,40,1,0]
 """
 
 from __future__ import annotations
@@ -69,10 +69,17 @@ def _where(got, ref, naive, case) -> str:
             f"{err[at]:.3e}, naive off by {abs(naive[at] - ref[at]):.3e} there and by {max_err(naive, ref):.3e} at most")
 
 
+def _parse_case(text: str) -> tuple:
+    *ints, causal, p = text.split(",")
+    return (*(int(x) for x in ints), bool(int(causal)), float(p))
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--draws", type=int, default=40)
     ap.add_argument("--draws-from", type=int, default=0)
+    ap.add_argument("--case", default=None, help="b,s_q,s_k,h,h_k,d,causal,p (default: the case that failed at 805a132, "
+                    "CASE); causal 0 or 1")
     ap.add_argument("--variants", nargs="+", default=["fast", "tensorcore", "readable"])
     return ap
 
@@ -84,10 +91,11 @@ def main(argv=None) -> int:
     from bench import _utils as bu
 
     print(bu.header_line(torch), flush=True)
-    print(f"case b, s_q, s_k, h, h_k, d, causal, p = {CASE}; ratio = error / (3 x float32 naive error + floor)")
+    case = CASE if args.case is None else _parse_case(args.case)
+    print(f"case b, s_q, s_k, h, h_k, d, causal, p = {case}; ratio = error / (3 x float32 naive error + floor)")
     worst = 0.0
     for variant in args.variants:
-        rows = margins(torch, variant, args.draws, first=args.draws_from)
+        rows = margins(torch, variant, args.draws, case, first=args.draws_from)
         for deterministic in (False, True):
             for name in ("dq", "dk", "dv"):
                 r = np.array([row[3] for row in rows if row[1] == deterministic and row[2] == name])
