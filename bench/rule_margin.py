@@ -23,7 +23,7 @@ import argparse
 
 import numpy as np
 
-from tests.attn_testing import make_qkv, max_err, torch_attention, ulp_floor
+from tests.attn_testing import make_qkv, max_err, randn_like, torch_attention, ulp_floor
 
 #: The case that failed at 805a132: b, s_q, s_k, h, h_k, d, causal, dropout p
 CASE = (2, 1029, 513, 4, 1, 96, True, 0.17)
@@ -39,7 +39,7 @@ def margins(torch, variant: str, draws: int, case=CASE, first: int = 0, base_see
         rng = np.random.default_rng(base_seed + draw)
         tq, tk, tv = (torch.tensor(x, device="cuda") for x in make_qkv(rng, b, s_q, s_k, h, h_k, d))
         seed = int(rng.integers(0, 2**32))
-        dout = torch.tensor(rng.standard_normal((b, s_q, h, d)).astype(np.float32), device="cuda")
+        dout = randn_like(rng, tq)  # Dev: as the test draws it
         grads = {}
         torch.backends.cuda.matmul.allow_tf32 = False
         for dtype in (torch.float64, torch.float32):
