@@ -54,18 +54,22 @@ def margins(torch, variant: str, draws: int, case=CASE, first: int = 0, base_see
                 got = x.grad.double().cpu().numpy()
                 bound = 3 * max_err(naive, ref) + ulp_floor(ref)
                 ratio = max_err(got, ref) / bound if np.all(np.isfinite(got)) else np.inf
-                rows.append((draw, deterministic, name, ratio, _where(got, ref, naive, case) if ratio > 1 else ""))
+                rows.append((draw, deterministic, name, ratio, _where(got, ref, naive, case, name) if ratio > 1 else ""))
     return rows
 
 
-def _where(got, ref, naive, case) -> str:
-    """Where ``got``'s largest error sits: (batch, row, head, column), the keys a query row sees there (dQ: the row
-    is a query), the reference's value, our error and the naive one's there, and the naive one's largest error."""
+def _where(got, ref, naive, case, name) -> str:
+    """Where ``got``'s largest error sits: (batch, row, head, column), how many keys that query row sees (dQ) or how
+    many query rows see that key (dK, dV; per query head), the reference's value, our error and the naive one's
+    there, and the naive one's largest error."""
     b, s_q, s_k, h, h_k, d, causal, p = case
     err = np.abs(got - ref)
     at = np.unravel_index(int(np.argmax(err)), err.shape)
-    seen = max(0, min(s_k, at[1] + s_k - s_q + 1)) if causal else s_k
-    return (f"at {tuple(int(i) for i in at)} (a query row there sees {seen} keys), ref {ref[at]:.3e}, ours off by "
+    if name == "dq":
+        seen = f"query row {at[1]} sees {max(0, min(s_k, at[1] + s_k - s_q + 1)) if causal else s_k} keys"
+    else:
+        seen = f"key {at[1]} is seen by {s_q - max(0, at[1] - (s_k - s_q)) if causal else s_q} rows of each of {h // h_k} query heads"
+    return (f"at {tuple(int(i) for i in at)} ({seen}), ref {ref[at]:.3e}, ours off by "
             f"{err[at]:.3e}, naive off by {abs(naive[at] - ref[at]):.3e} there and by {max_err(naive, ref):.3e} at most")
 
 
