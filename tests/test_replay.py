@@ -296,6 +296,13 @@ def test_replayed_calls_give_the_normal_paths_bits(monkeypatch, dtype, d, causal
         assert any(r is not None for p, r in replays if p == pass_name) != copied, pass_name
     assert all((recipe is None) == copied for recipe in _replay._recipes.values())
     assert {key[0] for key in _replay._recipes} == {"forward", "backward"}
+    # every replayed launch is a packed one (cuLaunchKernel on arguments converted once), not cuda.core's per call
+    from numba_flash.fast import _direct
+
+    launchers = [step[1] for recipe in _replay._recipes.values() if recipe is not None for step in recipe.steps
+                 if step[0] == "launch"]
+    assert bool(launchers) != copied
+    assert all(isinstance(launcher, _direct.PackedLaunch) == _direct.PACKED for launcher in launchers)
 
 
 @pytest.mark.gpu

@@ -245,7 +245,7 @@ RULE_FAILURES_ON_GPU = {
         "batch 0, K/V head 0, seen by all 777 rows of its 3 query heads): the FFMA backwards sum dK_j over every row of "
         "the group in one float32 register, 2331 terms here, and that rounding grows with the number of terms; torch's "
         "float32 path sums 777 a head, then the heads. The readable backward is above the bound on this draw too "
-        "(1.35x); 25 other draws of the case stay below it (max 0.67x; docs/results/sweeps/rule_margin_h100_*.txt)",
+        "(1.35x); 25 other draws of the case stay below it (max 0.67x; docs/results/sweeps/rule_margin_gqa_d40_h100_*.txt)",
 }
 
 
