@@ -151,7 +151,13 @@ def layers(torch, dtype, d: int, calls: int, repeats: int) -> list[tuple[str, fl
         ("max_optin_bytes", _smem.max_optin_bytes),
         ("Allocator", lambda: Allocator(q)),
     ]
-    return [(name, bu.host_us_per_call(fn, calls, repeats, warmup=min(calls, 50), sync=sync)) for name, fn in cases]
+    was_packed = _direct.PACKED
+    try:
+        return [(name, bu.host_us_per_call(fn, calls, repeats, warmup=min(calls, 50), sync=sync)) for name, fn in cases]
+    finally:
+        if _direct.PACKED != was_packed:  # Dev: the packed() cases switch it; leave the process as it was
+            _direct.PACKED = was_packed
+            _replay._recipes.clear()
 
 
 def profile(torch, calls: int, top: int = 30) -> None:

@@ -104,14 +104,15 @@ def main(argv=None) -> int:
         rows = margins(torch, variant, args.draws, case, first=args.draws_from, base_seed=args.seed)
         for deterministic in (False, True):
             for name in ("dq", "dk", "dv"):
-                r = np.array([row[3] for row in rows if row[1] == deterministic and row[2] == name])
-                bad = [row[0] for row in rows if row[1] == deterministic and row[2] == name and row[3] > 1]
+                sel = [row for row in rows if row[1] == deterministic and row[2] == name]
+                r = np.array([row[3] for row in sel])
+                above = [row for row in sel if row[3] > 1]
                 worst = max(worst, float(r.max()))
                 print(f"{variant:10s} deterministic={deterministic!s:5s} {name}: ratio median {np.median(r):.3f} "
-                      f"max {r.max():.3f} min {r.min():.3f} over {len(r)} draws; above 1 in draws {bad}", flush=True)
-                for row in rows:
-                    if row[1] == deterministic and row[2] == name and row[3] > 1:
-                        print(f"    draw {row[0]}: {row[4]}")
+                      f"max {r.max():.3f} min {r.min():.3f} over {len(r)} draws; above 1 in draws "
+                      f"{[row[0] for row in above]}", flush=True)
+                for row in above:
+                    print(f"    draw {row[0]}: {row[4]}")
     print(f"worst ratio {worst:.3f}")
     return 0
 
