@@ -146,6 +146,35 @@ def max_err(a, b) -> float:
     return float(np.max(np.abs(a - b))) if a.size else 0.0
 
 
+def naive_lse_float32(q, k, causal, softmax_scale=None):
+    """logsumexp of every row computed in float32 NumPy (the baseline of the error rule for L)."""
+    f = np.float32
+    b, s_q, h, d = q.shape
+    _, s_k, h_k, _ = k.shape
+    tau = f(default_scale(d, softmax_scale))
+    out = np.empty((b, h, s_q), dtype=f)
+    for bi in range(b):
+        for hi in range(h):
+            S = (q[bi, :, hi] @ k[bi, :, hi // (h // h_k)].T) * tau
+            if causal:
+                S = np.where(causal_mask(s_q, s_k), S, f(-np.inf))
+            m = S.max(axis=1)
+            ms = np.where(np.isfinite(m), m, f(0))
+            with np.errstate(divide="ignore"):
+                out[bi, hi] = np.where(np.isfinite(m), ms + np.log(np.exp(S - ms[:, None]).sum(axis=1)), np.inf)
+    return out
+
+
+def assert_lse_rule(lse, ref_L, naive_L):
+    lse = np.asarray(lse, dtype=np.float64)
+    fin = np.isfinite(ref_L)
+    assert np.array_equal(np.isposinf(lse), ~fin), "L must be +inf exactly on the rows that see no key"
+    if fin.any():
+        err = max_err(lse[fin], ref_L[fin])
+        base = max_err(naive_L[fin], ref_L[fin])
+        assert err <= 2 * base + ulp_floor(ref_L[fin]), f"L: error {err:.2e} > 2 x float32 {base:.2e}"
+
+
 def assert_error_rule(out, ref64, naive32, mult=2.0, what="output"):
     """max|out - ref| <= mult * max|naive32 - ref| + ulp_floor(ref); NaN never passes."""
     out = np.asarray(out, dtype=np.float64)

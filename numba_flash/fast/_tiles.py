@@ -109,13 +109,14 @@ def make_pair_loader(NROWS: int, DP: int, NT: int, SA: int, SB: int | None = Non
 
 
 @functools.cache
-def make_scaled_q_loader(BR: int, DP: int, NT: int, SQ: int, QUIET_NAN: bool = False):
+def make_scaled_q_loader(BR: int, DP: int, NT: int, SQ: int, QUIET_NAN: bool = False, SWIZZLE: bool = False):
     """``load_q(gQ, smem, qbase, ub, uh, row0, s_q, d, tid, scale)``: ``Q_i`` times ``scale`` to SRAM.
 
     Rows ``row0 .. row0 + BR - 1`` of ``gQ[b, :, h, :]`` times ``scale`` (``tau log2 e``: the forward
     then uses ``exp2``) to the SRAM tile at ``qbase`` (row stride ``SQ``); rows past ``s_q`` and
     columns past ``d`` are zero. Unrolled: all loads of a thread are in flight before its first store.
-    ``QUIET_NAN``: a NaN is stored as ``0x7fc00000`` (see :func:`make_pair_loader`).
+    ``QUIET_NAN``: a NaN is stored as ``0x7fc00000`` (see :func:`make_pair_loader`). ``SWIZZLE``: column ``x`` of
+    an odd row is stored at ``x ^ 16`` (:func:`swizzle16`).
     """
     NLQ = (BR * DP + NT - 1) // NT  # elements per thread
     EXACT = BR * DP % NT == 0
@@ -133,7 +134,7 @@ def make_scaled_q_loader(BR: int, DP: int, NT: int, SQ: int, QUIET_NAN: bool = F
                 if QUIET_NAN:
                     val = val if val == val else QNAN
             if EXACT or e < uTOT:
-                smem[qbase + U(r) * uSQ + U(x)] = val
+                smem[qbase + U(r) * uSQ + (swizzle16(U(x), U(r)) if SWIZZLE else U(x))] = val
 
     return load_q
 
@@ -226,8 +227,19 @@ def make_word_loader(NROWS: int, DW: int, NT: int, SA: int):
 
 
 
+@cuda.jit(device=True, inline="always")
+def swizzle16(col, row):
+    """The SRAM column of column ``col`` of row ``row`` in a swizzled tile: ``col ^ 16`` in odd rows.
+
+    The 16 floats ``32 k .. 32 k + 15`` and ``32 k + 16 .. 32 k + 31`` of an odd row trade places, so a 16-byte
+    load of row ``g`` and one of row ``g + 1`` at the same column fall in different halves of the 32 banks even
+    when the row stride is a multiple of 32 (no padding). 16-byte chunks (4-aligned columns) stay whole.
+    Needs rows of a multiple of 32 floats."""
+    return col ^ ((row & U(1)) << U(4))
+
+
 @functools.cache
-def make_word_loader_async(NROWS: int, DW: int, NT: int, SA: int, SIM: bool):
+def make_word_loader_async(NROWS: int, DW: int, NT: int, SA: int, SIM: bool, SWIZZLE: bool = False):
     """``(NC, load_async)``: rows ``row0 .. row0 + NROWS - 1`` of a half array in words, HBM -> SRAM by ``cp.async``.
 
     "Words" are any 4-byte elements: a float32 array (and a float32 SRAM tile) works the same, with ``DW``
@@ -244,7 +256,7 @@ def make_word_loader_async(NROWS: int, DW: int, NT: int, SA: int, SIM: bool):
     Needs ``DW`` and ``dw`` multiples of 4 (a chunk is all inside d or all past it: d a multiple of 8),
     16-byte aligned rows in HBM (``gA``'s base and row strides) and ``SA``, ``off`` multiples of 4 words.
     A chunk outside the array reads nothing; its address is clamped to row 0, word 0 all the same, so no
-    out-of-range address is ever formed.
+    out-of-range address is ever formed. ``SWIZZLE``: chunks land at :func:`swizzle16`'s columns.
     """
     CW = DW // 4  # 16-byte chunks of a padded row
     NC = (NROWS * CW + NT - 1) // NT
@@ -263,13 +275,13 @@ def make_word_loader_async(NROWS: int, DW: int, NT: int, SA: int, SIM: bool):
                 c = u4 * (e % uCW)  # first word of the chunk
                 row = U(row0) + r
                 inside = c < U(dw) and row < U(n_rows)
-                copy16(smem, off + r * uSA + c, gA, (ub, row if inside else u0, uh, c if inside else u0), u16 if inside else z)
+                copy16(smem, off + r * uSA + (swizzle16(c, r) if SWIZZLE else c), gA, (ub, row if inside else u0, uh, c if inside else u0), u16 if inside else z)
 
     return NC, load_async
 
 
 @functools.cache
-def make_quiet_nan_pass(NROWS: int, DW: int, NT: int, SA: int):
+def make_quiet_nan_pass(NROWS: int, DW: int, NT: int, SA: int, SWIZZLE: bool = False):
     """``quiet(smem, off, tid)``: in the float32 SRAM tile at ``off`` (row stride ``SA``), each NaN among the
     chunks that thread ``tid`` copied with :func:`make_word_loader_async` (same ``NROWS, DW, NT``) becomes the
     quiet NaN ``0x7fc00000``.
@@ -277,7 +289,7 @@ def make_quiet_nan_pass(NROWS: int, DW: int, NT: int, SA: int):
     What :func:`make_pair_loader`'s ``QUIET_NAN`` does at its register store, for tiles that arrive by
     ``cp.async`` and never pass through registers: run it after ``cp.async.wait_group`` (a thread's own
     copies have landed) and before the barrier that publishes the tile. Zero-filled chunks hold no NaN.
-    One SRAM read per element, and a write only for a NaN.
+    One SRAM read per element, and a write only for a NaN. ``SWIZZLE``: as the loader's.
     """
     CW = DW // 4
     NC = (NROWS * CW + NT - 1) // NT
@@ -289,7 +301,9 @@ def make_quiet_nan_pass(NROWS: int, DW: int, NT: int, SA: int):
         for it in range(NC):
             e = tid + uNT * U(it)
             if EXACT or e < uTOT:
-                base = off + (e // uCW) * uSA + u4 * (e % uCW)
+                r = e // uCW
+                c = u4 * (e % uCW)
+                base = off + r * uSA + (swizzle16(c, r) if SWIZZLE else c)
                 for w in range(4):
                     v = smem[base + U(w)]
                     if v != v:

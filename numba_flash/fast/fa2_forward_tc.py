@@ -166,24 +166,51 @@ def config_for(d: int, block_sizes=None, cp_async=None, causal: bool = False):
     return NW, MW, 8 * ((Bc + 7) // 8), DP
 
 
-def strides(BC: int, DP: int):
+def strides(BC: int, DP: int, wide: bool = False):
     """Row strides (floats) of the Q/K, V and P tiles, chosen so that fragment loads hit 32 banks.
 
     A fragments of ``Q_i``, ``P~`` and the B fragments of ``K_j^T`` read ``tile[8 m + g, 8 k + t]``
     (``g < 8``, ``t < 4``): conflict free when the stride is 4 mod 8 (bank ``4 g + t`` up to a
     rotation). B fragments of ``V_j`` read ``V[8 k + t, 8 n + g]``: conflict free when the stride is
     8 or 24 mod 32 (bank ``8 t + g``).
+
+    ``wide`` (:func:`wide_ok`): the 16-byte loads of ``WIDE``. A 16-byte load of a warp is served 8 lanes at a
+    time; lanes ``(g, t)``, ``g < 2``, read ``Q[g, 16 p + 4 t ..]`` (and ``K`` alike): the Q and K tiles are
+    stored unpadded (stride DP, a multiple of 32) and swizzled (:func:`numba_flash.fast._tiles.swizzle16`: odd
+    rows in the other 16 banks); they read ``V[t, ND g + 4 q ..]``, so the V stride is the smallest one at which
+    those 8 reads of 4 banks each fall in 32 different banks (:func:`_v4_banks_free`).
     """
+    if wide:
+        if not wide_ok(DP):
+            raise ValueError(f"WIDE needs a padded head dim with conflict-free 16-byte V loads (wide_ok), got DP={DP}")
+        sq = DP
+        sv = DP
+        while not _v4_banks_free(sv, DP // 8):
+            sv += 4
+        return sq, sv, BC + 4
     sv = DP
     while sv % 32 not in (8, 24):
         sv += 1
     return DP + 4, sv, BC + 4
 
 
-def smem_floats(NW: int, MW: int, BC: int, DP: int, simulator: bool = False, stages: int = 1) -> int:
+def _v4_banks_free(sv: int, nd: int) -> bool:
+    """Whether the 8 lanes ``(g, t)`` (``g < 2``, ``t < 4``) of one phase of ``WIDE``'s V load, reading 4 floats at
+    ``t sv + nd g``, touch 32 different banks."""
+    banks = [(t * sv + nd * g + e) % 32 for g in range(2) for t in range(4) for e in range(4)]
+    return len(set(banks)) == 32
+
+
+def wide_ok(DP: int) -> bool:
+    """Whether ``WIDE`` can run at padded head dim ``DP``: whole pairs of 8-wide k steps (``DP % 16``), whole
+    16-byte loads of a lane's ``DP / 8`` V columns (``DP % 32``), and a V stride without bank conflicts."""
+    return DP % 32 == 0 and any(_v4_banks_free(sv, DP // 8) for sv in range(DP, DP + 33, 4))
+
+
+def smem_floats(NW: int, MW: int, BC: int, DP: int, simulator: bool = False, stages: int = 1, wide: bool = False) -> int:
     """Dynamic SRAM of the kernel in float32 elements (see the module docstring); ``stages`` copies of
-    K_j, V_j (2 with ``CP_ASYNC``)."""
-    SQ, SV, SP = strides(BC, DP)
+    K_j, V_j (2 with ``CP_ASYNC``); ``wide``: the strides of ``WIDE``."""
+    SQ, SV, SP = strides(BC, DP, wide)
     n = 16 * MW * NW * (SQ + SP) + stages * BC * (SQ + SV)
     return n + (NW * _mma.SIM_SCRATCH_PER_WARP if simulator else 0)
 
@@ -196,7 +223,7 @@ def cp_async_ok(d: int) -> bool:
 
 @functools.cache
 def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROPOUT: bool, PREFETCH: bool, SIM: bool, STAGE_S: bool = True, STAGE_O: bool = True,
-                          CP_ASYNC: bool = False, STAGE_O_STEP: bool = False):
+                          CP_ASYNC: bool = False, STAGE_O_STEP: bool = False, WIDE: bool = False):
     """The 3xTF32 FA2 forward kernel for one specialization (see the module docstring).
 
     ``CP_ASYNC`` (d a multiple of 4): K_j, V_j go HBM -> SRAM by ``cp.async`` into two SRAM stages, the
@@ -210,6 +237,20 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
     float32 adds. Not the default's bits (one more rounded add per 8 keys, not one per key block), and no staged
     ``rT`` (``MW d / 8`` fragments): the registers that ``MW = 2`` needs at d = 128 (offline sm_90, the performance
     log's section "3xTF32 forward: O staged per key step"). Overrides ``STAGE_O``.
+
+    ``WIDE`` (:func:`wide_ok`): every K, Q and V fragment comes from 16-byte SRAM loads, one for four floats where
+    the default takes four 4-byte loads. The order of the terms of a dot product is free, so the kernel picks it:
+
+    * line 8 (``Q_i K_j^T``): the k steps go in pairs over 16 columns of d; lane ``(g, t)`` loads columns
+      ``16 p + 4 t .. + 3`` of its rows of Q and K at once and gives the first two to k step ``2 p``, the
+      last two to ``2 p + 1`` (fragment positions ``t`` and ``t + 4``). A and B name the same column at
+      every position, so each step is a true 8-term slice of the dot product; only the order of the slices
+      changes (other bits than the default's, inside the error rule).
+    * line 10 (``P~ V_j``): the columns of O are renamed: tile ``dn``'s column ``n`` is O's column
+      ``ND n + dn``, so lane ``g`` reads V's columns ``ND g .. ND g + ND - 1`` (its B fragments of all ``ND``
+      tiles) as ``ND / 4`` 16-byte loads, and line 14 writes each O value to its renamed column.
+
+    The strides change with it (:func:`strides`, ``wide``).
 
     Symbol table (paper symbol -> variable -> memory space):
 
@@ -225,12 +266,14 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
     m_i, l_i (base 2)         rm, rl               registers, 2 MW rows per lane (rl: partial sum)
     ========================  ===================  ==================================================
     """
+    if WIDE and not (CP_ASYNC and wide_ok(DP)):
+        raise ValueError(f"WIDE needs CP_ASYNC and wide_ok(DP) (DP={DP}, CP_ASYNC={CP_ASYNC})")
     NT = 32 * NW
     BR = 16 * MW * NW
     NB = BC // 8  # 8-column tiles of S (and 8-key steps of P V)
     KD = DP // 8  # 8-wide k steps of Q K^T
     ND = DP // 8  # 8-column tiles of O
-    SQ, SV, SP = strides(BC, DP)  # row strides (floats) of the Q_i/K_j, V_j and P~ tiles
+    SQ, SV, SP = strides(BC, DP, WIDE)  # row strides (floats) of the Q_i/K_j, V_j and P~ tiles
     uSQ, uSV, uSP = U(SQ), U(SV), U(SP)
     # Offsets (floats) of the tiles in the one dynamic SRAM array `smem`:
     OFF_Q = U(0)  # Q_i: (Br, SQ), rows of d values (tau log2 e applied), zero-padded to DP
@@ -243,6 +286,10 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
     NR = MW * 2  # query rows per lane (rows g and g + 8 of each m16 tile)
     NA = MW * 4  # registers of one A operand (4 per m16 tile), for its tf32 big and small parts
     NT_ = NO if STAGE_O and not STAGE_O_STEP else 1  # registers of rT (the staged P~ V_j of a whole key block)
+    NQW = MW * 8 if WIDE else 1  # WIDE: this lane's 4 columns of its 2 MW rows of Q_i for a pair of k steps
+    NKW = NB * 4 if WIDE else 1  # WIDE: the same 4 columns of its key row of each 8-key tile of K_j
+    NVW = 2 * ND if WIDE else 1  # WIDE: V_j rows t, t + 4 at this lane's ND columns (an 8-key step's B fragments)
+    uND = U(ND)
     NEG_INF = float32(-math.inf)
     SXN = NW * _mma.SIM_SCRATCH_PER_WARP if SIM else 1  # simulator lane-exchange scratch (floats)
     SCR = _mma.SIM_SCRATCH_PER_WARP  # one warp's share of it
@@ -250,11 +297,11 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
     # K_j, V_j: HBM -> registers (NL floats each per thread) -> SRAM (V with its own stride SV); Q_i: times tau log2 e
     NL, load_kv, store_kv = _tiles.make_pair_loader(BC, DP, NT, SQ, SV, STEP_ROWS=False, QUIET_NAN=True)
     RK = 1 if CP_ASYNC else NL  # register staging of K_j, V_j (none with cp.async)
-    load_q = _tiles.make_scaled_q_loader(BR, DP, NT, SQ, QUIET_NAN=True)
+    load_q = _tiles.make_scaled_q_loader(BR, DP, NT, SQ, QUIET_NAN=True, SWIZZLE=WIDE)
     # CP_ASYNC: K_j, V_j as 16-byte chunks of 4 floats (their own row strides), and the NaN pass over them
-    _, load_k_async = _tiles.make_word_loader_async(BC, DP, NT, SQ, SIM)
+    _, load_k_async = _tiles.make_word_loader_async(BC, DP, NT, SQ, SIM, WIDE)
     _, load_v_async = _tiles.make_word_loader_async(BC, DP, NT, SV, SIM)
-    quiet_k = _tiles.make_quiet_nan_pass(BC, DP, NT, SQ)
+    quiet_k = _tiles.make_quiet_nan_pass(BC, DP, NT, SQ, WIDE)
     quiet_v = _tiles.make_quiet_nan_pass(BC, DP, NT, SV)
     _copy16, cp_commit, cp_wait0 = _mma.make_cp_async(SIM)
     n_key_blocks, _ = _tiles.make_block_counts(BR, BC, CAUSAL)
@@ -278,6 +325,9 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
         rkey = cuda.local.array(NR, uint64)
         rAb = cuda.local.array(NA, uint32)  # A fragments (tf32 big / small parts)
         rAs = cuda.local.array(NA, uint32)
+        rQw = cuda.local.array(NQW, float32)  # WIDE: Q_i columns 16 p + 4 t .. + 3 of rows g, g + 8 (per m16 tile)
+        rKw = cuda.local.array(NKW, float32)  # WIDE: K_j columns 16 p + 4 t .. + 3 of key row g (per key tile)
+        rVw = cuda.local.array(NVW, float32)  # WIDE: V_j rows t, t + 4, columns ND g .. ND g + ND - 1
         rKn = cuda.local.array(RK, float32)  # K_j / K_{j+1} in flight (registers; register path)
         rVn = cuda.local.array(RK, float32)
 
@@ -286,6 +336,7 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
         warp = cuda.threadIdx.x // 32
         g = U(lane // 4)  # fragment row (and row + 8)
         t = U(lane % 4)  # fragment column pair 2t, 2t + 1
+        gsw = (g & U(1)) << U(4)  # WIDE: the swizzle of rows g, g + 8 of Q_i and K_j (_tiles.swizzle16)
         wbase = warp * SCR
         nheads = gQ.shape[2]
         s_q = gQ.shape[1]
@@ -360,7 +411,34 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
             # B = K_j^T (8 x 8 per key tile); 3xTF32: small parts first, big x big last
             for a in range(NS):
                 rS[a] = float32(0.0)
-            for ks in range(KD):
+            for kp in range(KD // 2 if WIDE else 0):  # Dev: WIDE: k steps 2 kp, 2 kp + 1 from one 16-byte load per row
+                csw = (U(16 * kp) ^ gsw) + U(4) * t  # SRAM column of columns 16 kp + 4 t .. + 3 in rows of g's parity
+                for mt in range(MW):  # columns 16 kp + 4 t .. + 3 of this lane's rows g, g + 8
+                    q0 = OFF_Q + (wrow + U(16 * mt) + g) * uSQ + csw
+                    for e in range(4):
+                        rQw[mt * 8 + e] = smem[q0 + U(e)]
+                        rQw[mt * 8 + 4 + e] = smem[q0 + U(8) * uSQ + U(e)]
+                for nt in range(NB):  # the same columns of key row g of each 8-key tile
+                    k0 = kbase + (U(8 * nt) + g) * uSQ + csw
+                    for e in range(4):
+                        rKw[nt * 4 + e] = smem[k0 + U(e)]
+                for h2 in range(0, 4, 2):  # this k step's two columns of the four: c = 16 kp + 4 t + h2, c + 1
+                    for mt in range(MW):  # a = (Q[g, c], Q[g+8, c], Q[g, c+1], Q[g+8, c+1])
+                        for c in range(4):
+                            rAb[mt * 4 + c], rAs[mt * 4 + c] = split(rQw[mt * 8 + 4 * (c % 2) + h2 + c // 2])
+                    for nt in range(NB):
+                        bb0, bs0 = split(rKw[nt * 4 + h2])  # b = (K[g, c], K[g, c+1])
+                        bb1, bs1 = split(rKw[nt * 4 + h2 + 1])
+                        for mt in range(MW):
+                            f = (mt * NB + nt) * 4
+                            acc = (rS[f], rS[f + 1], rS[f + 2], rS[f + 3])
+                            if STAGE_S:
+                                acc = (float32(0.0), float32(0.0), float32(0.0), float32(0.0))
+                            acc = mma3((rAb[mt * 4], rAb[mt * 4 + 1], rAb[mt * 4 + 2], rAb[mt * 4 + 3]),
+                                       (rAs[mt * 4], rAs[mt * 4 + 1], rAs[mt * 4 + 2], rAs[mt * 4 + 3]), (bb0, bb1), (bs0, bs1), acc, sx, wbase, lane)
+                            for c in range(4):
+                                rS[f + c] = rS[f + c] + acc[c] if STAGE_S else acc[c]
+            for ks in range(0 if WIDE else KD):
                 for mt in range(MW):
                     q0 = OFF_Q + (wrow + U(16 * mt) + g) * uSQ + U(8 * ks) + t
                     for c in range(4):  # a = (Q[g, t], Q[g+8, t], Q[g, t+4], Q[g+8, t+4])
@@ -420,10 +498,19 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
                     p0 = OFF_P + (wrow + U(16 * mt) + g) * uSP + U(8 * kt) + t
                     for c in range(4):
                         rAb[mt * 4 + c], rAs[mt * 4 + c] = split(smem[p0 + U(8 * (c % 2)) * uSP + U(4 * (c // 2))])
+                if WIDE:  # Dev: tile dn's column g is O's column ND g + dn: V's rows t, t + 4 by 16-byte loads
+                    v0 = vbase + (U(8 * kt) + t) * uSV + g * uND
+                    for e in range(ND):
+                        rVw[e] = smem[v0 + U(e)]
+                        rVw[ND + e] = smem[v0 + U(4) * uSV + U(e)]
                 for dn in range(ND):
-                    v0 = vbase + (U(8 * kt) + t) * uSV + U(8 * dn) + g  # b = (V[t, g], V[t+4, g])
-                    bb0, bs0 = split(smem[v0])
-                    bb1, bs1 = split(smem[v0 + U(4) * uSV])
+                    if WIDE:
+                        bb0, bs0 = split(rVw[dn])  # b = (V[t, ND g + dn], V[t+4, ND g + dn])
+                        bb1, bs1 = split(rVw[ND + dn])
+                    else:
+                        v0 = vbase + (U(8 * kt) + t) * uSV + U(8 * dn) + g  # b = (V[t, g], V[t+4, g])
+                        bb0, bs0 = split(smem[v0])
+                        bb1, bs1 = split(smem[v0 + U(4) * uSV])
                     for mt in range(MW):
                         f = (mt * ND + dn) * 4
                         acc = (rO[f], rO[f + 1], rO[f + 2], rO[f + 3])
@@ -469,7 +556,7 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
                 # FA2.1 L14: write O_i to HBM (lane (g, t): columns 8 dn + 2t, 8 dn + 2t + 1)
                 for dn in range(ND):
                     for cc in range(2):
-                        x = 8 * dn + 2 * int(t) + cc
+                        x = (2 * int(t) + cc) * ND + dn if WIDE else 8 * dn + 2 * int(t) + cc  # Dev: WIDE renames O's columns
                         if x < d:
                             gO[ub, U(row), uh, U(x)] = rO[(mt * ND + dn) * 4 + 2 * hf + cc] * inv_l  # HBM write: Br*d
                 # FA2.1 L15: write L_i to HBM (one lane per row)
@@ -499,8 +586,10 @@ def default_features() -> dict:
     ``STAGE_O_STEP``: line 10 staged per 8-key step instead of per key block (fewer registers, other bits; see
     :func:`fa2_forward_tc_kernel`); None: on where the tiling has ``MW = 2`` and d > 64 (the ``cp.async`` default
     at d = 128, which does not fit the registers without it; timed in the performance log's section "3xTF32
-    forward: O staged per key step"), off elsewhere (8 % slower at d = 64)."""
-    return {"PREFETCH": None, "STAGE_S": True, "STAGE_O": True, "CP_ASYNC": True, "STAGE_O_STEP": None}
+    forward: O staged per key step"), off elsewhere (8 % slower at d = 64).
+    ``WIDE``: 16-byte fragment loads with the dot products' terms reordered (:func:`fa2_forward_tc_kernel`), where
+    :func:`wide_ok`; off until timed."""
+    return {"PREFETCH": None, "STAGE_S": True, "STAGE_O": True, "CP_ASYNC": True, "STAGE_O_STEP": None, "WIDE": False}
 
 
 def stage_o_step(feature, MW: int, DP: int) -> bool:
@@ -537,10 +626,11 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None):
     prefetch = bool(prefetch) and not cp_async  # unused by the cp.async path: one compiled kernel, not two
     sim = _backend.is_simulator()
     Br = 16 * MW * NW
-    nbytes = 4 * smem_floats(NW, MW, Bc, DP, sim, 2 if cp_async else 1)
+    wide = bool(feats["WIDE"]) and wide_ok(DP) and cp_async  # Dev: the swizzled K_j arrives by cp.async only
+    nbytes = 4 * smem_floats(NW, MW, Bc, DP, sim, 2 if cp_async else 1, wide)
     _plan.check_sram(nbytes, Br, Bc, d)
     kernel = fa2_forward_tc_kernel(NW, MW, Bc, DP, prob.causal, prob.dropout_p > 0, prefetch, sim, bool(feats["STAGE_S"]), bool(feats["STAGE_O"]),
-                                   cp_async, stage_o_step(feats["STAGE_O_STEP"], MW, DP))
+                                   cp_async, stage_o_step(feats["STAGE_O_STEP"], MW, DP), wide)
     grid = bh_grid(ceil_div(prob.seqlen_q, Br), prob.batch * prob.nheads)
     return kernel, grid, 32 * NW, nbytes
 

@@ -29,13 +29,13 @@ import pytest
 from attn_testing import (
     EPS32,
     assert_error_rule,
+    assert_lse_rule,
     make_qkv,
-    max_err,
     naive_attention_backward_float32,
     naive_attention_float32,
+    naive_lse_float32,
     randn_like,
     torch_attention,
-    ulp_floor,
 )
 
 #: Every registered variant of each pass (the forward also has the tensor-core kernel).
@@ -61,35 +61,6 @@ def variant(request):
 def bwd_variant(request):
     """Run the test with every FA2 backward kernel: readable and fast."""
     return request.param
-
-
-def naive_lse_float32(q, k, causal, softmax_scale=None):
-    """logsumexp of every row computed in float32 NumPy (the baseline of the error rule for L)."""
-    f = np.float32
-    b, s_q, h, d = q.shape
-    _, s_k, h_k, _ = k.shape
-    tau = f(default_scale(d, softmax_scale))
-    out = np.empty((b, h, s_q), dtype=f)
-    for bi in range(b):
-        for hi in range(h):
-            S = (q[bi, :, hi] @ k[bi, :, hi // (h // h_k)].T) * tau
-            if causal:
-                S = np.where(causal_mask(s_q, s_k), S, f(-np.inf))
-            m = S.max(axis=1)
-            ms = np.where(np.isfinite(m), m, f(0))
-            with np.errstate(divide="ignore"):
-                out[bi, hi] = np.where(np.isfinite(m), ms + np.log(np.exp(S - ms[:, None]).sum(axis=1)), np.inf)
-    return out
-
-
-def assert_lse_rule(lse, ref_L, naive_L):
-    lse = np.asarray(lse, dtype=np.float64)
-    fin = np.isfinite(ref_L)
-    assert np.array_equal(np.isposinf(lse), ~fin), "L must be +inf exactly on the rows that see no key"
-    if fin.any():
-        err = max_err(lse[fin], ref_L[fin])
-        base = max_err(naive_L[fin], ref_L[fin])
-        assert err <= 2 * base + ulp_floor(ref_L[fin]), f"L: error {err:.2e} > 2 x float32 {base:.2e}"
 
 
 def naive_grads_float32(dout, q, k, v, causal=False, dropout_p=0.0, seed=0, softmax_scale=None):
