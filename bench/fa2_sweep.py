@@ -80,6 +80,7 @@ VARIANTS_D64 = {
     # short causal sequences: smaller query blocks (Br 64: more blocks, less tail) or 8 warps of MW = 1
     "tc-cp-4x1x32": (("tc", (4, 1, 32)), {"CP_ASYNC": True}),
     "tc-cp-8x1x32": (("tc", (8, 1, 32)), {"CP_ASYNC": True}),
+    "tc-cp-wide": (("tc", None), {"CP_ASYNC": True, "WIDE": True}),  # 16-byte fragment loads (2026-11-27; 248 registers)
 }
 VARIANTS_D128 = {
     "readable": ("readable", {}),

@@ -41,8 +41,8 @@
 #                occ3_d128.json/.log
 #   wide_d128    the 3xTF32 forward's WIDE (16-byte fragment loads, Q_i / K_j swizzled) at d = 128: its GPU tests, then
 #                the defaults (8 x 2 x 16; causal 4 x 1 x 32) with and without it and 8 x 1 x 32 with it, N 1k/4k/16k (the
-#                performance log's section "3xTF32 forward: 16-byte fragment loads") -> OUTDIR/wide_tests.txt,
-#                wide_d128.json/.log
+#                performance log's section "3xTF32 forward: 16-byte fragment loads"), and d = 64's default with and
+#                without it -> OUTDIR/wide_tests.txt, wide_d128.json/.log, wide_d64.json/.log
 #   host_layers  python -m bench.host_layers (host time of one forward, layer by layer) and its --profile (a cProfile of
 #                flash_attn_func by own time) -> OUTDIR/host_layers.txt, host_profile.txt
 #   short_direct the half grid's short cells (bf16, forward N 512/1k/2k, forward + backward N 1k/2k) with the direct launches
@@ -204,7 +204,9 @@ for s in "${steps[@]}"; do
       step wide_tests.txt python3 -m pytest -q -p no:cacheprovider -rfE tests/kernels/test_tc_wide.py
       step wide_d128.log timeout 330 python3 -m bench.fa2_sweep --seqlens 1024 4096 16384 --headdims 128 \
         --variants tc-cp tc-cp-wide tc-cp-8x1x32-wide tc-cp-8x2x16-wide --out "$out/wide_d128.json"
-      tail -n 30 "$out/wide_d128.log" ;;
+      step wide_d64.log timeout 200 python3 -m bench.fa2_sweep --seqlens 1024 4096 16384 --headdims 64 \
+        --variants tc-cp tc-cp-wide --out "$out/wide_d64.json"
+      tail -n 30 "$out/wide_d128.log"; tail -n 14 "$out/wide_d64.log" ;;
     occ3_d128)
       step occ3_tests.txt python3 -m pytest -q -p no:cacheprovider -rfE tests/kernels/test_tc_stage_o_step.py
       step occ3_d128.log timeout 300 python3 -m bench.fa2_sweep --seqlens 1024 4096 16384 --headdims 128 \

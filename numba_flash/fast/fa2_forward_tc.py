@@ -182,10 +182,10 @@ def strides(BC: int, DP: int, wide: bool = False):
     """
     if wide:
         if not wide_ok(DP):
-            raise ValueError(f"WIDE needs a padded head dim with conflict-free 16-byte V loads (wide_ok), got DP={DP}")
+            raise ValueError(f"WIDE needs a padded head dim that is a multiple of 32 (wide_ok), got DP={DP}")
         sq = DP
         sv = DP
-        while not _v4_banks_free(sv, DP // 8):
+        while not _v4_banks_free(sv):
             sv += 4
         return sq, sv, BC + 4
     sv = DP
@@ -194,17 +194,17 @@ def strides(BC: int, DP: int, wide: bool = False):
     return DP + 4, sv, BC + 4
 
 
-def _v4_banks_free(sv: int, nd: int) -> bool:
+def _v4_banks_free(sv: int) -> bool:
     """Whether the 8 lanes ``(g, t)`` (``g < 2``, ``t < 4``) of one phase of ``WIDE``'s V load, reading 4 floats at
-    ``t sv + nd g``, touch 32 different banks."""
-    banks = [(t * sv + nd * g + e) % 32 for g in range(2) for t in range(4) for e in range(4)]
+    ``t sv + 4 g``, touch 32 different banks."""
+    banks = [(t * sv + 4 * g + e) % 32 for g in range(2) for t in range(4) for e in range(4)]
     return len(set(banks)) == 32
 
 
 def wide_ok(DP: int) -> bool:
-    """Whether ``WIDE`` can run at padded head dim ``DP``: whole pairs of 8-wide k steps (``DP % 16``), whole
-    16-byte loads of a lane's ``DP / 8`` V columns (``DP % 32``), and a V stride without bank conflicts."""
-    return DP % 32 == 0 and any(_v4_banks_free(sv, DP // 8) for sv in range(DP, DP + 33, 4))
+    """Whether ``WIDE`` can run at padded head dim ``DP``: whole pairs of 8-wide k steps and whole groups of 32 O
+    columns (four 8-column tiles, a lane's 16-byte V loads): ``DP % 32 == 0``."""
+    return DP % 32 == 0
 
 
 def smem_floats(NW: int, MW: int, BC: int, DP: int, simulator: bool = False, stages: int = 1, wide: bool = False) -> int:
@@ -246,9 +246,13 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
       last two to ``2 p + 1`` (fragment positions ``t`` and ``t + 4``). A and B name the same column at
       every position, so each step is a true 8-term slice of the dot product; only the order of the slices
       changes (other bits than the default's, inside the error rule).
-    * line 10 (``P~ V_j``): the columns of O are renamed: tile ``dn``'s column ``n`` is O's column
-      ``ND n + dn``, so lane ``g`` reads V's columns ``ND g .. ND g + ND - 1`` (its B fragments of all ``ND``
-      tiles) as ``ND / 4`` 16-byte loads, and line 14 writes each O value to its renamed column.
+    * line 10 (``P~ V_j``): the columns of O are renamed: column ``n`` of 8-column tile ``dn = 4 a + e`` is O's
+      column ``32 a + 4 n + e``, so lane ``g``'s B fragments of the four tiles ``4 a .. 4 a + 3`` are V's columns
+      ``32 a + 4 g .. + 3`` (one 16-byte load per row).
+    * line 14: each warp stages its rows of O (renamed columns back in place) in its own rows of the Q_i tile,
+      which no other warp reads, then writes them to HBM a row at a time, lane ``l`` at columns ``l, l + 32, ..``:
+      128 bytes a store, where the fragment layout writes 8 rows x 32 bytes (the renamed columns alone would
+      have made that 8 rows x 4 lanes x 4 bytes, 4x the L2 sectors: 3-7 % slower at N = 1k on an H100).
 
     The strides change with it (:func:`strides`, ``wide``).
 
@@ -289,7 +293,6 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
     NQW = MW * 8 if WIDE else 1  # WIDE: this lane's 4 columns of its 2 MW rows of Q_i for a pair of k steps
     NKW = NB * 4 if WIDE else 1  # WIDE: the same 4 columns of its key row of each 8-key tile of K_j
     NVW = 2 * ND if WIDE else 1  # WIDE: V_j rows t, t + 4 at this lane's ND columns (an 8-key step's B fragments)
-    uND = U(ND)
     NEG_INF = float32(-math.inf)
     SXN = NW * _mma.SIM_SCRATCH_PER_WARP if SIM else 1  # simulator lane-exchange scratch (floats)
     SCR = _mma.SIM_SCRATCH_PER_WARP  # one warp's share of it
@@ -327,7 +330,7 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
         rAs = cuda.local.array(NA, uint32)
         rQw = cuda.local.array(NQW, float32)  # WIDE: Q_i columns 16 p + 4 t .. + 3 of rows g, g + 8 (per m16 tile)
         rKw = cuda.local.array(NKW, float32)  # WIDE: K_j columns 16 p + 4 t .. + 3 of key row g (per key tile)
-        rVw = cuda.local.array(NVW, float32)  # WIDE: V_j rows t, t + 4, columns ND g .. ND g + ND - 1
+        rVw = cuda.local.array(NVW, float32)  # WIDE: V_j rows t, t + 4, columns 32 a + 4 g .. + 3 for every a < ND / 4
         rKn = cuda.local.array(RK, float32)  # K_j / K_{j+1} in flight (registers; register path)
         rVn = cuda.local.array(RK, float32)
 
@@ -498,14 +501,14 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
                     p0 = OFF_P + (wrow + U(16 * mt) + g) * uSP + U(8 * kt) + t
                     for c in range(4):
                         rAb[mt * 4 + c], rAs[mt * 4 + c] = split(smem[p0 + U(8 * (c % 2)) * uSP + U(4 * (c // 2))])
-                if WIDE:  # Dev: tile dn's column g is O's column ND g + dn: V's rows t, t + 4 by 16-byte loads
-                    v0 = vbase + (U(8 * kt) + t) * uSV + g * uND
+                if WIDE:  # Dev: tile dn = 4 a + e's column g is O's column 32 a + 4 g + e: V's rows t, t + 4 by 16-byte loads
+                    v0 = vbase + (U(8 * kt) + t) * uSV + U(4) * g
                     for e in range(ND):
-                        rVw[e] = smem[v0 + U(e)]
-                        rVw[ND + e] = smem[v0 + U(4) * uSV + U(e)]
+                        rVw[e] = smem[v0 + U(32 * (e // 4) + e % 4)]
+                        rVw[ND + e] = smem[v0 + U(4) * uSV + U(32 * (e // 4) + e % 4)]
                 for dn in range(ND):
                     if WIDE:
-                        bb0, bs0 = split(rVw[dn])  # b = (V[t, ND g + dn], V[t+4, ND g + dn])
+                        bb0, bs0 = split(rVw[dn])  # b = (V[t, c], V[t+4, c]), c = 32 (dn // 4) + 4 g + dn % 4
                         bb1, bs1 = split(rVw[ND + dn])
                     else:
                         v0 = vbase + (U(8 * kt) + t) * uSV + U(8 * dn) + g  # b = (V[t, g], V[t+4, g])
@@ -556,14 +559,30 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
                 # FA2.1 L14: write O_i to HBM (lane (g, t): columns 8 dn + 2t, 8 dn + 2t + 1)
                 for dn in range(ND):
                     for cc in range(2):
-                        x = (2 * int(t) + cc) * ND + dn if WIDE else 8 * dn + 2 * int(t) + cc  # Dev: WIDE renames O's columns
-                        if x < d:
-                            gO[ub, U(row), uh, U(x)] = rO[(mt * ND + dn) * 4 + 2 * hf + cc] * inv_l  # HBM write: Br*d
+                        if WIDE:  # Dev: O's renamed column, staged in this warp's own rows of Q_i (written below)
+                            lr = U(16 * mt + 8 * hf) + g
+                            x = U(32 * (dn // 4) + dn % 4) + U(4) * (U(2) * t + U(cc))
+                            smem[OFF_Q + (wrow + lr) * uSQ + (x ^ (lr & U(7)))] = rO[(mt * ND + dn) * 4 + 2 * hf + cc] * inv_l
+                        elif 8 * dn + 2 * int(t) + cc < d:
+                            gO[ub, U(row), uh, U(8 * dn + cc) + U(2) * t] = rO[(mt * ND + dn) * 4 + 2 * hf + cc] * inv_l  # HBM write: Br*d
                 # FA2.1 L15: write L_i to HBM (one lane per row)
                 if t == U(0):
                     gL[b, h, row] = L_i  # HBM write: Br
                     gm[b, h, row] = m_nat  # HBM write: Br
                     gl[b, h, row] = l_m  # HBM write: Br
+        if WIDE:
+            if SIM:
+                cuda.syncthreads()  # Sync: (simulator) the warp's staged O rows are in SRAM before they are read back
+            else:
+                cuda.syncwarp(0xFFFFFFFF)  # Sync: the warp's staged O rows are in SRAM; written and read by its own lanes
+            # FA2.1 L14 (WIDE): the warp's rows of O_i to HBM, a row at a time: lane l writes columns l, l + 32, ...
+            # (coalesced, 128 bytes a store); the column swizzle x ^ (row % 8) kept the staging stores conflict-free
+            for lr in range(16 * MW):
+                row = row0 + int(wrow) + lr
+                for jx in range(DP // 32):
+                    x = U(lane + 32 * jx)
+                    if row < s_q and x < U(d):
+                        gO[ub, U(row), uh, x] = smem[OFF_Q + (wrow + U(lr)) * uSQ + (x ^ U(lr % 8))]  # HBM write: Br*d
 
     # [/doc:fa2-tc-kernel]
     return kernel

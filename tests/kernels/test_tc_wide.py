@@ -76,15 +76,22 @@ def _phase_banks(addresses):
     return [(a + e) % 32 for a in addresses for e in range(4)]
 
 
-@pytest.mark.parametrize("DP", [32, 96, 128])
+@pytest.mark.parametrize("DP", [32, 64, 96, 128])
 def test_wide_layouts_put_every_16_byte_load_phase_in_32_banks(DP):
     SQ, SV, _ = fa2_forward_tc.strides(16, DP, wide=True)
     assert SQ == DP, "Q_i and K_j are unpadded: the swizzle, not a stride, separates rows g and g + 1"
     ND = DP // 8
     for p in range(DP // 16):  # Q and K: lanes (g, t), g < 2, at SRAM column (16 p ^ 16 (g & 1)) + 4 t of row g
         assert len(set(_phase_banks([g * SQ + ((16 * p) ^ (16 * (g & 1))) + 4 * t for g in range(2) for t in range(4)]))) == 32
-    for q4 in range(ND // 4):  # V: lanes (g, t) at row t, column ND g + 4 q4
-        assert len(set(_phase_banks([t * SV + ND * g + 4 * q4 for g in range(2) for t in range(4)]))) == 32
+    for a in range(ND // 4):  # V: lanes (g, t) at row t, column 32 a + 4 g
+        assert len(set(_phase_banks([t * SV + 32 * a + 4 * g for g in range(2) for t in range(4)]))) == 32
+    # line 14's staging of O in the warp's Q rows (stride SQ, column x stored at x ^ (row % 8)): one store of a warp
+    # puts lanes (g, t) at row g, column 32 a + 4 (2 t + cc) + e: 32 banks; the read back (row r, column l) too
+    for a, cc, e in ((0, 0, 0), (0, 1, 3), (ND // 4 - 1, 1, 2)):
+        banks = [(g * SQ + ((32 * a + 4 * (2 * t + cc) + e) ^ (g % 8))) % 32 for g in range(8) for t in range(4)]
+        assert len(set(banks)) == 32
+    for r in range(16):
+        assert len({(r * SQ + (lane ^ (r % 8))) % 32 for lane in range(32)}) == 32
     # the same loads on the default (padded, unswizzled) Q/K stride would collide: the reason for the swizzle
     SQ0 = fa2_forward_tc.strides(16, DP)[0]
     assert len(set(_phase_banks([g * SQ0 + 4 * t for g in range(2) for t in range(4)]))) < 32
@@ -92,11 +99,10 @@ def test_wide_layouts_put_every_16_byte_load_phase_in_32_banks(DP):
 
 def test_wide_runs_only_where_it_can():
     assert fa2_forward_tc.default_features()["WIDE"] is False
-    assert fa2_forward_tc.wide_ok(32) and fa2_forward_tc.wide_ok(128) and fa2_forward_tc.wide_ok(96)
-    assert not fa2_forward_tc.wide_ok(64), "ND = 8: no V stride puts a phase's 16-byte loads in 32 banks"
-    assert not fa2_forward_tc.wide_ok(48), "not whole pairs of k steps with whole 16-byte V loads"
+    assert all(fa2_forward_tc.wide_ok(DP) for DP in (32, 64, 96, 128))
+    assert not fa2_forward_tc.wide_ok(48), "not whole groups of 32 columns (four 8-column tiles of O)"
     sim = _backend.is_simulator()
-    for d, feats, want in ((64, WIDE, False), (32, {"CP_ASYNC": False, "WIDE": True}, False), (32, WIDE, True)):
+    for d, feats, want in ((40, WIDE, False), (32, {"CP_ASYNC": False, "WIDE": True}, False), (32, WIDE, True)):
         q, k, v = make_qkv(np.random.default_rng(0), 1, 8, 8, 1, 1, d)
         prob = check_attention_args(q, k, v, 0.0, None, False, 0)
         kernel, _, _, nbytes = fa2_forward_tc.plan(prob, (16, 16), None, feats)
@@ -111,6 +117,7 @@ def test_wide_runs_only_where_it_can():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(("n", "d", "causal", "bs"), [(1000, 128, False, None), (1000, 128, True, None), (1000, 128, True, (256, 16)),
-                                                       (1000, 128, False, (128, 32)), (777, 96, True, None), (2048, 32, False, None)])
+                                                       (1000, 128, False, (128, 32)), (777, 96, True, None), (2048, 32, False, None),
+                                                       (1000, 64, False, None), (1000, 64, True, None)])
 def test_wide_fragment_loads_on_gpu_shapes(rng, n, d, causal, bs):
     _check(rng, 2, n, n, 4, 2, d, causal, 0.0, bs)
