@@ -114,6 +114,7 @@ VARIANTS_D128 = {
     # WIDE: 16-byte fragment loads with the dot products' terms reordered, Q_i / K_j swizzled (2026-11-27; offline sm_90:
     # 8 x 2 x 16 254 registers, 8 x 1 x 32 174, 4 x 1 x 32 178-181, no spill; LDS per key block a third)
     "tc-cp-wide": (("tc", None), {"CP_ASYNC": True, "WIDE": True}),
+    "tc-cp-narrow": (("tc", None), {"CP_ASYNC": True, "WIDE": False}),  # the defaults' tilings with 4-byte loads
     "tc-cp-8x2x16-wide": (("tc", (8, 2, 16)), {"CP_ASYNC": True, "STAGE_O_STEP": True, "WIDE": True}),
     "tc-cp-8x1x32-wide": (("tc", (8, 1, 32)), {"CP_ASYNC": True, "WIDE": True}),
     "tc-cp-4x1x32-wide": (("tc", (4, 1, 32)), {"CP_ASYNC": True, "WIDE": True}),
@@ -144,7 +145,7 @@ def plan_variant(cfg, feats, prob):
         return launch.dispatcher, f"{Br}x{Bc}", launch.threads, 0
     if _is_tc(cfg):
         kernel, grid, NT, nbytes = fa2_forward_tc.plan(prob, config=_tc_config(cfg, d), features=feats)
-        NW, MW, Bc, _ = _tc_config(cfg, d) or fa2_forward_tc.config_for(d, None, None, prob.causal)
+        NW, MW, Bc, _ = _tc_config(cfg, d) or fa2_forward_tc.config_for(d, None, None, prob.causal, prob.seqlen_q)
         return kernel, f"{16 * MW * NW}x{Bc}", NT, nbytes
     kernel, grid, NT, nbytes = fa2_forward_fast.plan(prob, config=_config(cfg, d), features=feats)
     c = _config(cfg, d) or fa2_forward_fast.config_for(d)

@@ -128,8 +128,14 @@ TC_MAX_HEADDIM = 128
 REPLAYABLE = True
 
 
+#: Causal query lengths from which the ``cp.async`` path's d > 64 default is 8 x 2 x 16 (as without causal) instead of
+#: 4 x 1 x 32: with ``WIDE`` on an H100 at N = 4k / 16k 1.01x / 1.06x the 64-row blocks, at 1k 0.93x
+#: (``docs/results/sweeps/wide_d128_h100_d4d510f.json``): the causal triangle's unequal blocks weigh less on long rows.
+CAUSAL_LONG_SEQLEN = 4096
+
+
 @functools.cache
-def config_for(d: int, block_sizes=None, cp_async=None, causal: bool = False):
+def config_for(d: int, block_sizes=None, cp_async=None, causal: bool = False, seqlen_q: int = 0):
     """The tiling ``(NW, MW, Bc, DP)``: warps per block, m16 tiles per warp, key block, padded d.
 
     Defaults (sweeps in docs/notes/performance-log.md): on the ``cp.async`` path (``cp_async``; None: where
@@ -140,7 +146,8 @@ def config_for(d: int, block_sizes=None, cp_async=None, causal: bool = False):
     ``MW = 1`` with ``Bc = 32``, ``docs/results/sweeps/ostep_h100_d128.json``); with ``causal``, 4 warps of
     ``MW = 1`` with ``Bc = 32`` (Br = 64, two blocks per SM: 64-row blocks even out the causal triangle's unequal
     work; H100, causal, N = 1k / 2k / 4k / 8k / 16k: 1.10 / 1.06 / 1.02 / 0.99 / 1.01x the 8 x 2 x 16 tiling,
-    ``short_causal_h100_d128.json``, ``causal_d128_h100.json``). On the register path
+    ``short_causal_h100_d128.json``, ``causal_d128_h100.json``), up to ``seqlen_q`` < :data:`CAUSAL_LONG_SEQLEN`;
+    from there on 8 x 2 x 16 again. On the register path
     (d % 4 != 0, unaligned K or V, ``CP_ASYNC=False``): ``d <= 64``: 4 warps, ``MW = 2``, ``Bc = 64``;
     above: 8 warps, ``MW = 1``, ``Bc = 32`` (at ``Bc = 64`` the SRAM allows one block per SM; H200 sweeps).
     ``block_sizes=(Br, Bc)`` is rounded up to the mma granularity (Br to a multiple of 16, Bc of 8; up to
@@ -153,7 +160,7 @@ def config_for(d: int, block_sizes=None, cp_async=None, causal: bool = False):
         if d > 64:
             if not cp:
                 return (8, 1, 32, DP)
-            return (4, 1, 32, DP) if causal else (8, 2, 16, DP)
+            return (4, 1, 32, DP) if causal and seqlen_q < CAUSAL_LONG_SEQLEN else (8, 2, 16, DP)
         return (4, 2, 32 if cp else 64, DP)
     Br, Bc = (int(n) for n in block_sizes)
     m16 = (Br + 15) // 16
@@ -539,6 +546,8 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
                             rO[f] = rO[f] * ralpha[mt * 2 + c // 2] + rT[f]
             # [/doc:fa2-tc-inner-loop]
 
+        if WIDE and n_blocks == 0:
+            cuda.syncthreads()  # Sync: no key block ran, so no barrier yet: all threads' Q_i stores are done before O is staged over them
         for r in range(NR):
             mt, hf = r // 2, r % 2
             # Dev: the per-lane row sums l_i are added across the 4 lanes of the quad, once
@@ -606,9 +615,21 @@ def default_features() -> dict:
     :func:`fa2_forward_tc_kernel`); None: on where the tiling has ``MW = 2`` and d > 64 (the ``cp.async`` default
     at d = 128, which does not fit the registers without it; timed in the performance log's section "3xTF32
     forward: O staged per key step"), off elsewhere (8 % slower at d = 64).
-    ``WIDE``: 16-byte fragment loads with the dot products' terms reordered (:func:`fa2_forward_tc_kernel`), where
-    :func:`wide_ok`; off until timed."""
-    return {"PREFETCH": None, "STAGE_S": True, "STAGE_O": True, "CP_ASYNC": True, "STAGE_O_STEP": None, "WIDE": False}
+    ``WIDE``: 16-byte fragment loads with the dot products' terms reordered (:func:`fa2_forward_tc_kernel`), on the
+    ``cp.async`` path where :func:`wide_ok`; None: where :func:`wide_on` says (timed in the performance log's section
+    "3xTF32 forward: 16-byte fragment loads")."""
+    return {"PREFETCH": None, "STAGE_S": True, "STAGE_O": True, "CP_ASYNC": True, "STAGE_O_STEP": None, "WIDE": None}
+
+
+def wide_on(feature, DP: int, causal: bool, cp_async: bool) -> bool:
+    """``WIDE`` resolved: never off the ``cp.async`` path or where not :func:`wide_ok`; else ``feature`` unless None,
+    and None means on at DP > 64 and at DP <= 64 without causal. H100, against the kernel without it, N 1k / 4k / 16k
+    (``docs/results/sweeps/wide_d128_h100_d4d510f.json``, ``wide_d64_h100_d4d510f.json``): d = 128 1.09 / 1.09 /
+    1.09x, causal 1.03 / 1.06 / 1.05x; d = 64 1.02 / 1.03 / 1.04x, causal 0.97 / 1.03 / 1.03x (under the rule set
+    before the run: >= 1.0x at 1k and >= 1.03x at 4k and 16k)."""
+    if not (cp_async and wide_ok(DP)):
+        return False
+    return bool(feature) if feature is not None else (DP > 64 or not causal)
 
 
 def stage_o_step(feature, MW: int, DP: int) -> bool:
@@ -640,12 +661,12 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None):
     feats = default_features()
     feats.update(features or {})
     cp_async = bool(feats["CP_ASYNC"]) and cp_async_ok(d)
-    NW, MW, Bc, DP = config if config is not None else config_for(d, block_sizes, cp_async, prob.causal)
+    NW, MW, Bc, DP = config if config is not None else config_for(d, block_sizes, cp_async, prob.causal, prob.seqlen_q)
     prefetch = feats["PREFETCH"] if feats["PREFETCH"] is not None else DP <= 64
     prefetch = bool(prefetch) and not cp_async  # unused by the cp.async path: one compiled kernel, not two
     sim = _backend.is_simulator()
     Br = 16 * MW * NW
-    wide = bool(feats["WIDE"]) and wide_ok(DP) and cp_async  # Dev: the swizzled K_j arrives by cp.async only
+    wide = wide_on(feats["WIDE"], DP, prob.causal, cp_async)  # Dev: the swizzled K_j arrives by cp.async only
     nbytes = 4 * smem_floats(NW, MW, Bc, DP, sim, 2 if cp_async else 1, wide)
     _plan.check_sram(nbytes, Br, Bc, d)
     kernel = fa2_forward_tc_kernel(NW, MW, Bc, DP, prob.causal, prob.dropout_p > 0, prefetch, sim, bool(feats["STAGE_S"]), bool(feats["STAGE_O"]),
@@ -661,7 +682,7 @@ def choose_block_sizes(prob: Problem, block_sizes=None) -> tuple[int, int]:
         return fa2_forward_half.choose_block_sizes(prob, block_sizes)
     if _ffma_fallback(prob):
         return fa2_forward_fast.choose_block_sizes(prob, block_sizes)
-    NW, MW, Bc, DP = config_for(prob.headdim, block_sizes, None, prob.causal)
+    NW, MW, Bc, DP = config_for(prob.headdim, block_sizes, None, prob.causal, prob.seqlen_q)
     return 16 * MW * NW, Bc
 
 

@@ -41,7 +41,7 @@ from numba import cuda, float32
 
 def _run(q, k, v, causal, p, seed, bs, cp, words=None):
     """The tc forward at kernel level with ``CP_ASYNC`` = ``cp``: ((O, L, m, l) as NumPy, features it ran with)."""
-    return run_tc_forward(q, k, v, causal, p, seed, bs, {"CP_ASYNC": cp}, words)
+    return run_tc_forward(q, k, v, causal, p, seed, bs, {"CP_ASYNC": cp, "WIDE": False}, words)  # Dev: WIDE reorders sums
 
 
 def _assert_same(a, b):
@@ -104,6 +104,10 @@ def test_each_load_path_gets_its_own_default_tiling():
     # causal d = 128 on the cp.async path: 64-row blocks (1.02-1.10x the 8 x 2 x 16 tiling at N 1k-4k, 0.99-1.01x
     # at 8k-16k; short_causal_h100_d128.json, causal_d128_h100.json); the register path and d <= 64 ignore causal
     assert fa2_forward_tc.config_for(128, None, True, True) == (4, 1, 32, 128)
+    # ... up to N = 4096: from there the 8 x 2 x 16 tiling with WIDE is 1.01-1.06x the 64-row blocks (wide_d128_h100_d4d510f.json)
+    assert fa2_forward_tc.config_for(128, None, True, True, fa2_forward_tc.CAUSAL_LONG_SEQLEN - 1) == (4, 1, 32, 128)
+    assert fa2_forward_tc.config_for(128, None, True, True, fa2_forward_tc.CAUSAL_LONG_SEQLEN) == (8, 2, 16, 128)
+    assert fa2_forward_tc.config_for(128, None, True, False, 16384) == (8, 2, 16, 128)
     assert fa2_forward_tc.config_for(128, None, False, True) == (8, 1, 32, 128)
     assert fa2_forward_tc.config_for(64, None, True, True) == (4, 2, 32, 64)
     assert fa2_forward_tc.config_for(62) == (4, 2, 64, 64), "d = 62 is not whole 16-byte chunks: the register path's"
@@ -111,7 +115,8 @@ def test_each_load_path_gets_its_own_default_tiling():
     for d, cp in ((64, True), (62, False)):
         prob = check_attention_args(*make_qkv(np.random.default_rng(0), 1, 8, 8, 1, 1, d), 0.0, None, False, 0)
         NW, MW, Bc, DP = fa2_forward_tc.config_for(d, None, cp)
-        assert fa2_forward_tc.plan(prob)[3] == 4 * fa2_forward_tc.smem_floats(NW, MW, Bc, DP, _backend.is_simulator(), 2 if cp else 1)
+        wide = fa2_forward_tc.wide_on(None, DP, False, cp)  # Dev: d = 64 on the cp.async path: WIDE's unpadded Q_i, K_j
+        assert fa2_forward_tc.plan(prob)[3] == 4 * fa2_forward_tc.smem_floats(NW, MW, Bc, DP, _backend.is_simulator(), 2 if cp else 1, wide)
 
 
 def test_the_quiet_nan_pass_changes_only_nans_in_the_threads_chunks():

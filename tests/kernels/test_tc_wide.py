@@ -12,8 +12,8 @@ Claims checked:
   of a swizzled, unpadded tile; V: rows ``t``, columns ``ND g``) the 8 lanes touch 32 different banks, where the
   same loads on the default strides would not.
 * It runs only where it can: padded head dims that are a multiple of 32 and the ``cp.async`` path (the swizzled K_j
-  arrives by ``cp.async`` only); elsewhere the plan is the default kernel's, and asking the kernel factory for it
-  raises.
+  arrives by ``cp.async`` only); elsewhere the plan is the kernel without it, and asking the kernel factory for it
+  raises. By default it is on where it was timed faster (:func:`numba_flash.fast.fa2_forward_tc.wide_on`).
 * On a GPU (marker ``gpu``): the same error rule at realistic shapes and the tilings it is timed with.
 
 Simulator shapes stay tiny (N <= 45, d <= 32): each ``mma`` is a lane exchange with two block barriers there.
@@ -38,6 +38,7 @@ CASES = [
     pytest.param(1, 33, 45, 1, 1, 28, True, 0.0, (16, 16), id="causal-d28-padded"),
     pytest.param(1, 29, 35, 1, 1, 32, True, 0.1, (32, 16), id="causal-dropout-d32"),
     pytest.param(1, 45, 14, 1, 1, 32, True, 0.0, (16, 8), id="causal-sq>sk-blocks-without-keys-d32"),
+    pytest.param(1, 45, 14, 1, 1, 32, True, 0.0, (64, 16), id="causal-sq>sk-blocks-without-keys-4warps-d32"),
     pytest.param(1, 40, 37, 1, 1, 32, False, 0.0, (128, 16), id="mw2-4warps-d32"),
 ]
 
@@ -98,7 +99,13 @@ def test_wide_layouts_put_every_16_byte_load_phase_in_32_banks(DP):
 
 
 def test_wide_runs_only_where_it_can():
-    assert fa2_forward_tc.default_features()["WIDE"] is False
+    assert fa2_forward_tc.default_features()["WIDE"] is None
+    # None: on at DP > 64, and at DP <= 64 without causal (H100 sweeps: d = 64 causal 0.97x at N = 1k); never off the
+    # cp.async path or where not wide_ok; True / False force it where it can run
+    wide_on = fa2_forward_tc.wide_on
+    assert wide_on(None, 128, True, True) and wide_on(None, 128, False, True) and wide_on(None, 64, False, True)
+    assert not wide_on(None, 64, True, True) and wide_on(True, 64, True, True) and not wide_on(False, 128, False, True)
+    assert not wide_on(True, 128, False, False) and not wide_on(True, 40, False, True)
     assert all(fa2_forward_tc.wide_ok(DP) for DP in (32, 64, 96, 128))
     assert not fa2_forward_tc.wide_ok(48), "not whole groups of 32 columns (four 8-column tiles of O)"
     sim = _backend.is_simulator()
@@ -113,6 +120,22 @@ def test_wide_runs_only_where_it_can():
         assert nbytes == 4 * fa2_forward_tc.smem_floats(NW, MW, Bc, DP, sim, 2 if cp else 1, want)
     with pytest.raises(ValueError, match="WIDE needs CP_ASYNC"):
         fa2_forward_tc.fa2_forward_tc_kernel(1, 1, 16, 32, False, False, False, sim, True, True, False, False, True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", [(8, 1, 32, 128), (4, 1, 32, 128), (8, 2, 16, 128)], ids=lambda c: "x".join(map(str, c[:3])))
+def test_wide_query_blocks_that_see_no_key_on_gpu(rng, config):
+    """Causal with s_q > s_k: the first query blocks see no key and run no key block, so no barrier follows their
+    Q_i stores; O is staged over Q_i rows, so WIDE needs one there (without it: 0.31 error at 8 x 1 x 32, H100,
+    fa2_sweep's check of this shape at d4d510f)."""
+    from numba_flash._launch import Allocator
+
+    q, k, v = make_qkv(rng, 1, 1029, 513, 3, 1, 128)
+    prob = check_attention_args(q, k, v, 0.0, None, True, 0)
+    alloc = Allocator(q)
+    fwd = fa2_forward_tc.forward(*(alloc.to_kernel(x) for x in (q, k, v)), prob, alloc, config=config, features=WIDE)
+    out = np.asarray(alloc.result(fwd.out))
+    assert_error_rule(out, standard_attention(q, k, v, causal=True).O, naive_attention_float32(q, k, v, causal=True), what="O")
 
 
 @pytest.mark.gpu
