@@ -128,14 +128,8 @@ TC_MAX_HEADDIM = 128
 REPLAYABLE = True
 
 
-#: Causal query lengths from which the ``cp.async`` path's d > 64 default is 8 x 2 x 16 (as without causal) instead of
-#: 4 x 1 x 32: with ``WIDE`` on an H100 at N = 4k / 16k 1.01x / 1.06x the 64-row blocks, at 1k 0.93x
-#: (``docs/results/sweeps/wide_d128_h100_d4d510f.json``): the causal triangle's unequal blocks weigh less on long rows.
-CAUSAL_LONG_SEQLEN = 4096
-
-
 @functools.cache
-def config_for(d: int, block_sizes=None, cp_async=None, causal: bool = False, seqlen_q: int = 0):
+def config_for(d: int, block_sizes=None, cp_async=None, causal: bool = False):
     """The tiling ``(NW, MW, Bc, DP)``: warps per block, m16 tiles per warp, key block, padded d.
 
     Defaults (sweeps in docs/notes/performance-log.md): on the ``cp.async`` path (``cp_async``; None: where
@@ -146,8 +140,8 @@ def config_for(d: int, block_sizes=None, cp_async=None, causal: bool = False, se
     ``MW = 1`` with ``Bc = 32``, ``docs/results/sweeps/ostep_h100_d128.json``); with ``causal``, 4 warps of
     ``MW = 1`` with ``Bc = 32`` (Br = 64, two blocks per SM: 64-row blocks even out the causal triangle's unequal
     work; H100, causal, N = 1k / 2k / 4k / 8k / 16k: 1.10 / 1.06 / 1.02 / 0.99 / 1.01x the 8 x 2 x 16 tiling,
-    ``short_causal_h100_d128.json``, ``causal_d128_h100.json``), up to ``seqlen_q`` < :data:`CAUSAL_LONG_SEQLEN`;
-    from there on 8 x 2 x 16 again. On the register path
+    ``short_causal_h100_d128.json``, ``causal_d128_h100.json``; with ``WIDE`` 8 x 2 x 16 is 1.01x / 1.06x faster at
+    N = 4k / 16k causal, 0.93x at 1k: ``block_sizes=(256, 16)``). On the register path
     (d % 4 != 0, unaligned K or V, ``CP_ASYNC=False``): ``d <= 64``: 4 warps, ``MW = 2``, ``Bc = 64``;
     above: 8 warps, ``MW = 1``, ``Bc = 32`` (at ``Bc = 64`` the SRAM allows one block per SM; H200 sweeps).
     ``block_sizes=(Br, Bc)`` is rounded up to the mma granularity (Br to a multiple of 16, Bc of 8; up to
@@ -160,7 +154,7 @@ def config_for(d: int, block_sizes=None, cp_async=None, causal: bool = False, se
         if d > 64:
             if not cp:
                 return (8, 1, 32, DP)
-            return (4, 1, 32, DP) if causal and seqlen_q < CAUSAL_LONG_SEQLEN else (8, 2, 16, DP)
+            return (4, 1, 32, DP) if causal else (8, 2, 16, DP)
         return (4, 2, 32 if cp else 64, DP)
     Br, Bc = (int(n) for n in block_sizes)
     m16 = (Br + 15) // 16
@@ -616,20 +610,26 @@ def default_features() -> dict:
     at d = 128, which does not fit the registers without it; timed in the performance log's section "3xTF32
     forward: O staged per key step"), off elsewhere (8 % slower at d = 64).
     ``WIDE``: 16-byte fragment loads with the dot products' terms reordered (:func:`fa2_forward_tc_kernel`), on the
-    ``cp.async`` path where :func:`wide_ok`; None: where :func:`wide_on` says (timed in the performance log's section
-    "3xTF32 forward: 16-byte fragment loads")."""
+    ``cp.async`` path where :func:`wide_ok`; None: off (:func:`wide_on` says why; timed in the performance log's
+    section "3xTF32 forward: 16-byte fragment loads")."""
     return {"PREFETCH": None, "STAGE_S": True, "STAGE_O": True, "CP_ASYNC": True, "STAGE_O_STEP": None, "WIDE": None}
 
 
 def wide_on(feature, DP: int, causal: bool, cp_async: bool) -> bool:
-    """``WIDE`` resolved: never off the ``cp.async`` path or where not :func:`wide_ok`; else ``feature`` unless None,
-    and None means on at DP > 64 and at DP <= 64 without causal. H100, against the kernel without it, N 1k / 4k / 16k
-    (``docs/results/sweeps/wide_d128_h100_d4d510f.json``, ``wide_d64_h100_d4d510f.json``): d = 128 1.09 / 1.09 /
-    1.09x, causal 1.03 / 1.06 / 1.05x; d = 64 1.02 / 1.03 / 1.04x, causal 0.97 / 1.03 / 1.03x (under the rule set
-    before the run: >= 1.0x at 1k and >= 1.03x at 4k and 16k)."""
+    """``WIDE`` resolved: never off the ``cp.async`` path or where not :func:`wide_ok`; else ``bool(feature)`` (None:
+    off). H100, against the kernel without it, N 1k / 4k / 16k (``docs/results/sweeps/wide_d128_h100_d4d510f.json``,
+    ``wide_d64_h100_d4d510f.json``): d = 128 1.09 / 1.09 / 1.09x, causal 1.03 / 1.06 / 1.05x; d = 64 1.02 / 1.03 /
+    1.04x, causal 0.97 / 1.03 / 1.03x.
+
+    Not the default, for a reason the timing does not show: the 3xTF32 backward (:mod:`numba_flash.fast.fa2_backward_tf32`)
+    recomputes S bit for bit as the forward without ``WIDE`` sums it (8 consecutive columns per k step, in order), and
+    ``WIDE`` sums other 8-column sets. With sharp softmaxes that mismatch between the forward's ``m``, ``l`` and the
+    backward's S breaks the gradient error rule (the GPU suite at d766c35, where it was the default:
+    ``test_backward_follows_the_error_rule_for_sharp_softmaxes_at_realistic_shapes[64-16.0-flash2-tensorcore]``
+    failed). It becomes the default once the backward recomputes S in ``WIDE``'s order."""
     if not (cp_async and wide_ok(DP)):
         return False
-    return bool(feature) if feature is not None else (DP > 64 or not causal)
+    return bool(feature)
 
 
 def stage_o_step(feature, MW: int, DP: int) -> bool:
@@ -661,7 +661,7 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None):
     feats = default_features()
     feats.update(features or {})
     cp_async = bool(feats["CP_ASYNC"]) and cp_async_ok(d)
-    NW, MW, Bc, DP = config if config is not None else config_for(d, block_sizes, cp_async, prob.causal, prob.seqlen_q)
+    NW, MW, Bc, DP = config if config is not None else config_for(d, block_sizes, cp_async, prob.causal)
     prefetch = feats["PREFETCH"] if feats["PREFETCH"] is not None else DP <= 64
     prefetch = bool(prefetch) and not cp_async  # unused by the cp.async path: one compiled kernel, not two
     sim = _backend.is_simulator()
@@ -682,7 +682,7 @@ def choose_block_sizes(prob: Problem, block_sizes=None) -> tuple[int, int]:
         return fa2_forward_half.choose_block_sizes(prob, block_sizes)
     if _ffma_fallback(prob):
         return fa2_forward_fast.choose_block_sizes(prob, block_sizes)
-    NW, MW, Bc, DP = config_for(prob.headdim, block_sizes, None, prob.causal, prob.seqlen_q)
+    NW, MW, Bc, DP = config_for(prob.headdim, block_sizes, None, prob.causal)
     return 16 * MW * NW, Bc
 
 
