@@ -314,6 +314,19 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
     natural_stats = _regtile.make_natural_stats()
     mask_s, lane_row_max = _mma.make_fragment_steps(MW, NB, BC, CAUSAL)
 
+    @cuda.jit(device=True, inline="always")
+    def s_tile_step(rS, rAb, rAs, nt, bb0, bb1, bs0, bs1, sx, wbase, lane):
+        """One 8-wide k step of S's key tile ``nt`` for the warp's MW m16 tiles (A in rAb/rAs, B in bb*/bs*)."""
+        for mt in range(MW):
+            f = (mt * NB + nt) * 4
+            acc = (rS[f], rS[f + 1], rS[f + 2], rS[f + 3])
+            if STAGE_S:  # Dev: this k step into a zeroed accumulator, added to S with IEEE float32 adds
+                acc = (float32(0.0), float32(0.0), float32(0.0), float32(0.0))
+            acc = mma3((rAb[mt * 4], rAb[mt * 4 + 1], rAb[mt * 4 + 2], rAb[mt * 4 + 3]),
+                       (rAs[mt * 4], rAs[mt * 4 + 1], rAs[mt * 4 + 2], rAs[mt * 4 + 3]), (bb0, bb1), (bs0, bs1), acc, sx, wbase, lane)
+            for c in range(4):
+                rS[f + c] = rS[f + c] + acc[c] if STAGE_S else acc[c]
+
     # [doc:fa2-tc-kernel]
     @cuda.jit(fastmath=False)
     def kernel(gQ, gK, gV, gO, gL, gm, gl, scale_log2, group, causal_offset, seed, threshold, dropout_scale):
@@ -433,15 +446,7 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
                     for nt in range(NB):
                         bb0, bs0 = split(rKw[nt * 4 + h2])  # b = (K[g, c], K[g, c+1])
                         bb1, bs1 = split(rKw[nt * 4 + h2 + 1])
-                        for mt in range(MW):
-                            f = (mt * NB + nt) * 4
-                            acc = (rS[f], rS[f + 1], rS[f + 2], rS[f + 3])
-                            if STAGE_S:
-                                acc = (float32(0.0), float32(0.0), float32(0.0), float32(0.0))
-                            acc = mma3((rAb[mt * 4], rAb[mt * 4 + 1], rAb[mt * 4 + 2], rAb[mt * 4 + 3]),
-                                       (rAs[mt * 4], rAs[mt * 4 + 1], rAs[mt * 4 + 2], rAs[mt * 4 + 3]), (bb0, bb1), (bs0, bs1), acc, sx, wbase, lane)
-                            for c in range(4):
-                                rS[f + c] = rS[f + c] + acc[c] if STAGE_S else acc[c]
+                        s_tile_step(rS, rAb, rAs, nt, bb0, bb1, bs0, bs1, sx, wbase, lane)
             for ks in range(0 if WIDE else KD):
                 for mt in range(MW):
                     q0 = OFF_Q + (wrow + U(16 * mt) + g) * uSQ + U(8 * ks) + t
@@ -451,15 +456,7 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
                     k0 = kbase + (U(8 * nt) + g) * uSQ + U(8 * ks) + t  # b = (K[g, t], K[g, t+4])
                     bb0, bs0 = split(smem[k0])
                     bb1, bs1 = split(smem[k0 + U(4)])
-                    for mt in range(MW):
-                        f = (mt * NB + nt) * 4
-                        acc = (rS[f], rS[f + 1], rS[f + 2], rS[f + 3])
-                        if STAGE_S:
-                            acc = (float32(0.0), float32(0.0), float32(0.0), float32(0.0))
-                        acc = mma3((rAb[mt * 4], rAb[mt * 4 + 1], rAb[mt * 4 + 2], rAb[mt * 4 + 3]),
-                                   (rAs[mt * 4], rAs[mt * 4 + 1], rAs[mt * 4 + 2], rAs[mt * 4 + 3]), (bb0, bb1), (bs0, bs1), acc, sx, wbase, lane)
-                        for c in range(4):
-                            rS[f + c] = rS[f + c] + acc[c] if STAGE_S else acc[c]
+                    s_tile_step(rS, rAb, rAs, nt, bb0, bb1, bs0, bs1, sx, wbase, lane)
             # Dev: the elementwise mask only on blocks the diagonal crosses, or the ragged last block
             mask_s(rS, row0, wrow, g, t, col0, s_k, causal_offset)
 
