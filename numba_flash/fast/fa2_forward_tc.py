@@ -575,7 +575,7 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
                 cuda.syncthreads()  # Sync: (simulator) the warp's staged O rows are in SRAM before they are read back
             else:
                 cuda.syncwarp(0xFFFFFFFF)  # Sync: the warp's staged O rows are in SRAM; written and read by its own lanes
-            # FA2.1 L14 (WIDE): the warp's rows of O_i to HBM, a row at a time: lane l writes columns l, l + 32, ...
+            # Dev: WIDE, the rest of line 14: the warp's rows of O_i to HBM a row at a time, lane l at columns l, l + 32, ...
             # (coalesced, 128 bytes a store); the column swizzle x ^ (row % 8) kept the staging stores conflict-free
             for lr in range(16 * MW):
                 row = row0 + int(wrow) + lr
