@@ -245,8 +245,9 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
     * line 8 (``Q_i K_j^T``): the k steps go in pairs over 16 columns of d; lane ``(g, t)`` loads columns
       ``16 p + 4 t .. + 3`` of its rows of Q and K at once and gives the first two to k step ``2 p``, the
       last two to ``2 p + 1`` (fragment positions ``t`` and ``t + 4``). A and B name the same column at
-      every position, so each step is a true 8-term slice of the dot product; only the order of the slices
-      changes (other bits than the default's, inside the error rule).
+      every position, so each step is a true 8-term slice of the dot product, but each slice holds other
+      columns than the default's: other bits, inside the error rule, and not the S that the 3xTF32 backward
+      recomputes (:func:`wide_on` says what that costs).
     * line 10 (``P~ V_j``): the columns of O are renamed: column ``n`` of 8-column tile ``dn = 4 a + e`` is O's
       column ``32 a + 4 n + e``, so lane ``g``'s B fragments of the four tiles ``4 a .. 4 a + 3`` are V's columns
       ``32 a + 4 g .. + 3`` (one 16-byte load per row).
