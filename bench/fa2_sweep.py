@@ -114,7 +114,6 @@ VARIANTS_D128 = {
     # WIDE: 16-byte fragment loads with the dot products' terms reordered, Q_i / K_j swizzled (2026-11-27; offline sm_90:
     # 8 x 2 x 16 254 registers, 8 x 1 x 32 174, 4 x 1 x 32 178-181, no spill; LDS per key block a third)
     "tc-cp-wide": (("tc", None), {"CP_ASYNC": True, "WIDE": True}),
-    "tc-cp-narrow": (("tc", None), {"CP_ASYNC": True, "WIDE": False}),  # the defaults' tilings with 4-byte loads
     "tc-cp-8x2x16-wide": (("tc", (8, 2, 16)), {"CP_ASYNC": True, "STAGE_O_STEP": True, "WIDE": True}),
     "tc-cp-8x1x32-wide": (("tc", (8, 1, 32)), {"CP_ASYNC": True, "WIDE": True}),
     "tc-cp-4x1x32-wide": (("tc", (4, 1, 32)), {"CP_ASYNC": True, "WIDE": True}),

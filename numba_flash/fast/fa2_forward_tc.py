@@ -354,7 +354,6 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
         warp = cuda.threadIdx.x // 32
         g = U(lane // 4)  # fragment row (and row + 8)
         t = U(lane % 4)  # fragment column pair 2t, 2t + 1
-        gsw = (g & U(1)) << U(4)  # WIDE: the swizzle of rows g, g + 8 of Q_i and K_j (_tiles.swizzle16)
         wbase = warp * SCR
         nheads = gQ.shape[2]
         s_q = gQ.shape[1]
@@ -430,7 +429,7 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
             for a in range(NS):
                 rS[a] = float32(0.0)
             for kp in range(KD // 2 if WIDE else 0):  # Dev: WIDE: k steps 2 kp, 2 kp + 1 from one 16-byte load per row
-                csw = (U(16 * kp) ^ gsw) + U(4) * t  # SRAM column of columns 16 kp + 4 t .. + 3 in rows of g's parity
+                csw = _tiles.swizzle16(U(16 * kp), g) + U(4) * t  # SRAM column of columns 16 kp + 4 t .. + 3 in rows g, g + 8, 8 nt + g
                 for mt in range(MW):  # columns 16 kp + 4 t .. + 3 of this lane's rows g, g + 8
                     q0 = OFF_Q + (wrow + U(16 * mt) + g) * uSQ + csw
                     for e in range(4):
@@ -613,7 +612,7 @@ def default_features() -> dict:
     return {"PREFETCH": None, "STAGE_S": True, "STAGE_O": True, "CP_ASYNC": True, "STAGE_O_STEP": None, "WIDE": None}
 
 
-def wide_on(feature, DP: int, causal: bool, cp_async: bool) -> bool:
+def wide_on(feature, DP: int, cp_async: bool) -> bool:
     """``WIDE`` resolved: never off the ``cp.async`` path or where not :func:`wide_ok`; else ``bool(feature)`` (None:
     off). H100, against the kernel without it, N 1k / 4k / 16k (``docs/results/sweeps/wide_d128_h100_d4d510f.json``,
     ``wide_d64_h100_d4d510f.json``): d = 128 1.09 / 1.09 / 1.09x, causal 1.03 / 1.06 / 1.05x; d = 64 1.02 / 1.03 /
@@ -664,7 +663,7 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None):
     prefetch = bool(prefetch) and not cp_async  # unused by the cp.async path: one compiled kernel, not two
     sim = _backend.is_simulator()
     Br = 16 * MW * NW
-    wide = wide_on(feats["WIDE"], DP, prob.causal, cp_async)  # Dev: the swizzled K_j arrives by cp.async only
+    wide = wide_on(feats["WIDE"], DP, cp_async)  # Dev: the swizzled K_j arrives by cp.async only
     nbytes = 4 * smem_floats(NW, MW, Bc, DP, sim, 2 if cp_async else 1, wide)
     _plan.check_sram(nbytes, Br, Bc, d)
     kernel = fa2_forward_tc_kernel(NW, MW, Bc, DP, prob.causal, prob.dropout_p > 0, prefetch, sim, bool(feats["STAGE_S"]), bool(feats["STAGE_O"]),

@@ -111,8 +111,7 @@ def test_each_load_path_gets_its_own_default_tiling():
     for d, cp in ((64, True), (62, False)):
         prob = check_attention_args(*make_qkv(np.random.default_rng(0), 1, 8, 8, 1, 1, d), 0.0, None, False, 0)
         NW, MW, Bc, DP = fa2_forward_tc.config_for(d, None, cp)
-        wide = fa2_forward_tc.wide_on(None, DP, False, cp)  # Dev: d = 64 on the cp.async path: WIDE's unpadded Q_i, K_j
-        assert fa2_forward_tc.plan(prob)[3] == 4 * fa2_forward_tc.smem_floats(NW, MW, Bc, DP, _backend.is_simulator(), 2 if cp else 1, wide)
+        assert fa2_forward_tc.plan(prob)[3] == 4 * fa2_forward_tc.smem_floats(NW, MW, Bc, DP, _backend.is_simulator(), 2 if cp else 1)
 
 
 def test_the_quiet_nan_pass_changes_only_nans_in_the_threads_chunks():

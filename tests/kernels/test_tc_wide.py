@@ -103,9 +103,9 @@ def test_wide_runs_only_where_it_can():
     # None: off (the 3xTF32 backward recomputes S in the order without WIDE); never off the cp.async path or where
     # not wide_ok; True turns it on where it can run
     wide_on = fa2_forward_tc.wide_on
-    assert not wide_on(None, 128, False, True) and not wide_on(None, 64, True, True)
-    assert wide_on(True, 128, True, True) and wide_on(True, 64, False, True) and not wide_on(False, 128, False, True)
-    assert not wide_on(True, 128, False, False) and not wide_on(True, 40, False, True)
+    assert not wide_on(None, 128, True) and not wide_on(None, 64, True)
+    assert wide_on(True, 128, True) and wide_on(True, 64, True) and not wide_on(False, 128, True)
+    assert not wide_on(True, 128, False) and not wide_on(True, 40, True)
     assert all(fa2_forward_tc.wide_ok(DP) for DP in (32, 64, 96, 128))
     assert not fa2_forward_tc.wide_ok(48), "not whole groups of 32 columns (four 8-column tiles of O)"
     sim = _backend.is_simulator()
