@@ -44,8 +44,9 @@ exits with status 0 (a skip, not a failure). ``--kernel NAME`` (repeatable) rest
 ``alg1_forward_fast``, ``fa2_forward_fast``, ``fa2_forward_tc``, ``fa2_forward_half_f16``,
 ``fa2_forward_half_bf16``, ``alg4_backward_fast``,
 ``fa2_backward_fast``, ``fa2_backward_fast_dq``, ``fa2_backward_half_f16``, ``fa2_backward_half_bf16`` or
-``fa2_backward_half_dq_bf16`` or ``fa2_backward_tf32`` (the names of the table; the modules are
-``numba_flash/fast/alg1_forward.py`` ...); ``--d`` picks head dims.
+``fa2_backward_half_dq_bf16``, ``fa2_backward_tf32`` or ``fa2_backward_tf32_dq`` (the names of the table; the modules are
+``numba_flash/fast/alg1_forward.py`` ...); ``--d`` picks head dims; ``--sass-dir DIR`` keeps each kernel's
+disassembly there (to find spill stores, ``STL``, and the loops they sit in).
 
 ``--half-tiling NW,MW,BC,CP`` (repeatable) compiles the half forward (``fa2_forward_half_f16`` / ``_bf16``) and
 the 3xTF32 forward (``fa2_forward_tc``; ``CP`` 1 there where ``d % 4 == 0``) at that tiling instead of its default: ``NW`` warps of ``MW`` m16 tiles (``Br = 16 MW NW``), key block
@@ -75,7 +76,7 @@ import tempfile
 
 KERNELS = ("alg1_forward_fast", "fa2_forward_fast", "fa2_forward_tc", "fa2_forward_half_f16", "fa2_forward_half_bf16", "alg4_backward_fast",
            "fa2_backward_fast", "fa2_backward_fast_dq", "fa2_backward_half_f16", "fa2_backward_half_bf16", "fa2_backward_half_dq_bf16",
-           "fa2_backward_tf32")
+           "fa2_backward_tf32", "fa2_backward_tf32_dq")
 #: the kernels ``--half-tiling`` applies to (the others compile at their default tiling only)
 TAKES_TILING = ("fa2_forward_tc", "fa2_forward_half_f16", "fa2_forward_half_bf16", "fa2_backward_half_f16", "fa2_backward_half_bf16",
                 "fa2_backward_tf32")
@@ -156,6 +157,8 @@ def _signatures():
         "fa2_backward_half_dq_bf16": (w4,) * 4 + (a3,) * 3 + (w4,) + (f64, f64, i64, i64, i64, i64, f64),
         # the 3xTF32 backward: float32 gQ, gK, gV, gdO, gm, gl, gD, gdQ, gdK, gdV and the same scalars
         "fa2_backward_tf32": (a4,) * 4 + (a3,) * 3 + (a4,) * 3 + (f64, f64, i64, i64, i64, i64, f64),
+        # its deterministic dQ kernel: as the FFMA one's
+        "fa2_backward_tf32_dq": (a4,) * 4 + (a3,) * 3 + (a4,) + (f64, f64, i64, i64, i64, i64, f64),
     }
 
 
@@ -226,11 +229,16 @@ def _kernel(name: str, d: int, causal: bool, tiling=None):
         return HB.fa2_backward_half_kernel(NW, MW, BR, DP, causal, False, True, HB.default_features()["PREFETCH"], False,
                                            name.rsplit("_", 1)[1], bool(_features(HB)["LSE_P"]), red2, cp_async and H.cp_async_ok(d),
                                            bool(_features(HB)["EX2_FTZ"]))  # LSE_P: the FROM_LSE kernel, as HB.plan
-    if name == "fa2_backward_tf32":
+    if name.startswith("fa2_backward_tf32"):
+        w = _features(TB)["WIDE"]  # None: as the default forward on aligned K, V (TB.plan)
+        DP = 8 * ((d + 7) // 8)
+        wide = TC.wide_on(_features(TC)["WIDE"], DP, TC.cp_async_ok(d)) if w is None else bool(w) and TC.wide_ok(DP)
+        if name == "fa2_backward_tf32_dq":
+            return TB.fa2_backward_tf32_dq_kernel(*TB.dq_config(d), causal, False, False, False, wide)
         NW, MW, BR, DP, cp_async = _backward_tiling(TB.config_for(d, None, causal), TB.features_for(d)["CP_ASYNC"], tiling)
         red2 = d % 2 == 0  # as TB.plan on compute capability 9.0
         return TB.fa2_backward_tf32_kernel(NW, MW, BR, DP, causal, False, True, TB.default_features()["PREFETCH"], False, False, red2,
-                                           cp_async and TC.cp_async_ok(d))
+                                           cp_async and TC.cp_async_ok(d), False, wide)
     f = B2.default_features()
     if name == "fa2_backward_fast":
         return B2.fa2_backward_fast_kernel(*B2.config_for(d), causal, False, True, f["VEC"], f["PREFETCH"], f["MAXREG"])
@@ -256,6 +264,10 @@ def resources(name: str, d: int, causal: bool, nvdisasm: str, tiling=None) -> di
         fh.write(cubin.code)
         fh.flush()
         sass = subprocess.run([nvdisasm, "-c", fh.name], capture_output=True, text=True, check=True).stdout
+    if os.environ.get("NUMBA_FLASH_OFFLINE_SASS_DIR"):  # --sass-dir: keep the disassembly to read
+        tag = "_".join(map(str, tiling)) if tiling else "default"
+        with open(os.path.join(os.environ["NUMBA_FLASH_OFFLINE_SASS_DIR"], f"{name}_d{d}_c{int(causal)}_{tag}.sass"), "w") as fh:
+            fh.write(sass)
     # the mangled kernel name (relative-address operands) carries a hash of the closure: not machine code
     instr = [re.sub(r"_ZN\w+", "<sym>", line.strip()) for line in sass.splitlines()
              if re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+\S", line)]
@@ -327,6 +339,7 @@ def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kernel", action="append", choices=KERNELS, help="kernel(s) to report (default: all)")
     ap.add_argument("--d", type=int, action="append", help="head dim(s) (default: 64 and 128)")
+    ap.add_argument("--sass-dir", metavar="DIR", help="also write each kernel's disassembly (nvdisasm -c) to DIR")
     ap.add_argument("--features", metavar="JSON", help="features of the 3xTF32 and half forwards and the half backward over their defaults, "
                     "e.g. '{\"EX2_FTZ\": true}' (the table does not say: name the run)")
     ap.add_argument("--loops", action="store_true", help="also print each loop's instruction counts (sass_loops)")
@@ -343,6 +356,9 @@ def main(argv=None) -> int:
     if args.features:
         json.loads(args.features)  # a clear error here rather than in every child
         os.environ["NUMBA_FLASH_OFFLINE_FEATURES"] = args.features
+    if args.sass_dir:
+        os.makedirs(args.sass_dir, exist_ok=True)
+        os.environ["NUMBA_FLASH_OFFLINE_SASS_DIR"] = os.path.abspath(args.sass_dir)
     _gpu_backend()
     if args.one:
         name, d, causal = args.one

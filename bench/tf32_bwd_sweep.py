@@ -48,12 +48,16 @@ from bench.fa2_bwd_sweep import check_backward
 CP = {"CP_ASYNC": True}
 #: The default tiling with the causal blocks in their launch order (``HEAVY_FIRST`` off), beside the default.
 DEFAULT_ORDER = {"default": (None, {}), "default-hf0": (None, {"HEAVY_FIRST": False}), "default-hf1": (None, {"HEAVY_FIRST": True})}
+#: S in the order of the forward's ``WIDE`` (the forward then runs with it too), and at d = 128 the default tiling with
+#: two cp.async stages, which fits with WIDE's unpadded rows (225 KB; 236 KB padded)
+WIDE = {"default-wide": (None, {"WIDE": True}), "default-nowide": (None, {"WIDE": False})}
 TILINGS = {
     64: {"ffma": ("ffma", {}), "8x1-Br64": ((8, 1, 64), {}), "8x1-Br32": ((8, 1, 32), {}), "4x1-Br32": ((4, 1, 32), {}),
          "8x1-Br64-pf": ((8, 1, 64), {"PREFETCH": True}), "8x1-Br64-cp": ((8, 1, 64), CP), "4x1-Br32-cp": ((4, 1, 32), CP),
-         "8x1-Br32-cp": ((8, 1, 32), CP), **DEFAULT_ORDER},
+         "8x1-Br32-cp": ((8, 1, 32), CP), **DEFAULT_ORDER, **WIDE},
     128: {"ffma": ("ffma", {}), "8x1-Br16": ((8, 1, 16), {}), "4x1-Br16": ((4, 1, 16), {}), "8x1-Br32": ((8, 1, 32), {}),
-          "8x1-Br16-cp": ((8, 1, 16), CP), "4x1-Br32-cp": ((4, 1, 32), CP), **DEFAULT_ORDER},
+          "8x1-Br16-cp": ((8, 1, 16), CP), "4x1-Br32-cp": ((4, 1, 32), CP), **DEFAULT_ORDER, **WIDE,
+          "8x1-Br32-cp-wide": ((8, 1, 32), {**CP, "WIDE": True})},
 }
 
 
@@ -62,11 +66,12 @@ def _config(cfg, d):
 
 
 def run_backward(cfg, feats, q, k, v, dout, causal):
-    """The 3xTF32 forward's outputs, and the backward callable of a tiling (or of the FFMA kernel)."""
+    """The 3xTF32 forward's outputs, and the backward callable of a tiling (or of the FFMA kernel). A tiling with
+    ``WIDE`` set runs after the forward with the same ``WIDE`` (the order its S must follow)."""
     prob = check_attention_args(q, k, v, 0.0, None, causal, 0)
     alloc = Allocator(q)
     kq, kk, kv, kdo = (alloc.to_kernel(x) for x in (q, k, v, dout))
-    fwd = fa2_forward_tc.forward(kq, kk, kv, prob, alloc)
+    fwd = fa2_forward_tc.forward(kq, kk, kv, prob, alloc, features={"WIDE": feats["WIDE"]} if "WIDE" in feats else None)
 
     def bwd():
         if cfg == "ffma":

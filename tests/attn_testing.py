@@ -392,3 +392,12 @@ def run_tc_forward(q, k, v, causal, p, seed, block_sizes, features, words=None):
     kernel_arrays = words if words is not None else [alloc.to_kernel(x) for x in (q, k, v)]
     _, host, planned = forward_recording_plan(fa2_forward_tc, kernel_arrays, prob, alloc, block_sizes, features)
     return host, planned
+
+
+def sharp_problem(rng, b, n, h, d, scale):
+    """(dout, q, k, v) with q scaled by ``scale``: scores tau q.k of standard deviation ``scale`` (tau = 1/sqrt(d)), the
+    sharp softmaxes of ``tests/kernels/test_sharp_softmax.py``."""
+    q, k, v = make_qkv(rng, b, n, n, h, h, d)
+    q = (q * np.float32(scale)).astype(np.float32)
+    dout = rng.standard_normal(q.shape).astype(np.float32)
+    return dout, q, k, v

@@ -83,7 +83,7 @@ def test_offline_resources_knows_the_tensor_core_forward_and_every_fast_kernel()
     assert set(offline_resources.KERNELS) == set(offline_resources._signatures())
     assert {"alg1_forward_fast", "fa2_forward_fast", "fa2_forward_tc", "fa2_forward_half_f16", "fa2_forward_half_bf16",
             "alg4_backward_fast", "fa2_backward_fast", "fa2_backward_fast_dq", "fa2_backward_half_f16", "fa2_backward_half_bf16",
-            "fa2_backward_half_dq_bf16", "fa2_backward_tf32"} == set(offline_resources.KERNELS)
+            "fa2_backward_half_dq_bf16", "fa2_backward_tf32", "fa2_backward_tf32_dq"} == set(offline_resources.KERNELS)
 
 
 def test_no_sys_path_edits_in_bench_or_in_the_benchmark_suites():

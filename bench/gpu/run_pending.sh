@@ -35,6 +35,10 @@
 #                and smaller or 8-warp tilings, d = 64 and 128 -> OUTDIR/short_causal_d64.json/.log, _d128
 #   causal_d128  the 3xTF32 forward's causal d = 128 default against 4 x 1 x 32 (Br = 64, the short causal cells' winner)
 #                at N 4k/8k/16k -> OUTDIR/causal_d128.json/.log
+#   wide_bwd     the 3xTF32 backward's WIDE (S in the order of the forward's WIDE): its GPU tests and the forward's, then
+#                the backward alone with and without it at the default tilings, and at d = 128 the default tiling with
+#                two cp.async stages (fits with WIDE), N 1k/4k/16k, d 64/128 (the performance log's section "3xTF32
+#                backward in the forward's WIDE order") -> OUTDIR/wide_bwd_tests.txt, wide_bwd.json/.log
 #   occ3_d128    the 3xTF32 forward at d = 128 with three blocks of 4 x 1 x 16 per SM (STAGE_O_STEP: 166-168 registers
 #                offline, 71.5 KB) against the defaults (8 x 2 x 16; causal 4 x 1 x 32), N 1k/4k/16k, and its GPU tests
 #                (the performance log's section "3xTF32 forward at d = 128: three blocks per SM") -> OUTDIR/occ3_tests.txt,
@@ -207,6 +211,12 @@ for s in "${steps[@]}"; do
       step wide_d64.log timeout 200 python3 -m bench.fa2_sweep --seqlens 1024 4096 16384 --headdims 64 \
         --variants tc-cp tc-cp-wide --out "$out/wide_d64.json"
       tail -n 30 "$out/wide_d128.log"; tail -n 14 "$out/wide_d64.log" ;;
+    wide_bwd)
+      step wide_bwd_tests.txt python3 -m pytest -q -p no:cacheprovider -rfE tests/kernels/test_tf32_backward_wide.py \
+        tests/kernels/test_tc_wide.py
+      step wide_bwd.log timeout 330 python3 -m bench.tf32_bwd_sweep --seqlens 1024 4096 16384 --headdims 64 128 --no-fwdbwd \
+        --tilings default-nowide default-wide 8x1-Br32-cp-wide --out "$out/wide_bwd.json"
+      tail -n 40 "$out/wide_bwd.log" ;;
     occ3_d128)
       step occ3_tests.txt python3 -m pytest -q -p no:cacheprovider -rfE tests/kernels/test_tc_stage_o_step.py
       step occ3_d128.log timeout 300 python3 -m bench.fa2_sweep --seqlens 1024 4096 16384 --headdims 128 \

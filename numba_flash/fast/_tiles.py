@@ -18,7 +18,11 @@ make_block_counts       key blocks visible from query rows < row_end (causal)   
 make_word_loader        (NROWS, DW) words (half pairs) -> registers -> SRAM         FA2 half forward
 make_word_loader_async  (NROWS, DW) words, HBM -> SRAM by cp.async (no registers)  FA2 half and tc forward
 make_quiet_nan_pass     a thread's cp.async chunks: NaN -> the quiet NaN, in SRAM   FA2 tc forward
+swizzle16, swizzle16t   the SRAM column of a tile's column in unpadded rows         3xTF32 ``WIDE``
 ======================  ==========================================================  ====================
+
+A loader's ``SWIZZLE`` (None, or :func:`swizzle16` or :func:`swizzle16t`) stores column ``x`` of tile row ``r`` at
+``SWIZZLE(x, r)``; None stores it at ``x``.
 
 ``tests/benchmarks/offline_resources.py`` checks that the kernels' machine code is what it was when
 these loops were written out in each kernel.
@@ -38,9 +42,34 @@ from . import _mma
 QNAN = float32(math.nan)
 
 
+@cuda.jit(device=True, inline="always")
+def swizzle16(col, row):
+    """The SRAM column of column ``col`` of row ``row`` in a swizzled tile: ``col ^ 16`` in odd rows.
+
+    The 16 floats ``32 k .. 32 k + 15`` and ``32 k + 16 .. 32 k + 31`` of an odd row trade places, so a 16-byte
+    load of row ``g`` and one of row ``g + 1`` at the same column fall in different halves of the 32 banks even
+    when the row stride is a multiple of 32 (no padding). 16-byte chunks (4-aligned columns) stay whole.
+    Needs rows of a multiple of 32 floats."""
+    return col ^ ((row & U(1)) << U(4))
+
+
+@cuda.jit(device=True, inline="always")
+def swizzle16t(col, row):
+    """:func:`swizzle16`, and also the 8-float groups of rows ``2 r, 2 r + 1`` moved by ``r`` (XOR):
+    ``col ^ 16 (row & 1) ^ 8 ((row >> 1) & 3)``.
+
+    For unpadded tiles that are read along their rows by 16-byte loads (as :func:`swizzle16`'s) and also down their
+    columns, lane ``(g, t)`` reading column ``8 n + g`` of row ``2 t`` (then ``2 t + 1``) of an 8-row group: the 3xTF32
+    backward's B operands of ``dV``, ``dK`` and ``dQ`` (``Q_i, dO_i, K_j`` rows ``2 t, 2 t + 1``). That column sits
+    at ``8 (n ^ t) + g`` (``^ 16`` in the odd row), so the 32 lanes hit 32 banks; with :func:`swizzle16` alone the
+    four rows ``2 t`` would share a bank (4-way conflicts). The 16-byte loads of rows ``g``, ``g + 1`` still fall in
+    different halves of the banks: bit 4 of the XOR differs between them. Needs rows of a multiple of 32 floats."""
+    return col ^ (((row & U(1)) << U(4)) ^ ((row & U(6)) << U(2)))
+
+
 @functools.cache
 def make_pair_loader(NROWS: int, DP: int, NT: int, SA: int, SB: int | None = None, STEP_ROWS: bool | None = None,
-                     QUIET_NAN: bool = False):
+                     QUIET_NAN: bool = False, SWIZZLE=None):
     """``(NL, load, store)``: move rows ``row0 .. row0 + NROWS - 1`` of two arrays, HBM -> registers -> SRAM.
 
     ``load(gA, gB, ub, uh, row0, n_rows, d, tid, rA, rB)`` issues the loads of the ``NROWS x DP``
@@ -60,6 +89,8 @@ def make_pair_loader(NROWS: int, DP: int, NT: int, SA: int, SB: int | None = Non
     carries the GPU's canonical NaN ``0x7fffffff`` into the sign bit (``-0.0``): without this a NaN in
     K or V vanished from the products. One select per stored element (at the store: a select at the load made the prefetched loads
     wait, 1.5-1.7x slower on an H100); the split stays five instructions.
+
+    ``SWIZZLE`` (the module docstring): both tiles' columns swizzled (the 3xTF32 backward's ``WIDE``).
     """
     NL = (NROWS * DP + NT - 1) // NT  # elements of each array per thread
     EXACT = NROWS * DP % NT == 0
@@ -68,6 +99,11 @@ def make_pair_loader(NROWS: int, DP: int, NT: int, SA: int, SB: int | None = Non
     SB = SA if SB is None else SB
     uNT, uDP, uSA, uSB, uTOT = U(NT), U(DP), U(SA), U(SB), U(NROWS * DP)
     SAME_STRIDE = SA == SB
+    SW = SWIZZLE is not None
+    swz = SWIZZLE if SW else swizzle16  # Dev: typed but never called when SW is False
+    # Dev: a swizzle reads bits 0-2 of the row; with STEP the rows of a thread repeat them every PER loads, so its
+    # stores take PER swizzled columns (registers) and immediates, not one register per load (held across the kernel)
+    PER = 8 // math.gcd(RSTEP, 8) if STEP and RSTEP else 1
 
     @cuda.jit(device=True, inline="always")
     def load(gA, gB, ub, uh, row0, n_rows, d, tid, rA, rB):
@@ -97,7 +133,16 @@ def make_pair_loader(NROWS: int, DP: int, NT: int, SA: int, SB: int | None = Non
                 if QUIET_NAN:  # at the store, not the load: the loads stay in flight during the compute
                     va = va if va == va else QNAN
                     vb = vb if vb == vb else QNAN
-                if SAME_STRIDE:
+                if SW:  # Dev: the same swizzled column in both tiles
+                    if STEP:
+                        r = tid // uDP + U(RSTEP * it)
+                        x = swz(tid % uDP, tid // uDP + U(RSTEP * (it % PER)))
+                    else:
+                        r = e // uDP
+                        x = swz(e % uDP, r)
+                    smem[off_a + r * uSA + x] = va
+                    smem[off_b + r * uSB + x] = vb
+                elif SAME_STRIDE:
                     a = (e // uDP) * uSA + e % uDP
                     smem[off_a + a] = va
                     smem[off_b + a] = vb
@@ -109,18 +154,20 @@ def make_pair_loader(NROWS: int, DP: int, NT: int, SA: int, SB: int | None = Non
 
 
 @functools.cache
-def make_scaled_q_loader(BR: int, DP: int, NT: int, SQ: int, QUIET_NAN: bool = False, SWIZZLE: bool = False):
+def make_scaled_q_loader(BR: int, DP: int, NT: int, SQ: int, QUIET_NAN: bool = False, SWIZZLE=None):
     """``load_q(gQ, smem, qbase, ub, uh, row0, s_q, d, tid, scale)``: ``Q_i`` times ``scale`` to SRAM.
 
     Rows ``row0 .. row0 + BR - 1`` of ``gQ[b, :, h, :]`` times ``scale`` (``tau log2 e``: the forward
     then uses ``exp2``) to the SRAM tile at ``qbase`` (row stride ``SQ``); rows past ``s_q`` and
     columns past ``d`` are zero. Unrolled: all loads of a thread are in flight before its first store.
-    ``QUIET_NAN``: a NaN is stored as ``0x7fc00000`` (see :func:`make_pair_loader`). ``SWIZZLE``: column ``x`` of
-    an odd row is stored at ``x ^ 16`` (:func:`swizzle16`).
+    ``QUIET_NAN``: a NaN is stored as ``0x7fc00000`` (see :func:`make_pair_loader`). ``SWIZZLE``: the module
+    docstring (the 3xTF32 forward's ``WIDE``: :func:`swizzle16`).
     """
     NLQ = (BR * DP + NT - 1) // NT  # elements per thread
     EXACT = BR * DP % NT == 0
     uNT, uDP, uSQ, uTOT = U(NT), U(DP), U(SQ), U(BR * DP)
+    SW = SWIZZLE is not None
+    swz = SWIZZLE if SW else swizzle16
 
     @cuda.jit(device=True, inline="always")
     def load_q(gQ, smem, qbase, ub, uh, row0, s_q, d, tid, scale):
@@ -134,7 +181,7 @@ def make_scaled_q_loader(BR: int, DP: int, NT: int, SQ: int, QUIET_NAN: bool = F
                 if QUIET_NAN:
                     val = val if val == val else QNAN
             if EXACT or e < uTOT:
-                smem[qbase + U(r) * uSQ + (swizzle16(U(x), U(r)) if SWIZZLE else U(x))] = val
+                smem[qbase + U(r) * uSQ + (swz(U(x), U(r)) if SW else U(x))] = val
 
     return load_q
 
@@ -227,19 +274,8 @@ def make_word_loader(NROWS: int, DW: int, NT: int, SA: int):
 
 
 
-@cuda.jit(device=True, inline="always")
-def swizzle16(col, row):
-    """The SRAM column of column ``col`` of row ``row`` in a swizzled tile: ``col ^ 16`` in odd rows.
-
-    The 16 floats ``32 k .. 32 k + 15`` and ``32 k + 16 .. 32 k + 31`` of an odd row trade places, so a 16-byte
-    load of row ``g`` and one of row ``g + 1`` at the same column fall in different halves of the 32 banks even
-    when the row stride is a multiple of 32 (no padding). 16-byte chunks (4-aligned columns) stay whole.
-    Needs rows of a multiple of 32 floats."""
-    return col ^ ((row & U(1)) << U(4))
-
-
 @functools.cache
-def make_word_loader_async(NROWS: int, DW: int, NT: int, SA: int, SIM: bool, SWIZZLE: bool = False):
+def make_word_loader_async(NROWS: int, DW: int, NT: int, SA: int, SIM: bool, SWIZZLE=None):
     """``(NC, load_async)``: rows ``row0 .. row0 + NROWS - 1`` of a half array in words, HBM -> SRAM by ``cp.async``.
 
     "Words" are any 4-byte elements: a float32 array (and a float32 SRAM tile) works the same, with ``DW``
@@ -256,7 +292,8 @@ def make_word_loader_async(NROWS: int, DW: int, NT: int, SA: int, SIM: bool, SWI
     Needs ``DW`` and ``dw`` multiples of 4 (a chunk is all inside d or all past it: d a multiple of 8),
     16-byte aligned rows in HBM (``gA``'s base and row strides) and ``SA``, ``off`` multiples of 4 words.
     A chunk outside the array reads nothing; its address is clamped to row 0, word 0 all the same, so no
-    out-of-range address is ever formed. ``SWIZZLE``: chunks land at :func:`swizzle16`'s columns.
+    out-of-range address is ever formed. ``SWIZZLE`` (the module docstring): chunks land at swizzled columns (a
+    swizzle moves 4-aligned groups of 4 columns whole).
     """
     CW = DW // 4  # 16-byte chunks of a padded row
     NC = (NROWS * CW + NT - 1) // NT
@@ -265,6 +302,8 @@ def make_word_loader_async(NROWS: int, DW: int, NT: int, SA: int, SIM: bool, SWI
     u0, u4, u16 = U(0), U(4), uint32(16)
     z = uint32(0)
     copy16, _commit, _wait0 = _mma.make_cp_async(SIM)
+    SW = SWIZZLE is not None
+    swz = SWIZZLE if SW else swizzle16
 
     @cuda.jit(device=True, inline="always")
     def load_async(smem, off, gA, ub, uh, row0, n_rows, dw, tid):
@@ -275,13 +314,13 @@ def make_word_loader_async(NROWS: int, DW: int, NT: int, SA: int, SIM: bool, SWI
                 c = u4 * (e % uCW)  # first word of the chunk
                 row = U(row0) + r
                 inside = c < U(dw) and row < U(n_rows)
-                copy16(smem, off + r * uSA + (swizzle16(c, r) if SWIZZLE else c), gA, (ub, row if inside else u0, uh, c if inside else u0), u16 if inside else z)
+                copy16(smem, off + r * uSA + (swz(c, r) if SW else c), gA, (ub, row if inside else u0, uh, c if inside else u0), u16 if inside else z)
 
     return NC, load_async
 
 
 @functools.cache
-def make_quiet_nan_pass(NROWS: int, DW: int, NT: int, SA: int, SWIZZLE: bool = False):
+def make_quiet_nan_pass(NROWS: int, DW: int, NT: int, SA: int, SWIZZLE=None):
     """``quiet(smem, off, tid)``: in the float32 SRAM tile at ``off`` (row stride ``SA``), each NaN among the
     chunks that thread ``tid`` copied with :func:`make_word_loader_async` (same ``NROWS, DW, NT``) becomes the
     quiet NaN ``0x7fc00000``.
@@ -295,6 +334,8 @@ def make_quiet_nan_pass(NROWS: int, DW: int, NT: int, SA: int, SWIZZLE: bool = F
     NC = (NROWS * CW + NT - 1) // NT
     EXACT = NROWS * CW % NT == 0
     uNT, uCW, uSA, uTOT, u4 = U(NT), U(CW), U(SA), U(NROWS * CW), U(4)
+    SW = SWIZZLE is not None
+    swz = SWIZZLE if SW else swizzle16
 
     @cuda.jit(device=True, inline="always")
     def quiet(smem, off, tid):
@@ -303,7 +344,7 @@ def make_quiet_nan_pass(NROWS: int, DW: int, NT: int, SA: int, SWIZZLE: bool = F
             if EXACT or e < uTOT:
                 r = e // uCW
                 c = u4 * (e % uCW)
-                base = off + r * uSA + (swizzle16(c, r) if SWIZZLE else c)
+                base = off + r * uSA + (swz(c, r) if SW else c)
                 for w in range(4):
                     v = smem[base + U(w)]
                     if v != v:

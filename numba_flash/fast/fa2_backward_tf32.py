@@ -117,17 +117,17 @@ def dq_split(NW: int, BR: int, DP: int):
     return (1, NW // QT) if NW % QT == 0 and ND % (NW // QT) == 0 else None
 
 
-def smem_floats(NW: int, MW: int, BR: int, DP: int, stages: int = 1) -> int:
+def smem_floats(NW: int, MW: int, BR: int, DP: int, stages: int = 1, wide: bool = False) -> int:
     """Dynamic SRAM of the main kernel in float32 elements: ``stages`` copies of Q_i, dO_i (2 with ``CP_ASYNC``),
-    K_j, V_j, P_ij o Z_ij and tau dS_ij (module docstring)."""
+    K_j, V_j, P_ij o Z_ij and tau dS_ij (module docstring); ``wide``: rows of Q_i ... V_j unpadded (``WIDE``)."""
     BC = 16 * MW * NW
-    return (2 * stages * BR + 2 * BC) * (DP + 4) + 2 * BR * (BC + 4)
+    return (2 * stages * BR + 2 * BC) * (DP if wide else DP + 4) + 2 * BR * (BC + 4)
 
 
-def smem_floats_dq(NW: int, MW: int, BC: int, DP: int) -> int:
+def smem_floats_dq(NW: int, MW: int, BC: int, DP: int, wide: bool = False) -> int:
     """Dynamic SRAM of the deterministic dQ kernel in float32 elements: Q_i, dO_i, K_j, V_j and tau dS_ij."""
     BR = 16 * MW * NW
-    return (2 * BR + 2 * BC) * (DP + 4) + BR * (BC + 4)
+    return (2 * BR + 2 * BC) * (DP if wide else DP + 4) + BR * (BC + 4)
 
 
 def dq_config(d: int):
@@ -202,9 +202,127 @@ def make_score_products(QT: int, NKN: int, KD: int, SQ: int, SIM: bool):
 
 
 @functools.cache
+def make_score_products_wide(QT: int, NKN: int, KD: int, SQ: int, SIM: bool, KEYS_FIXED: bool):
+    """``mma_score_products_wide(smem, OFF_Q, OFF_DO, OFF_K, OFF_V, qrow, krow, g, t, c1, rS, rdP, sx, wbase, lane)``.
+
+    :func:`make_score_products`'s ``S`` and ``dP`` (the same fragments; query rows ``qrow + 16 qt + g (+ 8)``, key
+    rows ``krow + 8 kn + g``, ``qrow`` and ``krow`` multiples of 8) summed in the order of the 3xTF32 forward's
+    ``WIDE`` (:func:`numba_flash.fast.fa2_forward_tc.fa2_forward_tc_kernel`), so ``S`` is that forward's ``S`` bit
+    for bit: the 8-wide k steps go in pairs over 16 columns of d, lane ``(g, t)`` loads columns ``16 p + 4 t .. + 3``
+    of each of its rows at once (16 bytes), and k step ``2 p + h`` takes columns ``c = 16 p + 4 t + 2 h`` and ``c + 1``
+    at k positions ``t`` and ``t + 4``; each k step staged as in :func:`make_score_products`. The tiles are stored
+    unpadded and swizzled by :func:`numba_flash.fast._tiles.swizzle16t` (``SQ = DP``, a multiple of 32). ``S`` first,
+    then ``dP`` (one product at a time: half the operand registers of computing both per k step).
+
+    ``KEYS_FIXED`` (the main kernel: few key rows per warp, up to 4 query tiles): the warp's key columns of a pair of
+    k steps are split once and kept while the query rows stream by; otherwise (the dQ kernel: the warp's own query
+    rows, 8 key tiles) the query columns are kept and the key rows stream. Each element's k steps go in the same
+    order either way.
+    """
+    split, mma3, _, _ = _mma.make_warp_ops(SIM)
+    uSQ = U(SQ)
+    NS = QT * NKN * 4
+    NF = 4 * NKN if KEYS_FIXED else 8 * QT  # split parts of the kept operand per pair of k steps
+    ZERO = float32(0.0)
+    Z4 = (ZERO, ZERO, ZERO, ZERO)
+
+    def make_product(SCALED: bool):
+        @cuda.jit(device=True, inline="always")
+        def product(smem, OFF_A, OFF_B, qrow, krow, g, t, c1, rOut, sx, wbase, lane):
+            """rOut = (A rows, times c1 if SCALED) (B rows)^T: S from Q_i, K_j or dP from dO_i, V_j."""
+            rFb = cuda.local.array(NF, uint32)  # the kept operand's tf32 big / small parts
+            rFs = cuda.local.array(NF, uint32)
+            rX = cuda.local.array(8, float32)  # the streamed operand's 4 columns of one key row or two query rows
+            for a in range(NS):
+                rOut[a] = ZERO
+            for kp in range(KD // 2):
+                # SRAM column of columns 16 kp + 4 t .. + 3 in rows 8 r + g (Dev: as 32 (kp // 2) plus one of two swizzled
+                # offsets, so that the addresses are two registers and immediates)
+                cs = U(32 * (kp // 2)) + _tiles.swizzle16t(U(16 * (kp % 2)) + U(4) * t, g)
+                if KEYS_FIXED:
+                    for kn in range(NKN):  # key row 8 kn + g: columns 16 kp + 4 t + e, split (part 4 kn + e)
+                        ka = OFF_B + (krow + U(8 * kn) + g) * uSQ + cs
+                        for e in range(4):
+                            rX[e] = smem[ka + U(e)]
+                        for e in range(4):
+                            rFb[kn * 4 + e], rFs[kn * 4 + e] = split(rX[e])
+                    for qt in range(QT):  # query rows g (e < 4) and g + 8 (e >= 4), the same columns
+                        qa = OFF_A + (qrow + U(16 * qt) + g) * uSQ + cs
+                        for e in range(4):
+                            rX[e] = smem[qa + U(e)]
+                            rX[4 + e] = smem[qa + U(8) * uSQ + U(e)]
+                        for h2 in range(0, 4, 2):  # k step 2 kp + h2 / 2: columns c = 16 kp + 4 t + h2, c + 1
+                            ab0, as0 = split(rX[h2] * c1 if SCALED else rX[h2])  # a = (A[g, c], A[g+8, c], A[g, c+1], A[g+8, c+1])
+                            ab1, as1 = split(rX[4 + h2] * c1 if SCALED else rX[4 + h2])
+                            ab2, as2 = split(rX[h2 + 1] * c1 if SCALED else rX[h2 + 1])
+                            ab3, as3 = split(rX[5 + h2] * c1 if SCALED else rX[5 + h2])
+                            for kn in range(NKN):  # b = (B[g, c], B[g, c+1]) of key tile kn
+                                x = kn * 4 + h2
+                                f = (qt * NKN + kn) * 4
+                                acc = mma3((ab0, ab1, ab2, ab3), (as0, as1, as2, as3), (rFb[x], rFb[x + 1]), (rFs[x], rFs[x + 1]), Z4,
+                                           sx, wbase, lane)
+                                for c in range(4):
+                                    rOut[f + c] += acc[c]
+                else:
+                    for qt in range(QT):  # query rows g, g + 8: columns 16 kp + 4 t + e, split (parts 8 qt + e, 8 qt + 4 + e)
+                        qa = OFF_A + (qrow + U(16 * qt) + g) * uSQ + cs
+                        for e in range(4):
+                            rX[e] = smem[qa + U(e)]
+                            rX[4 + e] = smem[qa + U(8) * uSQ + U(e)]
+                        for e in range(8):
+                            rFb[qt * 8 + e], rFs[qt * 8 + e] = split(rX[e] * c1 if SCALED else rX[e])
+                    for kn in range(NKN):  # key row 8 kn + g, the same columns
+                        ka = OFF_B + (krow + U(8 * kn) + g) * uSQ + cs
+                        for e in range(4):
+                            rX[e] = smem[ka + U(e)]
+                        for h2 in range(0, 4, 2):  # k step 2 kp + h2 / 2: columns c = 16 kp + 4 t + h2, c + 1
+                            bb0, bs0 = split(rX[h2])  # b = (B[g, c], B[g, c+1])
+                            bb1, bs1 = split(rX[h2 + 1])
+                            for qt in range(QT):  # a = (A[g, c], A[g+8, c], A[g, c+1], A[g+8, c+1])
+                                x = qt * 8 + h2
+                                f = (qt * NKN + kn) * 4
+                                acc = mma3((rFb[x], rFb[x + 4], rFb[x + 1], rFb[x + 5]), (rFs[x], rFs[x + 4], rFs[x + 1], rFs[x + 5]),
+                                           (bb0, bb1), (bs0, bs1), Z4, sx, wbase, lane)
+                                for c in range(4):
+                                    rOut[f + c] += acc[c]
+
+        return product
+
+    s_product, dp_product = make_product(True), make_product(False)
+
+    @cuda.jit(device=True, inline="always")
+    def mma_score_products_wide(smem, OFF_Q, OFF_DO, OFF_K, OFF_V, qrow, krow, g, t, c1, rS, rdP, sx, wbase, lane):
+        s_product(smem, OFF_Q, OFF_K, qrow, krow, g, t, c1, rS, sx, wbase, lane)  # S = (Q_i tau log2 e) K_j^T
+        dp_product(smem, OFF_DO, OFF_V, qrow, krow, g, t, c1, rdP, sx, wbase, lane)  # dP = dO_i V_j^T
+
+    return mma_score_products_wide
+
+
+@functools.cache
+def make_rows_2t(SQ: int, WIDE: bool):
+    """``rows_2t(off, r0, c0, g, t) -> (a0, a1)``: SRAM offsets of column ``c0 + g`` in rows ``r0 + 2 t`` and
+    ``r0 + 2 t + 1`` of the ``Q_i``, ``dO_i`` or ``K_j`` tile at ``off`` (row stride ``SQ``; ``r0``, ``c0`` multiples
+    of 8): the B operands read down a column (``dV += P^T dO_i``, ``dK += dS^T Q_i``, ``dQ += dS K_j``). ``WIDE``: the
+    tile is swizzled by :func:`numba_flash.fast._tiles.swizzle16t`, which keeps these reads in 32 banks."""
+    uSQ = U(SQ)
+
+    @cuda.jit(device=True, inline="always")
+    def rows_2t(off, r0, c0, g, t):
+        if WIDE:  # Dev: the swizzle moves bits 3, 4 only: 32-aligned part of c0 and the row block as immediates
+            a = off + r0 * uSQ + (c0 & ~U(31))
+            lo = c0 & U(24)
+            return (a + U(2) * t * uSQ + _tiles.swizzle16t(lo + g, U(2) * t),
+                    a + (U(2) * t + U(1)) * uSQ + _tiles.swizzle16t(lo + g, U(2) * t + U(1)))
+        a = off + (r0 + U(2) * t) * uSQ + c0 + g  # Dev: the sums in the order the kernels had before WIDE (same SASS)
+        return a, a + uSQ
+
+    return rows_2t
+
+
+@functools.cache
 def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, DROPOUT: bool, ATOMIC_DQ: bool,
                              PREFETCH: bool, SIM: bool, FROM_LSE: bool = False, RED2: bool = False, CP_ASYNC: bool = False,
-                             HEAVY_FIRST: bool = False):
+                             HEAVY_FIRST: bool = False, WIDE: bool = False):
     """The main (column-block) 3xTF32 backward kernel: dK, dV, and with ``ATOMIC_DQ`` the atomic dQ adds.
 
     Kernel arguments: ``gQ, gdO (b, s_q, h, d)``, ``gK, gV (b, s_k, h_k, d)`` float32, ``gm, gl, gD (b, h, s_q)``
@@ -216,6 +334,9 @@ def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
     staged beside them, and each thread turns NaNs of its own chunks into the quiet NaN after its wait (the
     half backward's pipeline, :func:`numba_flash.fast.fa2_backward_half.fa2_backward_half_kernel`, with the
     3xTF32 forward's NaN pass); one barrier per step instead of two. Without it they go through registers.
+    ``WIDE`` (padded d a multiple of 32): ``S`` in the order of the forward's ``WIDE``, for a forward that ran with it
+    (:func:`make_score_products_wide`); ``Q_i, dO_i, K_j, V_j`` unpadded (``SQ = DP``) and swizzled
+    (:func:`numba_flash.fast._tiles.swizzle16t`), ``dP`` from the same 16-byte loads.
 
     Symbol table (paper symbol -> variable -> memory space):
 
@@ -223,8 +344,8 @@ def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
     Q, K, V, dO               gQ, gK, gV, gdO      HBM, float32
     m, l (or L), D            gm, gl, gD           HBM, float32 (b, h, s_q)
     dQ, dK, dV                gdQ, gdK, gdV        HBM, float32
-    Q_i, dO_i                 smem[OFF_Q/OFF_DO]   SRAM (Br, DP+4); CP_ASYNC: 2 stages (+ uQSTAGE)
-    K_j, V_j                  smem[OFF_K/OFF_V]    SRAM (Bc, DP+4), loaded once (L6)
+    Q_i, dO_i                 smem[OFF_Q/OFF_DO]   SRAM (Br, SQ); CP_ASYNC: 2 stages (+ uQSTAGE)
+    K_j, V_j                  smem[OFF_K/OFF_V]    SRAM (Bc, SQ), loaded once (L6); SQ = DP + 4 (WIDE: DP, swizzled)
     tau dS_ij                 smem[OFF_DS]         SRAM (Br, Bc+4), for L15
     M_i, 1/l_i, D_i           sM, sIL, sD          SRAM (Br,); CP_ASYNC: 2 stages (+ Br)
     S_ij (base 2), then -     rS                   registers: (Br/16) x 2 MW m16n8 fragments per warp (its keys)
@@ -242,9 +363,13 @@ def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
     NKB = BC // 8  # 8-key k steps of dS K_j
     KD = DP // 8  # 8-wide d steps of K Q^T and V dO^T
     ND = DP // 8  # n8 column tiles of dK, dV
-    SQ = DP + 4  # row stride of Q_i, dO_i, K_j, V_j: 4 mod 8 (A/B loads conflict free), 4 or 12 mod 16 (renamed rows)
+    # row stride of Q_i, dO_i, K_j, V_j: 4 mod 8 (A/B loads conflict free), 4 or 12 mod 16 (renamed rows); WIDE: DP
+    # (a multiple of 32) with the tiles swizzled (make_score_products_wide, make_rows_2t)
+    SQ = DP if WIDE else DP + 4
     SD = BC + 4  # row stride of dS: 4 mod 16 (the stores of dS^T fragments hit bank 8t + g)
-    uSQ, uSD = U(SQ), U(SD)
+    uSD = U(SD)
+    if WIDE and DP % 32:
+        raise ValueError(f"3xTF32 backward: WIDE needs a padded head dim that is a multiple of 32, got DP={DP}")
     QST = 2 if CP_ASYNC else 1  # SRAM stages of Q_i, dO_i and of the statistics
     OFF_Q = U(0)
     OFF_DO = U(BR * SQ)
@@ -273,16 +398,19 @@ def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
     CAP = float32(64.0)
     QNAN = _tiles.QNAN
 
-    NLQ, load_q, store_q = _tiles.make_pair_loader(BR, DP, NT, SQ, QUIET_NAN=True)  # Q_i with dO_i
+    SWZ = _tiles.swizzle16t if WIDE else None
+    NLQ, load_q, store_q = _tiles.make_pair_loader(BR, DP, NT, SQ, QUIET_NAN=True, SWIZZLE=SWZ)  # Q_i with dO_i
     RQ = 1 if CP_ASYNC else NLQ  # register staging of Q_i, dO_i (none with cp.async)
-    _, load_q_async = _tiles.make_word_loader_async(BR, DP, NT, SQ, SIM)  # Q_i or dO_i as 16-byte chunks of 4 floats
-    quiet_q = _tiles.make_quiet_nan_pass(BR, DP, NT, SQ)
+    _, load_q_async = _tiles.make_word_loader_async(BR, DP, NT, SQ, SIM, SWZ)  # Q_i or dO_i as 16-byte chunks of 4 floats
+    quiet_q = _tiles.make_quiet_nan_pass(BR, DP, NT, SQ, SWZ)
     _copy16, cp_commit, cp_wait0 = _mma.make_cp_async(SIM)
-    NLK, load_kv, store_kv = _tiles.make_pair_loader(BC, DP, NT, SQ, QUIET_NAN=True)  # K_j with V_j
+    NLK, load_kv, store_kv = _tiles.make_pair_loader(BC, DP, NT, SQ, QUIET_NAN=True, SWIZZLE=SWZ)  # K_j with V_j
     _, first_row_block = _tiles.make_block_counts(BR, BC, CAUSAL)
     key_block = _tiles.make_key_block_order(HEAVY_FIRST)
     split, mma3, _, _ = _mma.make_warp_ops(SIM)
     mma_score_products = make_score_products(QT, NKN, KD, SQ, SIM)
+    mma_score_products_wide = make_score_products_wide(QT, NKN, KD, SQ, SIM, True)
+    rows_2t = make_rows_2t(SQ, WIDE)
     row_stats = _regtile.make_row_stats(FROM_LSE)
     add2 = _mma.make_atomic_add2(RED2, SIM)
 
@@ -419,7 +547,10 @@ def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
             # [doc:fa2-tf32-bwd-inner-loop]
             # FA2.2 L10: S_ij = Q_i K_j^T (the forward's S, base 2, bit for bit); FA2.2 L13: dP_ij = dO_i V_j^T --
             # A = Q_i tau log2 e (dO_i) rows, B = this warp's K_j (V_j) rows, 3xTF32 as the forward, each d step staged
-            mma_score_products(smem, OFF_Q + qs, OFF_DO + qs, OFF_K, OFF_V, wrow, g, t, c1, rKb, rKs, rVb, rVs, rS, rdP, sx, wbase, lane)
+            if WIDE:  # Dev: the k steps of the forward's WIDE (16-byte loads, columns paired)
+                mma_score_products_wide(smem, OFF_Q + qs, OFF_DO + qs, OFF_K, OFF_V, U(0), wrow, g, t, c1, rS, rdP, sx, wbase, lane)
+            else:
+                mma_score_products(smem, OFF_Q + qs, OFF_DO + qs, OFF_K, OFF_V, wrow, g, t, c1, rKb, rKs, rVb, rVs, rS, rdP, sx, wbase, lane)
             # FA2.2 L11: P_ij = exp(S_ij - L_i) as exp2(S' - M_i) / l_i, masked (a column of P^T is a query)
             # FA2.2 L14: dS_ij = P_ij o (dP_ij - D_i), times tau; P o Z and tau dS to SRAM (row = query)
             masked = col0 + BC > s_k or (CAUSAL and col0 + BC - 1 > row0 + causal_offset)
@@ -461,11 +592,11 @@ def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
                         rKb[mt * 4 + c], rKs[mt * 4 + c] = split(smem[OFF_P + off])
                         rVb[mt * 4 + c], rVs[mt * 4 + c] = split(smem[OFF_DS + off])
                 for dn in range(ND):
-                    ra = (U(8 * nt) + U(2) * t) * uSQ + U(8 * dn) + g  # b = (X[2t, g], X[2t+1, g]) of column tile dn
-                    ob0, os0 = split(smem[OFF_DO + qs + ra])
-                    ob1, os1 = split(smem[OFF_DO + qs + ra + uSQ])
-                    qb0, qs0 = split(smem[OFF_Q + qs + ra])
-                    qb1, qs1 = split(smem[OFF_Q + qs + ra + uSQ])
+                    ra0, ra1 = rows_2t(U(0), U(8 * nt), U(8 * dn), g, t)  # b = (X[2t, g], X[2t+1, g]) of column tile dn
+                    ob0, os0 = split(smem[OFF_DO + qs + ra0])
+                    ob1, os1 = split(smem[OFF_DO + qs + ra1])
+                    qb0, qs0 = split(smem[OFF_Q + qs + ra0])
+                    qb1, qs1 = split(smem[OFF_Q + qs + ra1])
                     for mt in range(MW):
                         f = (mt * ND + dn) * 4
                         acc = mma3((rKb[mt * 4], rKb[mt * 4 + 1], rKb[mt * 4 + 2], rKb[mt * 4 + 3]),
@@ -488,9 +619,9 @@ def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
                         for c in range(4):
                             rQb[qq * 4 + c], rQs[qq * 4 + c] = split(smem[qa + U(8 * (c % 2)) * uSD + U(c // 2)])
                     for dn in range(NDW):
-                        ka = OFF_K + (U(8 * kb) + U(2) * t) * uSQ + U(8 * (dq0 + dn)) + g  # b = (K[2t, g], K[2t+1, g])
-                        kb0, ks0 = split(smem[ka])
-                        kb1, ks1 = split(smem[ka + uSQ])
+                        ka0, ka1 = rows_2t(OFF_K, U(8 * kb), U(8 * (dq0 + dn)), g, t)  # b = (K[2t, g], K[2t+1, g])
+                        kb0, ks0 = split(smem[ka0])
+                        kb1, ks1 = split(smem[ka1])
                         for qq in range(QPW):
                             f = (qq * NDW + dn) * 4
                             acc = mma3((rQb[qq * 4], rQb[qq * 4 + 1], rQb[qq * 4 + 2], rQb[qq * 4 + 3]),
@@ -529,7 +660,8 @@ def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
 
 
 @functools.cache
-def fa2_backward_tf32_dq_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROPOUT: bool, SIM: bool, FROM_LSE: bool = False):
+def fa2_backward_tf32_dq_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROPOUT: bool, SIM: bool, FROM_LSE: bool = False,
+                                WIDE: bool = False):
     """The deterministic dQ kernel: one block per (query block, batch, head), ``dQ_i`` in registers.
 
     Lines 10-15 with the loops swapped (query block outer, key blocks inner) and the 3xTF32 forward's
@@ -538,15 +670,18 @@ def fa2_backward_tf32_dq_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool
     way, and ``tau dS`` through the warp's own rows of an SRAM tile (``OFF_DS``, row stride ``Bc + 4``) into the
     A operand of ``dS K_j`` (the 8 keys of a k step in the order ``2t, 2t + 1``, as in the main kernel's
     ``dQ``). Each ``dQ`` element is one lane's sum in a fixed order: bitwise reproducible. Arguments as
-    :func:`fa2_backward_tf32_kernel`, with ``gdQ`` written (not added to). Tiling: :func:`dq_config`.
+    :func:`fa2_backward_tf32_kernel`, with ``gdQ`` written (not added to). Tiling: :func:`dq_config`. ``WIDE``: as
+    the main kernel's (:func:`make_score_products_wide` with the query columns kept).
     """
     NT = 32 * NW
     BR = 16 * MW * NW
     NB = BC // 8
     KD = DP // 8
     ND = DP // 8
-    SQ = DP + 4
+    SQ = DP if WIDE else DP + 4  # as the main kernel's
     uSQ = U(SQ)
+    if WIDE and DP % 32:
+        raise ValueError(f"3xTF32 backward: WIDE needs a padded head dim that is a multiple of 32, got DP={DP}")
     OFF_Q = U(0)
     OFF_DO = U(BR * SQ)
     OFF_K = U(2 * BR * SQ)
@@ -564,10 +699,13 @@ def fa2_backward_tf32_dq_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool
     Z4 = (ZERO, ZERO, ZERO, ZERO)
     CAP = float32(64.0)
 
-    NLQ, load_q, store_q = _tiles.make_pair_loader(BR, DP, NT, SQ, QUIET_NAN=True)
-    NLK, load_kv, store_kv = _tiles.make_pair_loader(BC, DP, NT, SQ, QUIET_NAN=True)
+    SWZ = _tiles.swizzle16t if WIDE else None
+    NLQ, load_q, store_q = _tiles.make_pair_loader(BR, DP, NT, SQ, QUIET_NAN=True, SWIZZLE=SWZ)
+    NLK, load_kv, store_kv = _tiles.make_pair_loader(BC, DP, NT, SQ, QUIET_NAN=True, SWIZZLE=SWZ)
     n_key_blocks, _ = _tiles.make_block_counts(BR, BC, CAUSAL)
     split, mma3, _, _ = _mma.make_warp_ops(SIM)
+    mma_score_products_wide = make_score_products_wide(MW, NB, KD, SQ, SIM, False)
+    rows_2t = make_rows_2t(SQ, WIDE)
     row_stats = _regtile.make_row_stats(FROM_LSE)
     QNAN = _tiles.QNAN
 
@@ -633,10 +771,12 @@ def fa2_backward_tf32_dq_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool
             cuda.syncthreads()  # Sync: K_j, V_j in SRAM before they are read
             # FA2.2 L10: S_ij = Q_i K_j^T (as the forward: A = Q_i tau log2 e, B = K_j, 3xTF32, each d step staged);
             # FA2.2 L13: dP_ij = dO_i V_j^T (the same with dO_i, V_j)
-            for a in range(NS):
+            if WIDE:  # Dev: the k steps of the forward's WIDE (16-byte loads, columns paired)
+                mma_score_products_wide(smem, OFF_Q, OFF_DO, OFF_K, OFF_V, wrow, U(0), g, t, c1, rS, rdP, sx, wbase, lane)
+            for a in range(0 if WIDE else NS):
                 rS[a] = ZERO
                 rdP[a] = ZERO
-            for ks in range(KD):
+            for ks in range(0 if WIDE else KD):
                 for mt in range(MW):
                     q0 = (wrow + U(16 * mt) + g) * uSQ + U(8 * ks) + t
                     for c in range(4):  # a = (Q[g, t], Q[g+8, t], Q[g, t+4], Q[g+8, t+4])
@@ -690,9 +830,9 @@ def fa2_backward_tf32_dq_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool
                     for c in range(4):
                         rAb[mt * 4 + c], rAs[mt * 4 + c] = split(smem[da + U(8 * (c % 2)) * uSD + U(c // 2)])
                 for dn in range(ND):
-                    ka = OFF_K + (U(8 * nt) + U(2) * t) * uSQ + U(8 * dn) + g  # b = (K[2t, g], K[2t+1, g])
-                    kb0, ks0 = split(smem[ka])
-                    kb1, ks1 = split(smem[ka + uSQ])
+                    ka0, ka1 = rows_2t(OFF_K, U(8 * nt), U(8 * dn), g, t)  # b = (K[2t, g], K[2t+1, g])
+                    kb0, ks0 = split(smem[ka0])
+                    kb1, ks1 = split(smem[ka1])
                     for mt in range(MW):
                         f = (mt * ND + dn) * 4
                         acc = mma3((rAb[mt * 4], rAb[mt * 4 + 1], rAb[mt * 4 + 2], rAb[mt * 4 + 3]),
@@ -721,11 +861,14 @@ def default_features() -> dict:
     16-byte aligned; None: at ``d <= 64``, where an H100 sweep timed the backward 1.03-1.05x faster at the
     default tiling and 1.04-1.11x causal; above, the default tiling's two stages do not fit (236 KB) and the
     tilings they fit ran 0.89-1.01x (``docs/results/sweeps/tf32_bwd_cp_h100.json``, the performance log).
+    ``WIDE``: ``S`` (and ``dP``) in the order of the 3xTF32 forward's ``WIDE`` (:func:`make_score_products_wide`), which
+    the backward must follow to recompute the forward's ``S`` bit for bit; None: as the forward on the same K, V
+    (:func:`numba_flash.fast.fa2_forward_tc.wide_for`). Only where the padded d is a multiple of 32.
     ``HEAVY_FIRST``: with causal, the heaviest key blocks of every head start first
     (:func:`numba_flash.fast._tiles.make_key_block_order`): on an H100 the causal d = 128 backward ran 1.03x faster
     at N 1k and 1.05x at 4k (6.772 -> 6.559 ms, 22.463 -> 21.295; the non-causal rows, the same kernel, within 0.6 %;
     ``docs/results/sweeps/heavy_first_h100_827b946_tf32.json``). The half backward has it off."""
-    return {"PREFETCH": False, "RED2": None, "CP_ASYNC": None, "HEAVY_FIRST": True}
+    return {"PREFETCH": False, "RED2": None, "CP_ASYNC": None, "HEAVY_FIRST": True, "WIDE": None}
 
 
 def features_for(d: int, features=None) -> dict:
@@ -737,7 +880,8 @@ def features_for(d: int, features=None) -> dict:
 
 
 def plan(prob: Problem, block_sizes=None, config=None, features=None, deterministic=False, from_lse=False):
-    """(main kernel, main grid, dQ kernel or None, dQ grid, threads, SRAM bytes of each), without launching."""
+    """(main kernel, main grid, dQ kernel or None, dQ grid, threads, SRAM bytes of each), without launching. ``WIDE``
+    None follows the forward on 16-byte aligned K, V (:func:`backward` passes the forward's choice on its arrays)."""
     if not handles(prob):
         raise ValueError(f"the 3xTF32 backward runs float32 kernel arrays with a head dim <= {TF32_MAX_HEADDIM}; "
                          f"got {prob.dtype} and headdim {prob.headdim}")
@@ -747,7 +891,9 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None, determinis
     sim = _backend.is_simulator()
     BC = 16 * MW * NW
     cp_async = bool(feats["CP_ASYNC"]) and fa2_forward_tc.cp_async_ok(d)  # Dev: d % 4 != 0: the register path
-    nbytes = 4 * smem_floats(NW, MW, BR, DP, 2 if cp_async else 1)
+    wide = feats["WIDE"] if feats["WIDE"] is not None else fa2_forward_tc.wide_for(prob)
+    wide = bool(wide) and fa2_forward_tc.wide_ok(DP)
+    nbytes = 4 * smem_floats(NW, MW, BR, DP, 2 if cp_async else 1, wide)
     _plan.check_sram(nbytes, BR, BC, d)
     dropout = prob.dropout_p > 0
     red2 = feats["RED2"]
@@ -755,15 +901,15 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None, determinis
         red2 = not sim and _backend.device_facts().compute_capability >= (9, 0)
     red2 = bool(red2) and d % 2 == 0  # Dev: red.v2 needs 8-byte aligned pairs: rows of d floats, d even
     main = fa2_backward_tf32_kernel(NW, MW, BR, DP, prob.causal, dropout, not deterministic, bool(feats["PREFETCH"]), sim,
-                                    bool(from_lse), red2, cp_async, prob.causal and bool(feats["HEAVY_FIRST"]))
+                                    bool(from_lse), red2, cp_async, prob.causal and bool(feats["HEAVY_FIRST"]), wide)
     grid = bh_grid(ceil_div(prob.seqlen_k, BC), prob.batch * prob.nheads_k)
     dq = None
     NWq, MWq, BCq, _ = dq_config(d)
     BRq = 16 * MWq * NWq
-    nbytes_dq = 4 * smem_floats_dq(NWq, MWq, BCq, DP)
+    nbytes_dq = 4 * smem_floats_dq(NWq, MWq, BCq, DP, wide)
     if deterministic:
         _plan.check_sram(nbytes_dq, BRq, BCq, d)
-        dq = fa2_backward_tf32_dq_kernel(NWq, MWq, BCq, DP, prob.causal, dropout, sim, bool(from_lse))
+        dq = fa2_backward_tf32_dq_kernel(NWq, MWq, BCq, DP, prob.causal, dropout, sim, bool(from_lse), wide)
     return main, grid, dq, bh_grid(ceil_div(prob.seqlen_q, BRq), prob.batch * prob.nheads), (32 * NW, 32 * NWq), (nbytes, nbytes_dq)
 
 
@@ -793,6 +939,8 @@ def backward(dout, q, k, v, out, fwd, prob: Problem, alloc, block_sizes=None, de
     over each GQA group); dq by atomic adds or, with ``deterministic``, by :func:`fa2_backward_tf32_dq_kernel`."""
     from_lse = fwd.m is None or fwd.l is None
     features = fa2_forward_half.register_path_if_unaligned(features_for(prob.headdim, features), {}, q, dout)  # Dev: cp.async of Q, dO rows
+    if features["WIDE"] is None:  # Dev: S in the order the forward summed it on these K, V
+        features = {**features, "WIDE": fa2_forward_tc.wide_for(prob, k, v)}
     main, grid, dqk, grid_dq, (nt, nt_dq), (nbytes, nbytes_dq) = plan(prob, block_sizes, config, features, deterministic, from_lse)
     # Dev: D before dQ's zeros: the GPU runs the pre-pass while the host allocates and launches the rest
     delta = _prepass(out, dout, prob, alloc)  # D = rowsum(dO o O), line 4

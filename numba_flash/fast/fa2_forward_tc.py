@@ -299,14 +299,15 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
     SXN = NW * _mma.SIM_SCRATCH_PER_WARP if SIM else 1  # simulator lane-exchange scratch (floats)
     SCR = _mma.SIM_SCRATCH_PER_WARP  # one warp's share of it
 
+    SWZ = _tiles.swizzle16 if WIDE else None  # WIDE: Q_i, K_j columns swizzled (odd rows' 16-float halves traded)
     # K_j, V_j: HBM -> registers (NL floats each per thread) -> SRAM (V with its own stride SV); Q_i: times tau log2 e
     NL, load_kv, store_kv = _tiles.make_pair_loader(BC, DP, NT, SQ, SV, STEP_ROWS=False, QUIET_NAN=True)
     RK = 1 if CP_ASYNC else NL  # register staging of K_j, V_j (none with cp.async)
-    load_q = _tiles.make_scaled_q_loader(BR, DP, NT, SQ, QUIET_NAN=True, SWIZZLE=WIDE)
+    load_q = _tiles.make_scaled_q_loader(BR, DP, NT, SQ, QUIET_NAN=True, SWIZZLE=SWZ)
     # CP_ASYNC: K_j, V_j as 16-byte chunks of 4 floats (their own row strides), and the NaN pass over them
-    _, load_k_async = _tiles.make_word_loader_async(BC, DP, NT, SQ, SIM, WIDE)
+    _, load_k_async = _tiles.make_word_loader_async(BC, DP, NT, SQ, SIM, SWZ)
     _, load_v_async = _tiles.make_word_loader_async(BC, DP, NT, SV, SIM)
-    quiet_k = _tiles.make_quiet_nan_pass(BC, DP, NT, SQ, WIDE)
+    quiet_k = _tiles.make_quiet_nan_pass(BC, DP, NT, SQ, SWZ)
     quiet_v = _tiles.make_quiet_nan_pass(BC, DP, NT, SV)
     _copy16, cp_commit, cp_wait0 = _mma.make_cp_async(SIM)
     n_key_blocks, _ = _tiles.make_block_counts(BR, BC, CAUSAL)
@@ -629,6 +630,21 @@ def wide_on(feature, DP: int, cp_async: bool) -> bool:
     return bool(feature)
 
 
+def wide_for(prob: Problem, *kv, features=None) -> bool:
+    """Whether :func:`forward` of ``prob`` (with ``features``) sums S in ``WIDE``'s order on the K, V kernel arrays
+    ``kv`` (none given: 16-byte aligned ones): what the 3xTF32 backward must follow to recompute S bit for bit
+    (:mod:`numba_flash.fast.fa2_backward_tf32`). The same resolution as :func:`forward` and :func:`plan`."""
+    if takes_words(prob) or _ffma_fallback(prob):
+        return False
+    feats = {**default_features(), **(fa2_forward_half.register_path_if_unaligned(features, default_features(), *kv) or {})}
+    return wide_on(feats["WIDE"], 8 * ((prob.headdim + 7) // 8), _cp_async(prob.headdim, feats))
+
+
+def _cp_async(d: int, feats: dict) -> bool:
+    """Whether the kernel for head dim ``d`` with the features ``feats`` (defaults filled in) takes the ``cp.async`` path."""
+    return bool(feats["CP_ASYNC"]) and cp_async_ok(d)
+
+
 def stage_o_step(feature, MW: int, DP: int) -> bool:
     """``STAGE_O_STEP`` resolved: ``feature`` unless None, else on where ``MW >= 2`` and ``DP > 64``."""
     return bool(feature) if feature is not None else (MW >= 2 and DP > 64)
@@ -657,7 +673,7 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None):
     d = prob.headdim
     feats = default_features()
     feats.update(features or {})
-    cp_async = bool(feats["CP_ASYNC"]) and cp_async_ok(d)
+    cp_async = _cp_async(d, feats)
     NW, MW, Bc, DP = config if config is not None else config_for(d, block_sizes, cp_async, prob.causal)
     prefetch = feats["PREFETCH"] if feats["PREFETCH"] is not None else DP <= 64
     prefetch = bool(prefetch) and not cp_async  # unused by the cp.async path: one compiled kernel, not two

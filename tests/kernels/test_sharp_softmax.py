@@ -20,22 +20,13 @@ from numba_flash import attention_backward_numpy, attention_numpy, registry
 from numba_flash._launch import poison_outputs
 from numba_flash_reference.alg3_backward import standard_backward
 
-import numpy as np
 import pytest
-from attn_testing import assert_error_rule, make_qkv, naive_attention_backward_float32
+from attn_testing import assert_error_rule, naive_attention_backward_float32, sharp_problem
 
 #: Every (algorithm, variant): the backward runs on its own forward's statistics. The float32 tensor-core pair
 #: was a strict xfail here while the FFMA backward followed the 3xTF32 forward; the 3xTF32 backward recomputes its
 #: forward's S with the forward's operations, and both cases pass (the GPU case on an H100, 2026-11-24).
 PAIRS = sorted({(k.algorithm, k.variant) for k in registry.variants()})
-
-
-def sharp_problem(rng, b, n, h, d, scale):
-    """q scaled by ``scale``: scores tau q.k of standard deviation ``scale`` (tau = 1/sqrt(d))."""
-    q, k, v = make_qkv(rng, b, n, n, h, h, d)
-    q = (q * np.float32(scale)).astype(np.float32)
-    dout = rng.standard_normal(q.shape).astype(np.float32)
-    return dout, q, k, v
 
 
 def gradients(dout, q, k, v, algorithm, variant, causal=False):
