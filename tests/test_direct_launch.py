@@ -12,12 +12,14 @@ from the tensors itself, after numba has launched the kernel once for the same a
 * What it cannot take goes to numba: an argument that is no CUDA tensor or scalar, a tensor that requires grad,
   an overload whose types differ from those the key implies, and every launch when it is turned off.
 * On a GPU, every pass gives bitwise the same results with it as through numba (forward and backward, bf16 and
-  float32, causal, dropout, GQA, a strided q), and the second call of a pass is launched by it.
+  float32, causal, dropout, GQA, a strided q), and the second call of a pass is launched by it; and a thread with no
+  current CUDA context (torch's autograd worker can be one) launches directly all the same.
 """
 
 from __future__ import annotations
 
 import ctypes
+import threading
 from types import SimpleNamespace
 
 from numba_flash.fast import _direct
@@ -64,6 +66,7 @@ def stand_in(monkeypatch):
                                                          lambda grid, block, nbytes: (grid, block, nbytes), "stream 0"))
     monkeypatch.setattr(_direct, "_entries", {})
     monkeypatch.setattr(_direct, "ENABLED", True)
+    monkeypatch.setattr(_direct, "bind_context", lambda device: True)  # no device behind the stand-ins
     return launched
 
 
@@ -144,3 +147,35 @@ def test_direct_launches_give_numbas_bits(monkeypatch, dtype, d, causal, dropout
     for want, got in zip(via_numba, _passes(dtype, d, causal, dropout_p, nheads_k, strided)):
         assert torch.equal(want, got)
     assert any(direct[first:]), "the second call launched nothing directly"
+
+
+@pytest.mark.gpu
+def test_a_thread_with_no_current_context_launches_directly():
+    """The first CUDA call of a new thread is a direct launch of a kernel numba launched on another thread: as in
+    torch's autograd worker running a backward whose kernels the main thread launched first. Before ``bind_context``
+    cuda.core's launch failed there with CUDA_ERROR_INVALID_CONTEXT (``bench.tf32_bwd_sweep``, H100, 2026-11-27)."""
+    from numba import cuda
+
+    @cuda.jit
+    def add_one(x):
+        i = cuda.grid(1)
+        if i < x.shape[0]:
+            x[i] += 1.0
+
+    x = torch.zeros(64, device="cuda")
+    assert _direct.launch(add_one, 1, 64, 0, (x,), lambda f, n: None) is False  # the key's first launch: numba's
+    add_one[1, 64](x)
+    seen = []
+
+    def run():
+        try:
+            seen.append(_direct.launch(add_one, 1, 64, 0, (x,), lambda f, n: None))
+        except Exception as exc:  # reported by the assert below
+            seen.append(exc)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    worker.join()
+    assert seen == [True]
+    torch.cuda.synchronize()
+    assert torch.equal(x, torch.full_like(x, 2.0))

@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 from types import SimpleNamespace
 
-from numba_flash.fast import _replay
+from numba_flash.fast import _direct, _replay
 
 import pytest
 import torch
@@ -91,6 +91,7 @@ def test_what_the_recipe_cannot_redo_makes_no_recipe(case):
 def test_a_replay_allocates_as_recorded_launches_with_the_new_pointers_and_converts(monkeypatch):
     monkeypatch.setattr(_replay, "_recipes", {})
     monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(_direct, "bind_context", lambda device: True)  # CPU tensors stand in for CUDA ones
     q, k, v = _inputs()
     rec, (words, stats, dq, dq16) = _record(
         [((2, 8, 2, 2), torch.int32, None), ((2, 2, 8), torch.float32, -1.0), ((2, 8, 2, 4), torch.float32, 0.25)],
@@ -112,6 +113,7 @@ def test_a_replay_allocates_as_recorded_launches_with_the_new_pointers_and_conve
 def test_a_recipe_launches_through_the_packer_where_it_packs_and_else_through_the_recorded_launch(monkeypatch):
     monkeypatch.setattr(_replay, "_recipes", {})
     monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(_direct, "bind_context", lambda device: True)  # CPU tensors stand in for CUDA ones
     packed = []  # (kernelargs, positions) each packer call saw; then the pointers each packed launch got
 
     def packer(kernelargs, positions):

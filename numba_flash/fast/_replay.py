@@ -140,7 +140,11 @@ def replay(key, inputs):
         return None
     import torch
 
+    from ._direct import bind_context
+
     device = inputs[0].device
+    if not bind_context(device.index):  # Dev: the replay's launches need the context current on this thread
+        return None
     in_ptrs = [x.data_ptr() for x in inputs]
     made = []
     with torch.cuda.device(device):
