@@ -235,7 +235,7 @@ def _kernel(name: str, d: int, causal: bool, tiling=None):
         wide = TC.wide_on(_features(TC)["WIDE"], DP, TC.cp_async_ok(d)) if w is None else bool(w) and TC.wide_ok(DP)
         if name == "fa2_backward_tf32_dq":
             return TB.fa2_backward_tf32_dq_kernel(*TB.dq_config(d), causal, False, False, False, wide)
-        NW, MW, BR, DP, cp_async = _backward_tiling(TB.config_for(d, None, causal), TB.features_for(d)["CP_ASYNC"], tiling)
+        NW, MW, BR, DP, cp_async = _backward_tiling(TB.config_for(d, None, causal), TB.features_for(d, {"WIDE": wide})["CP_ASYNC"], tiling)
         red2 = d % 2 == 0  # as TB.plan on compute capability 9.0
         return TB.fa2_backward_tf32_kernel(NW, MW, BR, DP, causal, False, True, TB.default_features()["PREFETCH"], False, False, red2,
                                            cp_async and TC.cp_async_ok(d), False, wide)

@@ -863,7 +863,10 @@ def default_features() -> dict:
     tilings they fit ran 0.89-1.01x (``docs/results/sweeps/tf32_bwd_cp_h100.json``, the performance log).
     ``WIDE``: ``S`` (and ``dP``) in the order of the 3xTF32 forward's ``WIDE`` (:func:`make_score_products_wide`), which
     the backward must follow to recompute the forward's ``S`` bit for bit; None: as the forward on the same K, V
-    (:func:`numba_flash.fast.fa2_forward_tc.wide_for`). Only where the padded d is a multiple of 32.
+    (:func:`numba_flash.fast.fa2_forward_tc.wide_for`: above d = 64). Only where the padded d is a multiple of 32. With
+    it ``CP_ASYNC`` None is on at d = 128 too: the unpadded rows fit two stages of the default tiling (225.8 KB), and
+    an H100 ran that backward 1.04-1.06x faster than the former default, causal 0.99-1.01x, while ``WIDE`` on the
+    register path ran 0.94-0.98x (``docs/results/sweeps/wide_bwd_h100_86d63ca.json``).
     ``HEAVY_FIRST``: with causal, the heaviest key blocks of every head start first
     (:func:`numba_flash.fast._tiles.make_key_block_order`): on an H100 the causal d = 128 backward ran 1.03x faster
     at N 1k and 1.05x at 4k (6.772 -> 6.559 ms, 22.463 -> 21.295; the non-causal rows, the same kernel, within 0.6 %;
@@ -871,28 +874,33 @@ def default_features() -> dict:
     return {"PREFETCH": False, "RED2": None, "CP_ASYNC": None, "HEAVY_FIRST": True, "WIDE": None}
 
 
-def features_for(d: int, features=None) -> dict:
-    """:func:`default_features` updated with ``features``, ``CP_ASYNC=None`` resolved for head dim ``d``."""
+def features_for(d: int, features=None, forward_wide: bool = False) -> dict:
+    """:func:`default_features` updated with ``features``, resolved for head dim ``d``: ``WIDE=None`` as the forward
+    (``forward_wide``: :func:`numba_flash.fast.fa2_forward_tc.wide_for`), off where the padded d is not a multiple of
+    32; ``CP_ASYNC=None`` on at d <= 64 and with ``WIDE``."""
     f = {**default_features(), **(features or {})}
+    DP = 8 * ((d + 7) // 8)
+    f["WIDE"] = bool(forward_wide if f["WIDE"] is None else f["WIDE"]) and fa2_forward_tc.wide_ok(DP)
     if f["CP_ASYNC"] is None:
-        f["CP_ASYNC"] = 8 * ((d + 7) // 8) <= 64
+        f["CP_ASYNC"] = DP <= 64 or f["WIDE"]
     return f
 
 
 def plan(prob: Problem, block_sizes=None, config=None, features=None, deterministic=False, from_lse=False):
     """(main kernel, main grid, dQ kernel or None, dQ grid, threads, SRAM bytes of each), without launching. ``WIDE``
-    None follows the forward on 16-byte aligned K, V (:func:`backward` passes the forward's choice on its arrays)."""
+    None follows the forward on 16-byte aligned K, V (:func:`backward` resolves it on its arrays)."""
     if not handles(prob):
         raise ValueError(f"the 3xTF32 backward runs float32 kernel arrays with a head dim <= {TF32_MAX_HEADDIM}; "
                          f"got {prob.dtype} and headdim {prob.headdim}")
     d = prob.headdim
     NW, MW, BR, DP = config if config is not None else config_for(d, block_sizes, prob.causal)
-    feats = features_for(d, features)
+    feats = features_for(d, features, fa2_forward_tc.wide_for(prob))
     sim = _backend.is_simulator()
     BC = 16 * MW * NW
     cp_async = bool(feats["CP_ASYNC"]) and fa2_forward_tc.cp_async_ok(d)  # Dev: d % 4 != 0: the register path
-    wide = feats["WIDE"] if feats["WIDE"] is not None else fa2_forward_tc.wide_for(prob)
-    wide = bool(wide) and fa2_forward_tc.wide_ok(DP)
+    wide = feats["WIDE"]
+    if cp_async and 4 * smem_floats(NW, MW, BR, DP, 2, wide) > _smem.max_optin_bytes():
+        cp_async = False  # Dev: two stages of these tiles do not fit (e.g. larger block_sizes at d = 128): one stage
     nbytes = 4 * smem_floats(NW, MW, BR, DP, 2 if cp_async else 1, wide)
     _plan.check_sram(nbytes, BR, BC, d)
     dropout = prob.dropout_p > 0
@@ -938,9 +946,9 @@ def backward(dout, q, k, v, out, fwd, prob: Problem, alloc, block_sizes=None, de
     """FA2 Algorithm 2 on the tensor cores (3xTF32), on float32 kernel arrays: ``(dq, dk, dv)`` (dk, dv summed
     over each GQA group); dq by atomic adds or, with ``deterministic``, by :func:`fa2_backward_tf32_dq_kernel`."""
     from_lse = fwd.m is None or fwd.l is None
-    features = fa2_forward_half.register_path_if_unaligned(features_for(prob.headdim, features), {}, q, dout)  # Dev: cp.async of Q, dO rows
-    if features["WIDE"] is None:  # Dev: S in the order the forward summed it on these K, V
-        features = {**features, "WIDE": fa2_forward_tc.wide_for(prob, k, v)}
+    # Dev: S in the order the forward summed it on these K, V; cp.async of Q, dO rows where they are aligned
+    features = features_for(prob.headdim, features, fa2_forward_tc.wide_for(prob, k, v))
+    features = fa2_forward_half.register_path_if_unaligned(features, {}, q, dout)
     main, grid, dqk, grid_dq, (nt, nt_dq), (nbytes, nbytes_dq) = plan(prob, block_sizes, config, features, deterministic, from_lse)
     # Dev: D before dQ's zeros: the GPU runs the pre-pass while the host allocates and launches the rest
     delta = _prepass(out, dout, prob, alloc)  # D = rowsum(dO o O), line 4

@@ -246,8 +246,8 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
       ``16 p + 4 t .. + 3`` of its rows of Q and K at once and gives the first two to k step ``2 p``, the
       last two to ``2 p + 1`` (fragment positions ``t`` and ``t + 4``). A and B name the same column at
       every position, so each step is a true 8-term slice of the dot product, but each slice holds other
-      columns than the default's: other bits, inside the error rule, and not the S that the 3xTF32 backward
-      recomputes (:func:`wide_on` says what that costs).
+      columns than the kernel without it: other bits, inside the error rule; the 3xTF32 backward recomputes this S
+      with its own ``WIDE`` (:func:`wide_on`, :func:`wide_for`).
     * line 10 (``P~ V_j``): the columns of O are renamed: column ``n`` of 8-column tile ``dn = 4 a + e`` is O's
       column ``32 a + 4 n + e``, so lane ``g``'s B fragments of the four tiles ``4 a .. 4 a + 3`` are V's columns
       ``32 a + 4 g .. + 3`` (one 16-byte load per row).
@@ -608,26 +608,27 @@ def default_features() -> dict:
     at d = 128, which does not fit the registers without it; timed in the performance log's section "3xTF32
     forward: O staged per key step"), off elsewhere (8 % slower at d = 64).
     ``WIDE``: 16-byte fragment loads with the dot products' terms reordered (:func:`fa2_forward_tc_kernel`), on the
-    ``cp.async`` path where :func:`wide_ok`; None: off (:func:`wide_on` says why; timed in the performance log's
-    section "3xTF32 forward: 16-byte fragment loads")."""
+    ``cp.async`` path where :func:`wide_ok`; None: where the padded head dim is above 64 (:func:`wide_on` says why;
+    timed in the performance log's sections "3xTF32 forward: 16-byte fragment loads" and "3xTF32 backward in the
+    forward's ``WIDE`` order")."""
     return {"PREFETCH": None, "STAGE_S": True, "STAGE_O": True, "CP_ASYNC": True, "STAGE_O_STEP": None, "WIDE": None}
 
 
 def wide_on(feature, DP: int, cp_async: bool) -> bool:
-    """``WIDE`` resolved: never off the ``cp.async`` path or where not :func:`wide_ok`; else ``bool(feature)`` (None:
-    off). H100, against the kernel without it, N 1k / 4k / 16k (``docs/results/sweeps/wide_d128_h100_d4d510f.json``,
-    ``wide_d64_h100_d4d510f.json``): d = 128 1.09 / 1.09 / 1.09x, causal 1.03 / 1.06 / 1.05x; d = 64 1.02 / 1.03 /
-    1.04x, causal 0.97 / 1.03 / 1.03x.
+    """``WIDE`` resolved: never off the ``cp.async`` path or where not :func:`wide_ok`; else ``bool(feature)``, None: on
+    where ``DP > 64`` (96 and 128). H100, against the kernel without it, N 1k / 4k / 16k
+    (``docs/results/sweeps/wide_d128_h100_d4d510f.json``, ``wide_d64_h100_d4d510f.json``): d = 128 1.09 / 1.09 / 1.09x,
+    causal 1.03 / 1.06 / 1.05x; d = 64 1.02 / 1.03 / 1.04x, causal 0.97 / 1.03 / 1.03x.
 
-    Not the default, for a reason the timing does not show: the 3xTF32 backward (:mod:`numba_flash.fast.fa2_backward_tf32`)
-    recomputes S bit for bit as the forward without ``WIDE`` sums it (8 consecutive columns per k step, in order), and
-    ``WIDE`` sums other 8-column sets. With sharp softmaxes that mismatch between the forward's ``m``, ``l`` and the
-    backward's S breaks the gradient error rule (the GPU suite at d766c35, where it was the default:
-    ``test_backward_follows_the_error_rule_for_sharp_softmaxes_at_realistic_shapes[64-16.0-flash2-tensorcore]``
-    failed). It becomes the default once the backward recomputes S in ``WIDE``'s order."""
+    The 3xTF32 backward (:mod:`numba_flash.fast.fa2_backward_tf32`) recomputes S bit for bit as its forward summed it
+    (sharp softmaxes break the gradient error rule otherwise: with ``WIDE`` the default and a backward in the former
+    order, a sharp-softmax GPU test failed at d766c35), so it follows this choice (its own ``WIDE``, in this order).
+    With it the backward ran 0.95-0.98x as fast at d = 64 and 1.04-1.06x at d = 128, where its unpadded tiles let
+    ``Q_i, dO_i`` arrive by ``cp.async`` in two stages (``docs/results/sweeps/wide_bwd_h100_86d63ca.json``): so on
+    above d = 64 only."""
     if not (cp_async and wide_ok(DP)):
         return False
-    return bool(feature)
+    return bool(feature) if feature is not None else DP > 64
 
 
 def wide_for(prob: Problem, *kv, features=None) -> bool:

@@ -13,7 +13,7 @@ Claims checked:
   same loads on the default strides would not.
 * It runs only where it can: padded head dims that are a multiple of 32 and the ``cp.async`` path (the swizzled K_j
   arrives by ``cp.async`` only); elsewhere the plan is the kernel without it, and asking the kernel factory for it
-  raises. It is off by default (:func:`numba_flash.fast.fa2_forward_tc.wide_on` says why).
+  raises. It is the default above d = 64 only (:func:`numba_flash.fast.fa2_forward_tc.wide_on` says why).
 * On a GPU (marker ``gpu``): the same error rule at realistic shapes and the tilings it is timed with.
 
 Simulator shapes stay tiny (N <= 45, d <= 32): each ``mma`` is a lane exchange with two block barriers there.
@@ -100,10 +100,11 @@ def test_wide_layouts_put_every_16_byte_load_phase_in_32_banks(DP):
 
 def test_wide_runs_only_where_it_can():
     assert fa2_forward_tc.default_features()["WIDE"] is None
-    # None: off (the 3xTF32 backward recomputes S in the order without WIDE); never off the cp.async path or where
-    # not wide_ok; True turns it on where it can run
+    # None: on above d = 64 (the 3xTF32 backward follows it; at d <= 64 its backward loses more than the forward gains);
+    # never off the cp.async path or where not wide_ok; True turns it on where it can run
     wide_on = fa2_forward_tc.wide_on
-    assert not wide_on(None, 128, True) and not wide_on(None, 64, True)
+    assert wide_on(None, 128, True) and wide_on(None, 96, True) and not wide_on(None, 64, True) and not wide_on(None, 32, True)
+    assert not wide_on(None, 128, False) and not wide_on(None, 72, True)
     assert wide_on(True, 128, True) and wide_on(True, 64, True) and not wide_on(False, 128, True)
     assert not wide_on(True, 128, False) and not wide_on(True, 40, True)
     assert all(fa2_forward_tc.wide_ok(DP) for DP in (32, 64, 96, 128))

@@ -99,6 +99,10 @@ def test_cp_async_is_the_default_where_the_h100_sweep_found_it_faster():
     assert [fa2_backward_tf32.features_for(d)["CP_ASYNC"] for d in (16, 60, 64, 65, 96, 128)] == [True] * 3 + [False] * 3
     assert not fa2_backward_tf32.features_for(64, {"CP_ASYNC": False})["CP_ASYNC"]
     assert fa2_backward_tf32.features_for(128, {"CP_ASYNC": True})["CP_ASYNC"]
+    # after a WIDE forward (the default above d = 64) the unpadded rows fit two stages of the d = 128 default tiling,
+    # 1.04-1.06x faster on an H100 (docs/results/sweeps/wide_bwd_h100_86d63ca.json); d = 72 cannot take WIDE
+    assert [fa2_backward_tf32.features_for(d, None, True)["CP_ASYNC"] for d in (72, 96, 128)] == [False, True, True]
+    assert not fa2_backward_tf32.features_for(128, {"WIDE": False}, True)["CP_ASYNC"]
 
 
 def test_the_two_stages_double_the_sram_of_q_and_do_only():

@@ -257,6 +257,8 @@ def test_wide_follows_the_forward_and_runs_only_where_it_can(rng):
     kk, kv = alloc.to_kernel(k), alloc.to_kernel(v)
     want = fa2_forward_tc.wide_on(fa2_forward_tc.default_features()["WIDE"], 32, True)
     assert fa2_forward_tc.wide_for(prob, kk, kv) == want, "None: as the default forward on aligned K, V"
+    q128, k128, v128 = make_qkv(rng, 1, 8, 8, 1, 1, 128)
+    assert fa2_forward_tc.wide_for(check_attention_args(q128, k128, v128, 0.0, None, False, 0)), "the default above d = 64"
     assert fa2_forward_tc.wide_for(prob, kk, kv, features=FWD_WIDE)
     assert not fa2_forward_tc.wide_for(prob, kk, kv, features={"CP_ASYNC": False, "WIDE": True}), "off the cp.async path"
     q40, k40, v40 = make_qkv(rng, 1, 8, 8, 1, 1, 40)
