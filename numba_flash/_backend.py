@@ -17,7 +17,8 @@ In the simulator, :mod:`numba_flash._simfix` locks the simulator's static shared
 (a numba-cuda race) when ``numba.cuda`` is imported.
 
 ``describe()`` says what ran, for the demo's banner and pytest's header; :func:`device_facts` gives the current
-GPU's compute capability and opt-in SRAM to the launch plans without a driver call per launch.
+GPU's compute capability and opt-in SRAM to the launch plans without a driver call per launch; :func:`bind_context`
+makes a device's context current on a thread that launches without numba.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import ctypes.util
 import os
 import shutil
 import sys
+import threading
 from typing import NamedTuple
 
 SIMULATOR = "simulator"
@@ -129,3 +131,27 @@ def describe() -> str:
     name = dev.name.decode() if isinstance(dev.name, bytes) else dev.name
     cc = ".".join(map(str, dev.compute_capability))
     return f"GPU: {name} (compute capability {cc}) [{versions}]"
+
+
+_thread = threading.local()  # .device: the device whose context bind_context found current on this thread
+
+
+def bind_context(device: int) -> bool:
+    """Whether ``device``'s context is current on this thread, after numba made one current where none was.
+
+    cuda.core's launch (:mod:`numba_flash.fast._direct`) and a replay's ``cuLaunchKernel`` (:mod:`numba_flash.fast._replay`)
+    use the calling thread's current context. numba makes its context current when it launches, torch when it
+    switches devices; a thread that has done neither has none. torch's
+    autograd worker is such a thread when every kernel of a backward was first launched (by numba) on another thread:
+    ``bench.tf32_bwd_sweep``'s warm-up failed so with CUDA_ERROR_INVALID_CONTEXT (H100, 2026-11-27). numba's
+    ``current_context()`` then makes GPU 0's primary context current (torch's, and numba's), or returns the one torch
+    made current. Checked once per thread and device; False (the caller leaves the launch to numba) where the current
+    context is another device's."""
+    if getattr(_thread, "device", None) == device:
+        return True
+    from numba import cuda
+
+    if cuda.current_context().device.id != device:
+        return False
+    _thread.device = device
+    return True

@@ -22,6 +22,7 @@ import ctypes
 import threading
 from types import SimpleNamespace
 
+from numba_flash import _backend
 from numba_flash.fast import _direct
 
 import numpy as np
@@ -66,7 +67,7 @@ def stand_in(monkeypatch):
                                                          lambda grid, block, nbytes: (grid, block, nbytes), "stream 0"))
     monkeypatch.setattr(_direct, "_entries", {})
     monkeypatch.setattr(_direct, "ENABLED", True)
-    monkeypatch.setattr(_direct, "bind_context", lambda device: True)  # no device behind the stand-ins
+    monkeypatch.setattr(_backend, "bind_context", lambda device: True)  # no device behind the stand-ins
     return launched
 
 

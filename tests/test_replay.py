@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 from types import SimpleNamespace
 
+from numba_flash import _backend
 from numba_flash.fast import _direct, _replay
 
 import pytest
@@ -91,7 +92,7 @@ def test_what_the_recipe_cannot_redo_makes_no_recipe(case):
 def test_a_replay_allocates_as_recorded_launches_with_the_new_pointers_and_converts(monkeypatch):
     monkeypatch.setattr(_replay, "_recipes", {})
     monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
-    monkeypatch.setattr(_direct, "bind_context", lambda device: True)  # CPU tensors stand in for CUDA ones
+    monkeypatch.setattr(_backend, "bind_context", lambda device: True)  # CPU tensors stand in for CUDA ones
     q, k, v = _inputs()
     rec, (words, stats, dq, dq16) = _record(
         [((2, 8, 2, 2), torch.int32, None), ((2, 2, 8), torch.float32, -1.0), ((2, 8, 2, 4), torch.float32, 0.25)],
@@ -113,7 +114,7 @@ def test_a_replay_allocates_as_recorded_launches_with_the_new_pointers_and_conve
 def test_a_recipe_launches_through_the_packer_where_it_packs_and_else_through_the_recorded_launch(monkeypatch):
     monkeypatch.setattr(_replay, "_recipes", {})
     monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
-    monkeypatch.setattr(_direct, "bind_context", lambda device: True)  # CPU tensors stand in for CUDA ones
+    monkeypatch.setattr(_backend, "bind_context", lambda device: True)  # CPU tensors stand in for CUDA ones
     packed = []  # (kernelargs, positions) each packer call saw; then the pointers each packed launch got
 
     def packer(kernelargs, positions):
@@ -151,7 +152,6 @@ def _fake_driver(calls, rc=0):
 def test_a_packed_launch_passes_the_c_values_cuda_core_would_with_the_new_pointers(monkeypatch):
     # cuda.core's launch passes a Python int (a bool too) as an intptr_t, a float as a double, a ctypes value as its
     # own C type; a packed launch must put the same bytes behind each of cuLaunchKernel's kernelParams.
-    from numba_flash.fast import _direct
 
     calls = []
     ctypes, launch, error_name = _fake_driver(calls)
@@ -174,7 +174,6 @@ def test_a_packed_launch_passes_the_c_values_cuda_core_would_with_the_new_pointe
 
 
 def test_a_failed_packed_launch_raises_with_the_drivers_error_name(monkeypatch):
-    from numba_flash.fast import _direct
 
     ctypes, launch, error_name = _fake_driver([], rc=719)
     monkeypatch.setattr(_direct, "_driver", (launch, error_name))
@@ -186,7 +185,6 @@ def test_a_failed_packed_launch_raises_with_the_drivers_error_name(monkeypatch):
 
 @pytest.mark.parametrize("case", ["off", "no driver", "unknown argument type", "no handle"])
 def test_launches_it_cannot_pack_are_not_packed(monkeypatch, case):
-    from numba_flash.fast import _direct
 
     import numpy as np
 
@@ -299,7 +297,6 @@ def test_replayed_calls_give_the_normal_paths_bits(monkeypatch, dtype, d, causal
     assert all((recipe is None) == copied for recipe in _replay._recipes.values())
     assert {key[0] for key in _replay._recipes} == {"forward", "backward"}
     # every replayed launch is a packed one (cuLaunchKernel on arguments converted once), not cuda.core's per call
-    from numba_flash.fast import _direct
 
     launchers = [step[1] for recipe in _replay._recipes.values() if recipe is not None for step in recipe.steps
                  if step[0] == "launch"]

@@ -38,6 +38,7 @@ import threading
 
 import numpy as np
 
+from .. import _backend
 from . import _replay
 
 #: Whether :func:`launch` takes launches at all (``NUMBA_FLASH_DIRECT_LAUNCH=0``: never; numba launches).
@@ -54,7 +55,6 @@ _core = None  # (cuda.core's launch, LaunchConfig builder, numba's stream 0), on
 _driver = None  # (cuLaunchKernel, cuGetErrorName) of the driver library on first use; False where it cannot be loaded
 
 _INT64 = (-(2**63), 2**63)
-_thread = threading.local()  # .device: the device whose context bind_context found current on this thread
 
 
 def _is_cuda_tensor(a) -> bool:
@@ -151,26 +151,6 @@ def _launch_core():
     return _core
 
 
-def bind_context(device: int) -> bool:
-    """Whether ``device``'s context is current on this thread, after numba made one current where none was.
-
-    cuda.core's launch (and a replay's ``cuLaunchKernel``) uses the calling thread's current context. numba makes its
-    context current when it launches, torch when it switches devices; a thread that has done neither has none. torch's
-    autograd worker is such a thread when every kernel of a backward was first launched (by numba) on another thread:
-    ``bench.tf32_bwd_sweep``'s warm-up failed so with CUDA_ERROR_INVALID_CONTEXT (H100, 2026-11-27). numba's
-    ``current_context()`` then makes GPU 0's primary context current (torch's, and numba's), or returns the one torch
-    made current. Checked once per thread and device; False (the caller leaves the launch to numba) where the current
-    context is another device's."""
-    if getattr(_thread, "device", None) == device:
-        return True
-    from numba import cuda
-
-    if cuda.current_context().device.id != device:
-        return False
-    _thread.device = device
-    return True
-
-
 def launch(dispatcher, grid, block, nbytes: int, args, opt_in) -> bool:
     """Launch ``dispatcher[grid, block, 0, nbytes](*args)`` directly; False (nothing launched) where this module
     does not take the launch. ``opt_in(cufunc, nbytes)`` sets the > 48 KB attribute (once per function and size)."""
@@ -186,7 +166,7 @@ def launch(dispatcher, grid, block, nbytes: int, args, opt_in) -> bool:
             device = a.get_device()
         keys.append(k)
         values.append(value)
-    if device is None or not bind_context(device):
+    if device is None or not _backend.bind_context(device):
         return False
     key = (dispatcher, device, tuple(keys))
     entry = _entries.get(key, False)

@@ -39,6 +39,8 @@ from __future__ import annotations
 import os
 import threading
 
+from .. import _backend
+
 #: Whether eager passes are recorded and replayed (on unless ``NUMBA_FLASH_REPLAY=0``; timed on an H100 2026-11-26).
 ENABLED = os.environ.get("NUMBA_FLASH_REPLAY", "1") not in ("", "0")
 
@@ -140,10 +142,8 @@ def replay(key, inputs):
         return None
     import torch
 
-    from ._direct import bind_context
-
     device = inputs[0].device
-    if not bind_context(device.index):  # Dev: the replay's launches need the context current on this thread
+    if not _backend.bind_context(device.index):  # Dev: the replay's launches need the context current on this thread
         return None
     in_ptrs = [x.data_ptr() for x in inputs]
     made = []
