@@ -57,7 +57,8 @@ TILINGS = {
          "8x1-Br32-cp": ((8, 1, 32), CP), **DEFAULT_ORDER, **WIDE},
     128: {"ffma": ("ffma", {}), "8x1-Br16": ((8, 1, 16), {}), "4x1-Br16": ((4, 1, 16), {}), "8x1-Br32": ((8, 1, 32), {}),
           "8x1-Br16-cp": ((8, 1, 16), CP), "4x1-Br32-cp": ((4, 1, 32), CP), **DEFAULT_ORDER, **WIDE,
-          "8x1-Br32-cp-wide": ((8, 1, 32), {**CP, "WIDE": True})},
+          "8x1-Br32-cp-wide": ((8, 1, 32), {**CP, "WIDE": True}), "8x1-Br16-cp-wide": ((8, 1, 16), {**CP, "WIDE": True}),
+          "4x1-Br32-cp-wide": ((4, 1, 32), {**CP, "WIDE": True})},
 }
 
 
