@@ -36,6 +36,10 @@ What changes from the FFMA kernel
   keys) by ``K_j`` (the keys of a k step renamed the same way, so ``K_j`` rows ``2t, 2t + 1`` are read) and adds
   the slice to a float32 ``dQ`` with atomics (``red.global.add.v2.f32`` on sm_90 at even ``d``:
   :func:`numba_flash.fast._mma.make_atomic_add2`).
+* **After a ``WIDE`` forward** (the default above d = 64) ``S`` is summed in that forward's order
+  (:func:`make_score_products_wide`: pairs of k steps from 16-byte loads), on ``Q_i, dO_i, K_j, V_j`` stored
+  unpadded and swizzled (:func:`numba_flash.fast._tiles.swizzle16t`, which keeps the column reads of the dV, dK, dQ
+  products in 32 banks too); the unpadded rows let ``Q_i, dO_i`` arrive by ``cp.async`` at d = 128 as well.
 * ``deterministic=True``: :func:`fa2_backward_tf32_dq_kernel`, the forward's geometry (warps own query
   rows; ``S`` computed as the forward computes it), ``dS`` through the warp's own SRAM rows into the A
   operand of ``dS K_j``, ``dQ_i`` summed in a fixed order; ``dK, dV`` bitwise equal across the modes.
@@ -48,9 +52,9 @@ Launch geometry
 pre-pass ``D = rowsum(dO o O)``: :func:`numba_flash.fast._prepass.row_dot`. Main kernel: grid
 ``(Tc, batch * nheads_k)``, block ``32 NW`` threads, ``Bc = 16 MW NW`` keys; the block loops over the ``G``
 query heads of its KV head and the visible query blocks of ``Br`` rows (one flat loop, as the FFMA kernel).
-SRAM (float32, one dynamic array): ``Q_i, dO_i`` Br (DP+4) each, ``K_j, V_j`` Bc (DP+4) each, ``P_ij o Z_ij``
-and ``tau dS_ij`` Br (Bc+4) each (:func:`smem_floats`), ``DP`` = d rounded up to 8; plus ``M_i, 1/l_i, D_i`` (float32, static) and
-the simulator's exchange scratch.
+SRAM (float32, one dynamic array): ``Q_i, dO_i`` Br (DP+4) each (two stages with ``CP_ASYNC``), ``K_j, V_j`` Bc
+(DP+4) each, ``P_ij o Z_ij`` and ``tau dS_ij`` Br (Bc+4) each (:func:`smem_floats`), ``DP`` = d rounded up to 8 (rows of
+DP floats with ``WIDE``); plus ``M_i, 1/l_i, D_i`` (float32, static) and the simulator's exchange scratch.
 
 GPU: compute capability 8.0 or newer. The simulator runs the same source with the Python twins of
 :func:`numba_flash.fast._mma.make_warp_ops`.
