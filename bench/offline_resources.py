@@ -3,7 +3,8 @@
 No GPU is needed. Each fast kernel is compiled for its DEFAULT configuration (``config_for(d)``, the
 GPU's default features: shuffles, 16-byte loads, prefetch, no register cap, dropout off; for the
 tensor-core forward ``fa2_forward_tc_kernel`` with ``SIM=False`` and its default staging and
-prefetch) at d = 64 and d = 128, causal and not:
+prefetch) at d = 64 and d = 128, causal and not (the 3xTF32 backward's causal rows with its key-block order,
+``HEAVY_FIRST``, as its plan launches them; before 2026-11-27's commit that added this sentence they compiled it off):
 
 1. ``cuda.compile_ptx(kernel.py_func, sig, cc=(9, 0))`` (NVVM 13) gives the PTX;
 2. cuda.core's ``Linker`` (nvJitLink, verbose) runs ptxas and reports registers, spill stores / loads
@@ -238,7 +239,7 @@ def _kernel(name: str, d: int, causal: bool, tiling=None):
         NW, MW, BR, DP, cp_async = _backward_tiling(TB.config_for(d, None, causal), TB.features_for(d, {"WIDE": wide})["CP_ASYNC"], tiling)
         red2 = d % 2 == 0  # as TB.plan on compute capability 9.0
         return TB.fa2_backward_tf32_kernel(NW, MW, BR, DP, causal, False, True, TB.default_features()["PREFETCH"], False, False, red2,
-                                           cp_async and TC.cp_async_ok(d), False, wide)
+                                           cp_async and TC.cp_async_ok(d), causal and bool(_features(TB)["HEAVY_FIRST"]), wide)
     f = B2.default_features()
     if name == "fa2_backward_fast":
         return B2.fa2_backward_fast_kernel(*B2.config_for(d), causal, False, True, f["VEC"], f["PREFETCH"], f["MAXREG"])

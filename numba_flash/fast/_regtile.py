@@ -486,13 +486,37 @@ def make_dv_dk_update(BR: int, NQC: int, CW: int, CG: int, DVX: int, XT: int, TC
 
 
 @functools.cache
-def make_store_dk_dv(NQC: int, CW: int, CG: int, DVX: int, XT: int):
+def make_store_dk_dv(NQC: int, CW: int, CG: int, DVX: int, XT: int, ADD: bool = False):
     """``store_dk_dv(gdK, gdV, ub, uhead, col0, s_k, d, cy, tx, rdK, rdV)``: the register tiles to HBM.
 
     Writes this thread's key columns ``col0 + CW cy + CW CG qc + u`` (below ``s_k``) and head columns
     ``4 tx + 4 XT e + w`` (below ``d``) of ``gdK[b, col, head, x]``, ``gdV`` (4 consecutive floats per lane).
+    ``ADD``: ``add_dk_dv(..., rdK, rdV, add)`` adds the tiles to what is there when ``add`` (one float32 add per element,
+    the thread's own elements: no race), else writes them.
     """
     uCW, uCG = U(CW), U(CG)
+
+    if ADD:
+        @cuda.jit(device=True, inline="always")
+        def add_dk_dv(gdK, gdV, ub, uhead, col0, s_k, d, cy, tx, rdK, rdV, add):
+            for qc in range(NQC):
+                for u in range(CW):
+                    c = uCW * cy + uCW * uCG * U(qc) + U(u)
+                    col = col0 + int(c)
+                    if col < s_k:
+                        for e in range(DVX):
+                            for w in range(4):
+                                x = U(4) * tx + U(4 * XT) * U(e) + U(w)
+                                if x < U(d):
+                                    a = (qc * CW + u) * DVX * 4 + 4 * e + w
+                                    if add:
+                                        gdK[ub, U(col), uhead, x] += rdK[a]  # HBM read+write: Bc*d
+                                        gdV[ub, U(col), uhead, x] += rdV[a]  # HBM read+write: Bc*d
+                                    else:
+                                        gdK[ub, U(col), uhead, x] = rdK[a]  # HBM write: Bc*d
+                                        gdV[ub, U(col), uhead, x] = rdV[a]  # HBM write: Bc*d
+
+        return add_dk_dv
 
     @cuda.jit(device=True, inline="always")
     def store_dk_dv(gdK, gdV, ub, uhead, col0, s_k, d, cy, tx, rdK, rdV):

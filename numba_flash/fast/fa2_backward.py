@@ -63,7 +63,8 @@ Launch geometry
 pre-pass (``D``): as the readable module. Main kernel: grid ``(Tc, batch * nheads_k)``, block ``NT``
 threads; block ``(j, b h_k)`` owns key rows ``j Bc .. j Bc + Bc - 1`` of KV head ``h_k`` and loops
 over the ``G`` query heads of its group and the visible query blocks ``i`` (one flat loop, so the
-prefetch crosses head boundaries). Deterministic dQ kernel: grid ``(Tr, batch * nheads)``.
+prefetch crosses head boundaries; with ``HEAD_SUMS`` each head's ``dK_j, dV_j`` is added to the group's sum in HBM at
+the head's last block). Deterministic dQ kernel: grid ``(Tr, batch * nheads)``.
 
 Thread maps (``tid`` in ``0..NT-1``):
 
@@ -239,7 +240,8 @@ def _device_functions(NT, BR, BC, DP, CAUSAL, DROPOUT):
 
 
 @functools.cache
-def fa2_backward_fast_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool, DROPOUT: bool, ATOMIC_DQ: bool, VEC: bool = True, PREFETCH: bool = True, MAXREG=None, FROM_LSE: bool = False):
+def fa2_backward_fast_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool, DROPOUT: bool, ATOMIC_DQ: bool, VEC: bool = True, PREFETCH: bool = True, MAXREG=None, FROM_LSE: bool = False,
+                             HEAD_SUMS: bool = False):
     """The main (column-block) fast backward kernel: dK, dV, and with ``ATOMIC_DQ`` the atomic dQ adds.
 
     Kernel arguments: ``gQ, gdO (b, s_q, h, d)``, ``gK, gV (b, s_k, h_k, d)``, ``gm, gl, gD (b, h, s_q)``
@@ -249,6 +251,8 @@ def fa2_backward_fast_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool, D
     ``causal_offset``, dropout ``seed``, ``threshold``, ``dropout_scale``.
     ``VEC``: 16-byte aligned SRAM (16-byte loads; not in the simulator). ``PREFETCH``: issue the
     loads of ``Q_{i+1}, dO_{i+1}`` before the compute on ``Q_i, dO_i``. ``MAXREG``: register cap (GPU).
+    ``HEAD_SUMS`` (GQA): ``dK_j, dV_j`` summed a query head at a time in registers and the heads' sums added in
+    HBM (:func:`default_features`).
 
     Symbol table (paper symbol -> variable -> memory space):
 
@@ -279,6 +283,7 @@ def fa2_backward_fast_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool, D
     NQC = TC // CW  # chunks of CW key rows per thread in the dK/dV map
     dv_dk_update = _regtile.make_dv_dk_update(BR, NQC, CW, CG, DVX, XT, TC, SP, SQ, OFF_P, OFF_DS, OFF_DO, OFF_Q)
     store_dk_dv = _regtile.make_store_dk_dv(NQC, CW, CG, DVX, XT)
+    add_dk_dv = _regtile.make_store_dk_dv(NQC, CW, CG, DVX, XT, ADD=True)
     TPR_, RG_ = g["TPR"], g["RG"]  # S/dP map: lanes per row group, row groups
     # Register-array sizes (local-array sizes must be plain constants):
     NS = g["TM"] * g["TN"]  # rS, rdP: the TM x TN tiles of S_ij, dP_ij
@@ -416,9 +421,17 @@ def fa2_backward_fast_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool, D
                             if x < U(d):
                                 cuda.atomic.add(gdQ, (ub, U(row), U(h), x), rdQ[a * DX2 + e])  # HBM read+write: Br*d
             # [/doc:fa2-fast-bwd-inner-loop]
+            if HEAD_SUMS and t % n_i == n_i - 1:
+                # Dev: the last query block of head h: its dK_j, dV_j added to the group's sum in HBM (the first head's
+                # written), then zeroed: each head's sum over its rows, then the heads, as torch's float32 path
+                add_dk_dv(gdK, gdV, ub, uhk, col0, s_k, d, cy, tx, rdK, rdV, t >= n_i)
+                for a in range(NKV):
+                    rdK[a] = float32(0.0)
+                    rdV[a] = float32(0.0)
 
-        # FA2.2 L18: write dK_j, dV_j to HBM (4 consecutive floats per lane)
-        store_dk_dv(gdK, gdV, ub, uhk, col0, s_k, d, cy, tx, rdK, rdV)
+        # FA2.2 L18: write dK_j, dV_j to HBM (4 consecutive floats per lane; HEAD_SUMS: done above, zeros where no step ran)
+        if not HEAD_SUMS or n_steps == 0:
+            store_dk_dv(gdK, gdV, ub, uhk, col0, s_k, d, cy, tx, rdK, rdV)
 
     # [/doc:fa2-fast-bwd-kernel]
     return kernel
@@ -532,9 +545,14 @@ def fa2_backward_fast_dq_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool
 
 
 def default_features() -> dict:
-    """Kernel features used on this backend: 16-byte aligned SRAM on a GPU only."""
+    """Kernel features used on this backend: 16-byte aligned SRAM on a GPU only. ``HEAD_SUMS`` None: on for GQA
+    (``group > 1``): one float32 register summing ``dK_j`` over every row of a group (2331 terms in the GQA d = 40
+    GPU case) rounds more than torch's float32 path, which sums each head's rows and then the heads, and that case
+    left the 3x rule (``tests/kernels/test_fa2_kernels.py``; the performance log's section "The 3x gradient rule's
+    edge"). Per head it costs ``G - 1`` read-modify-writes of the ``Bc x d`` tiles per block and no register; MHA
+    kernels are compiled without it."""
     gpu = not _backend.is_simulator()
-    return {"VEC": gpu, "PREFETCH": True, "MAXREG": None}
+    return {"VEC": gpu, "PREFETCH": True, "MAXREG": None, "HEAD_SUMS": None}
 
 
 def plan(prob: Problem, block_sizes=None, config=None, features=None, deterministic=False, from_lse=False):
@@ -552,7 +570,9 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None, determinis
     _plan.check_sram(nbytes, BR, BC, prob.headdim)
     dropout = prob.dropout_p > 0
     Tr, Tc = _split(prob, cfg)
-    main = fa2_backward_fast_kernel(NT, BR, BC, DP, prob.causal, dropout, not deterministic, feats["VEC"], feats["PREFETCH"], maxreg, bool(from_lse))
+    head_sums = prob.group > 1 if feats["HEAD_SUMS"] is None else bool(feats["HEAD_SUMS"])
+    main = fa2_backward_fast_kernel(NT, BR, BC, DP, prob.causal, dropout, not deterministic, feats["VEC"], feats["PREFETCH"], maxreg, bool(from_lse),
+                                    head_sums)
     dqk = fa2_backward_fast_dq_kernel(NT, BR, BC, DP, prob.causal, dropout, feats["VEC"], feats["PREFETCH"], maxreg, bool(from_lse)) if deterministic else None
     return main, bh_grid(Tc, prob.batch * prob.nheads_k), dqk, bh_grid(Tr, prob.batch * prob.nheads), NT, nbytes
 

@@ -210,14 +210,9 @@ def test_fa2_forward_equals_standard_attention_on_gpu_shapes(rng, variant, b, s_
 #: Known failures of the 3x rule on a GPU case's own (seeded) draw: (variant, b, s_q, s_k, h, h_k, d, causal, p) ->
 #: reason. Strict xfails: the marker fails the suite as soon as a fix lands (``python -m bench.rule_margin`` measures
 #: a case over many draws, and ``--seed`` with zlib.crc32 of the test's node id reproduces the test's own draw).
-RULE_FAILURES_ON_GPU = {
-    ("fast", 2, 777, 1029, 6, 2, 40, True, 0.0):
-        "dK 1.16x the rule's bound on this draw (max error 3.51e-06 against 3 x 7.80e-07 + 6.9e-07, H100, at key 84 of "
-        "batch 0, K/V head 0, seen by all 777 rows of its 3 query heads): the FFMA backwards sum dK_j over every row of "
-        "the group in one float32 register, 2331 terms here, and that rounding grows with the number of terms; torch's "
-        "float32 path sums 777 a head, then the heads. The readable backward is above the bound on this draw too "
-        "(1.35x); 25 other draws of the case stay below it (max 0.67x; docs/results/sweeps/rule_margin_gqa_d40_h100_*.txt)",
-}
+#: (empty since the fast backward's HEAD_SUMS: its GQA d = 40 case, dK 1.16x the bound on its draw with one register
+#: summing the group's 2331 rows, sums a head at a time; tests/kernels/test_fast_backward_head_sums.py)
+RULE_FAILURES_ON_GPU: dict = {}
 
 
 @pytest.mark.gpu
