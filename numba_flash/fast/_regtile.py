@@ -496,30 +496,8 @@ def make_store_dk_dv(NQC: int, CW: int, CG: int, DVX: int, XT: int, ADD: bool = 
     """
     uCW, uCG = U(CW), U(CG)
 
-    if ADD:
-        @cuda.jit(device=True, inline="always")
-        def add_dk_dv(gdK, gdV, ub, uhead, col0, s_k, d, cy, tx, rdK, rdV, add):
-            for qc in range(NQC):
-                for u in range(CW):
-                    c = uCW * cy + uCW * uCG * U(qc) + U(u)
-                    col = col0 + int(c)
-                    if col < s_k:
-                        for e in range(DVX):
-                            for w in range(4):
-                                x = U(4) * tx + U(4 * XT) * U(e) + U(w)
-                                if x < U(d):
-                                    a = (qc * CW + u) * DVX * 4 + 4 * e + w
-                                    if add:
-                                        gdK[ub, U(col), uhead, x] += rdK[a]  # HBM read+write: Bc*d
-                                        gdV[ub, U(col), uhead, x] += rdV[a]  # HBM read+write: Bc*d
-                                    else:
-                                        gdK[ub, U(col), uhead, x] = rdK[a]  # HBM write: Bc*d
-                                        gdV[ub, U(col), uhead, x] = rdV[a]  # HBM write: Bc*d
-
-        return add_dk_dv
-
     @cuda.jit(device=True, inline="always")
-    def store_dk_dv(gdK, gdV, ub, uhead, col0, s_k, d, cy, tx, rdK, rdV):
+    def add_dk_dv(gdK, gdV, ub, uhead, col0, s_k, d, cy, tx, rdK, rdV, add):
         for qc in range(NQC):
             for u in range(CW):
                 c = uCW * cy + uCW * uCG * U(qc) + U(u)
@@ -530,7 +508,15 @@ def make_store_dk_dv(NQC: int, CW: int, CG: int, DVX: int, XT: int, ADD: bool = 
                             x = U(4) * tx + U(4 * XT) * U(e) + U(w)
                             if x < U(d):
                                 a = (qc * CW + u) * DVX * 4 + 4 * e + w
-                                gdK[ub, U(col), uhead, x] = rdK[a]  # HBM write: Bc*d
-                                gdV[ub, U(col), uhead, x] = rdV[a]  # HBM write: Bc*d
+                                if ADD and add:
+                                    gdK[ub, U(col), uhead, x] += rdK[a]  # HBM read+write: Bc*d
+                                    gdV[ub, U(col), uhead, x] += rdV[a]  # HBM read+write: Bc*d
+                                else:
+                                    gdK[ub, U(col), uhead, x] = rdK[a]  # HBM write: Bc*d
+                                    gdV[ub, U(col), uhead, x] = rdV[a]  # HBM write: Bc*d
 
-    return store_dk_dv
+    @cuda.jit(device=True, inline="always")
+    def store_dk_dv(gdK, gdV, ub, uhead, col0, s_k, d, cy, tx, rdK, rdV):
+        add_dk_dv(gdK, gdV, ub, uhead, col0, s_k, d, cy, tx, rdK, rdV, False)
+
+    return add_dk_dv if ADD else store_dk_dv
