@@ -32,12 +32,17 @@ def _backward(torch, n, d, group, causal, head_sums):
     return lambda: fa2_backward.backward(kdo, kq, kk, kv, fwd.out, fwd, prob, alloc, features={"HEAD_SUMS": head_sums})
 
 
-def main(argv=None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m bench.head_sums_probe``."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seqlens", type=int, nargs="+", default=[1024, 4096])
     ap.add_argument("--headdims", type=int, nargs="+", default=[64, 128])
     ap.add_argument("--groups", type=int, nargs="+", default=[4, 8])
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
     torch = bu.torch_or_none()
     if torch is None or not bu.ON_GPU:
         print("head_sums_probe needs a GPU")

@@ -40,7 +40,7 @@ def _grads(q, k, v, dout, causal, p, seed, head_sums, deterministic=False, bs=(1
     return [to_host(g) for g in grads]
 
 
-def _per_head_sum(q, k, v, dout, causal, p, seed, deterministic):
+def _per_head_sum(q, k, v, dout, causal, p, seed, deterministic, bs=(16, 16)):
     """dQ of each head alone, and dK, dV summed over the heads of each group in float32, head by head."""
     h, h_k = q.shape[2], k.shape[2]
     G = h // h_k
@@ -50,7 +50,7 @@ def _per_head_sum(q, k, v, dout, causal, p, seed, deterministic):
         kv_head = hh // G
         one = lambda x, j: np.ascontiguousarray(x[:, :, j:j + 1])  # noqa: E731
         # the dropout mask is drawn per (batch, query head): a lone head draws head 0's, so only p = 0 compares here
-        g = _grads(one(q, hh), one(k, kv_head), one(v, kv_head), one(dout, hh), causal, p, seed, False, deterministic)
+        g = _grads(one(q, hh), one(k, kv_head), one(v, kv_head), one(dout, hh), causal, p, seed, False, deterministic, bs)
         dq[:, :, hh:hh + 1] = g[0]
         dk[:, :, kv_head:kv_head + 1] = (dk[:, :, kv_head:kv_head + 1] + g[1]).astype(np.float32) if hh % G else g[1]
         dv[:, :, kv_head:kv_head + 1] = (dv[:, :, kv_head:kv_head + 1] + g[2]).astype(np.float32) if hh % G else g[2]
@@ -105,7 +105,7 @@ def test_head_sums_are_on_for_gqa_only():
 def test_head_sums_give_the_heads_sum_on_gpu_shapes(rng):
     q, k, v = make_qkv(rng, 2, 777, 1029, 6, 2, 40)
     dout = rng.standard_normal(q.shape).astype(np.float32)
-    want = _per_head_sum(q, k, v, dout, True, 0.0, 0, True)
+    want = _per_head_sum(q, k, v, dout, True, 0.0, 0, True, None)  # the default tiling on both sides
     got = _grads(q, k, v, dout, True, 0.0, 0, True, True, None)
     for name, x, y in zip(("dq", "dk", "dv"), got, want):
         np.testing.assert_array_equal(x.view(np.uint32), y.view(np.uint32), err_msg=f"{name}: HEAD_SUMS against the heads' sum")
