@@ -372,7 +372,7 @@ def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
     SQ = DP if WIDE else DP + 4
     SD = BC + 4  # row stride of dS: 4 mod 16 (the stores of dS^T fragments hit bank 8t + g)
     uSD = U(SD)
-    if WIDE and DP % 32:
+    if WIDE and not fa2_forward_tc.wide_ok(DP):
         raise ValueError(f"3xTF32 backward: WIDE needs a padded head dim that is a multiple of 32, got DP={DP}")
     QST = 2 if CP_ASYNC else 1  # SRAM stages of Q_i, dO_i and of the statistics
     OFF_Q = U(0)
@@ -684,7 +684,7 @@ def fa2_backward_tf32_dq_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool
     ND = DP // 8
     SQ = DP if WIDE else DP + 4  # as the main kernel's
     uSQ = U(SQ)
-    if WIDE and DP % 32:
+    if WIDE and not fa2_forward_tc.wide_ok(DP):
         raise ValueError(f"3xTF32 backward: WIDE needs a padded head dim that is a multiple of 32, got DP={DP}")
     OFF_Q = U(0)
     OFF_DO = U(BR * SQ)
