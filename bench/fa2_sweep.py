@@ -81,6 +81,9 @@ VARIANTS_D64 = {
     "tc-cp-4x1x32": (("tc", (4, 1, 32)), {"CP_ASYNC": True}),
     "tc-cp-8x1x32": (("tc", (8, 1, 32)), {"CP_ASYNC": True}),
     "tc-cp-wide": (("tc", None), {"CP_ASYNC": True, "WIDE": True}),  # 16-byte fragment loads (2026-11-27; 248 registers)
+    # causal: every head's heaviest query blocks first (HEAVY_FIRST, 2026-11-27) or each head's in turn
+    "tc-cp-hf": (("tc", None), {"CP_ASYNC": True, "HEAVY_FIRST": True}),
+    "tc-cp-perhead": (("tc", None), {"CP_ASYNC": True, "HEAVY_FIRST": False}),
 }
 VARIANTS_D128 = {
     "readable": ("readable", {}),
@@ -117,6 +120,12 @@ VARIANTS_D128 = {
     "tc-cp-8x2x16-wide": (("tc", (8, 2, 16)), {"CP_ASYNC": True, "STAGE_O_STEP": True, "WIDE": True}),
     "tc-cp-8x1x32-wide": (("tc", (8, 1, 32)), {"CP_ASYNC": True, "WIDE": True}),
     "tc-cp-4x1x32-wide": (("tc", (4, 1, 32)), {"CP_ASYNC": True, "WIDE": True}),
+    # causal: every head's heaviest query blocks first (HEAVY_FIRST, 2026-11-27) or each head's in turn, at the causal
+    # default (4 x 1 x 32) and at 8 x 2 x 16 (Br = 256: the longest blocks, the most to gain from the order)
+    "tc-cp-4x1x32-wide-hf": (("tc", (4, 1, 32)), {"CP_ASYNC": True, "WIDE": True, "HEAVY_FIRST": True}),
+    "tc-cp-4x1x32-wide-perhead": (("tc", (4, 1, 32)), {"CP_ASYNC": True, "WIDE": True, "HEAVY_FIRST": False}),
+    "tc-cp-8x2x16-wide-hf": (("tc", (8, 2, 16)), {"CP_ASYNC": True, "STAGE_O_STEP": True, "WIDE": True, "HEAVY_FIRST": True}),
+    "tc-cp-8x2x16-wide-perhead": (("tc", (8, 2, 16)), {"CP_ASYNC": True, "STAGE_O_STEP": True, "WIDE": True, "HEAVY_FIRST": False}),
 }
 
 

@@ -89,6 +89,11 @@
 #                tilings, d = 128, N 1k/2k/4k, causal and not (forward + backward timed; the policy left causal d > 64
 #                on scalar adds until LSE_P), after the half backward's GPU tests -> OUTDIR/red2_tests.txt,
 #                red2_off_1.json/.log, red2_on_1, _off_2, _on_2
+#   heavy_fwd    the 3xTF32 forward's causal block order (HEAVY_FIRST: every head's last query block first) off and on:
+#                its GPU tests and the GPU case of the fast backward's HEAD_SUMS test (not rerun since its fix), then the
+#                causal forward at d = 128 (the 4 x 1 x 32 default and 8 x 2 x 16, each per head and heavy first) and d = 64
+#                (default, per head and heavy first), N 1k/2k/4k/8k/16k (the performance log's section "3xTF32 forward: the
+#                heaviest query blocks of all heads first") -> OUTDIR/heavy_fwd_tests.txt, heavy_fwd_d128.json/.log, _d64
 #   half_bwd_cp  the half backward's tilings with and without cp.async for Q_i, dO_i (half_sweep --backward; the log's
 #                section "FA2 backward in fp16 / bf16: cp.async for Q_i, dO_i") -> OUTDIR/half_bwd_cp.json/.log
 # OUTDIR/pending_env.txt says what ran where. A failed step is noted and the rest run. Exit status: 0 when all ran.
@@ -211,6 +216,15 @@ for s in "${steps[@]}"; do
       step wide_d64.log timeout 200 python3 -m bench.fa2_sweep --seqlens 1024 4096 16384 --headdims 64 \
         --variants tc-cp tc-cp-wide --out "$out/wide_d64.json"
       tail -n 30 "$out/wide_d128.log"; tail -n 14 "$out/wide_d64.log" ;;
+    heavy_fwd)
+      step heavy_fwd_tests.txt python3 -m pytest -q -p no:cacheprovider -rfE tests/kernels/test_key_block_order.py \
+        tests/kernels/test_fast_backward_head_sums.py
+      step heavy_fwd_d128.log timeout 330 python3 -m bench.fa2_sweep --seqlens 1024 2048 4096 8192 16384 --headdims 128 \
+        --causal yes --variants tc-cp-4x1x32-wide-perhead tc-cp-4x1x32-wide-hf tc-cp-8x2x16-wide-perhead tc-cp-8x2x16-wide-hf \
+        --out "$out/heavy_fwd_d128.json"
+      step heavy_fwd_d64.log timeout 180 python3 -m bench.fa2_sweep --seqlens 1024 2048 4096 8192 16384 --headdims 64 \
+        --causal yes --variants tc-cp-perhead tc-cp-hf --out "$out/heavy_fwd_d64.json"
+      tail -n 30 "$out/heavy_fwd_d128.log"; tail -n 16 "$out/heavy_fwd_d64.log" ;;
     wide_bwd)
       step wide_bwd_tests.txt python3 -m pytest -q -p no:cacheprovider -rfE tests/kernels/test_tf32_backward_wide.py \
         tests/kernels/test_tc_wide.py

@@ -19,6 +19,8 @@ make_word_loader        (NROWS, DW) words (half pairs) -> registers -> SRAM     
 make_word_loader_async  (NROWS, DW) words, HBM -> SRAM by cp.async (no registers)  FA2 half and tc forward
 make_quiet_nan_pass     a thread's cp.async chunks: NaN -> the quiet NaN, in SRAM   FA2 tc forward
 swizzle16, swizzle16t   the SRAM column of a tile's column in unpadded rows         3xTF32 ``WIDE``
+make_key_block_order    (key block, head) of a block, heaviest first (causal)       FA2 half/tc backward
+make_query_block_order  (query block, head) of a block, heaviest first (causal)     FA2 tc forward
 ======================  ==========================================================  ====================
 
 A loader's ``SWIZZLE`` (None, or :func:`swizzle16` or :func:`swizzle16t`) stores column ``x`` of tile row ``r`` at
@@ -232,6 +234,28 @@ def make_key_block_order(HEAVY_FIRST: bool):
         return cuda.blockIdx.x, cuda.blockIdx.y + cuda.gridDim.y * cuda.blockIdx.z
 
     return key_block
+
+
+@functools.cache
+def make_query_block_order(HEAVY_FIRST: bool):
+    """``query_block(n_bh) -> (i, bh)``: the query block and the (batch, head) of a row-block forward's thread block.
+
+    The forwards' blocks own query blocks ``i``; under a causal mask block ``i`` visits the more key blocks the larger
+    it is, so the heaviest is the last. Without ``HEAVY_FIRST``: ``i = gridDim.x - 1 - blockIdx.x`` (each head's
+    query blocks start heaviest first, one head after another) and ``bh`` from grid y, z. With it (causal) the linear
+    number is split ``i``-major as in :func:`make_key_block_order`: every head's last query block first, then every
+    head's one before it ... (longest processing time first across heads: the last blocks to start are the lightest
+    of all, not the heads' heaviest ones that start late). ``i`` comes back negative for the padding of the folded
+    grid: return then.
+    """
+    block = make_key_block_order(HEAVY_FIRST)
+
+    @cuda.jit(device=True, inline="always")
+    def query_block(n_bh):
+        x, bh = block(n_bh)
+        return cuda.gridDim.x - 1 - x, bh
+
+    return query_block
 
 
 _W0 = uint32(0)

@@ -224,7 +224,7 @@ def cp_async_ok(d: int) -> bool:
 
 @functools.cache
 def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROPOUT: bool, PREFETCH: bool, SIM: bool, STAGE_S: bool = True, STAGE_O: bool = True,
-                          CP_ASYNC: bool = False, STAGE_O_STEP: bool = False, WIDE: bool = False):
+                          CP_ASYNC: bool = False, STAGE_O_STEP: bool = False, WIDE: bool = False, HEAVY_FIRST: bool = False):
     """The 3xTF32 FA2 forward kernel for one specialization (see the module docstring).
 
     ``CP_ASYNC`` (d a multiple of 4): K_j, V_j go HBM -> SRAM by ``cp.async`` into two SRAM stages, the
@@ -257,6 +257,10 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
       have made that 8 rows x 4 lanes x 4 bytes, 4x the L2 sectors: 3-7 % slower at N = 1k on an H100).
 
     The strides change with it (:func:`strides`, ``wide``).
+
+    ``HEAVY_FIRST`` (causal): the blocks start in query-block-major order, every head's last (heaviest) query block
+    first (:func:`numba_flash.fast._tiles.make_query_block_order`); without it each head's blocks start heaviest
+    first, one head after another. The same blocks and the same bits either way.
 
     Symbol table (paper symbol -> variable -> memory space):
 
@@ -311,6 +315,7 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
     quiet_v = _tiles.make_quiet_nan_pass(BC, DP, NT, SV)
     _copy16, cp_commit, cp_wait0 = _mma.make_cp_async(SIM)
     n_key_blocks, _ = _tiles.make_block_counts(BR, BC, CAUSAL)
+    query_block = _tiles.make_query_block_order(HEAVY_FIRST)
 
     split, mma3, quad_max, quad_sum = _mma.make_warp_ops(SIM)
     natural_stats = _regtile.make_natural_stats()
@@ -360,14 +365,13 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
         s_q = gQ.shape[1]
         s_k = gK.shape[1]
         d = gQ.shape[3]
-        bh = cuda.blockIdx.y + cuda.gridDim.y * cuda.blockIdx.z  # Dev: b*h folded over grid y, z (y <= 65535)
+        # FA2.1 L3: for i = 1..Tr -- one thread block per i; Dev: the heaviest (causal) blocks first (HEAVY_FIRST: of all heads)
+        i, bh = query_block(gQ.shape[0] * nheads)  # Dev: b*h folded over grid y, z (y <= 65535)
         b = bh // nheads
         h = bh % nheads
-        if b >= gQ.shape[0]:
-            return  # Dev: past b*h in the last z slab of the fold
+        if b >= gQ.shape[0] or (HEAVY_FIRST and i < 0):
+            return  # Dev: past b*h (HEAVY_FIRST: past Tr) in the last z slab of the fold
         ub, uh, uhk = U(b), U(h), U(h // group)
-        # FA2.1 L3: for i = 1..Tr -- one thread block per i; Dev: the heaviest (causal) blocks first
-        i = cuda.gridDim.x - 1 - cuda.blockIdx.x
         row0 = i * BR
         wrow = U(16 * MW) * U(warp)  # this warp's first row within the block
 
@@ -610,8 +614,11 @@ def default_features() -> dict:
     ``WIDE``: 16-byte fragment loads with the dot products' terms reordered (:func:`fa2_forward_tc_kernel`), on the
     ``cp.async`` path where :func:`wide_ok`; None: where the padded head dim is above 64 (:func:`wide_on` says why;
     timed in the performance log's sections "3xTF32 forward: 16-byte fragment loads" and "3xTF32 backward in the
-    forward's ``WIDE`` order")."""
-    return {"PREFETCH": None, "STAGE_S": True, "STAGE_O": True, "CP_ASYNC": True, "STAGE_O_STEP": None, "WIDE": None}
+    forward's ``WIDE`` order").
+    ``HEAVY_FIRST``: with causal, the blocks of all heads start heaviest first (:func:`fa2_forward_tc_kernel`); off until
+    an H100 times it (the performance log's section "3xTF32 forward: the heaviest query blocks of all heads first")."""
+    return {"PREFETCH": None, "STAGE_S": True, "STAGE_O": True, "CP_ASYNC": True, "STAGE_O_STEP": None, "WIDE": None,
+            "HEAVY_FIRST": False}
 
 
 def wide_on(feature, DP: int, cp_async: bool) -> bool:
@@ -684,7 +691,7 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None):
     nbytes = 4 * smem_floats(NW, MW, Bc, DP, sim, 2 if cp_async else 1, wide)
     _plan.check_sram(nbytes, Br, Bc, d)
     kernel = fa2_forward_tc_kernel(NW, MW, Bc, DP, prob.causal, prob.dropout_p > 0, prefetch, sim, bool(feats["STAGE_S"]), bool(feats["STAGE_O"]),
-                                   cp_async, stage_o_step(feats["STAGE_O_STEP"], MW, DP), wide)
+                                   cp_async, stage_o_step(feats["STAGE_O_STEP"], MW, DP), wide, prob.causal and bool(feats["HEAVY_FIRST"]))
     grid = bh_grid(ceil_div(prob.seqlen_q, Br), prob.batch * prob.nheads)
     return kernel, grid, 32 * NW, nbytes
 

@@ -1,4 +1,5 @@
-"""The order the column-block backwards start their blocks in (:func:`numba_flash.fast._tiles.make_key_block_order`).
+"""The order the column-block backwards and the 3xTF32 forward start their blocks in
+(:func:`numba_flash.fast._tiles.make_key_block_order`, :func:`numba_flash.fast._tiles.make_query_block_order`).
 
 A GPU starts the blocks of a grid in the order of their linear number. The half and 3xTF32 backwards have one block per
 (key block ``j``, batch x KV head); under a causal mask block ``j`` has the more query blocks to visit the smaller
@@ -13,25 +14,32 @@ Claims checked:
 * With ``HEAVY_FIRST`` ``j`` never decreases along the linear number: no lighter block starts before a heavier one.
 * The half backward with the order on and off gives dK and dV bit for bit and dQ within flash-attn's 3x rule (the
   atomic adds of dQ come in another order), causal with GQA.
+* The forwards' blocks own query blocks ``i``, and under a causal mask the last is the heaviest. The 3xTF32 forward's
+  ``HEAVY_FIRST`` reads the linear number ``i``-major from the last: every (i, head) pair once (plain and folded
+  grids), ``i`` never increasing along the linear number; without it each head's blocks go from the last query block
+  down, one head after another (the order the kernel had before). O, L, m and l are bit for bit the same with and
+  without it (a block's work does not depend on when it starts), causal with GQA and ragged rows (in the simulator,
+  and on a GPU at realistic shapes).
 """
 
 from __future__ import annotations
 
 from numba_flash import _launch
 from numba_flash._launch import Allocator, bh_grid, check_attention_args, poison_outputs
-from numba_flash.fast import _tiles, fa2_backward_half, fa2_forward_half
+from numba_flash.fast import _tiles, fa2_backward_half, fa2_forward_half, fa2_forward_tc
 
 import numpy as np
 import pytest
-from attn_testing import assert_error_rule, half_inputs, to_host, torch_attention_grads
+from attn_testing import assert_error_rule, half_inputs, make_qkv, run_tc_forward, to_host, torch_attention_grads
 from numba import cuda
 
 torch = pytest.importorskip("torch")
 
 
-def _visits(heavy_first, tc, n_bh):
-    """``[(linear number, j, bh)]`` of every block of the backward's grid ``bh_grid(tc, n_bh)``."""
-    key_block = _tiles.make_key_block_order(heavy_first)
+def _visits(heavy_first, tc, n_bh, factory=_tiles.make_key_block_order):
+    """``[(linear number, j, bh)]`` of every block of the grid ``bh_grid(tc, n_bh)`` (``factory``: the order; the
+    forwards' gives the query block ``i`` in place of ``j``)."""
+    key_block = factory(heavy_first)
 
     @cuda.jit
     def record(out, n):
@@ -79,3 +87,45 @@ def test_the_half_backward_keeps_its_gradients_with_the_heavy_blocks_first(rng):
     naive = torch_attention_grads(th, dout, True, 0.0, 0, torch.bfloat16)
     for run in runs:
         assert_error_rule(run[0].astype(np.float64).reshape(ref[0].shape), ref[0], naive[0], mult=3.0, what="dQ")
+
+
+@pytest.mark.parametrize("max_y", [65535, 2], ids=["plain", "folded"])
+@pytest.mark.parametrize("heavy_first", [False, True])
+@pytest.mark.parametrize(("tr", "n_bh"), [(4, 3), (1, 5), (3, 1)])
+def test_every_query_block_of_every_head_gets_one_block_and_heavy_ones_start_first(monkeypatch, heavy_first, max_y, tr, n_bh):
+    monkeypatch.setattr(_launch, "MAX_GRID_Y", max_y)
+    visits = _visits(heavy_first, tr, n_bh, _tiles.make_query_block_order)
+    live = [(i, bh) for _, i, bh in visits if 0 <= i and bh < n_bh]
+    assert sorted(live) == [(i, bh) for i in range(tr) for bh in range(n_bh)]
+    assert len(visits) - len(live) == len(visits) - tr * n_bh  # the rest: the fold's padding, returned at once
+    grid = bh_grid(tr, n_bh)
+    if heavy_first:
+        i_s = [i for _, i, _ in visits]
+        assert i_s == sorted(i_s, reverse=True), "a lighter query block starts before a heavier one"
+    else:  # each head from its last query block down (x fastest), then the next head
+        assert [(i, bh) for _, i, bh in visits] == [(tr - 1 - x, y + grid[1] * z) for z in range(grid[2]) for y in range(grid[1])
+                                                    for x in range(tr)]
+
+
+def _tc_forward_both_orders(q, k, v, block_sizes):
+    prob = check_attention_args(q, k, v, 0.0, None, True, 0)
+    kernels = [fa2_forward_tc.plan(prob, block_sizes, None, {"HEAVY_FIRST": heavy})[0] for heavy in (True, False)]
+    assert kernels[0] is not kernels[1], "the plan ignores HEAVY_FIRST: the comparison below would be of one kernel"
+    runs = []
+    for heavy in (True, False):
+        host, planned = run_tc_forward(q, k, v, True, 0.0, 0, block_sizes, {"HEAVY_FIRST": heavy})
+        assert planned["HEAVY_FIRST"] is heavy
+        runs.append(host)
+    for name, a, b in zip(("O", "L", "m", "l"), *runs):
+        np.testing.assert_array_equal(a, b, err_msg=f"{name}: the block order changed it")
+
+
+@pytest.mark.parametrize(("s_q", "s_k", "block_sizes"), [(45, 40, (16, 16)), (40, 21, (32, 8))], ids=["ragged", "sq>sk"])
+def test_the_tc_forward_keeps_its_outputs_with_the_heavy_blocks_first(rng, s_q, s_k, block_sizes):
+    _tc_forward_both_orders(*make_qkv(rng, 2, s_q, s_k, 2, 1, 16), block_sizes)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("n", "d", "block_sizes"), [(1000, 128, None), (1000, 128, (256, 16)), (2049, 64, None)])
+def test_the_tc_forward_keeps_its_outputs_with_the_heavy_blocks_first_on_gpu(rng, n, d, block_sizes):
+    _tc_forward_both_orders(*make_qkv(rng, 2, n, n, 4, 2, d), block_sizes)
