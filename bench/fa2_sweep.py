@@ -153,7 +153,7 @@ def plan_variant(cfg, feats, prob):
         return launch.dispatcher, f"{Br}x{Bc}", launch.threads, 0
     if _is_tc(cfg):
         kernel, grid, NT, nbytes = fa2_forward_tc.plan(prob, config=_tc_config(cfg, d), features=feats)
-        NW, MW, Bc, _ = _tc_config(cfg, d) or fa2_forward_tc.config_for(d, None, None, prob.causal)
+        NW, MW, Bc, _ = _tc_config(cfg, d) or fa2_forward_tc.config_for(d, None, None, prob.causal, prob.seqlen_q)
         return kernel, f"{16 * MW * NW}x{Bc}", NT, nbytes
     kernel, grid, NT, nbytes = fa2_forward_fast.plan(prob, config=_config(cfg, d), features=feats)
     c = _config(cfg, d) or fa2_forward_fast.config_for(d)

@@ -128,8 +128,15 @@ TC_MAX_HEADDIM = 128
 REPLAYABLE = True
 
 
+#: Causal query lengths from which the ``cp.async`` path's d > 64 default is 8 x 2 x 16 (as without causal) instead of
+#: 4 x 1 x 32. With ``HEAVY_FIRST`` (the causal default) on an H200, N 1k / 2k / 4k / 8k / 16k, 8 x 2 x 16 ran
+#: 0.91 / 0.99 / 1.00 / 1.09 / 1.12x the 64-row blocks (``docs/results/sweeps/heavy_fwd_d128_h200_d80baba.json``): once
+#: the lightest blocks fill the tail, the Br = 256 blocks' fewer K/V reads per MMA win on long rows.
+CAUSAL_LONG_SEQLEN = 8192
+
+
 @functools.cache
-def config_for(d: int, block_sizes=None, cp_async=None, causal: bool = False):
+def config_for(d: int, block_sizes=None, cp_async=None, causal: bool = False, seqlen_q: int = 0):
     """The tiling ``(NW, MW, Bc, DP)``: warps per block, m16 tiles per warp, key block, padded d.
 
     Defaults (sweeps in docs/notes/performance-log.md): on the ``cp.async`` path (``cp_async``; None: where
@@ -141,7 +148,8 @@ def config_for(d: int, block_sizes=None, cp_async=None, causal: bool = False):
     ``MW = 1`` with ``Bc = 32`` (Br = 64, two blocks per SM: 64-row blocks even out the causal triangle's unequal
     work; H100, causal, N = 1k / 2k / 4k / 8k / 16k: 1.10 / 1.06 / 1.02 / 0.99 / 1.01x the 8 x 2 x 16 tiling,
     ``short_causal_h100_d128.json``, ``causal_d128_h100.json``; with ``WIDE`` 8 x 2 x 16 is 1.01x / 1.06x faster at
-    N = 4k / 16k causal, 0.93x at 1k: ``block_sizes=(256, 16)``). On the register path
+    N = 4k / 16k causal, 0.93x at 1k: ``block_sizes=(256, 16)``), up to ``seqlen_q`` < :data:`CAUSAL_LONG_SEQLEN`;
+    from there on 8 x 2 x 16 again. On the register path
     (d % 4 != 0, unaligned K or V, ``CP_ASYNC=False``): ``d <= 64``: 4 warps, ``MW = 2``, ``Bc = 64``;
     above: 8 warps, ``MW = 1``, ``Bc = 32`` (at ``Bc = 64`` the SRAM allows one block per SM; H200 sweeps).
     ``block_sizes=(Br, Bc)`` is rounded up to the mma granularity (Br to a multiple of 16, Bc of 8; up to
@@ -154,7 +162,7 @@ def config_for(d: int, block_sizes=None, cp_async=None, causal: bool = False):
         if d > 64:
             if not cp:
                 return (8, 1, 32, DP)
-            return (4, 1, 32, DP) if causal else (8, 2, 16, DP)
+            return (4, 1, 32, DP) if causal and seqlen_q < CAUSAL_LONG_SEQLEN else (8, 2, 16, DP)
         return (4, 2, 32 if cp else 64, DP)
     Br, Bc = (int(n) for n in block_sizes)
     m16 = (Br + 15) // 16
@@ -615,10 +623,13 @@ def default_features() -> dict:
     ``cp.async`` path where :func:`wide_ok`; None: where the padded head dim is above 64 (:func:`wide_on` says why;
     timed in the performance log's sections "3xTF32 forward: 16-byte fragment loads" and "3xTF32 backward in the
     forward's ``WIDE`` order").
-    ``HEAVY_FIRST``: with causal, the blocks of all heads start heaviest first (:func:`fa2_forward_tc_kernel`); off until
-    an H100 times it (the performance log's section "3xTF32 forward: the heaviest query blocks of all heads first")."""
+    ``HEAVY_FIRST``: with causal, the blocks of all heads start heaviest first (:func:`fa2_forward_tc_kernel`). On an
+    H200, causal, N 1k / 2k / 4k / 8k / 16k, against each head's blocks in turn: d = 128 at 4 x 1 x 32 1.05 / 1.06 / 1.06
+    / 1.05 / 1.02x, at 8 x 2 x 16 1.05 / 1.09 / 1.07 / 1.09 / 1.08x; d = 64 1.03 / 1.06 / 1.06 / 1.06 / 1.06x
+    (``docs/results/sweeps/heavy_fwd_d128_h200_d80baba.json``, ``heavy_fwd_d64_h200_d80baba.json``; the performance
+    log's section "3xTF32 forward: the heaviest query blocks of all heads first")."""
     return {"PREFETCH": None, "STAGE_S": True, "STAGE_O": True, "CP_ASYNC": True, "STAGE_O_STEP": None, "WIDE": None,
-            "HEAVY_FIRST": False}
+            "HEAVY_FIRST": True}
 
 
 def wide_on(feature, DP: int, cp_async: bool) -> bool:
@@ -682,7 +693,7 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None):
     feats = default_features()
     feats.update(features or {})
     cp_async = _cp_async(d, feats)
-    NW, MW, Bc, DP = config if config is not None else config_for(d, block_sizes, cp_async, prob.causal)
+    NW, MW, Bc, DP = config if config is not None else config_for(d, block_sizes, cp_async, prob.causal, prob.seqlen_q)
     prefetch = feats["PREFETCH"] if feats["PREFETCH"] is not None else DP <= 64
     prefetch = bool(prefetch) and not cp_async  # unused by the cp.async path: one compiled kernel, not two
     sim = _backend.is_simulator()
@@ -703,7 +714,7 @@ def choose_block_sizes(prob: Problem, block_sizes=None) -> tuple[int, int]:
         return fa2_forward_half.choose_block_sizes(prob, block_sizes)
     if _ffma_fallback(prob):
         return fa2_forward_fast.choose_block_sizes(prob, block_sizes)
-    NW, MW, Bc, DP = config_for(prob.headdim, block_sizes, None, prob.causal)
+    NW, MW, Bc, DP = config_for(prob.headdim, block_sizes, None, prob.causal, prob.seqlen_q)
     return 16 * MW * NW, Bc
 
 

@@ -27,10 +27,11 @@ from __future__ import annotations
 from numba_flash import _launch
 from numba_flash._launch import Allocator, bh_grid, check_attention_args, poison_outputs
 from numba_flash.fast import _tiles, fa2_backward_half, fa2_forward_half, fa2_forward_tc
+from numba_flash_reference.alg0_standard import standard_attention
 
 import numpy as np
 import pytest
-from attn_testing import assert_error_rule, half_inputs, make_qkv, run_tc_forward, to_host, torch_attention_grads
+from attn_testing import assert_error_rule, half_inputs, make_qkv, naive_attention_float32, run_tc_forward, to_host, torch_attention_grads
 from numba import cuda
 
 torch = pytest.importorskip("torch")
@@ -129,3 +130,14 @@ def test_the_tc_forward_keeps_its_outputs_with_the_heavy_blocks_first(rng, s_q, 
 @pytest.mark.parametrize(("n", "d", "block_sizes"), [(1000, 128, None), (1000, 128, (256, 16)), (2049, 64, None)])
 def test_the_tc_forward_keeps_its_outputs_with_the_heavy_blocks_first_on_gpu(rng, n, d, block_sizes):
     _tc_forward_both_orders(*make_qkv(rng, 2, n, n, 4, 2, d), block_sizes)
+
+
+@pytest.mark.gpu
+def test_the_tc_forward_default_on_long_causal_rows_on_gpu(rng):
+    """From N = CAUSAL_LONG_SEQLEN the causal d = 128 default is 8 x 2 x 16 with the heavy blocks first: that plan,
+    within the forward's error rule (2x naive float32's error against float64)."""
+    n = fa2_forward_tc.CAUSAL_LONG_SEQLEN
+    q, k, v = make_qkv(rng, 1, n, n, 1, 1, 128)
+    assert fa2_forward_tc.choose_block_sizes(check_attention_args(q, k, v, 0.0, None, True, 0)) == (256, 16)
+    (out, *_), _ = run_tc_forward(q, k, v, True, 0.0, 0, None, None)
+    assert_error_rule(out, standard_attention(q, k, v, causal=True).O, naive_attention_float32(q, k, v, causal=True), what="O")
