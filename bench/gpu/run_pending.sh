@@ -94,6 +94,10 @@
 #                causal forward at d = 128 (the 4 x 1 x 32 default and 8 x 2 x 16, each per head and heavy first) and d = 64
 #                (default, per head and heavy first), N 1k/2k/4k/8k/16k (the performance log's section "3xTF32 forward: the
 #                heaviest query blocks of all heads first") -> OUTDIR/heavy_fwd_tests.txt, heavy_fwd_d128.json/.log, _d64
+#   heavy_fwd_half  the half forward's causal block order (HEAVY_FIRST, off by default until this step): its GPU tests,
+#                then the half forward's default tilings with it off and on, twice, alternating (half_sweep --default-only, N
+#                1k/4k/16k, bf16; the causal rows are the ones it changes) -> OUTDIR/heavy_half_tests.txt,
+#                heavy_half_{off,on}_{1,2}.json/.log and their rows -> OUTDIR/heavy_half_pairs.txt
 #   half_bwd_cp  the half backward's tilings with and without cp.async for Q_i, dO_i (half_sweep --backward; the log's
 #                section "FA2 backward in fp16 / bf16: cp.async for Q_i, dO_i") -> OUTDIR/half_bwd_cp.json/.log
 # OUTDIR/pending_env.txt says what ran where. A failed step is noted and the rest run. Exit status: 0 when all ran.
@@ -225,6 +229,18 @@ for s in "${steps[@]}"; do
       step heavy_fwd_d64.log timeout 180 python3 -m bench.fa2_sweep --seqlens 1024 2048 4096 8192 16384 --headdims 64 \
         --causal yes --variants tc-cp-perhead tc-cp-hf --out "$out/heavy_fwd_d64.json"
       tail -n 30 "$out/heavy_fwd_d128.log"; tail -n 16 "$out/heavy_fwd_d64.log" ;;
+    heavy_fwd_half)
+      step heavy_half_tests.txt python3 -m pytest -q -p no:cacheprovider -rfE -m gpu tests/kernels/test_key_block_order.py
+      for r in 1 2; do
+        for x in off:false on:true; do
+          IFS=: read -r tag val <<< "$x"
+          step "heavy_half_${tag}_$r.log" timeout 100 python3 -m bench.half_sweep --seqlens 1024 4096 16384 --default-only \
+            --features "{\"HEAVY_FIRST\": $val}" --out "$out/heavy_half_${tag}_$r.json"
+        done
+      done
+      for n in heavy_half_off_1 heavy_half_on_1 heavy_half_off_2 heavy_half_on_2; do
+        echo "== $n"; grep "^half" "$out/$n.log"
+      done | tee "$out/heavy_half_pairs.txt" ;;
     wide_bwd)
       step wide_bwd_tests.txt python3 -m pytest -q -p no:cacheprovider -rfE tests/kernels/test_tf32_backward_wide.py \
         tests/kernels/test_tc_wide.py

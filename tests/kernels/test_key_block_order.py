@@ -14,12 +14,12 @@ Claims checked:
 * With ``HEAVY_FIRST`` ``j`` never decreases along the linear number: no lighter block starts before a heavier one.
 * The half backward with the order on and off gives dK and dV bit for bit and dQ within flash-attn's 3x rule (the
   atomic adds of dQ come in another order), causal with GQA.
-* The forwards' blocks own query blocks ``i``, and under a causal mask the last is the heaviest. The 3xTF32 forward's
-  ``HEAVY_FIRST`` reads the linear number ``i``-major from the last: every (i, head) pair once (plain and folded
+* The forwards' blocks own query blocks ``i``, and under a causal mask the last is the heaviest. The 3xTF32 and half
+  forwards' ``HEAVY_FIRST`` reads the linear number ``i``-major from the last: every (i, head) pair once (plain and folded
   grids), ``i`` never increasing along the linear number; without it each head's blocks go from the last query block
   down, one head after another (the order the kernel had before). O, L, m and l are bit for bit the same with and
   without it (a block's work does not depend on when it starts), causal with GQA and ragged rows (in the simulator,
-  and on a GPU at realistic shapes).
+  and on a GPU at realistic shapes), for both forwards.
 """
 
 from __future__ import annotations
@@ -31,7 +31,16 @@ from numba_flash_reference.alg0_standard import standard_attention
 
 import numpy as np
 import pytest
-from attn_testing import assert_error_rule, half_inputs, make_qkv, naive_attention_float32, run_tc_forward, to_host, torch_attention_grads
+from attn_testing import (
+    assert_error_rule,
+    assert_half_feature_keeps_bits,
+    half_inputs,
+    make_qkv,
+    naive_attention_float32,
+    run_tc_forward,
+    to_host,
+    torch_attention_grads,
+)
 from numba import cuda
 
 torch = pytest.importorskip("torch")
@@ -141,3 +150,18 @@ def test_the_tc_forward_default_on_long_causal_rows_on_gpu(rng):
     assert fa2_forward_tc.choose_block_sizes(check_attention_args(q, k, v, 0.0, None, True, 0)) == (256, 16)
     (out, *_), _ = run_tc_forward(q, k, v, True, 0.0, 0, None, None)
     assert_error_rule(out, standard_attention(q, k, v, causal=True).O, naive_attention_float32(q, k, v, causal=True), what="O")
+
+
+@pytest.mark.parametrize(("s_q", "s_k", "block_sizes"), [(45, 40, (16, 16)), (40, 21, (32, 16))], ids=["ragged", "sq>sk"])
+def test_the_half_forward_keeps_its_outputs_with_the_heavy_blocks_first(rng, s_q, s_k, block_sizes):
+    th = half_inputs(rng, torch.bfloat16, 2, s_q, s_k, 2, 1, 16)
+    prob = check_attention_args(*th, 0.0, None, True, 0)
+    kernels = [fa2_forward_half.plan(prob, block_sizes, None, {"HEAVY_FIRST": heavy})[0] for heavy in (True, False)]
+    assert kernels[0] is not kernels[1], "the plan ignores HEAVY_FIRST: the comparison below would be of one kernel"
+    assert_half_feature_keeps_bits(th, True, 0.0, 0, block_sizes, "HEAVY_FIRST")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("n", "d"), [(1000, 128), (2049, 64)])
+def test_the_half_forward_keeps_its_outputs_with_the_heavy_blocks_first_on_gpu(rng, n, d):
+    assert_half_feature_keeps_bits(half_inputs(rng, torch.bfloat16, 2, n, n, 4, 2, d, "cuda"), True, 0.0, 0, None, "HEAVY_FIRST")
