@@ -20,7 +20,7 @@ make_word_loader_async  (NROWS, DW) words, HBM -> SRAM by cp.async (no registers
 make_quiet_nan_pass     a thread's cp.async chunks: NaN -> the quiet NaN, in SRAM   FA2 tc forward
 swizzle16, swizzle16t   the SRAM column of a tile's column in unpadded rows         3xTF32 ``WIDE``
 make_key_block_order    (key block, head) of a block, heaviest first (causal)       FA2 half/tc backward
-make_query_block_order  (query block, head) of a block, heaviest first (causal)     FA2 tc forward
+make_query_block_order  (query block, head) of a block, heaviest first (causal)     FA2 half/tc forward
 ======================  ==========================================================  ====================
 
 A loader's ``SWIZZLE`` (None, or :func:`swizzle16` or :func:`swizzle16t`) stores column ``x`` of tile row ``r`` at
