@@ -51,12 +51,14 @@ DEFAULT_ORDER = {"default": (None, {}), "default-hf0": (None, {"HEAVY_FIRST": Fa
 #: S in the order of the forward's ``WIDE`` (the forward then runs with it too), and at d = 128 the default tiling with
 #: two cp.async stages, which fits with WIDE's unpadded rows (225 KB; 236 KB padded)
 WIDE = {"default-wide": (None, {"WIDE": True}), "default-nowide": (None, {"WIDE": False})}
+#: The default tiling with line 15's k steps two or four to a pass of its loop (``DQ_UNROLL``), beside one
+DQ_UNROLL = {f"default-dqu{u}": (None, {"DQ_UNROLL": u}) for u in (1, 2, 4)}
 TILINGS = {
     64: {"ffma": ("ffma", {}), "8x1-Br64": ((8, 1, 64), {}), "8x1-Br32": ((8, 1, 32), {}), "4x1-Br32": ((4, 1, 32), {}),
          "8x1-Br64-pf": ((8, 1, 64), {"PREFETCH": True}), "8x1-Br64-cp": ((8, 1, 64), CP), "4x1-Br32-cp": ((4, 1, 32), CP),
-         "8x1-Br32-cp": ((8, 1, 32), CP), **DEFAULT_ORDER, **WIDE},
+         "8x1-Br32-cp": ((8, 1, 32), CP), **DEFAULT_ORDER, **WIDE, **DQ_UNROLL},
     128: {"ffma": ("ffma", {}), "8x1-Br16": ((8, 1, 16), {}), "4x1-Br16": ((4, 1, 16), {}), "8x1-Br32": ((8, 1, 32), {}),
-          "8x1-Br16-cp": ((8, 1, 16), CP), "4x1-Br32-cp": ((4, 1, 32), CP), **DEFAULT_ORDER, **WIDE,
+          "8x1-Br16-cp": ((8, 1, 16), CP), "4x1-Br32-cp": ((4, 1, 32), CP), **DEFAULT_ORDER, **WIDE, **DQ_UNROLL,
           "8x1-Br32-cp-wide": ((8, 1, 32), {**CP, "WIDE": True}), "8x1-Br16-cp-wide": ((8, 1, 16), {**CP, "WIDE": True}),
           "4x1-Br32-cp-wide": ((4, 1, 32), {**CP, "WIDE": True})},
 }

@@ -98,6 +98,10 @@
 #                then the half forward's default tilings with it off and on, twice, alternating (half_sweep --default-only, N
 #                1k/4k/16k, bf16; the causal rows are the ones it changes) -> OUTDIR/heavy_half_tests.txt,
 #                heavy_half_{off,on}_{1,2}.json/.log and their rows -> OUTDIR/heavy_half_pairs.txt
+#   dq_unroll    the 3xTF32 backward's line 15 two or four k steps a pass (DQ_UNROLL): its GPU tests, then the backward
+#                alone at the default tilings with DQ_UNROLL 1, 2, 4 (tf32_bwd_sweep rows default-dqu1/2/4), N 1k/4k/16k,
+#                d 64/128, causal and not, twice (the performance log's section "3xTF32 backward: the dQ product's k steps
+#                in pairs") -> OUTDIR/dq_unroll_tests.txt, dq_unroll_{1,2}.json/.log
 #   half_bwd_cp  the half backward's tilings with and without cp.async for Q_i, dO_i (half_sweep --backward; the log's
 #                section "FA2 backward in fp16 / bf16: cp.async for Q_i, dO_i") -> OUTDIR/half_bwd_cp.json/.log
 # OUTDIR/pending_env.txt says what ran where. A failed step is noted and the rest run. Exit status: 0 when all ran.
@@ -229,6 +233,13 @@ for s in "${steps[@]}"; do
       step heavy_fwd_d64.log timeout 180 python3 -m bench.fa2_sweep --seqlens 1024 2048 4096 8192 16384 --headdims 64 \
         --causal yes --variants tc-cp-perhead tc-cp-hf --out "$out/heavy_fwd_d64.json"
       tail -n 30 "$out/heavy_fwd_d128.log"; tail -n 16 "$out/heavy_fwd_d64.log" ;;
+    dq_unroll)
+      step dq_unroll_tests.txt python3 -m pytest -q -p no:cacheprovider -rfE -m gpu tests/kernels/test_tf32_backward_dq_unroll.py
+      for r in 1 2; do
+        step "dq_unroll_$r.log" timeout 240 python3 -m bench.tf32_bwd_sweep --seqlens 1024 4096 16384 --headdims 64 128 \
+          --no-fwdbwd --tilings default-dqu1 default-dqu2 default-dqu4 --out "$out/dq_unroll_$r.json"
+      done
+      tail -n 30 "$out/dq_unroll_1.log" "$out/dq_unroll_2.log" ;;
     heavy_fwd_half)
       step heavy_half_tests.txt python3 -m pytest -q -p no:cacheprovider -rfE -m gpu tests/kernels/test_key_block_order.py
       for r in 1 2; do

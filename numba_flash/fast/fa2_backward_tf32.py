@@ -326,7 +326,7 @@ def make_rows_2t(SQ: int, WIDE: bool):
 @functools.cache
 def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, DROPOUT: bool, ATOMIC_DQ: bool,
                              PREFETCH: bool, SIM: bool, FROM_LSE: bool = False, RED2: bool = False, CP_ASYNC: bool = False,
-                             HEAVY_FIRST: bool = False, WIDE: bool = False):
+                             HEAVY_FIRST: bool = False, WIDE: bool = False, DQ_UNROLL: int = 1):
     """The main (column-block) 3xTF32 backward kernel: dK, dV, and with ``ATOMIC_DQ`` the atomic dQ adds.
 
     Kernel arguments: ``gQ, gdO (b, s_q, h, d)``, ``gK, gV (b, s_k, h_k, d)`` float32, ``gm, gl, gD (b, h, s_q)``
@@ -372,6 +372,10 @@ def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
     SQ = DP if WIDE else DP + 4
     SD = BC + 4  # row stride of dS: 4 mod 16 (the stores of dS^T fragments hit bank 8t + g)
     uSD = U(SD)
+    if DQ_UNROLL < 1 or NKB % DQ_UNROLL:
+        raise ValueError(f"3xTF32 backward: DQ_UNROLL={DQ_UNROLL} does not divide the {NKB} k steps of dS K_j")
+    if DQ_UNROLL not in (1, 2, 4):
+        raise ValueError(f"3xTF32 backward: DQ_UNROLL must be 1, 2 or 4, got {DQ_UNROLL}")
     if WIDE and not fa2_forward_tc.wide_ok(DP):
         raise ValueError(f"3xTF32 backward: WIDE needs a padded head dim that is a multiple of 32, got DP={DP}")
     QST = 2 if CP_ASYNC else 1  # SRAM stages of Q_i, dO_i and of the statistics
@@ -417,6 +421,27 @@ def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
     rows_2t = make_rows_2t(SQ, WIDE)
     row_stats = _regtile.make_row_stats(FROM_LSE)
     add2 = _mma.make_atomic_add2(RED2, SIM)
+
+    # [doc:fa2-tf32-bwd-dq-step]
+    @cuda.jit(device=True, inline="always")
+    def dq_k_step(smem, off_k, kb, qw, dq0, g, t, rQb, rQs, rdQ, sx, wbase, lane):
+        """Line 15's k step ``kb`` (8 keys): ``rdQ += tau dS[:, 8 kb ..] K_j[8 kb .., :]`` for the warp's dQ slice, staged
+        (``K_j`` at ``off_k``)."""
+        for qq in range(QPW):  # a = (dS[g, 2t], dS[g+8, 2t], dS[g, 2t+1], dS[g+8, 2t+1]) of query tile qt
+            qa = OFF_DS + (U(16 * (qw + (NW // DSPLIT) * qq)) + g) * uSD + U(8 * kb) + U(2) * t
+            for c in range(4):
+                rQb[qq * 4 + c], rQs[qq * 4 + c] = split(smem[qa + U(8 * (c % 2)) * uSD + U(c // 2)])
+        for dn in range(NDW):
+            ka0, ka1 = rows_2t(off_k, U(8 * kb), U(8 * (dq0 + dn)), g, t)  # b = (K[2t, g], K[2t+1, g])
+            kb0, ks0 = split(smem[ka0])
+            kb1, ks1 = split(smem[ka1])
+            for qq in range(QPW):
+                f = (qq * NDW + dn) * 4
+                acc = mma3((rQb[qq * 4], rQb[qq * 4 + 1], rQb[qq * 4 + 2], rQb[qq * 4 + 3]),
+                           (rQs[qq * 4], rQs[qq * 4 + 1], rQs[qq * 4 + 2], rQs[qq * 4 + 3]), (kb0, kb1), (ks0, ks1), Z4, sx, wbase, lane)
+                for c in range(4):
+                    rdQ[f + c] += acc[c]
+    # [/doc:fa2-tf32-bwd-dq-step]
 
     # [doc:fa2-tf32-bwd-kernel]
     @cuda.jit(fastmath=False)
@@ -617,21 +642,13 @@ def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
                 # in the order 2t, 2t + 1 (K_j rows 2t, 2t + 1: bank 8t + g); each k step staged; then float32 atomic adds
                 for a in range(NQ):
                     rdQ[a] = ZERO
-                for kb in range(NKB):
-                    for qq in range(QPW):  # a = (dS[g, 2t], dS[g+8, 2t], dS[g, 2t+1], dS[g+8, 2t+1]) of query tile qt
-                        qa = OFF_DS + (U(16 * (qw + (NW // DSPLIT) * qq)) + g) * uSD + U(8 * kb) + U(2) * t
-                        for c in range(4):
-                            rQb[qq * 4 + c], rQs[qq * 4 + c] = split(smem[qa + U(8 * (c % 2)) * uSD + U(c // 2)])
-                    for dn in range(NDW):
-                        ka0, ka1 = rows_2t(OFF_K, U(8 * kb), U(8 * (dq0 + dn)), g, t)  # b = (K[2t, g], K[2t+1, g])
-                        kb0, ks0 = split(smem[ka0])
-                        kb1, ks1 = split(smem[ka1])
-                        for qq in range(QPW):
-                            f = (qq * NDW + dn) * 4
-                            acc = mma3((rQb[qq * 4], rQb[qq * 4 + 1], rQb[qq * 4 + 2], rQb[qq * 4 + 3]),
-                                       (rQs[qq * 4], rQs[qq * 4 + 1], rQs[qq * 4 + 2], rQs[qq * 4 + 3]), (kb0, kb1), (ks0, ks1), Z4, sx, wbase, lane)
-                            for c in range(4):
-                                rdQ[f + c] += acc[c]
+                for kq in range(NKB // DQ_UNROLL):  # Dev: DQ_UNROLL k steps a pass, in order (the same sums, more mma in flight)
+                    dq_k_step(smem, OFF_K, kq * DQ_UNROLL, qw, dq0, g, t, rQb, rQs, rdQ, sx, wbase, lane)
+                    if DQ_UNROLL >= 2:
+                        dq_k_step(smem, OFF_K, kq * DQ_UNROLL + 1, qw, dq0, g, t, rQb, rQs, rdQ, sx, wbase, lane)
+                    if DQ_UNROLL >= 4:
+                        dq_k_step(smem, OFF_K, kq * DQ_UNROLL + 2, qw, dq0, g, t, rQb, rQs, rdQ, sx, wbase, lane)
+                        dq_k_step(smem, OFF_K, kq * DQ_UNROLL + 3, qw, dq0, g, t, rQb, rQs, rdQ, sx, wbase, lane)
                 for qq in range(QPW):
                     qt = qw + (NW // DSPLIT) * qq
                     for hf in range(2):
@@ -874,8 +891,12 @@ def default_features() -> dict:
     ``HEAVY_FIRST``: with causal, the heaviest key blocks of every head start first
     (:func:`numba_flash.fast._tiles.make_key_block_order`): on an H100 the causal d = 128 backward ran 1.03x faster
     at N 1k and 1.05x at 4k (6.772 -> 6.559 ms, 22.463 -> 21.295; the non-causal rows, the same kernel, within 0.6 %;
-    ``docs/results/sweeps/heavy_first_h100_827b946_tf32.json``). The half backward has it off."""
-    return {"PREFETCH": False, "RED2": None, "CP_ASYNC": None, "HEAVY_FIRST": True, "WIDE": None}
+    ``docs/results/sweeps/heavy_first_h100_827b946_tf32.json``). The half backward has it off.
+    ``DQ_UNROLL``: the atomic dQ product's 8-key k steps (line 15) this many to a pass of its loop, in the same order
+    and with the same staging (the same bits): two or four steps' ``mma`` chains in flight instead of one step's
+    ``NDW`` (4 at the default tilings). 1 until a GPU times it (the performance log's section "3xTF32 backward: the dQ
+    product's k steps in pairs")."""
+    return {"PREFETCH": False, "RED2": None, "CP_ASYNC": None, "HEAVY_FIRST": True, "WIDE": None, "DQ_UNROLL": 1}
 
 
 def features_for(d: int, features=None, forward_wide: bool = False) -> dict:
@@ -913,7 +934,7 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None, determinis
         red2 = not sim and _backend.device_facts().compute_capability >= (9, 0)
     red2 = bool(red2) and d % 2 == 0  # Dev: red.v2 needs 8-byte aligned pairs: rows of d floats, d even
     main = fa2_backward_tf32_kernel(NW, MW, BR, DP, prob.causal, dropout, not deterministic, bool(feats["PREFETCH"]), sim,
-                                    bool(from_lse), red2, cp_async, prob.causal and bool(feats["HEAVY_FIRST"]), wide)
+                                    bool(from_lse), red2, cp_async, prob.causal and bool(feats["HEAVY_FIRST"]), wide, int(feats["DQ_UNROLL"]))
     grid = bh_grid(ceil_div(prob.seqlen_k, BC), prob.batch * prob.nheads_k)
     dq = None
     NWq, MWq, BCq, _ = dq_config(d)
