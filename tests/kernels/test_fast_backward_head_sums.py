@@ -25,7 +25,7 @@ from numba_flash_reference.alg3_backward import standard_backward
 
 import numpy as np
 import pytest
-from attn_testing import assert_error_rule, make_qkv, naive_attention_backward_float32, to_host
+from attn_testing import assert_error_rule, assert_same_bits, make_qkv, naive_attention_backward_float32, to_host
 
 
 def _grads(q, k, v, dout, causal, p, seed, head_sums, deterministic=False, bs=(16, 16)):
@@ -71,8 +71,7 @@ def test_head_sums_give_dk_dv_as_the_float32_sum_of_each_heads(rng, b, s_q, s_k,
     dout = rng.standard_normal(q.shape).astype(np.float32)
     want = _per_head_sum(q, k, v, dout, causal, 0.0, 0, det)
     got = _grads(q, k, v, dout, causal, 0.0, 0, True, det)
-    for name, x, y in zip(("dq", "dk", "dv"), got, want):
-        np.testing.assert_array_equal(x.view(np.uint32), y.view(np.uint32), err_msg=f"{name}: HEAD_SUMS against the heads' sum")
+    assert_same_bits(got, want, "HEAD_SUMS and the heads' sum", ("dq", "dk", "dv"))
     single = _grads(q, k, v, dout, causal, 0.0, 0, False, det)
     assert (single[1].view(np.uint32) != want[1].view(np.uint32)).any(), "one register over the group rounds otherwise"
 
@@ -107,5 +106,4 @@ def test_head_sums_give_the_heads_sum_on_gpu_shapes(rng):
     dout = rng.standard_normal(q.shape).astype(np.float32)
     want = _per_head_sum(q, k, v, dout, True, 0.0, 0, True, None)  # the default tiling on both sides
     got = _grads(q, k, v, dout, True, 0.0, 0, True, True, None)
-    for name, x, y in zip(("dq", "dk", "dv"), got, want):
-        np.testing.assert_array_equal(x.view(np.uint32), y.view(np.uint32), err_msg=f"{name}: HEAD_SUMS against the heads' sum")
+    assert_same_bits(got, want, "HEAD_SUMS and the heads' sum", ("dq", "dk", "dv"))
