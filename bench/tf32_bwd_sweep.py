@@ -101,7 +101,9 @@ def check(tilings, d, log):
     return check_backward({name: functools.partial(run_backward, cfg, feats) for name, (cfg, feats) in tilings.items()}, d, log)
 
 
-def time_backward(tilings, n, d, causal, repeats, rows, log):
+def time_backward(tilings, n, d, causal, repeats, rows, log, rounds=1):
+    """Time every tiling's backward alone on one cell, ``rounds`` times over, the tilings alternating (each row
+    records its ``round``: the pairs of one process, compiled once, as ``--rounds`` asks)."""
     import torch
 
     shape = bu.fa2_shape(n, d)
@@ -109,8 +111,8 @@ def time_backward(tilings, n, d, causal, repeats, rows, log):
     q, k, v = bu.make_inputs(b, h, n, d, seed=n + d)
     dout = torch.randn_like(q)
     flops = bu.flops_backward(b, h, n, n, d, causal)
-    for name, (cfg, feats) in tilings.items():
-        row = dict(pass_="bwd", impl=name, N=n, d=d, batch=b, nheads=h, causal=causal)
+    for rnd, (name, (cfg, feats)) in ((r, t) for r in range(1, rounds + 1) for t in tilings.items()):
+        row = dict(pass_="bwd", impl=name, N=n, d=d, batch=b, nheads=h, causal=causal, round=rnd)
         try:
             bwd, alloc = run_backward(cfg, feats, q, k, v, dout, causal)
             med, lo, hi = bu.cuda_time_ms(bwd, warmup=1, repeats=repeats)
@@ -165,7 +167,7 @@ def time_fwd_bwd(n, d, causal, repeats, rows, log):
 
 
 def _line(r):
-    head = f"{r['pass_']:8} {r['impl']:20} {r['N']:>6} {r['d']:>4} {int(r['causal'])}"
+    head = f"{r['pass_']:8} {r['impl']:20} {r['N']:>6} {r['d']:>4} {int(r['causal'])}" + (f" r{r['round']}" if "round" in r else "")
     if "error" in r:
         return f"{head} ERROR {r['error'][:100]}"
     extra = f" regs {r['regs']} smem {r['smem'] / 1024:.1f}KB local {r['local']} blocks/SM {r.get('blocks_per_sm')}" if "regs" in r else ""
@@ -200,6 +202,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--headdims", type=int, nargs="+", default=[64, 128])
     ap.add_argument("--tilings", nargs="*", default=None, help="names to keep (default: all of TILINGS)")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="time the backward cells this many times over, the tilings alternating (one compilation)")
     ap.add_argument("--no-fwdbwd", action="store_true", help="skip the flash_attn_func / SDPA / naive forward+backward cells")
     ap.add_argument("--wait-pid", type=int, default=None, help="compile first, then wait for this process to exit before timing")
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "tf32_bwd_sweep.json"))
@@ -249,7 +253,7 @@ def main(argv=None):
             print(f"check d={d} {name:14} " + " ".join(("ok" if r["ok"] else "FAIL") + f"({r['err']:.1e}/{r['naive32_err']:.1e})" for r in res), flush=True)
         for n in args.seqlens:
             for causal in (False, True):
-                time_backward(tilings, n, d, causal, args.repeats, rows, log)
+                time_backward(tilings, n, d, causal, args.repeats, rows, log, args.rounds)
                 if not args.no_fwdbwd:
                     time_fwd_bwd(n, d, causal, args.repeats, rows, log)
                 save()

@@ -100,8 +100,10 @@
 #                heavy_half_{off,on}_{1,2}.json/.log and their rows -> OUTDIR/heavy_half_pairs.txt
 #   dq_unroll    the 3xTF32 backward's line 15 two or four k steps a pass (DQ_UNROLL): its GPU tests, then the backward
 #                alone at the default tilings with DQ_UNROLL 1, 2, 4 (tf32_bwd_sweep rows default-dqu1/2/4), N 1k/4k/16k,
-#                d 64/128, causal and not, twice (the performance log's section "3xTF32 backward: the dQ product's k steps
-#                in pairs") -> OUTDIR/dq_unroll_tests.txt, dq_unroll_{1,2}.json/.log
+#                d 64/128, causal and not, two rounds in one process (compiled once; the performance log's section "3xTF32
+#                backward: the dQ product's k steps in pairs") -> OUTDIR/dq_unroll_tests.txt, dq_unroll.json/.log
+#   heavy_fwd_4k the 3xTF32 forward's causal d = 128 default (4 x 1 x 32) per head and heavy first at N = 4096, two runs
+#                (the first with SDPA beside): the cell the H100 grid of 727c316 left at 1.00x -> OUTDIR/heavy_fwd_4k_{1,2}.json/.log
 #   half_bwd_cp  the half backward's tilings with and without cp.async for Q_i, dO_i (half_sweep --backward; the log's
 #                section "FA2 backward in fp16 / bf16: cp.async for Q_i, dO_i") -> OUTDIR/half_bwd_cp.json/.log
 # OUTDIR/pending_env.txt says what ran where. A failed step is noted and the rest run. Exit status: 0 when all ran.
@@ -235,11 +237,16 @@ for s in "${steps[@]}"; do
       tail -n 30 "$out/heavy_fwd_d128.log"; tail -n 16 "$out/heavy_fwd_d64.log" ;;
     dq_unroll)
       step dq_unroll_tests.txt python3 -m pytest -q -p no:cacheprovider -rfE -m gpu tests/kernels/test_tf32_backward_dq_unroll.py
+      step dq_unroll.log timeout 450 python3 -m bench.tf32_bwd_sweep --seqlens 1024 4096 16384 --headdims 64 128 \
+        --no-fwdbwd --rounds 2 --tilings default-dqu1 default-dqu2 default-dqu4 --out "$out/dq_unroll.json"
+      grep "^bwd" "$out/dq_unroll.log" ;;
+    heavy_fwd_4k)
       for r in 1 2; do
-        step "dq_unroll_$r.log" timeout 240 python3 -m bench.tf32_bwd_sweep --seqlens 1024 4096 16384 --headdims 64 128 \
-          --no-fwdbwd --tilings default-dqu1 default-dqu2 default-dqu4 --out "$out/dq_unroll_$r.json"
+        step "heavy_fwd_4k_$r.log" timeout 120 python3 -m bench.fa2_sweep --seqlens 4096 --headdims 128 --causal yes \
+          --variants tc-cp-4x1x32-wide-perhead tc-cp-4x1x32-wide-hf --no-check $([ "$r" = 2 ] && echo --no-baselines) \
+          --out "$out/heavy_fwd_4k_$r.json"
       done
-      tail -n 30 "$out/dq_unroll_1.log" "$out/dq_unroll_2.log" ;;
+      tail -n 8 "$out/heavy_fwd_4k_1.log" "$out/heavy_fwd_4k_2.log" ;;
     heavy_fwd_half)
       step heavy_half_tests.txt python3 -m pytest -q -p no:cacheprovider -rfE -m gpu tests/kernels/test_key_block_order.py
       for r in 1 2; do
