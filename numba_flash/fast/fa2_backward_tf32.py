@@ -894,9 +894,20 @@ def default_features() -> dict:
     ``docs/results/sweeps/heavy_first_h100_827b946_tf32.json``). The half backward has it off.
     ``DQ_UNROLL``: the atomic dQ product's 8-key k steps (line 15) this many to a pass of its loop, in the same order
     and with the same staging (the same bits): two or four steps' ``mma`` chains in flight instead of one step's
-    ``NDW`` (4 at the default tilings). 1 until a GPU times it (the performance log's section "3xTF32 backward: the dQ
-    product's k steps in pairs")."""
-    return {"PREFETCH": False, "RED2": None, "CP_ASYNC": None, "HEAVY_FIRST": True, "WIDE": None, "DQ_UNROLL": 1}
+    ``NDW`` (4 at the default tilings). None: 4 above d = 64 where 4 divides the block's ``Bc / 8`` k steps, else 1
+    (:func:`dq_unroll_for`). On an H100 the d = 128 backward ran 1.005-1.06x faster with 4 in all 12 cells of two rounds
+    (N 1k / 4k / 16k, causal and not), 7 of them by 2 % or more; at d = 64, 4 ran 0.99-1.03x and 2 0.99-1.02x, short of
+    the rule set before the run (``docs/results/sweeps/dq_unroll_h100_86d63ca.json``, the performance log's section
+    "3xTF32 backward: the dQ product's k steps in pairs")."""
+    return {"PREFETCH": False, "RED2": None, "CP_ASYNC": None, "HEAVY_FIRST": True, "WIDE": None, "DQ_UNROLL": None}
+
+
+def dq_unroll_for(DP: int, BC: int, value=None) -> int:
+    """``DQ_UNROLL`` resolved for a padded head dim ``DP`` and ``BC`` keys a block: ``value`` if given, else 4 where
+    ``DP > 64`` and 4 divides the ``BC / 8`` k steps of ``dS K_j``, else 1 (:func:`default_features`)."""
+    if value is not None:
+        return int(value)
+    return 4 if DP > 64 and (BC // 8) % 4 == 0 else 1
 
 
 def features_for(d: int, features=None, forward_wide: bool = False) -> dict:
@@ -934,7 +945,8 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None, determinis
         red2 = not sim and _backend.device_facts().compute_capability >= (9, 0)
     red2 = bool(red2) and d % 2 == 0  # Dev: red.v2 needs 8-byte aligned pairs: rows of d floats, d even
     main = fa2_backward_tf32_kernel(NW, MW, BR, DP, prob.causal, dropout, not deterministic, bool(feats["PREFETCH"]), sim,
-                                    bool(from_lse), red2, cp_async, prob.causal and bool(feats["HEAVY_FIRST"]), wide, int(feats["DQ_UNROLL"]))
+                                    bool(from_lse), red2, cp_async, prob.causal and bool(feats["HEAVY_FIRST"]), wide,
+                                    dq_unroll_for(DP, BC, feats["DQ_UNROLL"]))
     grid = bh_grid(ceil_div(prob.seqlen_k, BC), prob.batch * prob.nheads_k)
     dq = None
     NWq, MWq, BCq, _ = dq_config(d)
