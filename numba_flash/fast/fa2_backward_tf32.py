@@ -897,7 +897,7 @@ def default_features() -> dict:
     ``NDW`` (4 at the default tilings). None: 4 above d = 64 where 4 divides the block's ``Bc / 8`` k steps, else 1
     (:func:`dq_unroll_for`). On an H100 the d = 128 backward ran 1.005-1.06x faster with 4 in all 12 cells of two rounds
     (N 1k / 4k / 16k, causal and not), 7 of them by 2 % or more; at d = 64, 4 ran 0.99-1.03x and 2 0.99-1.02x, short of
-    the rule set before the run (``docs/results/sweeps/dq_unroll_h100_86d63ca.json``, the performance log's section
+    the rule set before the run (``docs/results/sweeps/dq_unroll_h100_86e8f49.json``, the performance log's section
     "3xTF32 backward: the dQ product's k steps in pairs")."""
     return {"PREFETCH": False, "RED2": None, "CP_ASYNC": None, "HEAVY_FIRST": True, "WIDE": None, "DQ_UNROLL": None}
 

@@ -11,6 +11,8 @@ Claims checked:
   one at a time, so the atomic adds come in one order); on ragged, causal, GQA and dropout shapes with several key k
   steps per block. (``deterministic=True`` computes dQ in its own kernel, which ``DQ_UNROLL`` does not touch.)
 * A factor that does not divide the block's k steps, or other than 1, 2 and 4, is refused when the kernel is built.
+* The default (``DQ_UNROLL=None``) is 4 above d = 64 where 4 divides the block's k steps, else 1: the factor
+  :func:`~numba_flash.fast.fa2_backward_tf32.plan` builds the kernel with; a given factor is kept.
 * On a GPU (marker ``gpu``): the same at realistic shapes, with dQ within the 3x rule where its atomic adds may come
   in another order.
 """
@@ -18,7 +20,7 @@ Claims checked:
 from __future__ import annotations
 
 from numba_flash import _backend
-from numba_flash._launch import Allocator, check_attention_args, poison_outputs
+from numba_flash._launch import Allocator, Problem, check_attention_args, poison_outputs
 from numba_flash.fast import fa2_backward_tf32, fa2_forward_tc
 
 import numpy as np
@@ -66,6 +68,31 @@ def test_a_factor_that_does_not_divide_the_k_steps_is_refused():
         fa2_backward_tf32.fa2_backward_tf32_kernel(1, 1, 16, 16, False, False, True, False, sim, DQ_UNROLL=4)
     with pytest.raises(ValueError, match="must be 1, 2 or 4"):
         fa2_backward_tf32.fa2_backward_tf32_kernel(4, 1, 16, 16, False, False, True, False, sim, DQ_UNROLL=8)
+
+
+@pytest.mark.parametrize(("d", "block_sizes", "features", "expected"), [
+    (128, None, None, 4),  # the default tiling: Bc = 128, 16 k steps
+    (96, None, None, 4),
+    (64, None, None, 1),
+    (72, (16, 16), None, 1),  # Bc = 16: two k steps, 4 does not divide them
+    (128, (32, 32), None, 4),  # Bc = 32: four k steps
+    (128, None, {"DQ_UNROLL": 2}, 2),
+    (64, None, {"DQ_UNROLL": 4}, 4),
+])
+def test_the_default_unroll_is_four_above_d64_where_it_divides_the_k_steps(monkeypatch, d, block_sizes, features, expected):
+    built = []
+    real = fa2_backward_tf32.fa2_backward_tf32_kernel
+
+    def record(*args):
+        built.append(args[-1])
+        return real(*args)
+
+    monkeypatch.setattr(fa2_backward_tf32, "fa2_backward_tf32_kernel", record)
+    for causal in (False, True):
+        prob = Problem(batch=1, seqlen_q=256, seqlen_k=256, nheads=2, nheads_k=2, headdim=d, softmax_scale=d ** -0.5,
+                       causal=causal, dropout_p=0.0, seed=0)
+        fa2_backward_tf32.plan(prob, block_sizes, features=features)
+    assert built == [expected, expected]
 
 
 @pytest.mark.gpu
