@@ -324,6 +324,43 @@ def make_rows_2t(SQ: int, WIDE: bool):
 
 
 @functools.cache
+def make_dq_k_step(NQT: int, QSTRIDE: int, NDW: int, SD: int, OFF_DS: int, SQ: int, WIDE: bool, SIM: bool):
+    """Line 15's k step of 8 keys for ``NQT`` query m16 tiles (rows ``q0``, ``q0 + QSTRIDE``, ...) and ``NDW`` n8
+    column tiles of dQ (from column tile ``dq0``): ``rdQ += tau dS[:, 8 kb ..] K_j[8 kb .., :]``, each tile's three
+    ``mma`` into a zeroed accumulator then added (staged). A = ``tau dS`` rows from SRAM at ``OFF_DS`` (row stride
+    ``SD``), B = ``K_j`` rows ``2t, 2t + 1`` of the k step (:func:`make_rows_2t`). The atomic kernel calls it for its
+    warp's slice of ``dQ_i`` (``DQ_UNROLL`` at a time), the deterministic dQ kernel for its warp's own query rows."""
+    split, mma3, _, _ = _mma.make_warp_ops(SIM)
+    rows_2t = make_rows_2t(SQ, WIDE)
+    uSD, uOFF_DS = U(SD), U(OFF_DS)
+    ZERO = float32(0.0)
+    Z4 = (ZERO, ZERO, ZERO, ZERO)
+
+    # [doc:fa2-tf32-bwd-dq-step]
+    @cuda.jit(device=True, inline="always")
+    def dq_k_step(smem, off_k, kb, q0, dq0, g, t, rAb, rAs, rdQ, sx, wbase, lane):
+        """k step ``kb`` (8 keys) of ``dQ_i += tau dS_ij K_j`` into the fragments ``rdQ`` (``K_j`` at ``off_k``;
+        ``rAb, rAs``: the A fragments' big and small tf32 parts, scratch)."""
+        for qq in range(NQT):  # a = (dS[g, 2t], dS[g+8, 2t], dS[g, 2t+1], dS[g+8, 2t+1]) of query tile qq
+            qa = uOFF_DS + (q0 + U(QSTRIDE * qq) + g) * uSD + U(8 * kb) + U(2) * t
+            for c in range(4):
+                rAb[qq * 4 + c], rAs[qq * 4 + c] = split(smem[qa + U(8 * (c % 2)) * uSD + U(c // 2)])
+        for dn in range(NDW):
+            ka0, ka1 = rows_2t(off_k, U(8 * kb), U(8 * (dq0 + dn)), g, t)  # b = (K[2t, g], K[2t+1, g])
+            kb0, ks0 = split(smem[ka0])
+            kb1, ks1 = split(smem[ka1])
+            for qq in range(NQT):
+                f = (qq * NDW + dn) * 4
+                acc = mma3((rAb[qq * 4], rAb[qq * 4 + 1], rAb[qq * 4 + 2], rAb[qq * 4 + 3]),
+                           (rAs[qq * 4], rAs[qq * 4 + 1], rAs[qq * 4 + 2], rAs[qq * 4 + 3]), (kb0, kb1), (ks0, ks1), Z4, sx, wbase, lane)
+                for c in range(4):
+                    rdQ[f + c] += acc[c]
+    # [/doc:fa2-tf32-bwd-dq-step]
+
+    return dq_k_step
+
+
+@functools.cache
 def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, DROPOUT: bool, ATOMIC_DQ: bool,
                              PREFETCH: bool, SIM: bool, FROM_LSE: bool = False, RED2: bool = False, CP_ASYNC: bool = False,
                              HEAVY_FIRST: bool = False, WIDE: bool = False, DQ_UNROLL: int = 1):
@@ -422,26 +459,7 @@ def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
     row_stats = _regtile.make_row_stats(FROM_LSE)
     add2 = _mma.make_atomic_add2(RED2, SIM)
 
-    # [doc:fa2-tf32-bwd-dq-step]
-    @cuda.jit(device=True, inline="always")
-    def dq_k_step(smem, off_k, kb, qw, dq0, g, t, rQb, rQs, rdQ, sx, wbase, lane):
-        """Line 15's k step ``kb`` (8 keys): ``rdQ += tau dS[:, 8 kb ..] K_j[8 kb .., :]`` for the warp's dQ slice, staged
-        (``K_j`` at ``off_k``)."""
-        for qq in range(QPW):  # a = (dS[g, 2t], dS[g+8, 2t], dS[g, 2t+1], dS[g+8, 2t+1]) of query tile qt
-            qa = OFF_DS + (U(16 * (qw + (NW // DSPLIT) * qq)) + g) * uSD + U(8 * kb) + U(2) * t
-            for c in range(4):
-                rQb[qq * 4 + c], rQs[qq * 4 + c] = split(smem[qa + U(8 * (c % 2)) * uSD + U(c // 2)])
-        for dn in range(NDW):
-            ka0, ka1 = rows_2t(off_k, U(8 * kb), U(8 * (dq0 + dn)), g, t)  # b = (K[2t, g], K[2t+1, g])
-            kb0, ks0 = split(smem[ka0])
-            kb1, ks1 = split(smem[ka1])
-            for qq in range(QPW):
-                f = (qq * NDW + dn) * 4
-                acc = mma3((rQb[qq * 4], rQb[qq * 4 + 1], rQb[qq * 4 + 2], rQb[qq * 4 + 3]),
-                           (rQs[qq * 4], rQs[qq * 4 + 1], rQs[qq * 4 + 2], rQs[qq * 4 + 3]), (kb0, kb1), (ks0, ks1), Z4, sx, wbase, lane)
-                for c in range(4):
-                    rdQ[f + c] += acc[c]
-    # [/doc:fa2-tf32-bwd-dq-step]
+    dq_k_step = make_dq_k_step(QPW, 16 * (NW // DSPLIT), NDW, SD, int(OFF_DS), SQ, WIDE, SIM)
 
     # [doc:fa2-tf32-bwd-kernel]
     @cuda.jit(fastmath=False)
@@ -488,6 +506,7 @@ def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
         wrow = U(16 * MW) * U(warp)  # this warp's first key row within the block
         qw = warp // DSPLIT  # dQ slice of this warp: query tiles qw, qw + NW / DSPLIT, ...; column tiles from dq0
         dq0 = (warp % DSPLIT) * NDW
+        dq_row = U(16 * qw)  # its first query row
         # FA2.2 L5: for j = 1..Tc -- one thread block per (j, batch, KV head) (HEAVY_FIRST: every head's j = 0 first)
         j, bhk = key_block(gQ.shape[0] * nheads_k)  # Dev: b*h_k folded over grid y, z (y <= 65535)
         b = bhk // nheads_k
@@ -643,12 +662,12 @@ def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
                 for a in range(NQ):
                     rdQ[a] = ZERO
                 for kq in range(NKB // DQ_UNROLL):  # Dev: DQ_UNROLL k steps a pass, in order (the same sums, more mma in flight)
-                    dq_k_step(smem, OFF_K, kq * DQ_UNROLL, qw, dq0, g, t, rQb, rQs, rdQ, sx, wbase, lane)
+                    dq_k_step(smem, OFF_K, kq * DQ_UNROLL, dq_row, dq0, g, t, rQb, rQs, rdQ, sx, wbase, lane)
                     if DQ_UNROLL >= 2:
-                        dq_k_step(smem, OFF_K, kq * DQ_UNROLL + 1, qw, dq0, g, t, rQb, rQs, rdQ, sx, wbase, lane)
+                        dq_k_step(smem, OFF_K, kq * DQ_UNROLL + 1, dq_row, dq0, g, t, rQb, rQs, rdQ, sx, wbase, lane)
                     if DQ_UNROLL >= 4:
-                        dq_k_step(smem, OFF_K, kq * DQ_UNROLL + 2, qw, dq0, g, t, rQb, rQs, rdQ, sx, wbase, lane)
-                        dq_k_step(smem, OFF_K, kq * DQ_UNROLL + 3, qw, dq0, g, t, rQb, rQs, rdQ, sx, wbase, lane)
+                        dq_k_step(smem, OFF_K, kq * DQ_UNROLL + 2, dq_row, dq0, g, t, rQb, rQs, rdQ, sx, wbase, lane)
+                        dq_k_step(smem, OFF_K, kq * DQ_UNROLL + 3, dq_row, dq0, g, t, rQb, rQs, rdQ, sx, wbase, lane)
                 for qq in range(QPW):
                     qt = qw + (NW // DSPLIT) * qq
                     for hf in range(2):
@@ -726,7 +745,7 @@ def fa2_backward_tf32_dq_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool
     n_key_blocks, _ = _tiles.make_block_counts(BR, BC, CAUSAL)
     split, mma3, _, _ = _mma.make_warp_ops(SIM)
     mma_score_products_wide = make_score_products_wide(MW, NB, KD, SQ, SIM, False)
-    rows_2t = make_rows_2t(SQ, WIDE)
+    dq_k_step = make_dq_k_step(MW, 16, ND, SD, int(OFF_DS), SQ, WIDE, SIM)
     row_stats = _regtile.make_row_stats(FROM_LSE)
     QNAN = _tiles.QNAN
 
@@ -846,20 +865,7 @@ def fa2_backward_tf32_dq_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool
             # FA2.2 L15: dQ_i += tau dS_ij K_j -- A = this warp's dS rows, B = K_j, the 8 keys of a k step in the order
             # 2t, 2t + 1 (K_j rows 2t, 2t + 1: bank 8t + g); each k step staged; Dev: deterministic: a fixed order
             for nt in range(NB):
-                for mt in range(MW):  # a = (dS[g, 2t], dS[g+8, 2t], dS[g, 2t+1], dS[g+8, 2t+1])
-                    da = OFF_DS + (wrow + U(16 * mt) + g) * uSD + U(8 * nt) + U(2) * t
-                    for c in range(4):
-                        rAb[mt * 4 + c], rAs[mt * 4 + c] = split(smem[da + U(8 * (c % 2)) * uSD + U(c // 2)])
-                for dn in range(ND):
-                    ka0, ka1 = rows_2t(OFF_K, U(8 * nt), U(8 * dn), g, t)  # b = (K[2t, g], K[2t+1, g])
-                    kb0, ks0 = split(smem[ka0])
-                    kb1, ks1 = split(smem[ka1])
-                    for mt in range(MW):
-                        f = (mt * ND + dn) * 4
-                        acc = mma3((rAb[mt * 4], rAb[mt * 4 + 1], rAb[mt * 4 + 2], rAb[mt * 4 + 3]),
-                                   (rAs[mt * 4], rAs[mt * 4 + 1], rAs[mt * 4 + 2], rAs[mt * 4 + 3]), (kb0, kb1), (ks0, ks1), Z4, sx, wbase, lane)
-                        for c in range(4):
-                            rdQ[f + c] += acc[c]
+                dq_k_step(smem, OFF_K, nt, wrow, 0, g, t, rAb, rAs, rdQ, sx, wbase, lane)  # the warp's rows, every column
         for r in range(NR):
             mt, hf = r // 2, r % 2
             row = row0 + int(wrow) + 16 * mt + 8 * hf + int(g)

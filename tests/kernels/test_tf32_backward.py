@@ -34,6 +34,7 @@ TILINGS = [
     pytest.param((2, 1, 16), 1, 19, 40, 2, 1, 12, True, 0.0, id="dsplit2-causal-sq<sk-gqa-d12"),
     pytest.param((1, 2, 32), 1, 33, 14, 2, 2, 24, True, 0.2, id="mw2-qpw2-causal-sq>sk-dropout-d24"),
     pytest.param((2, 1, 32), 2, 21, 18, 1, 1, 16, False, 0.1, id="2warps-qpw1-dropout-b2-d16"),
+    pytest.param((2, 1, 64), 1, 70, 45, 1, 1, 8, False, 0.0, id="2warps-qpw2-d8"),  # a warp's dQ tiles 32 rows apart
 ]
 
 
