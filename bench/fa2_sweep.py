@@ -46,6 +46,8 @@ from bench import _utils as bu
 # name there meant "the default at the time" (e.g. ``fast`` was 64 x 64 in fa2_sweep_h200_run1/2.json,
 # ``tc`` staged only O in sweep_tc2_h200.json). bench/README.md maps those rows to the names below.
 #: name -> (config (NT, TM, TPR, Bc) or None for the default / "readable", features)
+#: the default tiling with line 4's Q_i through registers (the former load) or by cp.async (Q_ASYNC, 2026-11-27)
+Q_ASYNC = {f"tc-cp-q{int(a)}": (("tc", None), {"CP_ASYNC": True, "Q_ASYNC": a}) for a in (False, True)}
 VARIANTS_D64 = {
     "readable": ("readable", {}),
     "fast": (None, {}),  # Br 128 x Bc 64, TM 8, 128 threads
@@ -84,6 +86,7 @@ VARIANTS_D64 = {
     # causal: every head's heaviest query blocks first (HEAVY_FIRST, 2026-11-27) or each head's in turn
     "tc-cp-hf": (("tc", None), {"CP_ASYNC": True, "HEAVY_FIRST": True}),
     "tc-cp-perhead": (("tc", None), {"CP_ASYNC": True, "HEAVY_FIRST": False}),
+    **Q_ASYNC,
 }
 VARIANTS_D128 = {
     "readable": ("readable", {}),
@@ -126,6 +129,7 @@ VARIANTS_D128 = {
     "tc-cp-4x1x32-wide-perhead": (("tc", (4, 1, 32)), {"CP_ASYNC": True, "WIDE": True, "HEAVY_FIRST": False}),
     "tc-cp-8x2x16-wide-hf": (("tc", (8, 2, 16)), {"CP_ASYNC": True, "STAGE_O_STEP": True, "WIDE": True, "HEAVY_FIRST": True}),
     "tc-cp-8x2x16-wide-perhead": (("tc", (8, 2, 16)), {"CP_ASYNC": True, "STAGE_O_STEP": True, "WIDE": True, "HEAVY_FIRST": False}),
+    **Q_ASYNC,
 }
 
 

@@ -193,6 +193,7 @@ def _backward_tiling(config, cp_async, tiling=None):
 def _kernel(name: str, d: int, causal: bool, tiling=None):
     """The dispatcher of ``name`` in its default configuration at head dim ``d`` (dropout off); ``tiling``
     ``(NW, MW, BC, CP)``: the half or 3xTF32 forward at that tiling (see ``--half-tiling``)."""
+    from numba_flash.fast import _plan
     from numba_flash.fast import alg1_forward as A1
     from numba_flash.fast import alg4_backward as A4
     from numba_flash.fast import fa2_backward as B2
@@ -212,7 +213,7 @@ def _kernel(name: str, d: int, causal: bool, tiling=None):
         NW, MW, BC, DP, f, prefetch, cp_async = _forward_tiling(TC, d, tiling)
         return TC.fa2_forward_tc_kernel(NW, MW, BC, DP, causal, False, prefetch, False, f["STAGE_S"], f["STAGE_O"], cp_async,
                                         TC.stage_o_step(f["STAGE_O_STEP"], MW, DP), TC.wide_on(f["WIDE"], DP, cp_async),
-                                        causal and bool(f["HEAVY_FIRST"]))
+                                        causal and bool(f["HEAVY_FIRST"]), _plan.async_on(f["Q_ASYNC"], cp_async))
     if name.startswith("fa2_forward_half_"):
         NW, MW, BC, DP, f, prefetch, cp_async = _forward_tiling(H, d, tiling)
         return H.fa2_forward_half_kernel(NW, MW, BC, DP, causal, False, prefetch, False, name.rsplit("_", 1)[1], cp_async,
@@ -241,7 +242,8 @@ def _kernel(name: str, d: int, causal: bool, tiling=None):
         red2 = d % 2 == 0  # as TB.plan on compute capability 9.0
         return TB.fa2_backward_tf32_kernel(NW, MW, BR, DP, causal, False, True, TB.default_features()["PREFETCH"], False, False, red2,
                                            cp_async and TC.cp_async_ok(d), causal and bool(_features(TB)["HEAVY_FIRST"]), wide,
-                                           TB.dq_unroll_for(DP, 16 * MW * NW, _features(TB)["DQ_UNROLL"]))
+                                           TB.dq_unroll_for(DP, 16 * MW * NW, _features(TB)["DQ_UNROLL"]),
+                                           _plan.async_on(_features(TB)["KV_ASYNC"], cp_async))
     f = B2.default_features()
     if name == "fa2_backward_fast":
         return B2.fa2_backward_fast_kernel(*B2.config_for(d), causal, False, True, f["VEC"], f["PREFETCH"], f["MAXREG"])

@@ -394,6 +394,35 @@ def run_tc_forward(q, k, v, causal, p, seed, block_sizes, features, words=None):
     return host, planned
 
 
+def run_tf32_backward(q, k, v, dout, causal, p, seed, block_sizes, features, deterministic=False, config=None, words=None):
+    """The 3xTF32 backward (:mod:`numba_flash.fast.fa2_backward_tf32`) at kernel level with ``features``, after the 3xTF32
+    forward, outputs NaN-poisoned: ``([dq, dk, dv] as NumPy arrays, the features its plan was given, over the
+    defaults)`` (after ``backward``'s own fallbacks, e.g. an unaligned input turning ``CP_ASYNC`` off). ``words``: a dict
+    of kernel arrays (keys ``q``, ``k``, ``v``, ``dout``) to pass instead of aligned copies (e.g. :func:`unaligned_copy`)."""
+    from numba_flash._launch import Allocator, check_attention_args, poison_outputs
+    from numba_flash.fast import fa2_backward_tf32, fa2_forward_tc
+
+    prob = check_attention_args(q, k, v, p, None, causal, seed)
+    alloc = Allocator(q)
+    arrays = {name: alloc.to_kernel(x) for name, x in (("q", q), ("k", k), ("v", v), ("dout", dout))}
+    arrays.update(words or {})
+    fwd = fa2_forward_tc.forward(alloc.to_kernel(q), arrays["k"], arrays["v"], prob, alloc, block_sizes)
+    planned, real_plan = [], fa2_backward_tf32.plan
+
+    def plan(*a, **kw):
+        planned.append({**fa2_backward_tf32.default_features(), **(a[3] or {})})
+        return real_plan(*a, **kw)
+
+    fa2_backward_tf32.plan = plan
+    try:
+        with poison_outputs():
+            grads = fa2_backward_tf32.backward(arrays["dout"], arrays["q"], arrays["k"], arrays["v"], fwd.out, fwd, prob, alloc,
+                                               block_sizes, deterministic, config, features)
+    finally:
+        fa2_backward_tf32.plan = real_plan
+    return [to_host(g) for g in grads], planned[0]
+
+
 def sharp_problem(rng, b, n, h, d, scale):
     """(dout, q, k, v) with q scaled by ``scale``: scores tau q.k of standard deviation ``scale`` (tau = 1/sqrt(d)), the
     sharp softmaxes of ``tests/kernels/test_sharp_softmax.py``."""

@@ -104,6 +104,13 @@
 #                backward: the dQ product's k steps in pairs") -> OUTDIR/dq_unroll_tests.txt, dq_unroll.json/.log
 #   heavy_fwd_4k the 3xTF32 forward's causal d = 128 default (4 x 1 x 32) per head and heavy first at N = 4096, two runs
 #                (the first with SDPA beside): the cell the H100 grid of 727c316 left at 1.00x -> OUTDIR/heavy_fwd_4k_{1,2}.json/.log
+#   load_async   the 3xTF32 kernels' one-time tiles by cp.async (the forward's Q_i: Q_ASYNC; the backward's K_j, V_j:
+#                KV_ASYNC): their GPU tests and those of the cp.async paths beside them, then the forward at the default
+#                tilings with Q_i through registers and by cp.async (fa2_sweep tc-cp-q0 / tc-cp-q1, N 512/1k/4k/16k, d 128
+#                and 64, causal and not, SDPA beside), then the backward alone with K_j, V_j each way (tf32_bwd_sweep rows
+#                default-kv0 / default-kv1, N 1k/4k, d 128 and 64, two rounds in one process; the performance log's section
+#                "The 3xTF32 kernels' one-time tiles by cp.async") -> OUTDIR/load_async_tests.txt, q_async_d128.json/.log,
+#                q_async_d64.json/.log, kv_async.json/.log
 #   half_bwd_cp  the half backward's tilings with and without cp.async for Q_i, dO_i (half_sweep --backward; the log's
 #                section "FA2 backward in fp16 / bf16: cp.async for Q_i, dO_i") -> OUTDIR/half_bwd_cp.json/.log
 # OUTDIR/pending_env.txt says what ran where. A failed step is noted and the rest run. Exit status: 0 when all ran.
@@ -240,6 +247,17 @@ for s in "${steps[@]}"; do
       step dq_unroll.log timeout 450 python3 -m bench.tf32_bwd_sweep --seqlens 1024 4096 16384 --headdims 64 128 \
         --no-fwdbwd --rounds 2 --tilings default-dqu1 default-dqu2 default-dqu4 --out "$out/dq_unroll.json"
       grep "^bwd" "$out/dq_unroll.log" ;;
+    load_async)
+      step load_async_tests.txt python3 -m pytest -q -p no:cacheprovider -rfE tests/kernels/test_tc_forward_q_async.py \
+        tests/kernels/test_tf32_backward_kv_async.py tests/kernels/test_tc_forward_cp_async.py::test_cp_async_pipeline_equals_the_register_path_on_gpu_shapes \
+        tests/kernels/test_tf32_backward_cp_async.py::test_cp_async_stages_give_the_register_paths_gradients_on_gpu_shapes
+      for d in 128 64; do
+        step "q_async_d$d.log" timeout 200 python3 -m bench.fa2_sweep --seqlens 512 1024 4096 16384 --headdims "$d" \
+          --variants tc-cp-q0 tc-cp-q1 --repeats 20 --out "$out/q_async_d$d.json"
+      done
+      step kv_async.log timeout 330 python3 -m bench.tf32_bwd_sweep --seqlens 1024 4096 --headdims 128 64 \
+        --no-fwdbwd --rounds 2 --tilings default-kv0 default-kv1 --out "$out/kv_async.json"
+      grep "^bwd" "$out/kv_async.log" ;;
     heavy_fwd_4k)
       for r in 1 2; do
         step "heavy_fwd_4k_$r.log" timeout 120 python3 -m bench.fa2_sweep --seqlens 4096 --headdims 128 --causal yes \

@@ -24,6 +24,24 @@ def check_sram(nbytes: int, Br: int, Bc: int, d: int) -> None:
         raise ValueError(f"tiles (Br={Br}, Bc={Bc}, d={d}) need {nbytes} bytes of shared memory; the device allows {_smem.max_optin_bytes()}")
 
 
+def async_on(feature, cp_async: bool) -> bool:
+    """A block's one-time tile load by ``cp.async`` resolved (the 3xTF32 forward's ``Q_ASYNC``, its backward's
+    ``KV_ASYNC``): never off the kernel's ``cp.async`` path; else ``bool(feature)``, None: on."""
+    return cp_async and (feature is None or bool(feature))
+
+
+def registers_if_unaligned(features, defaults: dict, name: str, *arrays):
+    """``features`` with the :func:`async_on` feature ``name`` off where it would be on but ``arrays`` are not 16-byte
+    aligned (:func:`numba_flash.fast.fa2_forward_half.aligned16`): their tile goes through registers, the kernel's
+    other tiles keep ``cp.async``. The alignment is read only when the feature would be on."""
+    from .fa2_forward_half import aligned16  # Dev: here, not at the top: that module imports this one
+
+    feats = {**defaults, **(features or {})}
+    if async_on(feats[name], bool(feats["CP_ASYNC"])) and not aligned16(*arrays):
+        return {**(features or {}), name: False}
+    return features
+
+
 def one_launch(what: str, plan, Br: int, Bc: int) -> list[KernelLaunch]:
     """``compiled_kernels`` of a module that launches one kernel: ``[KernelLaunch]`` named with its tiles and SRAM."""
     kernel, grid, threads, nbytes = plan

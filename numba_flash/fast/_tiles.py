@@ -18,6 +18,7 @@ make_block_counts       key blocks visible from query rows < row_end (causal)   
 make_word_loader        (NROWS, DW) words (half pairs) -> registers -> SRAM         FA2 half forward
 make_word_loader_async  (NROWS, DW) words, HBM -> SRAM by cp.async (no registers)  FA2 half and tc forward
 make_quiet_nan_pass     a thread's cp.async chunks: NaN -> the quiet NaN, in SRAM   FA2 tc forward
+                        (``SCALE``: times a scale first: ``Q_i`` by cp.async)
 swizzle16, swizzle16t   the SRAM column of a tile's column in unpadded rows         3xTF32 ``WIDE``
 make_key_block_order    (key block, head) of a block, heaviest first (causal)       FA2 half/tc backward
 make_query_block_order  (query block, head) of a block, heaviest first (causal)     FA2 half/tc forward
@@ -344,7 +345,7 @@ def make_word_loader_async(NROWS: int, DW: int, NT: int, SA: int, SIM: bool, SWI
 
 
 @functools.cache
-def make_quiet_nan_pass(NROWS: int, DW: int, NT: int, SA: int, SWIZZLE=None):
+def make_quiet_nan_pass(NROWS: int, DW: int, NT: int, SA: int, SWIZZLE=None, SCALE: bool = False):
     """``quiet(smem, off, tid)``: in the float32 SRAM tile at ``off`` (row stride ``SA``), each NaN among the
     chunks that thread ``tid`` copied with :func:`make_word_loader_async` (same ``NROWS, DW, NT``) becomes the
     quiet NaN ``0x7fc00000``.
@@ -353,6 +354,11 @@ def make_quiet_nan_pass(NROWS: int, DW: int, NT: int, SA: int, SWIZZLE=None):
     ``cp.async`` and never pass through registers: run it after ``cp.async.wait_group`` (a thread's own
     copies have landed) and before the barrier that publishes the tile. Zero-filled chunks hold no NaN.
     One SRAM read per element, and a write only for a NaN. ``SWIZZLE``: as the loader's.
+
+    ``SCALE``: ``quiet(smem, off, tid, scale)`` first multiplies each element by the float32 ``scale`` (one
+    rounding, as :func:`make_scaled_q_loader` does in registers) and writes every element back: the 3xTF32
+    forward's ``Q_i`` (times ``tau log2 e``) when it arrives by ``cp.async`` (``Q_ASYNC``). Zero-filled chunks
+    stay zero for a positive ``scale``.
     """
     CW = DW // 4
     NC = (NROWS * CW + NT - 1) // NT
@@ -362,7 +368,7 @@ def make_quiet_nan_pass(NROWS: int, DW: int, NT: int, SA: int, SWIZZLE=None):
     swz = SWIZZLE if SW else swizzle16
 
     @cuda.jit(device=True, inline="always")
-    def quiet(smem, off, tid):
+    def each_own_element(smem, off, tid, scale):
         for it in range(NC):
             e = tid + uNT * U(it)
             if EXACT or e < uTOT:
@@ -371,7 +377,17 @@ def make_quiet_nan_pass(NROWS: int, DW: int, NT: int, SA: int, SWIZZLE=None):
                 base = off + r * uSA + (swz(c, r) if SW else c)
                 for w in range(4):
                     v = smem[base + U(w)]
-                    if v != v:
+                    if SCALE:
+                        v = float32(v * scale)
+                        smem[base + U(w)] = v if v == v else QNAN
+                    elif v != v:
                         smem[base + U(w)] = QNAN
+
+    if SCALE:
+        return each_own_element
+
+    @cuda.jit(device=True, inline="always")
+    def quiet(smem, off, tid):
+        each_own_element(smem, off, tid, float32(1.0))
 
     return quiet

@@ -363,7 +363,7 @@ def make_dq_k_step(NQT: int, QSTRIDE: int, NDW: int, SD: int, OFF_DS: int, SQ: i
 @functools.cache
 def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, DROPOUT: bool, ATOMIC_DQ: bool,
                              PREFETCH: bool, SIM: bool, FROM_LSE: bool = False, RED2: bool = False, CP_ASYNC: bool = False,
-                             HEAVY_FIRST: bool = False, WIDE: bool = False, DQ_UNROLL: int = 1):
+                             HEAVY_FIRST: bool = False, WIDE: bool = False, DQ_UNROLL: int = 1, KV_ASYNC: bool = False):
     """The main (column-block) 3xTF32 backward kernel: dK, dV, and with ``ATOMIC_DQ`` the atomic dQ adds.
 
     Kernel arguments: ``gQ, gdO (b, s_q, h, d)``, ``gK, gV (b, s_k, h_k, d)`` float32, ``gm, gl, gD (b, h, s_q)``
@@ -377,7 +377,10 @@ def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
     3xTF32 forward's NaN pass); one barrier per step instead of two. Without it they go through registers.
     ``WIDE`` (padded d a multiple of 32): ``S`` in the order of the forward's ``WIDE``, for a forward that ran with it
     (:func:`make_score_products_wide`); ``Q_i, dO_i, K_j, V_j`` unpadded (``SQ = DP``) and swizzled
-    (:func:`numba_flash.fast._tiles.swizzle16t`), ``dP`` from the same 16-byte loads.
+    (:func:`numba_flash.fast._tiles.swizzle16t`), ``dP`` from the same 16-byte loads. ``KV_ASYNC`` (needs ``CP_ASYNC``):
+    line 6's ``K_j, V_j`` by ``cp.async`` too, in the first step's copy group, quieted by each thread after its wait. The
+    register load is a loop that ptxas keeps in local memory at d = 128 (64 floats of each a thread: every load waited
+    for by its spill store, 64 HBM round trips in a row before the block's first step); same bits.
 
     Symbol table (paper symbol -> variable -> memory space):
 
@@ -413,6 +416,8 @@ def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
         raise ValueError(f"3xTF32 backward: DQ_UNROLL={DQ_UNROLL} does not divide the {NKB} k steps of dS K_j")
     if DQ_UNROLL not in (1, 2, 4):
         raise ValueError(f"3xTF32 backward: DQ_UNROLL must be 1, 2 or 4, got {DQ_UNROLL}")
+    if KV_ASYNC and not CP_ASYNC:
+        raise ValueError("3xTF32 backward: KV_ASYNC needs CP_ASYNC")
     if WIDE and not fa2_forward_tc.wide_ok(DP):
         raise ValueError(f"3xTF32 backward: WIDE needs a padded head dim that is a multiple of 32, got DP={DP}")
     QST = 2 if CP_ASYNC else 1  # SRAM stages of Q_i, dO_i and of the statistics
@@ -450,6 +455,9 @@ def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
     quiet_q = _tiles.make_quiet_nan_pass(BR, DP, NT, SQ, SWZ)
     _copy16, cp_commit, cp_wait0 = _mma.make_cp_async(SIM)
     NLK, load_kv, store_kv = _tiles.make_pair_loader(BC, DP, NT, SQ, QUIET_NAN=True, SWIZZLE=SWZ)  # K_j with V_j
+    RK = 1 if KV_ASYNC else NLK  # register staging of K_j, V_j (none with KV_ASYNC)
+    _, load_kv_async = _tiles.make_word_loader_async(BC, DP, NT, SQ, SIM, SWZ)  # KV_ASYNC: K_j or V_j, 16-byte chunks
+    quiet_kv = _tiles.make_quiet_nan_pass(BC, DP, NT, SQ, SWZ)
     _, first_row_block = _tiles.make_block_counts(BR, BC, CAUSAL)
     key_block = _tiles.make_key_block_order(HEAVY_FIRST)
     split, mma3, _, _ = _mma.make_warp_ops(SIM)
@@ -486,8 +494,8 @@ def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
         rQs = cuda.local.array(NQA, uint32)
         rQn = cuda.local.array(RQ, float32)  # Q_i / Q_{i+1} in flight (register path)
         rdOn = cuda.local.array(RQ, float32)
-        rKn = cuda.local.array(NLK, float32)
-        rVn = cuda.local.array(NLK, float32)
+        rKn = cuda.local.array(RK, float32)  # K_j, V_j on their way to SRAM (register path)
+        rVn = cuda.local.array(RK, float32)
         rMn = cuda.local.array(NSR, float32)  # M, 1/l, D of the next step's queries
         rIn = cuda.local.array(NSR, float32)
         rDn = cuda.local.array(NSR, float32)
@@ -516,8 +524,9 @@ def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
         ub, uhk = U(b), U(hk)
         col0 = j * BC
         # FA2.2 L6: load K_j, V_j from HBM to SRAM (ragged rows and padded columns zero)
-        load_kv(gK, gV, ub, uhk, col0, s_k, d, tid, rKn, rVn)  # HBM read: 2 Bc*d
-        store_kv(smem, OFF_K, OFF_V, tid, rKn, rVn)
+        if not KV_ASYNC:  # Dev: KV_ASYNC: by cp.async with the first step's Q_i, dO_i below
+            load_kv(gK, gV, ub, uhk, col0, s_k, d, tid, rKn, rVn)  # HBM read: 2 Bc*d
+            store_kv(smem, OFF_K, OFF_V, tid, rKn, rVn)
         # FA2.2 L7: dK_j = (0), dV_j = (0) on chip (registers)
         for a in range(NKV):
             rdK[a] = ZERO
@@ -529,6 +538,9 @@ def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
         if n_steps > 0:
             h0 = hk * group
             if CP_ASYNC:  # Dev: the first step's Q_i, dO_i into stage 0, one cp.async group
+                if KV_ASYNC:  # Dev: L6's copies in the same group (a block no query sees never reads K_j, V_j)
+                    load_kv_async(smem, OFF_K, gK, ub, uhk, col0, s_k, d, tid)  # HBM read: Bc*d
+                    load_kv_async(smem, OFF_V, gV, ub, uhk, col0, s_k, d, tid)  # HBM read: Bc*d
                 load_q_async(smem, OFF_Q, gQ, ub, U(h0), i_first * BR, s_q, d, tid)  # HBM read: Br*d (first step)
                 load_q_async(smem, OFF_DO, gdO, ub, U(h0), i_first * BR, s_q, d, tid)  # HBM read: Br*d
                 cp_commit()
@@ -548,7 +560,10 @@ def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
             if CP_ASYNC:
                 qs = U(st % 2) * uQSTAGE
                 so = U(st % 2) * U(BR)
-                cp_wait0()  # this thread's copies of Q_i, dO_i (issued one step ago) have landed
+                cp_wait0()  # this thread's copies of Q_i, dO_i (issued one step ago) have landed (st = 0: and of K_j, V_j)
+                if KV_ASYNC and st == 0:
+                    quiet_kv(smem, OFF_K, tid)  # Dev: L6's NaN -> quiet NaN, in this thread's chunks
+                    quiet_kv(smem, OFF_V, tid)
                 quiet_q(smem, OFF_Q + qs, tid)  # Dev: NaN -> quiet NaN in this thread's chunks (the split keeps it a NaN)
                 quiet_q(smem, OFF_DO + qs, tid)
             else:
@@ -904,8 +919,11 @@ def default_features() -> dict:
     (:func:`dq_unroll_for`). On an H100 the d = 128 backward ran 1.005-1.06x faster with 4 in all 12 cells of two rounds
     (N 1k / 4k / 16k, causal and not), 7 of them by 2 % or more; at d = 64, 4 ran 0.99-1.03x and 2 0.99-1.02x, short of
     the rule set before the run (``docs/results/sweeps/dq_unroll_h100_86e8f49.json``, the performance log's section
-    "3xTF32 backward: the dQ product's k steps in pairs")."""
-    return {"PREFETCH": False, "RED2": None, "CP_ASYNC": None, "HEAVY_FIRST": True, "WIDE": None, "DQ_UNROLL": None}
+    "3xTF32 backward: the dQ product's k steps in pairs").
+    ``KV_ASYNC``: the main kernel's ``K_j, V_j`` by ``cp.async`` too (:func:`fa2_backward_tf32_kernel`); None: on the
+    ``cp.async`` path (:func:`numba_flash.fast._plan.async_on`), off where K or V rows are not 16-byte aligned."""
+    return {"PREFETCH": False, "RED2": None, "CP_ASYNC": None, "HEAVY_FIRST": True, "WIDE": None, "DQ_UNROLL": None,
+            "KV_ASYNC": None}
 
 
 def dq_unroll_for(DP: int, BC: int, value=None) -> int:
@@ -952,7 +970,7 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None, determinis
     red2 = bool(red2) and d % 2 == 0  # Dev: red.v2 needs 8-byte aligned pairs: rows of d floats, d even
     main = fa2_backward_tf32_kernel(NW, MW, BR, DP, prob.causal, dropout, not deterministic, bool(feats["PREFETCH"]), sim,
                                     bool(from_lse), red2, cp_async, prob.causal and bool(feats["HEAVY_FIRST"]), wide,
-                                    dq_unroll_for(DP, BC, feats["DQ_UNROLL"]))
+                                    dq_unroll_for(DP, BC, feats["DQ_UNROLL"]), _plan.async_on(feats["KV_ASYNC"], cp_async))
     grid = bh_grid(ceil_div(prob.seqlen_k, BC), prob.batch * prob.nheads_k)
     dq = None
     NWq, MWq, BCq, _ = dq_config(d)
@@ -992,6 +1010,7 @@ def backward(dout, q, k, v, out, fwd, prob: Problem, alloc, block_sizes=None, de
     # Dev: S in the order the forward summed it on these K, V; cp.async of Q, dO rows where they are aligned
     features = features_for(prob.headdim, features, fa2_forward_tc.wide_for(prob, k, v))
     features = fa2_forward_half.register_path_if_unaligned(features, {}, q, dout)
+    features = _plan.registers_if_unaligned(features, {}, "KV_ASYNC", k, v)  # Dev: cp.async of K, V rows
     main, grid, dqk, grid_dq, (nt, nt_dq), (nbytes, nbytes_dq) = plan(prob, block_sizes, config, features, deterministic, from_lse)
     # Dev: D before dQ's zeros: the GPU runs the pre-pass while the host allocates and launches the rest
     delta = _prepass(out, dout, prob, alloc)  # D = rowsum(dO o O), line 4

@@ -232,7 +232,8 @@ def cp_async_ok(d: int) -> bool:
 
 @functools.cache
 def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROPOUT: bool, PREFETCH: bool, SIM: bool, STAGE_S: bool = True, STAGE_O: bool = True,
-                          CP_ASYNC: bool = False, STAGE_O_STEP: bool = False, WIDE: bool = False, HEAVY_FIRST: bool = False):
+                          CP_ASYNC: bool = False, STAGE_O_STEP: bool = False, WIDE: bool = False, HEAVY_FIRST: bool = False,
+                          Q_ASYNC: bool = False):
     """The 3xTF32 FA2 forward kernel for one specialization (see the module docstring).
 
     ``CP_ASYNC`` (d a multiple of 4): K_j, V_j go HBM -> SRAM by ``cp.async`` into two SRAM stages, the
@@ -266,6 +267,12 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
 
     The strides change with it (:func:`strides`, ``wide``).
 
+    ``Q_ASYNC`` (needs ``CP_ASYNC``): ``Q_i`` goes HBM -> SRAM by ``cp.async`` too, its copies in flight with those of
+    ``K_1, V_1``; after the wait each thread multiplies its own chunks by ``tau log2 e`` in SRAM and quiets their NaNs
+    (:func:`numba_flash.fast._tiles.make_quiet_nan_pass` with ``SCALE``): the same float32 products as the register
+    load, so the same bits. The register load of line 4 is a loop that ptxas does not unroll at d = 128 (128 floats a
+    thread at Br = 256: 4 loads in flight per pass, 32 passes), so each block began with about 32 HBM round trips.
+
     ``HEAVY_FIRST`` (causal): the blocks start in query-block-major order, every head's last (heaviest) query block
     first (:func:`numba_flash.fast._tiles.make_query_block_order`); without it each head's blocks start heaviest
     first, one head after another. The same blocks and the same bits either way.
@@ -286,6 +293,8 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
     """
     if WIDE and not (CP_ASYNC and wide_ok(DP)):
         raise ValueError(f"WIDE needs CP_ASYNC and wide_ok(DP) (DP={DP}, CP_ASYNC={CP_ASYNC})")
+    if Q_ASYNC and not CP_ASYNC:
+        raise ValueError("Q_ASYNC needs CP_ASYNC")
     NT = 32 * NW
     BR = 16 * MW * NW
     NB = BC // 8  # 8-column tiles of S (and 8-key steps of P V)
@@ -321,6 +330,9 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
     _, load_v_async = _tiles.make_word_loader_async(BC, DP, NT, SV, SIM)
     quiet_k = _tiles.make_quiet_nan_pass(BC, DP, NT, SQ, SWZ)
     quiet_v = _tiles.make_quiet_nan_pass(BC, DP, NT, SV)
+    # Q_ASYNC: Q_i as 16-byte chunks, then each thread's chunks times tau log2 e (NaN -> quiet NaN) in SRAM
+    _, load_q_async = _tiles.make_word_loader_async(BR, DP, NT, SQ, SIM, SWZ)
+    scale_q = _tiles.make_quiet_nan_pass(BR, DP, NT, SQ, SWZ, SCALE=True)
     _copy16, cp_commit, cp_wait0 = _mma.make_cp_async(SIM)
     n_key_blocks, _ = _tiles.make_block_counts(BR, BC, CAUSAL)
     query_block = _tiles.make_query_block_order(HEAVY_FIRST)
@@ -384,7 +396,8 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
         wrow = U(16 * MW) * U(warp)  # this warp's first row within the block
 
         # FA2.1 L4: load Q_i (times tau log2 e: exp2 later) from HBM to SRAM; rows past N_q and columns past d are zero
-        load_q(gQ, smem, OFF_Q, ub, uh, row0, s_q, d, tid, scale_log2)  # HBM read: Br*d (Dev: unrolled, all in flight)
+        if not Q_ASYNC:  # Dev: Q_ASYNC: by cp.async with K_1, V_1 below
+            load_q(gQ, smem, OFF_Q, ub, uh, row0, s_q, d, tid, scale_log2)  # HBM read: Br*d
         # FA2.1 L5: on chip, O_i = 0, l_i = 0, m_i = -inf
         for a in range(NO):
             rO[a] = float32(0.0)
@@ -402,6 +415,8 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
         # K_{j+1}, V_{j+1} are issued into the other stage right after the barrier of block j and waited for at
         # the top of block j+1, where one barrier publishes them and retires block j-1's stage
         if CP_ASYNC and n_blocks > 0:
+            if Q_ASYNC:  # Dev: L4's copies, in flight with K_1, V_1 (a block whose rows see no key never reads Q_i)
+                load_q_async(smem, OFF_Q, gQ, ub, uh, row0, s_q, d, tid)  # HBM read: Br*d
             # FA2.1 L7: K_1, V_1 (before the loop) into stage 0
             load_k_async(smem, OFF_K, gK, ub, uhk, 0, s_k, d, tid)  # HBM read: Bc*d
             load_v_async(smem, OFF_V, gV, ub, uhk, 0, s_k, d, tid)  # HBM read: Bc*d
@@ -417,7 +432,9 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
                 stage = U(j % 2) * uSTAGE
                 kbase = OFF_K + stage
                 vbase = OFF_V + stage
-                cp_wait0()  # this thread's copies of K_j, V_j have landed
+                cp_wait0()  # this thread's copies of K_j, V_j have landed (and, j = 0, of Q_i)
+                if Q_ASYNC and j == 0:
+                    scale_q(smem, OFF_Q, tid, scale_log2)  # Dev: L4's times tau log2 e, on this thread's own chunks
                 quiet_k(smem, kbase, tid)  # Dev: NaN -> quiet NaN in this thread's chunks (the split keeps it a NaN)
                 quiet_v(smem, vbase, tid)
                 cuda.syncthreads()  # Sync: all of K_j, V_j in SRAM (and Q_i stored) before L8/L10; all warps done with block j-1's stage before it is refilled
@@ -623,13 +640,15 @@ def default_features() -> dict:
     ``cp.async`` path where :func:`wide_ok`; None: where the padded head dim is above 64 (:func:`wide_on` says why;
     timed in the performance log's sections "3xTF32 forward: 16-byte fragment loads" and "3xTF32 backward in the
     forward's ``WIDE`` order").
+    ``Q_ASYNC``: ``Q_i`` by ``cp.async`` too, with ``K_1, V_1`` (:func:`fa2_forward_tc_kernel`); None: on the ``cp.async`` path
+    (:func:`numba_flash.fast._plan.async_on`), off where Q's rows are not 16-byte aligned.
     ``HEAVY_FIRST``: with causal, the blocks of all heads start heaviest first (:func:`fa2_forward_tc_kernel`). On an
     H200, causal, N 1k / 2k / 4k / 8k / 16k, against each head's blocks in turn: d = 128 at 4 x 1 x 32 1.05 / 1.06 / 1.06
     / 1.05 / 1.02x, at 8 x 2 x 16 1.05 / 1.09 / 1.07 / 1.09 / 1.08x; d = 64 1.03 / 1.06 / 1.06 / 1.06 / 1.06x
     (``docs/results/sweeps/heavy_fwd_d128_h200_d80baba.json``, ``heavy_fwd_d64_h200_d80baba.json``; the performance
     log's section "3xTF32 forward: the heaviest query blocks of all heads first")."""
     return {"PREFETCH": None, "STAGE_S": True, "STAGE_O": True, "CP_ASYNC": True, "STAGE_O_STEP": None, "WIDE": None,
-            "HEAVY_FIRST": True}
+            "HEAVY_FIRST": True, "Q_ASYNC": None}
 
 
 def wide_on(feature, DP: int, cp_async: bool) -> bool:
@@ -702,7 +721,8 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None):
     nbytes = 4 * smem_floats(NW, MW, Bc, DP, sim, 2 if cp_async else 1, wide)
     _plan.check_sram(nbytes, Br, Bc, d)
     kernel = fa2_forward_tc_kernel(NW, MW, Bc, DP, prob.causal, prob.dropout_p > 0, prefetch, sim, bool(feats["STAGE_S"]), bool(feats["STAGE_O"]),
-                                   cp_async, stage_o_step(feats["STAGE_O_STEP"], MW, DP), wide, prob.causal and bool(feats["HEAVY_FIRST"]))
+                                   cp_async, stage_o_step(feats["STAGE_O_STEP"], MW, DP), wide, prob.causal and bool(feats["HEAVY_FIRST"]),
+                                   _plan.async_on(feats["Q_ASYNC"], cp_async))
     grid = bh_grid(ceil_div(prob.seqlen_q, Br), prob.batch * prob.nheads)
     return kernel, grid, 32 * NW, nbytes
 
@@ -740,6 +760,7 @@ def forward(q, k, v, prob: Problem, alloc, block_sizes=None, config=None, featur
     if takes_words(prob):
         return fa2_forward_half.forward(q, k, v, prob, alloc, block_sizes, config, features)
     features = fa2_forward_half.register_path_if_unaligned(features, default_features(), k, v)  # Dev: cp.async of K, V rows
+    features = _plan.registers_if_unaligned(features, default_features(), "Q_ASYNC", q)  # Dev: cp.async of Q rows
     fwd = _plan.run_fa2_forward(plan(prob, block_sizes, config, features), q, k, v, prob, alloc)
     # FA2.1 L17: return O, L
     return fwd

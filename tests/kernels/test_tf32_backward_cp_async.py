@@ -22,42 +22,21 @@ GPU cases with ``deterministic=True`` are the ones for the step's one barrier.
 
 from __future__ import annotations
 
-from numba_flash._launch import Allocator, check_attention_args, poison_outputs
-from numba_flash.fast import fa2_backward_tf32, fa2_forward_half, fa2_forward_tc
+from numba_flash._launch import check_attention_args
+from numba_flash.fast import fa2_backward_tf32, fa2_forward_half
 
 import numpy as np
 import pytest
-from attn_testing import make_qkv, to_host, unaligned_copy
-
-
-def _host(x):
-    return to_host(x)
+from attn_testing import make_qkv, run_tf32_backward, unaligned_copy
 
 
 def _gradients(q, k, v, dout, causal, p, seed, bs, cp, deterministic=False, config=None, words=None):
     """(dq, dk, dv) of the 3xTF32 backward at kernel level with ``CP_ASYNC`` = ``cp`` after the 3xTF32 forward,
     and the ``CP_ASYNC`` its ``plan`` was given (after ``backward``'s own fallbacks). ``words``: the kernel
     arrays of q and dout to pass instead of aligned copies."""
-    prob = check_attention_args(q, k, v, p, None, causal, seed)
-    alloc = Allocator(q)
-    kq, kk, kv, kdo = (alloc.to_kernel(x) for x in (q, k, v, dout))
-    if words is not None:
-        kq, kdo = words
-    fwd = fa2_forward_tc.forward(alloc.to_kernel(q), kk, kv, prob, alloc, bs)
-    planned, real_plan = [], fa2_backward_tf32.plan
-
-    def plan(*a, **kw):
-        planned.append({**fa2_backward_tf32.default_features(), **(a[3] or {})}["CP_ASYNC"])
-        return real_plan(*a, **kw)
-
-    fa2_backward_tf32.plan = plan
-    try:
-        with poison_outputs():
-            grads = fa2_backward_tf32.backward(kdo, kq, kk, kv, fwd.out, fwd, prob, alloc, bs, deterministic, config,
-                                               {"CP_ASYNC": cp})
-    finally:
-        fa2_backward_tf32.plan = real_plan
-    return [_host(g) for g in grads], planned[0]
+    words = None if words is None else dict(zip(("q", "dout"), words))
+    grads, planned = run_tf32_backward(q, k, v, dout, causal, p, seed, bs, {"CP_ASYNC": cp}, deterministic, config, words)
+    return grads, planned["CP_ASYNC"]
 
 
 def _assert_same(a, b, names=("dq", "dk", "dv")):
