@@ -243,7 +243,7 @@ def _kernel(name: str, d: int, causal: bool, tiling=None):
         return TB.fa2_backward_tf32_kernel(NW, MW, BR, DP, causal, False, True, TB.default_features()["PREFETCH"], False, False, red2,
                                            cp_async and TC.cp_async_ok(d), causal and bool(_features(TB)["HEAVY_FIRST"]), wide,
                                            TB.dq_unroll_for(DP, 16 * MW * NW, _features(TB)["DQ_UNROLL"]),
-                                           _plan.async_on(_features(TB)["KV_ASYNC"], cp_async))
+                                           TB.kv_async_for(DP, cp_async and TC.cp_async_ok(d), _features(TB)["KV_ASYNC"]))
     f = B2.default_features()
     if name == "fa2_backward_fast":
         return B2.fa2_backward_fast_kernel(*B2.config_for(d), causal, False, True, f["VEC"], f["PREFETCH"], f["MAXREG"])
