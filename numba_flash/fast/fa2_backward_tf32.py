@@ -922,20 +922,20 @@ def default_features() -> dict:
     "3xTF32 backward: the dQ product's k steps in pairs").
     ``KV_ASYNC``: the main kernel's ``K_j, V_j`` by ``cp.async`` too (:func:`fa2_backward_tf32_kernel`), never off the
     ``cp.async`` path nor where K or V rows are not 16-byte aligned; None: above d = 64 (:func:`kv_async_for`)."""
+    return {"PREFETCH": False, "RED2": None, "CP_ASYNC": None, "HEAVY_FIRST": True, "WIDE": None, "DQ_UNROLL": None,
+            "KV_ASYNC": None}
 
 
 def kv_async_for(DP: int, cp_async: bool, value=None) -> bool:
     """``KV_ASYNC`` resolved for a padded head dim ``DP`` on the main kernel's ``cp.async`` path or not: ``value`` if given
     (:func:`numba_flash.fast._plan.async_on`), else on where ``DP > 64``. At d = 128 the register load of ``K_j, V_j``
-    sat in local memory (64 HBM round trips in a row a block) and an H100 ran the backward alone 1.01-1.14x faster with
+    sat in local memory (64 HBM round trips in a row a block) and an H100 ran the backward alone 1.006-1.14x faster with
     ``cp.async`` in 13 of 14 cells of N 1k / 4k, causal and not (one at 0.91x, then 1.01-1.09x in three more rounds of
     that cell); at d = 64 the register load was not in local memory, and it ran 0.96-1.005x
     (``docs/results/sweeps/kv_async_h100_e2e04dd.json``, ``kv_async_1k_d128_h100_e2e04dd.json``)."""
     if value is not None:
         return _plan.async_on(value, cp_async)
     return cp_async and DP > 64
-    return {"PREFETCH": False, "RED2": None, "CP_ASYNC": None, "HEAVY_FIRST": True, "WIDE": None, "DQ_UNROLL": None,
-            "KV_ASYNC": None}
 
 
 def dq_unroll_for(DP: int, BC: int, value=None) -> int:
