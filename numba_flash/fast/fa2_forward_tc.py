@@ -131,8 +131,10 @@ REPLAYABLE = True
 #: Causal query lengths from which the ``cp.async`` path's d > 64 default is 8 x 2 x 16 (as without causal) instead of
 #: 4 x 1 x 32. With ``HEAVY_FIRST`` (the causal default) on an H200, N 1k / 2k / 4k / 8k / 16k, 8 x 2 x 16 ran
 #: 0.91 / 0.99 / 1.00 / 1.09 / 1.12x the 64-row blocks (``docs/results/sweeps/heavy_fwd_d128_h200_d80baba.json``): once
-#: the lightest blocks fill the tail, the Br = 256 blocks' fewer K/V reads per MMA win on long rows.
-CAUSAL_LONG_SEQLEN = 8192
+#: the lightest blocks fill the tail, the Br = 256 blocks' fewer K/V reads per MMA win on long rows. ``Q_ASYNC`` then
+#: took more off a Br = 256 block (128 serial loads a thread before it) than off a Br = 64 one (64): on an H100, N 1k /
+#: 2k / 4k, 0.965 / 1.014 / 1.117x (``docs/results/sweeps/tiles_causal_d128_h100_fd4f230.json``), so from 4k.
+CAUSAL_LONG_SEQLEN = 4096
 
 
 @functools.cache
@@ -148,7 +150,7 @@ def config_for(d: int, block_sizes=None, cp_async=None, causal: bool = False, se
     ``MW = 1`` with ``Bc = 32`` (Br = 64, two blocks per SM: 64-row blocks even out the causal triangle's unequal
     work; H100, causal, N = 1k / 2k / 4k / 8k / 16k: 1.10 / 1.06 / 1.02 / 0.99 / 1.01x the 8 x 2 x 16 tiling,
     ``short_causal_h100_d128.json``, ``causal_d128_h100.json``; with ``WIDE`` 8 x 2 x 16 is 1.01x / 1.06x faster at
-    N = 4k / 16k causal, 0.93x at 1k: ``block_sizes=(256, 16)``), up to ``seqlen_q`` < :data:`CAUSAL_LONG_SEQLEN`;
+    N = 4k / 16k causal, 0.93x at 1k: ``block_sizes=(256, 16)``), up to ``seqlen_q`` < :data:`CAUSAL_LONG_SEQLEN` (4096);
     from there on 8 x 2 x 16 again. On the register path
     (d % 4 != 0, unaligned K or V, ``CP_ASYNC=False``): ``d <= 64``: 4 warps, ``MW = 2``, ``Bc = 64``;
     above: 8 warps, ``MW = 1``, ``Bc = 32`` (at ``Bc = 64`` the SRAM allows one block per SM; H200 sweeps).

@@ -104,7 +104,9 @@ def test_each_load_path_gets_its_own_default_tiling():
     # causal d = 128 on the cp.async path: 64-row blocks (1.02-1.10x the 8 x 2 x 16 tiling at N 1k-4k, 0.99-1.01x
     # at 8k-16k; short_causal_h100_d128.json, causal_d128_h100.json); the register path and d <= 64 ignore causal
     assert fa2_forward_tc.config_for(128, None, True, True) == (4, 1, 32, 128)
-    # ... up to N = 8192: from there 8 x 2 x 16 (both heavy first) is 1.09-1.12x the 64-row blocks (heavy_fwd_d128_h200_d80baba.json)
+    # ... up to N = 4096: from there 8 x 2 x 16 (both heavy first) is faster (8192 until Q_ASYNC: 1.09-1.12x the 64-row
+    # blocks at 8k-16k in heavy_fwd_d128_h200_d80baba.json; after it 1.117x at 4k, tiles_causal_d128_h100_fd4f230.json)
+    assert fa2_forward_tc.CAUSAL_LONG_SEQLEN == 4096, "H100 after Q_ASYNC: 8 x 2 x 16 1.117x at 4k, 1.014x at 2k"
     assert fa2_forward_tc.config_for(128, None, True, True, fa2_forward_tc.CAUSAL_LONG_SEQLEN - 1) == (4, 1, 32, 128)
     assert fa2_forward_tc.config_for(128, None, True, True, fa2_forward_tc.CAUSAL_LONG_SEQLEN) == (8, 2, 16, 128)
     assert fa2_forward_tc.config_for(128, None, True, False, 16384) == (8, 2, 16, 128)
