@@ -24,6 +24,20 @@ def check_sram(nbytes: int, Br: int, Bc: int, d: int) -> None:
         raise ValueError(f"tiles (Br={Br}, Bc={Bc}, d={d}) need {nbytes} bytes of shared memory; the device allows {_smem.max_optin_bytes()}")
 
 
+def aligned16(*arrays) -> bool:
+    """Whether every kernel array (device, torch CUDA tensor, or the simulator's) has a 16-byte aligned base and 16-byte
+    multiples as the strides of its leading dimensions (those of extent > 1): what 16-byte ``cp.async``
+    of its rows needs. A slice of a tensor at an odd offset can fail it; the register path then runs."""
+    for a in arrays:
+        if hasattr(a, "data_ptr"):  # a torch CUDA tensor (the kernel array of a torch caller on a GPU)
+            ptr, strides = a.data_ptr(), [st * a.element_size() for st in a.stride()]
+        else:
+            ptr, strides = (getattr(a, "__cuda_array_interface__", None) or a.__array_interface__)["data"][0], a.strides
+        if ptr % 16 or any(st % 16 for st, n in zip(strides[:-1], a.shape[:-1]) if n > 1):
+            return False
+    return True
+
+
 def async_on(feature, cp_async: bool) -> bool:
     """A block's one-time tile load by ``cp.async`` resolved (the 3xTF32 forward's ``Q_ASYNC``, its backward's
     ``KV_ASYNC``): never off the kernel's ``cp.async`` path; else ``bool(feature)``, None: on."""
@@ -32,10 +46,8 @@ def async_on(feature, cp_async: bool) -> bool:
 
 def registers_if_unaligned(features, defaults: dict, name: str, *arrays):
     """``features`` with the :func:`async_on` feature ``name`` off where it would be on but ``arrays`` are not 16-byte
-    aligned (:func:`numba_flash.fast.fa2_forward_half.aligned16`): their tile goes through registers, the kernel's
+    aligned (:func:`aligned16`): their tile goes through registers, the kernel's
     other tiles keep ``cp.async``. The alignment is read only when the feature would be on."""
-    from .fa2_forward_half import aligned16  # Dev: here, not at the top: that module imports this one
-
     feats = {**defaults, **(features or {})}
     if async_on(feats[name], bool(feats["CP_ASYNC"])) and not aligned16(*arrays):
         return {**(features or {}), name: False}

@@ -73,6 +73,7 @@ from .._constants import U
 from .._dropout import head_key, keep, row_key
 from .._launch import KernelLaunch, Problem, bh_grid, ceil_div
 from . import _mma, _plan, _regtile, _tiles
+from ._plan import aligned16  # Dev: this module's name for it, kept for its callers
 
 #: Largest head dim of the half kernel; above it (and at odd head dims, which do not pack into words)
 #: :mod:`numba_flash.fast.fa2_forward_tc` computes half inputs in float32 (:func:`handles`).
@@ -413,20 +414,6 @@ def default_features() -> dict:
     off until a GPU times it (on for the 3xTF32 forward, 1.03-1.09x on an H200: the performance log's section "3xTF32
     forward: the heaviest query blocks of all heads first")."""
     return {"CP_ASYNC": True, "PREFETCH": True, "EX2_FTZ": True, "HEAVY_FIRST": False}
-
-
-def aligned16(*arrays) -> bool:
-    """Whether every kernel array (device, torch CUDA tensor, or the simulator's) has a 16-byte aligned base and 16-byte
-    multiples as the strides of its leading dimensions (those of extent > 1): what 16-byte ``cp.async``
-    of its rows needs. A slice of a tensor at an odd offset can fail it; the register path then runs."""
-    for a in arrays:
-        if hasattr(a, "data_ptr"):  # a torch CUDA tensor (the kernel array of a torch caller on a GPU)
-            ptr, strides = a.data_ptr(), [st * a.element_size() for st in a.stride()]
-        else:
-            ptr, strides = (getattr(a, "__cuda_array_interface__", None) or a.__array_interface__)["data"][0], a.strides
-        if ptr % 16 or any(st % 16 for st, n in zip(strides[:-1], a.shape[:-1]) if n > 1):
-            return False
-    return True
 
 
 def register_path_if_unaligned(features, defaults: dict, *arrays):

@@ -632,7 +632,7 @@ def default_features() -> dict:
     ``STAGE_S`` / ``STAGE_O``: each 8-wide k step of S (each j step of P~ V) is computed by the tensor
     cores into a zeroed accumulator and added to S (to O) with IEEE float32 adds (see the docstring).
     ``CP_ASYNC``: K_j, V_j by ``cp.async`` into two SRAM stages where :func:`cp_async_ok` and the inputs are
-    16-byte aligned (:func:`numba_flash.fast.fa2_forward_half.aligned16`); on by default since an H100 sweep
+    16-byte aligned (:func:`numba_flash.fast._plan.aligned16`); on by default since an H100 sweep
     timed it (the performance log's section "3xTF32 forward: cp.async for K_j, V_j").
     ``STAGE_O_STEP``: line 10 staged per 8-key step instead of per key block (fewer registers, other bits; see
     :func:`fa2_forward_tc_kernel`); None: on where the tiling has ``MW = 2`` and d > 64 (the ``cp.async`` default

@@ -19,6 +19,8 @@ Claims checked:
 
 from __future__ import annotations
 
+import inspect
+
 from numba_flash import _backend
 from numba_flash._launch import Allocator, Problem, check_attention_args, poison_outputs
 from numba_flash.fast import fa2_backward_tf32, fa2_forward_tc
@@ -84,7 +86,7 @@ def test_the_default_unroll_is_four_above_d64_where_it_divides_the_k_steps(monke
     real = fa2_backward_tf32.fa2_backward_tf32_kernel
 
     def record(*args):
-        built.append(args[-1])
+        built.append(inspect.signature(real).bind(*args).arguments["DQ_UNROLL"])
         return real(*args)
 
     monkeypatch.setattr(fa2_backward_tf32, "fa2_backward_tf32_kernel", record)
