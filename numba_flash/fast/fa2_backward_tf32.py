@@ -949,12 +949,14 @@ def dq_unroll_for(DP: int, BC: int, value=None) -> int:
 def features_for(d: int, features=None, forward_wide: bool = False) -> dict:
     """:func:`default_features` updated with ``features``, resolved for head dim ``d``: ``WIDE=None`` as the forward
     (``forward_wide``: :func:`numba_flash.fast.fa2_forward_tc.wide_for`), off where the padded d is not a multiple of
-    32; ``CP_ASYNC=None`` on at d <= 64 and with ``WIDE``."""
+    32; ``CP_ASYNC=None`` on at d <= 64 and with ``WIDE``; ``KV_ASYNC`` as :func:`kv_async_for` on that ``cp.async`` path
+    (so :func:`backward` reads K and V's alignment only where ``KV_ASYNC`` would run)."""
     f = {**default_features(), **(features or {})}
     DP = 8 * ((d + 7) // 8)
     f["WIDE"] = bool(forward_wide if f["WIDE"] is None else f["WIDE"]) and fa2_forward_tc.wide_ok(DP)
     if f["CP_ASYNC"] is None:
         f["CP_ASYNC"] = DP <= 64 or f["WIDE"]
+    f["KV_ASYNC"] = kv_async_for(DP, bool(f["CP_ASYNC"]) and fa2_forward_tc.cp_async_ok(d), f["KV_ASYNC"])
     return f
 
 

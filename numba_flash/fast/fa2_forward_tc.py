@@ -272,8 +272,9 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
     ``Q_ASYNC`` (needs ``CP_ASYNC``): ``Q_i`` goes HBM -> SRAM by ``cp.async`` too, its copies in flight with those of
     ``K_1, V_1``; after the wait each thread multiplies its own chunks by ``tau log2 e`` in SRAM and quiets their NaNs
     (:func:`numba_flash.fast._tiles.make_quiet_nan_pass` with ``SCALE``): the same float32 products as the register
-    load, so the same bits. The register load of line 4 is a loop that ptxas does not unroll at d = 128 (128 floats a
-    thread at Br = 256: 4 loads in flight per pass, 32 passes), so each block began with about 32 HBM round trips.
+    load, so the same bits. The register load of line 4 is a loop that ptxas does not unroll (128 floats a thread at
+    d = 128, Br = 256; 64 at d = 64), and its sm_90 code multiplies and stores each value before it issues the next
+    load: each block began with 64-128 HBM round trips in a row.
 
     ``HEAVY_FIRST`` (causal): the blocks start in query-block-major order, every head's last (heaviest) query block
     first (:func:`numba_flash.fast._tiles.make_query_block_order`); without it each head's blocks start heaviest
@@ -761,8 +762,9 @@ def forward(q, k, v, prob: Problem, alloc, block_sizes=None, config=None, featur
     """
     if takes_words(prob):
         return fa2_forward_half.forward(q, k, v, prob, alloc, block_sizes, config, features)
-    features = fa2_forward_half.register_path_if_unaligned(features, default_features(), k, v)  # Dev: cp.async of K, V rows
-    features = _plan.registers_if_unaligned(features, default_features(), "Q_ASYNC", q)  # Dev: cp.async of Q rows
+    defaults = default_features()
+    features = fa2_forward_half.register_path_if_unaligned(features, defaults, k, v)  # Dev: cp.async of K, V rows
+    features = _plan.registers_if_unaligned(features, defaults, "Q_ASYNC", q)  # Dev: cp.async of Q rows
     fwd = _plan.run_fa2_forward(plan(prob, block_sizes, config, features), q, k, v, prob, alloc)
     # FA2.1 L17: return O, L
     return fwd

@@ -1,8 +1,8 @@
 """The 3xTF32 forward's two loads of Q_i (:mod:`numba_flash.fast.fa2_forward_tc`, ``Q_ASYNC``).
 
 FA2 Algorithm 1 line 4 loads ``Q_i`` once per thread block. The register load (each thread's share of ``Q_i`` times
-``tau log2 e``, then stored to SRAM) is a loop that ptxas does not unroll at d = 128, so each block began with about 32
-HBM round trips in a row. ``Q_ASYNC`` copies ``Q_i`` by ``cp.async`` in flight with ``K_1, V_1`` and scales each
+``tau log2 e``, then stored to SRAM) is a loop that ptxas does not unroll, whose each load is consumed before the next
+is issued, so each block began with 64-128 HBM round trips in a row. ``Q_ASYNC`` copies ``Q_i`` by ``cp.async`` in flight with ``K_1, V_1`` and scales each
 thread's own chunks in SRAM after the wait.
 
 Claims checked:

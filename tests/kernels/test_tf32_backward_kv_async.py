@@ -64,6 +64,9 @@ def test_kv_async_is_the_default_on_the_cp_async_path_and_unaligned_k_v_take_the
     assert [fa2_backward_tf32.kv_async_for(DP, True) for DP in (64, 72, 128)] == [False, True, True]
     assert not fa2_backward_tf32.kv_async_for(128, False) and not fa2_backward_tf32.kv_async_for(128, False, True)
     assert fa2_backward_tf32.kv_async_for(64, True, True) and not fa2_backward_tf32.kv_async_for(128, True, False)
+    # features_for resolves it where CP_ASYNC is, so backward() reads K and V's alignment only where it would run
+    assert not fa2_backward_tf32.features_for(64)["KV_ASYNC"] and fa2_backward_tf32.features_for(128, None, True)["KV_ASYNC"]
+    assert not fa2_backward_tf32.features_for(128, {"WIDE": False}, True)["KV_ASYNC"], "no cp.async path: no KV_ASYNC"
     with pytest.raises(ValueError, match="KV_ASYNC needs CP_ASYNC"):
         fa2_backward_tf32.fa2_backward_tf32_kernel(1, 1, 16, 8, False, False, True, False, True, KV_ASYNC=True)
     q, k, v = make_qkv(rng, 1, 12, 12, 1, 1, 8)
