@@ -129,6 +129,9 @@ VARIANTS_D128 = {
     "tc-cp-4x1x32-wide-perhead": (("tc", (4, 1, 32)), {"CP_ASYNC": True, "WIDE": True, "HEAVY_FIRST": False}),
     "tc-cp-8x2x16-wide-hf": (("tc", (8, 2, 16)), {"CP_ASYNC": True, "STAGE_O_STEP": True, "WIDE": True, "HEAVY_FIRST": True}),
     "tc-cp-8x2x16-wide-perhead": (("tc", (8, 2, 16)), {"CP_ASYNC": True, "STAGE_O_STEP": True, "WIDE": True, "HEAVY_FIRST": False}),
+    # 4 warps of MW = 2 with Bc = 16 (Br = 128): 8 x 2 x 16's warps (255 registers, no spill, offline sm_90) in blocks
+    # half as tall, 107 KB of SRAM: two blocks per SM, whose prologues and epilogues overlap (2026-11-27)
+    "tc-cp-4x2x16": (("tc", (4, 2, 16)), {"CP_ASYNC": True}),
     **Q_ASYNC,
 }
 

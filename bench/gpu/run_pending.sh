@@ -111,6 +111,10 @@
 #                default-kv0 / default-kv1, N 1k/4k, d 128 and 64, two rounds in one process; the performance log's section
 #                "The 3xTF32 kernels' one-time tiles by cp.async") -> OUTDIR/load_async_tests.txt, q_async_d128.json/.log,
 #                q_async_d64.json/.log, kv_async.json/.log
+#   tiles_4x2x16 the 3xTF32 forward at d = 128: its default tilings against 4 warps of MW = 2 with Bc = 16 (fa2_sweep tc /
+#                tc-cp-4x2x16, N 512 to 8k, causal and not, SDPA beside; a second round without the baselines, in a new
+#                process over the cached kernels; the performance log's section "The d = 128 forward in blocks of 128
+#                rows") -> OUTDIR/tiles_4x2x16_{1,2}.json/.log
 #   half_bwd_cp  the half backward's tilings with and without cp.async for Q_i, dO_i (half_sweep --backward; the log's
 #                section "FA2 backward in fp16 / bf16: cp.async for Q_i, dO_i") -> OUTDIR/half_bwd_cp.json/.log
 # OUTDIR/pending_env.txt says what ran where. A failed step is noted and the rest run. Exit status: 0 when all ran.
@@ -258,6 +262,13 @@ for s in "${steps[@]}"; do
       step kv_async.log timeout 330 python3 -m bench.tf32_bwd_sweep --seqlens 1024 4096 --headdims 128 64 \
         --no-fwdbwd --rounds 2 --tilings default-kv0 default-kv1 --out "$out/kv_async.json"
       grep "^bwd" "$out/kv_async.log" ;;
+    tiles_4x2x16)
+      for r in 1 2; do
+        step "tiles_4x2x16_$r.log" timeout 330 python3 -m bench.fa2_sweep --seqlens 512 1024 2048 4096 8192 --headdims 128 \
+          --variants tc tc-cp-4x2x16 --repeats 20 $([ "$r" = 2 ] && echo --no-check --no-baselines) \
+          --out "$out/tiles_4x2x16_$r.json"
+      done
+      tail -n 30 "$out/tiles_4x2x16_1.log" "$out/tiles_4x2x16_2.log" ;;
     heavy_fwd_4k)
       for r in 1 2; do
         step "heavy_fwd_4k_$r.log" timeout 120 python3 -m bench.fa2_sweep --seqlens 4096 --headdims 128 --causal yes \
