@@ -59,7 +59,8 @@ What changed from the fast (FFMA) kernel
   and 8 warps of ``MW = 2`` with ``Bc = 16`` (Br = 256) fit in 254 registers (offline sm_90). Each K/V fragment
   read from SRAM then serves two m16 tiles: on an H100 1.065x the ``MW = 1``, ``Bc = 32`` tiling at N = 4096 and
   16384 without causal, 0.99-1.00x with it (``docs/results/sweeps/ostep_h100_d128.json``). With ``causal`` the
-  default is 64-row blocks instead (4 warps of ``MW = 1``, ``Bc = 32``: :func:`config_for`).
+  default below N = 4096 is smaller blocks instead: 128 rows (4 warps of ``MW = 2``, ``Bc = 16``, two blocks per SM)
+  from N = 1024, 64 rows (4 warps of ``MW = 1``, ``Bc = 32``) below (:func:`config_for`).
 
 * **Staged accumulation (accuracy).** Accumulating the three products straight into ``S`` and ``O``
   broke the tests' error rule on the GPU (up to 4.4x the float32 error at N = 1024, d = 64; the NumPy
@@ -136,6 +137,14 @@ REPLAYABLE = True
 #: 2k / 4k, 0.965 / 1.014 / 1.117x (``docs/results/sweeps/tiles_causal_d128_h100_fd4f230.json``), so from 4k.
 CAUSAL_LONG_SEQLEN = 4096
 
+#: Causal query lengths from which, up to :data:`CAUSAL_LONG_SEQLEN`, the ``cp.async`` path's d > 64 default is 4 x 2 x 16
+#: (Br = 128: 8 x 2 x 16's warps, ``STAGE_O_STEP`` and all, in blocks half as tall, 107 KB of SRAM, so two per SM that
+#: overlap each other's prologue and epilogue) instead of 4 x 1 x 32. On an H100 in two rounds, N 512 / 1k / 2k / 4k / 8k:
+#: 1.019 / 1.168 / 1.092 / 1.030 / 0.980x and 1.134 / 1.067 / 1.179 / 1.007 / 0.960x the default of that N
+#: (``docs/results/sweeps/tiles_4x2x16_h100_54d44d7_{1,2}.json``); the rule set before the run (at least 1.02x in both
+#: rounds at every N of the range) holds from 1k to 2k. Without causal it lost at every N (0.86-0.97x the 256-row blocks).
+CAUSAL_MID_SEQLEN = 1024
+
 
 @functools.cache
 def config_for(d: int, block_sizes=None, cp_async=None, causal: bool = False, seqlen_q: int = 0):
@@ -150,8 +159,9 @@ def config_for(d: int, block_sizes=None, cp_async=None, causal: bool = False, se
     ``MW = 1`` with ``Bc = 32`` (Br = 64, two blocks per SM: 64-row blocks even out the causal triangle's unequal
     work; H100, causal, N = 1k / 2k / 4k / 8k / 16k: 1.10 / 1.06 / 1.02 / 0.99 / 1.01x the 8 x 2 x 16 tiling,
     ``short_causal_h100_d128.json``, ``causal_d128_h100.json``; with ``WIDE`` 8 x 2 x 16 is 1.01x / 1.06x faster at
-    N = 4k / 16k causal, 0.93x at 1k: ``block_sizes=(256, 16)``), up to ``seqlen_q`` < :data:`CAUSAL_LONG_SEQLEN` (4096);
-    from there on 8 x 2 x 16 again. On the register path
+    N = 4k / 16k causal, 0.93x at 1k: ``block_sizes=(256, 16)``), up to ``seqlen_q`` < :data:`CAUSAL_MID_SEQLEN` (1024);
+    from there 4 warps of ``MW = 2`` with ``Bc = 16`` (Br = 128, two blocks per SM; 1.07-1.18x the 64-row blocks at
+    1k and 2k on an H100) up to ``seqlen_q`` < :data:`CAUSAL_LONG_SEQLEN` (4096); from there on 8 x 2 x 16 again. On the register path
     (d % 4 != 0, unaligned K or V, ``CP_ASYNC=False``): ``d <= 64``: 4 warps, ``MW = 2``, ``Bc = 64``;
     above: 8 warps, ``MW = 1``, ``Bc = 32`` (at ``Bc = 64`` the SRAM allows one block per SM; H200 sweeps).
     ``block_sizes=(Br, Bc)`` is rounded up to the mma granularity (Br to a multiple of 16, Bc of 8; up to
@@ -164,7 +174,9 @@ def config_for(d: int, block_sizes=None, cp_async=None, causal: bool = False, se
         if d > 64:
             if not cp:
                 return (8, 1, 32, DP)
-            return (4, 1, 32, DP) if causal and seqlen_q < CAUSAL_LONG_SEQLEN else (8, 2, 16, DP)
+            if not causal or seqlen_q >= CAUSAL_LONG_SEQLEN:
+                return (8, 2, 16, DP)
+            return (4, 2, 16, DP) if seqlen_q >= CAUSAL_MID_SEQLEN else (4, 1, 32, DP)
         return (4, 2, 32 if cp else 64, DP)
     Br, Bc = (int(n) for n in block_sizes)
     m16 = (Br + 15) // 16

@@ -68,11 +68,15 @@ def fast_kernel_info(q, k, v, causal, impl="flash2") -> dict:
     module = kernel.module
     label, cfg_key = {"tensorcore": ("FA2 forward (tensor cores, 3xTF32)", "config_NW_MW_Bc_DP"),
                       "fast": ("FA2 forward (fast, FFMA)", "config_NT_TM_TPR_Bc_DP")}[kernel.variant]
-    kernel, grid, threads, nbytes = module.plan(prob)
-    res = _inspect.kernel_resources(kernel)
+    # Dev: the tiling the plan launches: the 3xTF32 forward's default depends on causal and N (grids before 2026-11-27's
+    # eighth session recorded config_for(d), the non-causal tiling, in the causal cells below 4k)
+    cfg = (module.config_for(prob.headdim, None, None, prob.causal, prob.seqlen_q) if kernel.variant == "tensorcore"
+           else module.config_for(prob.headdim))
+    compiled, grid, threads, nbytes = module.plan(prob)
+    res = _inspect.kernel_resources(compiled)
     smem = (res["shared_mem_per_block"] or 0) + nbytes
     occ = _inspect.theoretical_occupancy(res["regs_per_thread"], smem, threads)
-    cfg = module.config_for(prob.headdim)
+    assert kernel.variant != "tensorcore" or threads == 32 * cfg[0], f"recorded tiling {cfg}, launched {threads} threads"
     return {"kernels": {label: {cfg_key: list(cfg), "threads_per_block": threads, "grid_blocks": grid[0] * grid[1],
                                 "regs_per_thread": res["regs_per_thread"], "smem_per_block": smem,
                                 "local_mem_per_thread": res["local_mem_per_thread"], **occ}}}

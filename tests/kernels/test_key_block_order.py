@@ -142,12 +142,14 @@ def test_the_tc_forward_keeps_its_outputs_with_the_heavy_blocks_first_on_gpu(rng
 
 
 @pytest.mark.gpu
-def test_the_tc_forward_default_on_long_causal_rows_on_gpu(rng):
-    """From N = CAUSAL_LONG_SEQLEN the causal d = 128 default is 8 x 2 x 16 with the heavy blocks first: that plan,
-    within the forward's error rule (2x naive float32's error against float64)."""
-    n = fa2_forward_tc.CAUSAL_LONG_SEQLEN
+@pytest.mark.parametrize(("n", "block_sizes"), [(fa2_forward_tc.CAUSAL_MID_SEQLEN, (128, 16)), (fa2_forward_tc.CAUSAL_LONG_SEQLEN, (256, 16))],
+                         ids=["mid", "long"])
+def test_the_tc_forward_default_on_long_causal_rows_on_gpu(rng, n, block_sizes):
+    """From N = CAUSAL_MID_SEQLEN the causal d = 128 default is 4 x 2 x 16 (two 128-row blocks per SM), from
+    CAUSAL_LONG_SEQLEN 8 x 2 x 16, both with the heavy blocks first: each plan, within the forward's error rule (2x naive
+    float32's error against float64)."""
     q, k, v = make_qkv(rng, 1, n, n, 1, 1, 128)
-    assert fa2_forward_tc.choose_block_sizes(check_attention_args(q, k, v, 0.0, None, True, 0)) == (256, 16)
+    assert fa2_forward_tc.choose_block_sizes(check_attention_args(q, k, v, 0.0, None, True, 0)) == block_sizes
     (out, *_), _ = run_tc_forward(q, k, v, True, 0.0, 0, None, None)
     assert_error_rule(out, standard_attention(q, k, v, causal=True).O, naive_attention_float32(q, k, v, causal=True), what="O")
 

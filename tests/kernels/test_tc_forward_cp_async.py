@@ -107,7 +107,15 @@ def test_each_load_path_gets_its_own_default_tiling():
     # ... up to N = 4096: from there 8 x 2 x 16 (both heavy first) is faster (8192 until Q_ASYNC: 1.09-1.12x the 64-row
     # blocks at 8k-16k in heavy_fwd_d128_h200_d80baba.json; after it 1.117x at 4k, tiles_causal_d128_h100_fd4f230.json)
     assert fa2_forward_tc.CAUSAL_LONG_SEQLEN == 4096, "H100 after Q_ASYNC: 8 x 2 x 16 1.117x at 4k, 1.014x at 2k"
-    assert fa2_forward_tc.config_for(128, None, True, True, fa2_forward_tc.CAUSAL_LONG_SEQLEN - 1) == (4, 1, 32, 128)
+    # ... and from N = 1024 to 4095, 4 warps of MW = 2 with Bc = 16: two 128-row blocks per SM (H100: 1.07-1.18x the
+    # 64-row blocks at 1k and 2k in two rounds, 1.019x / 1.134x at 512; tiles_4x2x16_h100_54d44d7_{1,2}.json)
+    assert fa2_forward_tc.CAUSAL_MID_SEQLEN == 1024, "H100: 4 x 2 x 16 at least 1.02x in both rounds from 1k to 2k only"
+    assert fa2_forward_tc.config_for(128, None, True, True, fa2_forward_tc.CAUSAL_MID_SEQLEN - 1) == (4, 1, 32, 128)
+    assert fa2_forward_tc.config_for(128, None, True, True, fa2_forward_tc.CAUSAL_MID_SEQLEN) == (4, 2, 16, 128)
+    assert fa2_forward_tc.config_for(128, None, True, True, fa2_forward_tc.CAUSAL_LONG_SEQLEN - 1) == (4, 2, 16, 128)
+    assert fa2_forward_tc.config_for(96, None, True, True, 2048) == (4, 2, 16, 96), "every d > 64 on the cp.async path"
+    assert fa2_forward_tc.config_for(128, None, True, False, 2048) == (8, 2, 16, 128), "without causal: Br = 256"
+    assert fa2_forward_tc.config_for(128, None, False, True, 2048) == (8, 1, 32, 128), "the register path ignores N"
     assert fa2_forward_tc.config_for(128, None, True, True, fa2_forward_tc.CAUSAL_LONG_SEQLEN) == (8, 2, 16, 128)
     assert fa2_forward_tc.config_for(128, None, True, False, 16384) == (8, 2, 16, 128)
     assert fa2_forward_tc.config_for(64, None, True, True, 16384) == (4, 2, 32, 64), "d <= 64 keeps its tiling"
@@ -152,7 +160,7 @@ def test_the_quiet_nan_pass_changes_only_nans_in_the_threads_chunks():
 def test_cp_async_pipeline_equals_the_register_path_on_gpu_shapes(rng, n, d, causal):
     q, k, v = make_qkv(rng, 2, n, n, 4, 2, d)
     # the cp.async path's default tiling for both paths (the register path's own default is Bc = 64 at d <= 64,
-    # 8 x 1 x 32 above); at d > 64 that is 8 x 2 x 16 with STAGE_O_STEP on both paths, 4 x 1 x 32 with causal
+    # 8 x 1 x 32 above); at d > 64 that is 8 x 2 x 16 with STAGE_O_STEP on both paths, 4 x 1 x 32 with causal (config_for without N)
     NW, MW, Bc, _ = fa2_forward_tc.config_for(d, None, True, causal)
     bs = (16 * MW * NW, Bc)
     assert fa2_forward_tc.config_for(d, bs) == fa2_forward_tc.config_for(d, None, True, causal)
