@@ -48,6 +48,8 @@ from bench import _utils as bu
 #: name -> (config (NT, TM, TPR, Bc) or None for the default / "readable", features)
 #: the default tiling with line 4's Q_i through registers (the former load) or by cp.async (Q_ASYNC, 2026-11-27)
 Q_ASYNC = {f"tc-cp-q{int(a)}": (("tc", None), {"CP_ASYNC": True, "Q_ASYNC": a}) for a in (False, True)}
+#: the default tiling with causal warps skipping the key blocks none of their rows sees (WARP_SKIP, 2026-11-27) or not
+WARP_SKIP = {f"tc-ws{int(a)}": (("tc", None), {"WARP_SKIP": a}) for a in (False, True)}
 VARIANTS_D64 = {
     "readable": ("readable", {}),
     "fast": (None, {}),  # Br 128 x Bc 64, TM 8, 128 threads
@@ -87,6 +89,7 @@ VARIANTS_D64 = {
     "tc-cp-hf": (("tc", None), {"CP_ASYNC": True, "HEAVY_FIRST": True}),
     "tc-cp-perhead": (("tc", None), {"CP_ASYNC": True, "HEAVY_FIRST": False}),
     **Q_ASYNC,
+    **WARP_SKIP,
 }
 VARIANTS_D128 = {
     "readable": ("readable", {}),
@@ -133,6 +136,7 @@ VARIANTS_D128 = {
     # half as tall, 107 KB of SRAM: two blocks per SM, whose prologues and epilogues overlap (2026-11-27)
     "tc-cp-4x2x16": (("tc", (4, 2, 16)), {"CP_ASYNC": True}),
     **Q_ASYNC,
+    **WARP_SKIP,
 }
 
 

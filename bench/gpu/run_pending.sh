@@ -115,6 +115,11 @@
 #                tc-cp-4x2x16, N 512 to 8k, causal and not, SDPA beside; a second round without the baselines, in a new
 #                process over the cached kernels; the performance log's section "The d = 128 forward in blocks of 128
 #                rows") -> OUTDIR/tiles_4x2x16_{1,2}.json/.log
+#   warp_skip    the 3xTF32 forward's causal warps that skip the key blocks none of their rows sees (WARP_SKIP): the
+#                default tilings with it off and on (fa2_sweep tc-ws0 / tc-ws1, causal, N 512 to 16k, d 128 and 64, SDPA
+#                beside in the first round, a second round without) -> OUTDIR/warp_skip_d{128,64}_{1,2}.json/.log
+#   warp_skip_tests  its GPU tests, with those of the causal default tilings, the key-block order, STAGE_O_STEP and the
+#                cp.async forward -> OUTDIR/warp_skip_tests.txt
 #   half_bwd_cp  the half backward's tilings with and without cp.async for Q_i, dO_i (half_sweep --backward; the log's
 #                section "FA2 backward in fp16 / bf16: cp.async for Q_i, dO_i") -> OUTDIR/half_bwd_cp.json/.log
 # OUTDIR/pending_env.txt says what ran where. A failed step is noted and the rest run. Exit status: 0 when all ran.
@@ -262,6 +267,18 @@ for s in "${steps[@]}"; do
       step kv_async.log timeout 330 python3 -m bench.tf32_bwd_sweep --seqlens 1024 4096 --headdims 128 64 \
         --no-fwdbwd --rounds 2 --tilings default-kv0 default-kv1 --out "$out/kv_async.json"
       grep "^bwd" "$out/kv_async.log" ;;
+    warp_skip)
+      for r in 1 2; do
+        for d in 128 64; do
+          step "warp_skip_d${d}_$r.log" timeout 200 python3 -m bench.fa2_sweep --seqlens 512 1024 2048 4096 8192 16384 --headdims "$d" \
+            --causal yes --variants tc-ws0 tc-ws1 --repeats 20 $([ "$r" = 2 ] && echo --no-check --no-baselines) \
+            --out "$out/warp_skip_d${d}_$r.json"
+        done
+      done
+      for r in 1 2; do grep "^forward" "$out/warp_skip_d128_$r.log" "$out/warp_skip_d64_$r.log"; done ;;
+    warp_skip_tests)  # its GPU tests and those of the causal defaults beside it
+      step warp_skip_tests.txt timeout 300 python3 -m pytest -q -p no:cacheprovider -rfE -n 4 -m gpu tests/kernels/test_tc_forward_warp_skip.py \
+        tests/kernels/test_key_block_order.py tests/kernels/test_tc_stage_o_step.py tests/kernels/test_tc_forward_cp_async.py ;;
     tiles_4x2x16)
       for r in 1 2; do
         step "tiles_4x2x16_$r.log" timeout 330 python3 -m bench.fa2_sweep --seqlens 512 1024 2048 4096 8192 --headdims 128 \

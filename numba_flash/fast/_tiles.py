@@ -216,6 +216,21 @@ def make_block_counts(BR: int, BC: int, CAUSAL: bool):
 
 
 @functools.cache
+def make_warp_horizon(ROWS: int):
+    """``warp_sees_no_key(row_first, col0, causal_offset)``: whether every score of a warp's ``ROWS`` query rows
+    (``row_first .. row_first + ROWS - 1``) in the key block that starts at column ``col0`` is masked by causality:
+    the block's first key is past the last row's horizon ``row_first + ROWS - 1 + causal_offset``. The key blocks a
+    thread block visits end at its last row's horizon (:func:`make_block_counts`), so on the diagonal the warps of its
+    earlier rows meet key blocks that only its later rows see."""
+
+    @cuda.jit(device=True, inline="always")
+    def warp_sees_no_key(row_first, col0, causal_offset):
+        return col0 > row_first + ROWS - 1 + causal_offset
+
+    return warp_sees_no_key
+
+
+@functools.cache
 def make_key_block_order(HEAVY_FIRST: bool):
     """``key_block(n_bh) -> (j, bh)``: the key block and the (batch, KV head) of a column-block backward's thread block.
 

@@ -247,7 +247,7 @@ def cp_async_ok(d: int) -> bool:
 @functools.cache
 def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROPOUT: bool, PREFETCH: bool, SIM: bool, STAGE_S: bool = True, STAGE_O: bool = True,
                           CP_ASYNC: bool = False, STAGE_O_STEP: bool = False, WIDE: bool = False, HEAVY_FIRST: bool = False,
-                          Q_ASYNC: bool = False):
+                          Q_ASYNC: bool = False, WARP_SKIP: bool = False):
     """The 3xTF32 FA2 forward kernel for one specialization (see the module docstring).
 
     ``CP_ASYNC`` (d a multiple of 4): K_j, V_j go HBM -> SRAM by ``cp.async`` into two SRAM stages, the
@@ -288,6 +288,17 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
     d = 128, Br = 256; 64 at d = 64), and its sm_90 code multiplies and stores each value before it issues the next
     load: each block began with 64-128 HBM round trips in a row.
 
+    ``WARP_SKIP`` (causal, GPU only): a warp whose ``16 MW`` rows see no key of key block ``j`` (the block's first
+    key past its last row's horizon: :func:`numba_flash.fast._tiles.make_warp_horizon`) skips lines 8-10 for it and
+    goes on to the next barrier. Its S would be all ``-inf``: ``m`` stays, ``e^(m_old - m_new)`` is exactly 1, ``P~``
+    is 0 and ``P~ V_j`` adds zeros, so O, L, m, l keep their bits (for finite V: a NaN or inf of V_j times a masked
+    0 made the row NaN before, as it does in the N x N reference; it does not now, as for the key blocks past the
+    whole block's horizon, which were never visited). The thread block's key blocks end at its *last* row's
+    horizon, so on the diagonal its earlier warps meet blocks that only its later warps see: at Br = 128, Bc = 16
+    (4 warps of 32 rows) 12 of the 32 warp steps of the diagonal's 8 key blocks; at Br = 256 56 of 128. The
+    simulator's ``mma`` exchanges fragments through block barriers that every warp must reach, so there it
+    cannot be compiled.
+
     ``HEAVY_FIRST`` (causal): the blocks start in query-block-major order, every head's last (heaviest) query block
     first (:func:`numba_flash.fast._tiles.make_query_block_order`); without it each head's blocks start heaviest
     first, one head after another. The same blocks and the same bits either way.
@@ -310,6 +321,8 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
         raise ValueError(f"WIDE needs CP_ASYNC and wide_ok(DP) (DP={DP}, CP_ASYNC={CP_ASYNC})")
     if Q_ASYNC and not CP_ASYNC:
         raise ValueError("Q_ASYNC needs CP_ASYNC")
+    if WARP_SKIP and (SIM or not CAUSAL):
+        raise ValueError("WARP_SKIP needs CAUSAL and a GPU (the simulator's mma exchanges through block barriers)")
     NT = 32 * NW
     BR = 16 * MW * NW
     NB = BC // 8  # 8-column tiles of S (and 8-key steps of P V)
@@ -351,6 +364,7 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
     _copy16, cp_commit, cp_wait0 = _mma.make_cp_async(SIM)
     n_key_blocks, _ = _tiles.make_block_counts(BR, BC, CAUSAL)
     query_block = _tiles.make_query_block_order(HEAVY_FIRST)
+    warp_sees_no_key = _tiles.make_warp_horizon(16 * MW)
 
     split, mma3, quad_max, quad_sum = _mma.make_warp_ops(SIM)
     natural_stats = _regtile.make_natural_stats()
@@ -467,6 +481,8 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
                 cuda.syncthreads()  # Sync: K_j, V_j in SRAM before L8 and L10 read them
                 if PREFETCH and j + 1 < n_blocks:
                     load_kv(gK, gV, ub, uhk, col0 + BC, s_k, d, tid, rKn, rVn)  # HBM read: 2 Bc*d (tile j+1)
+            if WARP_SKIP and warp_sees_no_key(row0 + int(wrow), col0, causal_offset):
+                continue  # Dev: every score of this warp's rows is masked: L8-L10 would leave m, l, O as they are
 
             # [doc:fa2-tc-inner-loop]
             # FA2.1 L8: S_i^(j) = Q_i K_j^T: per 8-wide k step, A = Q rows (16 x 8 per m tile),
@@ -657,13 +673,23 @@ def default_features() -> dict:
     forward's ``WIDE`` order").
     ``Q_ASYNC``: ``Q_i`` by ``cp.async`` too, with ``K_1, V_1`` (:func:`fa2_forward_tc_kernel`); None: on the ``cp.async`` path
     (:func:`numba_flash.fast._plan.async_on`), off where Q's rows are not 16-byte aligned.
+    ``WARP_SKIP``: with causal on a GPU, a warp skips lines 8-10 of a key block none of its rows sees
+    (:func:`fa2_forward_tc_kernel`, :func:`warp_skip_on`); None: on.
     ``HEAVY_FIRST``: with causal, the blocks of all heads start heaviest first (:func:`fa2_forward_tc_kernel`). On an
     H200, causal, N 1k / 2k / 4k / 8k / 16k, against each head's blocks in turn: d = 128 at 4 x 1 x 32 1.05 / 1.06 / 1.06
     / 1.05 / 1.02x, at 8 x 2 x 16 1.05 / 1.09 / 1.07 / 1.09 / 1.08x; d = 64 1.03 / 1.06 / 1.06 / 1.06 / 1.06x
     (``docs/results/sweeps/heavy_fwd_d128_h200_d80baba.json``, ``heavy_fwd_d64_h200_d80baba.json``; the performance
     log's section "3xTF32 forward: the heaviest query blocks of all heads first")."""
     return {"PREFETCH": None, "STAGE_S": True, "STAGE_O": True, "CP_ASYNC": True, "STAGE_O_STEP": None, "WIDE": None,
-            "HEAVY_FIRST": True, "Q_ASYNC": None}
+            "HEAVY_FIRST": True, "Q_ASYNC": None, "WARP_SKIP": None}
+
+
+def warp_skip_on(feature, causal: bool, sim: bool) -> bool:
+    """``WARP_SKIP`` resolved: only with ``causal`` on a GPU (:func:`fa2_forward_tc_kernel`); there ``bool(feature)``,
+    None: on."""
+    if not causal or sim:
+        return False
+    return bool(feature) if feature is not None else True
 
 
 def wide_on(feature, DP: int, cp_async: bool) -> bool:
@@ -737,7 +763,7 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None):
     _plan.check_sram(nbytes, Br, Bc, d)
     kernel = fa2_forward_tc_kernel(NW, MW, Bc, DP, prob.causal, prob.dropout_p > 0, prefetch, sim, bool(feats["STAGE_S"]), bool(feats["STAGE_O"]),
                                    cp_async, stage_o_step(feats["STAGE_O_STEP"], MW, DP), wide, prob.causal and bool(feats["HEAVY_FIRST"]),
-                                   _plan.async_on(feats["Q_ASYNC"], cp_async))
+                                   _plan.async_on(feats["Q_ASYNC"], cp_async), warp_skip_on(feats["WARP_SKIP"], prob.causal, sim))
     grid = bh_grid(ceil_div(prob.seqlen_q, Br), prob.batch * prob.nheads)
     return kernel, grid, 32 * NW, nbytes
 
