@@ -674,7 +674,7 @@ def default_features() -> dict:
     ``Q_ASYNC``: ``Q_i`` by ``cp.async`` too, with ``K_1, V_1`` (:func:`fa2_forward_tc_kernel`); None: on the ``cp.async`` path
     (:func:`numba_flash.fast._plan.async_on`), off where Q's rows are not 16-byte aligned.
     ``WARP_SKIP``: with causal on a GPU, a warp skips lines 8-10 of a key block none of its rows sees
-    (:func:`fa2_forward_tc_kernel`, :func:`warp_skip_on`); None: on.
+    (:func:`fa2_forward_tc_kernel`); None: on up to d = 64 (:func:`warp_skip_on` has the timings).
     ``HEAVY_FIRST``: with causal, the blocks of all heads start heaviest first (:func:`fa2_forward_tc_kernel`). On an
     H200, causal, N 1k / 2k / 4k / 8k / 16k, against each head's blocks in turn: d = 128 at 4 x 1 x 32 1.05 / 1.06 / 1.06
     / 1.05 / 1.02x, at 8 x 2 x 16 1.05 / 1.09 / 1.07 / 1.09 / 1.08x; d = 64 1.03 / 1.06 / 1.06 / 1.06 / 1.06x
@@ -684,12 +684,16 @@ def default_features() -> dict:
             "HEAVY_FIRST": True, "Q_ASYNC": None, "WARP_SKIP": None}
 
 
-def warp_skip_on(feature, causal: bool, sim: bool) -> bool:
+def warp_skip_on(feature, causal: bool, sim: bool, DP: int) -> bool:
     """``WARP_SKIP`` resolved: only with ``causal`` on a GPU (:func:`fa2_forward_tc_kernel`); there ``bool(feature)``,
-    None: on."""
+    None: on where the padded head dim ``DP`` is at most 64. H100, causal, on against off in two rounds, N 512 / 1k /
+    2k / 4k / 8k / 16k (``docs/results/sweeps/warp_skip_d64_h100_effd5e6_{1,2}.json``, ``_d128_``): d = 64 1.095 /
+    1.039 / 1.053 / 0.981 / 1.001 / 0.995x and 1.015 / 1.021 / 1.005 / 1.015 / 1.001 / 0.991x; d = 128 0.912 / 1.012 /
+    0.990 / 0.983 / 1.013 / 1.010x and 1.021 / 0.955 / 0.966 / 0.995 / 1.012 / 1.009x, where the GPU's build of the
+    4 x 2 x 16 and 8 x 2 x 16 tilings with it keeps 8-16 bytes a thread in local memory (none without it)."""
     if not causal or sim:
         return False
-    return bool(feature) if feature is not None else True
+    return bool(feature) if feature is not None else DP <= 64
 
 
 def wide_on(feature, DP: int, cp_async: bool) -> bool:
@@ -763,7 +767,7 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None):
     _plan.check_sram(nbytes, Br, Bc, d)
     kernel = fa2_forward_tc_kernel(NW, MW, Bc, DP, prob.causal, prob.dropout_p > 0, prefetch, sim, bool(feats["STAGE_S"]), bool(feats["STAGE_O"]),
                                    cp_async, stage_o_step(feats["STAGE_O_STEP"], MW, DP), wide, prob.causal and bool(feats["HEAVY_FIRST"]),
-                                   _plan.async_on(feats["Q_ASYNC"], cp_async), warp_skip_on(feats["WARP_SKIP"], prob.causal, sim))
+                                   _plan.async_on(feats["Q_ASYNC"], cp_async), warp_skip_on(feats["WARP_SKIP"], prob.causal, sim, DP))
     grid = bh_grid(ceil_div(prob.seqlen_q, Br), prob.batch * prob.nheads)
     return kernel, grid, 32 * NW, nbytes
 
