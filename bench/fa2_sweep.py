@@ -50,6 +50,8 @@ from bench import _utils as bu
 Q_ASYNC = {f"tc-cp-q{int(a)}": (("tc", None), {"CP_ASYNC": True, "Q_ASYNC": a}) for a in (False, True)}
 #: the default tiling with causal warps skipping the key blocks none of their rows sees (WARP_SKIP, 2026-11-27) or not
 WARP_SKIP = {f"tc-ws{int(a)}": (("tc", None), {"WARP_SKIP": a}) for a in (False, True)}
+#: the FFMA forward's default tiling with line 4's loads one at a time or eight in flight (Q_BATCH, 2026-11-27)
+Q_BATCH = {f"fast-qb{n}": (None, {"Q_BATCH": n}) for n in (1, 8)}
 VARIANTS_D64 = {
     "readable": ("readable", {}),
     "fast": (None, {}),  # Br 128 x Bc 64, TM 8, 128 threads
@@ -90,6 +92,7 @@ VARIANTS_D64 = {
     "tc-cp-perhead": (("tc", None), {"CP_ASYNC": True, "HEAVY_FIRST": False}),
     **Q_ASYNC,
     **WARP_SKIP,
+    **Q_BATCH,
 }
 VARIANTS_D128 = {
     "readable": ("readable", {}),
@@ -137,6 +140,7 @@ VARIANTS_D128 = {
     "tc-cp-4x2x16": (("tc", (4, 2, 16)), {"CP_ASYNC": True}),
     **Q_ASYNC,
     **WARP_SKIP,
+    **Q_BATCH,
 }
 
 

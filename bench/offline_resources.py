@@ -208,7 +208,7 @@ def _kernel(name: str, d: int, causal: bool, tiling=None):
         return A1.alg1_forward_fast_kernel(*A1.config_for(d), causal, False, f["SHFL"], f["VEC"], f["MAXREG"])
     if name == "fa2_forward_fast":
         f = F2.default_features()
-        return F2.fa2_forward_fast_kernel(*F2.config_for(d), causal, False, f["SHFL"], f["VEC"], f["REVERSE"], f["PREFETCH"], f["MAXREG"])
+        return F2.fa2_forward_fast_kernel(*F2.config_for(d), causal, False, f["SHFL"], f["VEC"], f["REVERSE"], f["PREFETCH"], f["MAXREG"], f["Q_BATCH"])
     if name == "fa2_forward_tc":
         NW, MW, BC, DP, f, prefetch, cp_async = _forward_tiling(TC, d, tiling)
         return TC.fa2_forward_tc_kernel(NW, MW, BC, DP, causal, False, prefetch, False, f["STAGE_S"], f["STAGE_O"], cp_async,

@@ -157,34 +157,49 @@ def make_pair_loader(NROWS: int, DP: int, NT: int, SA: int, SB: int | None = Non
 
 
 @functools.cache
-def make_scaled_q_loader(BR: int, DP: int, NT: int, SQ: int, QUIET_NAN: bool = False, SWIZZLE=None):
+def make_scaled_q_loader(BR: int, DP: int, NT: int, SQ: int, QUIET_NAN: bool = False, SWIZZLE=None, BATCH: int = 1):
     """``load_q(gQ, smem, qbase, ub, uh, row0, s_q, d, tid, scale)``: ``Q_i`` times ``scale`` to SRAM.
 
     Rows ``row0 .. row0 + BR - 1`` of ``gQ[b, :, h, :]`` times ``scale`` (``tau log2 e``: the forward
     then uses ``exp2``) to the SRAM tile at ``qbase`` (row stride ``SQ``); rows past ``s_q`` and
-    columns past ``d`` are zero. Unrolled: all loads of a thread are in flight before its first store.
-    ``QUIET_NAN``: a NaN is stored as ``0x7fc00000`` (see :func:`make_pair_loader`). ``SWIZZLE``: the module
-    docstring (the 3xTF32 forward's ``WIDE``: :func:`swizzle16`).
+    columns past ``d`` are zero. ``QUIET_NAN``: a NaN is stored as ``0x7fc00000`` (see :func:`make_pair_loader`).
+    ``SWIZZLE``: the module docstring (the 3xTF32 forward's ``WIDE``: :func:`swizzle16`).
+
+    ``BATCH``: how many of a thread's loads are in flight at once. With 1 each load's value is scaled and stored
+    before the next load: the sm_90 SASS issues them one at a time (``LD.E``, ``FMUL``, ``STS``, ``LD.E``, ...; the
+    loads are generic, and the compiler does not move them above a store to shared memory), so a block starts with one HBM
+    round trip per element of its share (64 at the FFMA forward's d = 64 default). With ``BATCH`` > 1 each pass loads
+    ``BATCH`` elements into registers, then scales and stores them: the same float32 products, the same bits.
     """
     NLQ = (BR * DP + NT - 1) // NT  # elements per thread
     EXACT = BR * DP % NT == 0
+    NPASS = (NLQ + BATCH - 1) // BATCH
     uNT, uDP, uSQ, uTOT = U(NT), U(DP), U(SQ), U(BR * DP)
     SW = SWIZZLE is not None
     swz = SWIZZLE if SW else swizzle16
 
     @cuda.jit(device=True, inline="always")
     def load_q(gQ, smem, qbase, ub, uh, row0, s_q, d, tid, scale):
-        for it in range(NLQ):
-            e = tid + uNT * U(it)
-            r = int(e // uDP)
-            x = int(e % uDP)
-            val = float32(0.0)
-            if (EXACT or e < uTOT) and row0 + r < s_q and x < d:
-                val = float32(gQ[ub, U(row0 + r), uh, U(x)] * scale)  # HBM read: Br*d
-                if QUIET_NAN:
-                    val = val if val == val else QNAN
-            if EXACT or e < uTOT:
-                smem[qbase + U(r) * uSQ + (swz(U(x), U(r)) if SW else U(x))] = val
+        buf = cuda.local.array(BATCH, float32)
+        for ps in range(NPASS):
+            for u in range(BATCH):  # Dev: the pass's loads first, all in flight
+                e = tid + uNT * U(ps * BATCH + u)
+                r = int(e // uDP)
+                x = int(e % uDP)
+                buf[u] = float32(0.0)
+                if ps * BATCH + u < NLQ and (EXACT or e < uTOT) and row0 + r < s_q and x < d:
+                    buf[u] = gQ[ub, U(row0 + r), uh, U(x)]  # HBM read: Br*d
+            for u in range(BATCH):  # Dev: then their products and stores
+                e = tid + uNT * U(ps * BATCH + u)
+                r = int(e // uDP)
+                x = int(e % uDP)
+                val = float32(0.0)
+                if ps * BATCH + u < NLQ and (EXACT or e < uTOT) and row0 + r < s_q and x < d:
+                    val = float32(buf[u] * scale)
+                    if QUIET_NAN:
+                        val = val if val == val else QNAN
+                if ps * BATCH + u < NLQ and (EXACT or e < uTOT):
+                    smem[qbase + U(r) * uSQ + (swz(U(x), U(r)) if SW else U(x))] = val
 
     return load_q
 

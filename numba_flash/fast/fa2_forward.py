@@ -134,7 +134,8 @@ def smem_floats(NT, TM, TPR, Bc, DP, shfl=True):
 
 
 @functools.cache
-def fa2_forward_fast_kernel(NT: int, TM: int, TPR: int, BC: int, DP: int, CAUSAL: bool, DROPOUT: bool, SHFL: bool, VEC: bool, REVERSE: bool = True, PREFETCH: bool = True, MAXREG=None):
+def fa2_forward_fast_kernel(NT: int, TM: int, TPR: int, BC: int, DP: int, CAUSAL: bool, DROPOUT: bool, SHFL: bool, VEC: bool, REVERSE: bool = True, PREFETCH: bool = True, MAXREG=None,
+                            Q_BATCH: int = 1):
     """The register-blocked FA2 forward kernel for one specialization (see the module docstring).
 
     ``SHFL``: row max / row sum across the lanes of a row group with warp shuffles (GPU) or through
@@ -182,7 +183,7 @@ def fa2_forward_fast_kernel(NT: int, TM: int, TPR: int, BC: int, DP: int, CAUSAL
 
     # K_j, V_j: HBM -> registers (NL floats each per thread) -> SRAM; Q_i: HBM -> SRAM, times tau log2 e
     NL, load_kv, store_kv = _tiles.make_pair_loader(BC, DP, NT, SQ)
-    load_q = _tiles.make_scaled_q_loader(BR, DP, NT, SQ)
+    load_q = _tiles.make_scaled_q_loader(BR, DP, NT, SQ, BATCH=Q_BATCH)
     n_key_blocks, _ = _tiles.make_block_counts(BR, BC, CAUSAL)
 
     qkt_tile = _regtile.make_qkt_tile(TM, TN, NK4, RG, TPR, SQ)
@@ -229,7 +230,7 @@ def fa2_forward_fast_kernel(NT: int, TM: int, TPR: int, BC: int, DP: int, CAUSAL
         row0 = i * BR
 
         # FA2.1 L4: load Q_i (times tau log2 e: exp2 later) from HBM to SRAM; rows past N_q and columns past d are zero
-        load_q(gQ, smem, OFF_Q, ub, uh, row0, s_q, d, tid, scale_log2)  # HBM read: Br*d (Dev: unrolled, all in flight)
+        load_q(gQ, smem, OFF_Q, ub, uh, row0, s_q, d, tid, scale_log2)  # HBM read: Br*d (Dev: Q_BATCH loads in flight)
         # FA2.1 L5: on chip, O_i = 0, l_i = 0, m_i = -inf
         for a in range(TM * DV * 4):
             rO[a] = float32(0.0)
@@ -316,9 +317,11 @@ def fa2_forward_fast_kernel(NT: int, TM: int, TPR: int, BC: int, DP: int, CAUSAL
 
 
 def default_features() -> dict:
-    """The kernel features used on this backend: shuffles and 16-byte loads on a GPU only."""
+    """The kernel features used on this backend: shuffles and 16-byte loads on a GPU only. ``Q_BATCH``: how many of a
+    thread's loads of line 4 (``Q_i``) are in flight at once (:func:`numba_flash.fast._tiles.make_scaled_q_loader`;
+    1: each load scaled and stored before the next, one HBM round trip at a time)."""
     gpu = not _backend.is_simulator()
-    return {"SHFL": gpu, "VEC": gpu, "REVERSE": True, "PREFETCH": True, "MAXREG": None}
+    return {"SHFL": gpu, "VEC": gpu, "REVERSE": True, "PREFETCH": True, "MAXREG": None, "Q_BATCH": 1}
 
 
 def gpu_only_ok() -> bool:
@@ -334,7 +337,8 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None):
     Br = (NT // TPR) * TM
     nbytes = 4 * smem_floats(NT, TM, TPR, Bc, DP, feats["SHFL"])
     _plan.check_sram(nbytes, Br, Bc, d)
-    kernel = fa2_forward_fast_kernel(NT, TM, TPR, Bc, DP, prob.causal, prob.dropout_p > 0, feats["SHFL"], feats["VEC"], feats["REVERSE"], feats["PREFETCH"], feats["MAXREG"] if gpu_only_ok() else None)
+    kernel = fa2_forward_fast_kernel(NT, TM, TPR, Bc, DP, prob.causal, prob.dropout_p > 0, feats["SHFL"], feats["VEC"], feats["REVERSE"], feats["PREFETCH"], feats["MAXREG"] if gpu_only_ok() else None,
+                                     int(feats["Q_BATCH"]))
     grid = bh_grid(ceil_div(prob.seqlen_q, Br), prob.batch * prob.nheads)
     return kernel, grid, NT, nbytes
 
