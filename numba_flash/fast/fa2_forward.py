@@ -319,7 +319,10 @@ def fa2_forward_fast_kernel(NT: int, TM: int, TPR: int, BC: int, DP: int, CAUSAL
 def default_features() -> dict:
     """The kernel features used on this backend: shuffles and 16-byte loads on a GPU only. ``Q_BATCH``: how many of a
     thread's loads of line 4 (``Q_i``) are in flight at once (:func:`numba_flash.fast._tiles.make_scaled_q_loader`;
-    1: each load scaled and stored before the next, one HBM round trip at a time)."""
+    1: each load scaled and stored before the next, one HBM round trip at a time). H100, 8 against 1, two rounds, N 512 /
+    1k / 4k (``docs/results/sweeps/q_batch_h100_a14fd00_{1,2}.json``): 0.977-1.077x at d = 64, 0.989-1.069x at d = 128,
+    causal and not; the rule set before the run (at or above 1.00x in every cell of both rounds) failed in two cells,
+    so the default stays 1."""
     gpu = not _backend.is_simulator()
     return {"SHFL": gpu, "VEC": gpu, "REVERSE": True, "PREFETCH": True, "MAXREG": None, "Q_BATCH": 1}
 
