@@ -281,8 +281,9 @@ def make_inputs(batch, nheads, N, d, seed=0, requires_grad=False, dtype="float32
     return q, k, v, g
 
 
-def prepare(algorithm, variant, pass_, batch, nheads, N, d, mask=None, block_sizes=None, seed=0, dtype="float32"):
-    """The call of one case as a function of no arguments (inputs built here in ``dtype``; see the module docstring).
+def prepare(algorithm, variant, pass_, batch, nheads, N, d, mask=None, block_sizes=None, seed=0, dtype="float32", causal=False):
+    """The call of one case as a function of no arguments (inputs built here in ``dtype``; see the module docstring;
+    ``causal`` for the dense algorithms).
 
     For "backward" the forward runs once here and the function computes only the gradients
     (``torch.autograd.grad`` with ``retain_graph``, so it can run again and nothing accumulates).
@@ -298,7 +299,7 @@ def prepare(algorithm, variant, pass_, batch, nheads, N, d, mask=None, block_siz
         if algorithm == "block-sparse":
             return block_sparse_attn_func(q, k, v, torch.from_numpy(np.asarray(mask)), block_size=tuple(block_sizes or BLOCK_SPARSE_TILES))
         with selected_variant(algorithm, variant) as extra:
-            return flash_attn_func(q, k, v, algorithm=algorithm, block_sizes=block_sizes, **extra)
+            return flash_attn_func(q, k, v, causal=causal, algorithm=algorithm, block_sizes=block_sizes, **extra)
 
     def backward(out):
         # The backward runs on this thread, not on autograd's CUDA worker thread: NVTX ranges are per

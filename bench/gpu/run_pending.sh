@@ -14,6 +14,9 @@
 #   ncu_tc       Nsight Compute's full set (--set full) on one 3xTF32 forward at d = 128 and d = 64 and one 3xTF32
 #                backward at d = 128 (N 4096, b 4, h 16, float32): where the d = 128 kernels lose to SDPA memory-efficient
 #                (shared-memory throughput, issue stalls, tensor-pipe use) -> OUTDIR/ncu_tc_fwd_d128.txt, _fwd_d64, _bwd_d128
+#   ncu_causal   Nsight Compute's full set on the 3xTF32 forward at d = 128, N 1024, b 16, h 16 (the grid's shape): causal
+#                at its default 4 x 2 x 16 (block_sizes 128 x 16) and non-causal at its default 8 x 2 x 16: what the causal
+#                cells lose per key block -> OUTDIR/ncu_causal_fwd_d128.txt, ncu_noncausal_fwd_d128.txt (and _meta.json)
 #   ncu_half     Nsight Compute's full set on the bf16 half backward at d = 128 and d = 64 (N 4096, b 4, h 16): where the
 #                d = 128 backward loses (#16's remaining cells: SRAM traffic of P and dS, the dQ atomics, register-bound
 #                occupancy) -> OUTDIR/ncu_half_bwd_d128.txt, _d64 (and _meta.json)
@@ -189,6 +192,15 @@ for s in "${steps[@]}"; do
         spec="{\"algorithm\":\"flash2\",\"variant\":\"tensorcore\",\"pass\":\"$pass\",\"batch\":4,\"nheads\":16,\"N\":4096,\"d\":$d}"
         step "ncu_tc_${tag}_d${d}.txt" "$ncu_bin" --set full --nvtx --nvtx-include "numba_flash_measure/" --print-units base \
           python3 -m bench.ncu --child "$spec" --meta-out "$out/ncu_tc_${tag}_d${d}_meta.json"
+      done ;;
+    ncu_causal)
+      ncu_bin="$(python3 -c 'from bench.ncu import find_ncu; print(find_ncu() or "")')"
+      if [ -z "$ncu_bin" ]; then echo "run_pending: no ncu" >&2; rc=1; continue; fi
+      for case in causal:true:128,16 noncausal:false:256,16; do
+        IFS=: read -r tag causal bs <<< "$case"
+        spec="{\"algorithm\":\"flash2\",\"variant\":\"tensorcore\",\"pass\":\"forward\",\"batch\":16,\"nheads\":16,\"N\":1024,\"d\":128,\"causal\":$causal,\"block_sizes\":[$bs]}"
+        step "ncu_${tag}_fwd_d128.txt" timeout 240 "$ncu_bin" --set full --nvtx --nvtx-include "numba_flash_measure/" --print-units base \
+          python3 -m bench.ncu --child "$spec" --meta-out "$out/ncu_${tag}_fwd_d128_meta.json"
       done ;;
     ncu_half)
       ncu_bin="$(python3 -c 'from bench.ncu import find_ncu; print(find_ncu() or "")')"
