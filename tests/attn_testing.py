@@ -380,18 +380,24 @@ def assert_same_bits(a, b, what, names=("O", "L", "m", "l")):
         np.testing.assert_array_equal(np.asarray(x).view(np.uint32), np.asarray(y).view(np.uint32), err_msg=f"{name}: {what} differ")
 
 
-def run_tc_forward(q, k, v, causal, p, seed, block_sizes, features, words=None):
-    """The 3xTF32 forward (:mod:`numba_flash.fast.fa2_forward_tc`) at kernel level with ``features``, outputs
-    NaN-poisoned: ``((O, L, m, l) as NumPy arrays, the features it planned with)``; ``words``: kernel arrays to
-    pass instead of converting q, k, v (e.g. :func:`unaligned_copy`)."""
+def run_module_forward(module, q, k, v, causal, p, seed, block_sizes, features, words=None):
+    """The forward of the kernel module ``module`` at kernel level with ``features``, outputs NaN-poisoned:
+    ``((O, L, m, l) as NumPy arrays, the features it planned with)``; ``words``: kernel arrays to pass instead of
+    converting q, k, v (e.g. :func:`unaligned_copy`)."""
     from numba_flash._launch import Allocator, check_attention_args
-    from numba_flash.fast import fa2_forward_tc
 
     prob = check_attention_args(q, k, v, p, None, causal, seed)
     alloc = Allocator(q)
     kernel_arrays = words if words is not None else [alloc.to_kernel(x) for x in (q, k, v)]
-    _, host, planned = forward_recording_plan(fa2_forward_tc, kernel_arrays, prob, alloc, block_sizes, features)
+    _, host, planned = forward_recording_plan(module, kernel_arrays, prob, alloc, block_sizes, features)
     return host, planned
+
+
+def run_tc_forward(q, k, v, causal, p, seed, block_sizes, features, words=None):
+    """:func:`run_module_forward` of the 3xTF32 forward (:mod:`numba_flash.fast.fa2_forward_tc`)."""
+    from numba_flash.fast import fa2_forward_tc
+
+    return run_module_forward(fa2_forward_tc, q, k, v, causal, p, seed, block_sizes, features, words)
 
 
 def run_tf32_backward(q, k, v, dout, causal, p, seed, block_sizes, features, deterministic=False, config=None, words=None):

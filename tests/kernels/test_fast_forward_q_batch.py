@@ -21,7 +21,7 @@ from numba_flash.fast import _tiles, fa2_forward
 
 import numpy as np
 import pytest
-from attn_testing import assert_same_bits, forward_recording_plan, make_qkv
+from attn_testing import assert_same_bits, make_qkv, run_module_forward
 from numba import cuda, float32
 
 QNAN_BITS = 0x7FC00000
@@ -73,13 +73,7 @@ def test_the_loader_writes_the_same_words_with_any_batch(batch, NT, quiet, swizz
 
 
 def _run(q, k, v, causal, p, seed, bs, q_batch):
-    from numba_flash._launch import Allocator, check_attention_args
-
-    prob = check_attention_args(q, k, v, p, None, causal, seed)
-    alloc = Allocator(q)
-    arrays = [alloc.to_kernel(x) for x in (q, k, v)]
-    _, host, planned = forward_recording_plan(fa2_forward, arrays, prob, alloc, bs, {"Q_BATCH": q_batch})
-    return host, planned
+    return run_module_forward(fa2_forward, q, k, v, causal, p, seed, bs, {"Q_BATCH": q_batch})
 
 
 CASES = [pytest.param(1, 37, 40, 2, 1, 20, False, 0.0, None, id="ragged-gqa-d20"),
