@@ -127,6 +127,11 @@
 #                1k / 4k, d 64 and 128, causal and not, SDPA beside in the first round, a second round without), then its GPU
 #                tests and the 3xTF32 kernels' (sharp softmax, WIDE, the backward, Q_ASYNC) -> OUTDIR/q_batch_{1,2}.json/.log,
 #                q_batch_tests.txt
+#   split_kv     the 3xTF32 forward's K_j, V_j split into tf32 parts once per block in SRAM (SPLIT_KV) against by every
+#                warp: the default tilings (fa2_sweep tc-skv0 / tc-skv1, d 128, N 512 to 16k, causal and not) and, causal,
+#                8 x 2 x 16 with it (tc-cp-8x2x16-skv1); SDPA beside in the first round, a second round without; then its
+#                GPU tests with WIDE's and the cp.async forward's -> OUTDIR/split_kv_{noncausal,causal}_{1,2}.json/.log,
+#                split_kv_tests.txt
 #   half_bwd_cp  the half backward's tilings with and without cp.async for Q_i, dO_i (half_sweep --backward; the log's
 #                section "FA2 backward in fp16 / bf16: cp.async for Q_i, dO_i") -> OUTDIR/half_bwd_cp.json/.log
 # OUTDIR/pending_env.txt says what ran where. A failed step is noted and the rest run. Exit status: 0 when all ran.
@@ -291,6 +296,18 @@ for s in "${steps[@]}"; do
       for r in 1 2; do grep "^forward  fast" "$out/q_batch_$r.log"; done
       step q_batch_tests.txt timeout 330 python3 -m pytest -q -p no:cacheprovider -rfE -n 12 -m gpu tests/kernels/test_fast_forward_q_batch.py \
         tests/kernels/test_sharp_softmax.py tests/kernels/test_tc_wide.py tests/kernels/test_tf32_backward.py tests/kernels/test_tc_forward_q_async.py ;;
+    split_kv)
+      for r in 1 2; do
+        step "split_kv_noncausal_$r.log" timeout 240 python3 -m bench.fa2_sweep --seqlens 512 1024 2048 4096 8192 16384 --headdims 128 \
+          --causal no --variants tc-skv0 tc-skv1 --repeats 20 $([ "$r" = 2 ] && echo --no-check --no-baselines) \
+          --out "$out/split_kv_noncausal_$r.json"
+        step "split_kv_causal_$r.log" timeout 240 python3 -m bench.fa2_sweep --seqlens 512 1024 2048 4096 8192 16384 --headdims 128 \
+          --causal yes --variants tc-skv0 tc-skv1 tc-cp-8x2x16-skv1 --repeats 20 $([ "$r" = 2 ] && echo --no-check --no-baselines) \
+          --out "$out/split_kv_causal_$r.json"
+      done
+      for r in 1 2; do grep "^forward" "$out/split_kv_noncausal_$r.log" "$out/split_kv_causal_$r.log"; done
+      step split_kv_tests.txt timeout 300 python3 -m pytest -q -p no:cacheprovider -rfE -n 8 -m gpu tests/kernels/test_tc_forward_split_kv.py \
+        tests/kernels/test_tc_wide.py tests/kernels/test_tc_forward_cp_async.py ;;
     warp_skip)
       for r in 1 2; do
         for d in 128 64; do

@@ -19,6 +19,8 @@ make_word_loader        (NROWS, DW) words (half pairs) -> registers -> SRAM     
 make_word_loader_async  (NROWS, DW) words, HBM -> SRAM by cp.async (no registers)  FA2 half and tc forward
 make_quiet_nan_pass     a thread's cp.async chunks: NaN -> the quiet NaN, in SRAM   FA2 tc forward
                         (``SCALE``: times a scale first: ``Q_i`` by cp.async)
+make_split_pass         the same chunks split into tf32 big and small parts in SRAM FA2 tc forward
+make_v_pair_split_pass  V_j's chunks split, the parts in B-fragment pairs          FA2 tc forward
 swizzle16, swizzle16t   the SRAM column of a tile's column in unpadded rows         3xTF32 ``WIDE``
 make_key_block_order    (key block, head) of a block, heaviest first (causal)       FA2 half/tc backward
 make_query_block_order  (query block, head) of a block, heaviest first (causal)     FA2 half/tc forward
@@ -421,3 +423,87 @@ def make_quiet_nan_pass(NROWS: int, DW: int, NT: int, SA: int, SWIZZLE=None, SCA
         each_own_element(smem, off, tid, float32(1.0))
 
     return quiet
+
+
+
+@functools.cache
+def make_split_pass(NROWS: int, DW: int, NT: int, SA: int, SIM: bool, SWIZZLE=None):
+    """``split_pass(smem, words, off, small, tid)``: the chunks of :func:`make_quiet_nan_pass` (same ``NROWS, DW, NT,
+    SA, SWIZZLE``) split once for every warp that reads them: each element ``x`` (a NaN first made the quiet NaN, as
+    that pass does) becomes the tf32 bit pattern of its big part in place and the small part's at ``small`` words
+    further on (:func:`numba_flash.fast._mma.make_warp_ops`' ``split_tf32``, the simulator's twin when ``SIM``).
+
+    ``smem`` and ``words`` are the float32 and uint32 views of one dynamic SRAM array. What a warp's fragment loads
+    then read are the two parts the warp would have computed from ``x`` itself, bit for bit: the same function of the
+    same value. The 3xTF32 forward's ``SPLIT_KV`` runs it over ``K_j, V_j`` after ``cp.async.wait_group`` and before
+    the barrier that publishes them, in place of the NaN pass. Zero-filled chunks split into two zeros.
+    """
+    CW = DW // 4
+    NC = (NROWS * CW + NT - 1) // NT
+    EXACT = NROWS * CW % NT == 0
+    uNT, uCW, uSA, uTOT, u4 = U(NT), U(CW), U(SA), U(NROWS * CW), U(4)
+    SW = SWIZZLE is not None
+    swz = SWIZZLE if SW else swizzle16
+    split = _mma.make_warp_ops(SIM)[0]
+
+    @cuda.jit(device=True, inline="always")
+    def split_pass(smem, words, off, small, tid):
+        for it in range(NC):
+            e = tid + uNT * U(it)
+            if EXACT or e < uTOT:
+                r = e // uCW
+                c = u4 * (e % uCW)
+                base = off + r * uSA + (swz(c, r) if SW else c)
+                for w in range(4):
+                    v = smem[base + U(w)]
+                    big, sml = split(v if v == v else QNAN)
+                    words[base + U(w)] = big
+                    words[base + small + U(w)] = sml
+
+    return split_pass
+
+
+def v_pair_stride(DP: int) -> int:
+    """Words of one row ``(key step kt, t)`` of :func:`make_v_pair_split_pass`'s layout: ``2 DP`` and 8 of padding, so
+    that the 16-byte loads of lanes ``(g, t)``, ``g < 2``, fall in 8 different groups of 4 banks (``8 t + 4 g``)."""
+    return 2 * DP + 8
+
+
+@functools.cache
+def make_v_pair_split_pass(NROWS: int, DP: int, NT: int, SA: int, SIM: bool):
+    """``split_v(smem, words, off, out, small, tid)``: this thread's chunks of the ``V_j`` tile at ``off`` (as
+    :func:`make_word_loader_async` copied them, row stride ``SA``) split as :func:`make_split_pass` does, the big parts
+    to ``out`` and the small ones ``small`` words further, in the order of the 3xTF32 forward's ``WIDE`` B fragments.
+
+    An ``mma.m16n8k8`` B fragment is a register pair ``(V[t, c], V[t + 4, c])`` (key step ``kt``: keys ``8 kt + t`` and
+    ``8 kt + t + 4``): two rows of the tile, so a 16-byte load of a row gives a lane four values that each go to a
+    different pair, and the compiler moves every one (offline sm_90: 145 ``MOV`` in one step of line 10). Here the
+    pairs are adjacent: value ``V[8 kt + t + 4 p, 32 a + 4 g + 2 h + e]`` (``p, h, e < 2``) is word
+    ``(4 kt + t) RS + 64 a + 32 h + 4 g + 2 e + p`` (``RS`` = :func:`v_pair_stride`), so lane ``(g, t)`` gets the pairs
+    of columns ``32 a + 4 g .. + 3`` (O's renamed columns of tiles ``4 a .. 4 a + 3``, ``WIDE``) in two 16-byte loads
+    per part, in the registers the ``mma`` reads. The tile as copied is read only by the thread that copied it, so it
+    needs one stage; the pairs need two (warps still read block j's while block j+1's are written).
+    """
+    CW = DP // 4
+    NC = (NROWS * CW + NT - 1) // NT
+    EXACT = NROWS * CW % NT == 0
+    RS = v_pair_stride(DP)
+    uNT, uCW, uSA, uTOT, u4, u8 = U(NT), U(CW), U(SA), U(NROWS * CW), U(4), U(8)
+    split = _mma.make_warp_ops(SIM)[0]
+
+    @cuda.jit(device=True, inline="always")
+    def split_v(smem, words, off, out, small, tid):
+        for it in range(NC):
+            e = tid + uNT * U(it)
+            if EXACT or e < uTOT:
+                r = e // uCW  # key row: step r // 8, t = r % 4, p = r % 8 // 4
+                c = u4 * (e % uCW)  # first column of the chunk: a = c // 32, g = c % 32 // 4
+                src = off + r * uSA + c
+                dst = out + (u4 * (r // u8) + r % u4) * U(RS) + U(64) * (c // U(32)) + u4 * (c % U(32) // u4) + (r % u8) // u4
+                for w in range(4):  # h = w // 2, e = w % 2
+                    v = smem[src + U(w)]
+                    big, sml = split(v if v == v else QNAN)
+                    words[dst + U(32 * (w // 2) + 2 * (w % 2))] = big
+                    words[dst + small + U(32 * (w // 2) + 2 * (w % 2))] = sml
+
+    return split_v

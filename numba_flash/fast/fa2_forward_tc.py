@@ -230,11 +230,16 @@ def wide_ok(DP: int) -> bool:
     return DP % 32 == 0
 
 
-def smem_floats(NW: int, MW: int, BC: int, DP: int, simulator: bool = False, stages: int = 1, wide: bool = False) -> int:
+def smem_floats(NW: int, MW: int, BC: int, DP: int, simulator: bool = False, stages: int = 1, wide: bool = False,
+                split: bool = False) -> int:
     """Dynamic SRAM of the kernel in float32 elements (see the module docstring); ``stages`` copies of
-    K_j, V_j (2 with ``CP_ASYNC``); ``wide``: the strides of ``WIDE``."""
+    K_j, V_j (2 with ``CP_ASYNC``); ``wide``: the strides of ``WIDE``; ``split``: ``SPLIT_KV``'s small parts (as many
+    words again as the stages of K_j, V_j)."""
     SQ, SV, SP = strides(BC, DP, wide)
-    n = 16 * MW * NW * (SQ + SP) + stages * BC * (SQ + SV)
+    if split:  # K_j: 2 stages of big and of small parts; V_j: one stage as copied, 2 stages of big and small pairs
+        n = 16 * MW * NW * (SQ + SP) + 4 * BC * SQ + BC * SV + 16 * (BC // 8) * _tiles.v_pair_stride(DP)
+    else:
+        n = 16 * MW * NW * (SQ + SP) + stages * BC * (SQ + SV)
     return n + (NW * _mma.SIM_SCRATCH_PER_WARP if simulator else 0)
 
 
@@ -247,7 +252,7 @@ def cp_async_ok(d: int) -> bool:
 @functools.cache
 def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROPOUT: bool, PREFETCH: bool, SIM: bool, STAGE_S: bool = True, STAGE_O: bool = True,
                           CP_ASYNC: bool = False, STAGE_O_STEP: bool = False, WIDE: bool = False, HEAVY_FIRST: bool = False,
-                          Q_ASYNC: bool = False, WARP_SKIP: bool = False):
+                          Q_ASYNC: bool = False, WARP_SKIP: bool = False, SPLIT_KV: bool = False):
     """The 3xTF32 FA2 forward kernel for one specialization (see the module docstring).
 
     ``CP_ASYNC`` (d a multiple of 4): K_j, V_j go HBM -> SRAM by ``cp.async`` into two SRAM stages, the
@@ -299,6 +304,13 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
     simulator's ``mma`` exchanges fragments through block barriers that every warp must reach, so there it
     cannot be compiled.
 
+    ``SPLIT_KV`` (needs ``CP_ASYNC``): ``K_j, V_j`` are split into their tf32 big and small parts once, in SRAM, by
+    the threads that copied them (:func:`numba_flash.fast._tiles.make_split_pass`, in place of the NaN pass), instead
+    of by every warp at each fragment load: a warp then loads both parts (two 16-byte loads with ``WIDE`` where it made
+    one and split four floats). The parts are the same function of the same value, so the same bits. The small parts
+    take a second copy of both stages (``smem_floats``' ``split``), placed after ``P~`` at a fixed distance ``DS``
+    from their big parts.
+
     ``HEAVY_FIRST`` (causal): the blocks start in query-block-major order, every head's last (heaviest) query block
     first (:func:`numba_flash.fast._tiles.make_query_block_order`); without it each head's blocks start heaviest
     first, one head after another. The same blocks and the same bits either way.
@@ -323,6 +335,8 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
         raise ValueError("Q_ASYNC needs CP_ASYNC")
     if WARP_SKIP and (SIM or not CAUSAL):
         raise ValueError("WARP_SKIP needs CAUSAL and a GPU (the simulator's mma exchanges through block barriers)")
+    if SPLIT_KV and not WIDE:
+        raise ValueError("SPLIT_KV needs WIDE (and so CP_ASYNC)")
     NT = 32 * NW
     BR = 16 * MW * NW
     NB = BC // 8  # 8-column tiles of S (and 8-key steps of P V)
@@ -336,6 +350,14 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
     OFF_V = U(BR * SQ + BC * SQ)  # V_j: (Bc, SV)
     uSTAGE = U(BC * SQ + BC * SV)  # CP_ASYNC: stage 1 (K, V of the odd blocks) follows stage 0 at OFF_K + uSTAGE
     OFF_P = U(BR * SQ) + U(2 if CP_ASYNC else 1) * uSTAGE  # P~_ij: (Br, SP); warp w owns rows 16 MW w .. 16 MW (w+1) - 1
+    RS = _tiles.v_pair_stride(DP)  # SPLIT_KV: words of a (key step, t) row of V_j's parts in B-fragment pairs
+    VPART = U(NB * 4 * RS)  # SPLIT_KV: words of one part (big or small) of one stage of them
+    if SPLIT_KV:  # Dev: K_j's two stages, one stage of V_j as copied, P~, K_j's small parts, V_j's parts in pairs
+        uSTAGE = U(BC * SQ)  # K_j only: the copied V_j is read by its copying thread alone, so one stage
+        OFF_V = U(BR * SQ + 2 * BC * SQ)
+        OFF_P = OFF_V + U(BC * SV)
+    DS = OFF_P + U(BR * SP) - OFF_K  # SPLIT_KV: K_j's small parts (both stages), DS words past their big parts
+    OFF_VP = OFF_K + DS + U(2 * BC * SQ)  # SPLIT_KV: V_j's pairs, stage s at + 2 s VPART (big, then small at + VPART)
     NS = MW * NB * 4  # registers of rS: MW x NB m16n8 fragments, 4 floats per lane each
     NO = MW * ND * 4  # registers of rO (and rT): MW x ND fragments
     NR = MW * 2  # query rows per lane (rows g and g + 8 of each m16 tile)
@@ -344,6 +366,8 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
     NQW = MW * 8 if WIDE else 1  # WIDE: this lane's 4 columns of its 2 MW rows of Q_i for a pair of k steps
     NKW = NB * 4 if WIDE else 1  # WIDE: the same 4 columns of its key row of each 8-key tile of K_j
     NVW = 2 * ND if WIDE else 1  # WIDE: V_j rows t, t + 4 at this lane's ND columns (an 8-key step's B fragments)
+    NKS = NKW if SPLIT_KV else 1  # SPLIT_KV: rKw's values as big / small tf32 parts
+    NVS = 8 if SPLIT_KV else 1  # SPLIT_KV: the 4 pairs of one group of 4 O tiles, big / small parts
     NEG_INF = float32(-math.inf)
     SXN = NW * _mma.SIM_SCRATCH_PER_WARP if SIM else 1  # simulator lane-exchange scratch (floats)
     SCR = _mma.SIM_SCRATCH_PER_WARP  # one warp's share of it
@@ -358,6 +382,8 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
     _, load_v_async = _tiles.make_word_loader_async(BC, DP, NT, SV, SIM)
     quiet_k = _tiles.make_quiet_nan_pass(BC, DP, NT, SQ, SWZ)
     quiet_v = _tiles.make_quiet_nan_pass(BC, DP, NT, SV)
+    split_k = _tiles.make_split_pass(BC, DP, NT, SQ, SIM, SWZ)  # SPLIT_KV: the NaN pass and the warps' split at once
+    split_v = _tiles.make_v_pair_split_pass(BC, DP, NT, SV, SIM)
     # Q_ASYNC: Q_i as 16-byte chunks, then each thread's chunks times tau log2 e (NaN -> quiet NaN) in SRAM
     _, load_q_async = _tiles.make_word_loader_async(BR, DP, NT, SQ, SIM, SWZ)
     scale_q = _tiles.make_quiet_nan_pass(BR, DP, NT, SQ, SWZ, SCALE=True)
@@ -383,10 +409,32 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
             for c in range(4):
                 rS[f + c] = rS[f + c] + acc[c] if STAGE_S else acc[c]
 
+    @cuda.jit(device=True, inline="always")
+    def o_tile_step(rO, rT, rAb, rAs, dn, bb0, bb1, bs0, bs1, sx, wbase, lane):
+        """One 8-key step of O's column tile ``dn`` for the warp's MW m16 tiles (A in rAb/rAs, B in bb*/bs*)."""
+        for mt in range(MW):
+            f = (mt * ND + dn) * 4
+            acc = (rO[f], rO[f + 1], rO[f + 2], rO[f + 3])
+            if STAGE_O_STEP:  # Dev: this 8-key step into a zeroed accumulator, added to O_i below
+                acc = (float32(0.0), float32(0.0), float32(0.0), float32(0.0))
+            elif STAGE_O:
+                acc = (rT[f], rT[f + 1], rT[f + 2], rT[f + 3])
+            acc = mma3((rAb[mt * 4], rAb[mt * 4 + 1], rAb[mt * 4 + 2], rAb[mt * 4 + 3]),
+                       (rAs[mt * 4], rAs[mt * 4 + 1], rAs[mt * 4 + 2], rAs[mt * 4 + 3]), (bb0, bb1), (bs0, bs1), acc,
+                       sx, wbase, lane)
+            for c in range(4):
+                if STAGE_O_STEP:
+                    rO[f + c] = rO[f + c] + acc[c]
+                elif STAGE_O:
+                    rT[f + c] = acc[c]
+                else:
+                    rO[f + c] = acc[c]
+
     # [doc:fa2-tc-kernel]
     @cuda.jit(fastmath=False)
     def kernel(gQ, gK, gV, gO, gL, gm, gl, scale_log2, group, causal_offset, seed, threshold, dropout_scale):
         smem = cuda.shared.array(0, float32)  # Q_i, K_j, V_j; offsets OFF_*
+        words = cuda.shared.array(0, uint32)  # the same SRAM as tf32 bit patterns (SPLIT_KV's K_j, V_j parts)
         scale_log2 = float32(scale_log2)  # Dev: float32, as the FFMA kernels and the backward round tau log2 e Q
         sx = cuda.shared.array(SXN, float32)  # the simulator's lane-exchange scratch (unused on a GPU)
         rS = cuda.local.array(NS, float32)  # S_ij, then P~_ij: MW x NB fragments
@@ -401,6 +449,10 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
         rQw = cuda.local.array(NQW, float32)  # WIDE: Q_i columns 16 p + 4 t .. + 3 of rows g, g + 8 (per m16 tile)
         rKw = cuda.local.array(NKW, float32)  # WIDE: K_j columns 16 p + 4 t .. + 3 of key row g (per key tile)
         rVw = cuda.local.array(NVW, float32)  # WIDE: V_j rows t, t + 4, columns 32 a + 4 g .. + 3 for every a < ND / 4
+        rKb = cuda.local.array(NKS, uint32)  # SPLIT_KV: rKw as tf32 big parts
+        rKs = cuda.local.array(NKS, uint32)  # SPLIT_KV: rKw as tf32 small parts
+        rVb = cuda.local.array(NVS, uint32)  # SPLIT_KV: B-fragment pairs of V_j (big parts) for 4 O tiles
+        rVs = cuda.local.array(NVS, uint32)  # SPLIT_KV: their small parts
         rKn = cuda.local.array(RK, float32)  # K_j / K_{j+1} in flight (registers; register path)
         rVn = cuda.local.array(RK, float32)
 
@@ -460,17 +512,22 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
             if CP_ASYNC:
                 stage = U(j % 2) * uSTAGE
                 kbase = OFF_K + stage
-                vbase = OFF_V + stage
+                vbase = OFF_V if SPLIT_KV else OFF_V + stage
+                vpair = OFF_VP + U(2 * (j % 2)) * VPART  # SPLIT_KV: this block's V_j pairs
                 cp_wait0()  # this thread's copies of K_j, V_j have landed (and, j = 0, of Q_i)
                 if Q_ASYNC and j == 0:
                     scale_q(smem, OFF_Q, tid, scale_log2)  # Dev: L4's times tau log2 e, on this thread's own chunks
-                quiet_k(smem, kbase, tid)  # Dev: NaN -> quiet NaN in this thread's chunks (the split keeps it a NaN)
-                quiet_v(smem, vbase, tid)
+                if SPLIT_KV:  # Dev: this thread's chunks as tf32 parts: K_j's big in place (small DS on), V_j's in pairs
+                    split_k(smem, words, kbase, DS, tid)
+                    split_v(smem, words, vbase, vpair, VPART, tid)
+                else:
+                    quiet_k(smem, kbase, tid)  # Dev: NaN -> quiet NaN in this thread's chunks (the split keeps it a NaN)
+                    quiet_v(smem, vbase, tid)
                 cuda.syncthreads()  # Sync: all of K_j, V_j in SRAM (and Q_i stored) before L8/L10; all warps done with block j-1's stage before it is refilled
                 if j + 1 < n_blocks:
                     # Dev: L7 of block j+1 issued now, into the other stage, landing during L8-L10 of block j
                     load_k_async(smem, OFF_K + (uSTAGE - stage), gK, ub, uhk, col0 + BC, s_k, d, tid)  # HBM read: Bc*d
-                    load_v_async(smem, OFF_V + (uSTAGE - stage), gV, ub, uhk, col0 + BC, s_k, d, tid)  # HBM read: Bc*d
+                    load_v_async(smem, OFF_V if SPLIT_KV else OFF_V + (uSTAGE - stage), gV, ub, uhk, col0 + BC, s_k, d, tid)  # HBM read: Bc*d
                     cp_commit()
             else:
                 cuda.syncthreads()  # Sync: all warps are done with K_{j-1}, V_{j-1} (and Q_i is stored) before the stores
@@ -499,14 +556,22 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
                 for nt in range(NB):  # the same columns of key row g of each 8-key tile
                     k0 = kbase + (U(8 * nt) + g) * uSQ + csw
                     for e in range(4):
-                        rKw[nt * 4 + e] = smem[k0 + U(e)]
+                        if SPLIT_KV:
+                            rKb[nt * 4 + e] = words[k0 + U(e)]
+                            rKs[nt * 4 + e] = words[k0 + DS + U(e)]
+                        else:
+                            rKw[nt * 4 + e] = smem[k0 + U(e)]
                 for h2 in range(0, 4, 2):  # this k step's two columns of the four: c = 16 kp + 4 t + h2, c + 1
                     for mt in range(MW):  # a = (Q[g, c], Q[g+8, c], Q[g, c+1], Q[g+8, c+1])
                         for c in range(4):
                             rAb[mt * 4 + c], rAs[mt * 4 + c] = split(rQw[mt * 8 + 4 * (c % 2) + h2 + c // 2])
                     for nt in range(NB):
-                        bb0, bs0 = split(rKw[nt * 4 + h2])  # b = (K[g, c], K[g, c+1])
-                        bb1, bs1 = split(rKw[nt * 4 + h2 + 1])
+                        if SPLIT_KV:
+                            bb0, bs0 = rKb[nt * 4 + h2], rKs[nt * 4 + h2]
+                            bb1, bs1 = rKb[nt * 4 + h2 + 1], rKs[nt * 4 + h2 + 1]
+                        else:
+                            bb0, bs0 = split(rKw[nt * 4 + h2])  # b = (K[g, c], K[g, c+1])
+                            bb1, bs1 = split(rKw[nt * 4 + h2 + 1])
                         s_tile_step(rS, rAb, rAs, nt, bb0, bb1, bs0, bs1, sx, wbase, lane)
             for ks in range(0 if WIDE else KD):
                 for mt in range(MW):
@@ -560,12 +625,19 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
                     p0 = OFF_P + (wrow + U(16 * mt) + g) * uSP + U(8 * kt) + t
                     for c in range(4):
                         rAb[mt * 4 + c], rAs[mt * 4 + c] = split(smem[p0 + U(8 * (c % 2)) * uSP + U(4 * (c // 2))])
-                if WIDE:  # Dev: tile dn = 4 a + e's column g is O's column 32 a + 4 g + e: V's rows t, t + 4 by 16-byte loads
+                if WIDE and not SPLIT_KV:  # Dev: tile dn = 4 a + e's column g is O's column 32 a + 4 g + e: V's rows t, t + 4 by 16-byte loads
                     v0 = vbase + (U(8 * kt) + t) * uSV + U(4) * g
                     for e in range(ND):
                         rVw[e] = smem[v0 + U(32 * (e // 4) + e % 4)]
                         rVw[ND + e] = smem[v0 + U(4) * uSV + U(32 * (e // 4) + e % 4)]
-                for dn in range(ND):
+                for a in range(ND // 4 if SPLIT_KV else 0):  # Dev: SPLIT_KV: V's pairs for tiles 4 a .. 4 a + 3
+                    v0 = vpair + (U(4 * kt) + t) * U(RS) + U(64 * a) + U(4) * g
+                    for w in range(8):  # word 32 (w // 4) + w % 4 of the group: pair w // 2 (tile 4 a + w // 2), key t + 4 (w % 2)
+                        rVb[w] = words[v0 + U(32 * (w // 4) + w % 4)]
+                        rVs[w] = words[v0 + VPART + U(32 * (w // 4) + w % 4)]
+                    for e in range(4):  # b = (V[t, c], V[t+4, c]), c = 32 a + 4 g + e
+                        o_tile_step(rO, rT, rAb, rAs, 4 * a + e, rVb[2 * e], rVb[2 * e + 1], rVs[2 * e], rVs[2 * e + 1], sx, wbase, lane)
+                for dn in range(0 if SPLIT_KV else ND):
                     if WIDE:
                         bb0, bs0 = split(rVw[dn])  # b = (V[t, c], V[t+4, c]), c = 32 (dn // 4) + 4 g + dn % 4
                         bb1, bs1 = split(rVw[ND + dn])
@@ -573,23 +645,7 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
                         v0 = vbase + (U(8 * kt) + t) * uSV + U(8 * dn) + g  # b = (V[t, g], V[t+4, g])
                         bb0, bs0 = split(smem[v0])
                         bb1, bs1 = split(smem[v0 + U(4) * uSV])
-                    for mt in range(MW):
-                        f = (mt * ND + dn) * 4
-                        acc = (rO[f], rO[f + 1], rO[f + 2], rO[f + 3])
-                        if STAGE_O_STEP:  # Dev: this 8-key step into a zeroed accumulator, added to O_i below
-                            acc = (float32(0.0), float32(0.0), float32(0.0), float32(0.0))
-                        elif STAGE_O:
-                            acc = (rT[f], rT[f + 1], rT[f + 2], rT[f + 3])
-                        acc = mma3((rAb[mt * 4], rAb[mt * 4 + 1], rAb[mt * 4 + 2], rAb[mt * 4 + 3]),
-                                   (rAs[mt * 4], rAs[mt * 4 + 1], rAs[mt * 4 + 2], rAs[mt * 4 + 3]), (bb0, bb1), (bs0, bs1), acc,
-                                   sx, wbase, lane)
-                        for c in range(4):
-                            if STAGE_O_STEP:
-                                rO[f + c] = rO[f + c] + acc[c]
-                            elif STAGE_O:
-                                rT[f + c] = acc[c]
-                            else:
-                                rO[f + c] = acc[c]
+                    o_tile_step(rO, rT, rAb, rAs, dn, bb0, bb1, bs0, bs1, sx, wbase, lane)
             if STAGE_O and not STAGE_O_STEP:  # Dev: O_i = e^(m_old - m_new) O_i + (P~ V_j), one IEEE float32 FMA per element
                 for mt in range(MW):
                     for dn in range(ND):
@@ -679,9 +735,11 @@ def default_features() -> dict:
     H200, causal, N 1k / 2k / 4k / 8k / 16k, against each head's blocks in turn: d = 128 at 4 x 1 x 32 1.05 / 1.06 / 1.06
     / 1.05 / 1.02x, at 8 x 2 x 16 1.05 / 1.09 / 1.07 / 1.09 / 1.08x; d = 64 1.03 / 1.06 / 1.06 / 1.06 / 1.06x
     (``docs/results/sweeps/heavy_fwd_d128_h200_d80baba.json``, ``heavy_fwd_d64_h200_d80baba.json``; the performance
-    log's section "3xTF32 forward: the heaviest query blocks of all heads first")."""
+    log's section "3xTF32 forward: the heaviest query blocks of all heads first").
+    ``SPLIT_KV``: ``K_j, V_j`` split into tf32 parts once per thread block, in SRAM, not by every warp
+    (:func:`fa2_forward_tc_kernel`; the same bits); on the ``cp.async`` path only (:func:`split_kv_on`). Off until timed."""
     return {"PREFETCH": None, "STAGE_S": True, "STAGE_O": True, "CP_ASYNC": True, "STAGE_O_STEP": None, "WIDE": None,
-            "HEAVY_FIRST": True, "Q_ASYNC": None, "WARP_SKIP": None}
+            "HEAVY_FIRST": True, "Q_ASYNC": None, "WARP_SKIP": None, "SPLIT_KV": False}
 
 
 def warp_skip_on(feature, causal: bool, sim: bool, DP: int) -> bool:
@@ -694,6 +752,12 @@ def warp_skip_on(feature, causal: bool, sim: bool, DP: int) -> bool:
     if not causal or sim:
         return False
     return bool(feature) if feature is not None else DP <= 64
+
+
+def split_kv_on(feature, wide: bool) -> bool:
+    """``SPLIT_KV`` resolved: only with ``WIDE`` (and so on the ``cp.async`` path, whose NaN pass its split pass
+    replaces); there ``bool(feature)``."""
+    return wide and bool(feature)
 
 
 def wide_on(feature, DP: int, cp_async: bool) -> bool:
@@ -763,11 +827,13 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None):
     sim = _backend.is_simulator()
     Br = 16 * MW * NW
     wide = wide_on(feats["WIDE"], DP, cp_async)  # Dev: the swizzled K_j arrives by cp.async only
-    nbytes = 4 * smem_floats(NW, MW, Bc, DP, sim, 2 if cp_async else 1, wide)
+    split_kv = split_kv_on(feats["SPLIT_KV"], wide)
+    nbytes = 4 * smem_floats(NW, MW, Bc, DP, sim, 2 if cp_async else 1, wide, split_kv)
     _plan.check_sram(nbytes, Br, Bc, d)
     kernel = fa2_forward_tc_kernel(NW, MW, Bc, DP, prob.causal, prob.dropout_p > 0, prefetch, sim, bool(feats["STAGE_S"]), bool(feats["STAGE_O"]),
                                    cp_async, stage_o_step(feats["STAGE_O_STEP"], MW, DP), wide, prob.causal and bool(feats["HEAVY_FIRST"]),
-                                   _plan.async_on(feats["Q_ASYNC"], cp_async), warp_skip_on(feats["WARP_SKIP"], prob.causal, sim, DP))
+                                   _plan.async_on(feats["Q_ASYNC"], cp_async), warp_skip_on(feats["WARP_SKIP"], prob.causal, sim, DP),
+                                   split_kv)
     grid = bh_grid(ceil_div(prob.seqlen_q, Br), prob.batch * prob.nheads)
     return kernel, grid, 32 * NW, nbytes
 
