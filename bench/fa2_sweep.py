@@ -284,19 +284,20 @@ def check(variants, d, log):
     return out
 
 
-def time_forward(variants, seqlens, d, causals, repeats, sgemm, rows, log, baselines=True):
+def time_forward(variants, seqlens, d, causals, repeats, sgemm, rows, log, baselines=True, interleave=False):
     for n in seqlens:
         shape = bu.fa2_shape(n, d)
         b, h = shape["batch"], shape["nheads"]
         q, k, v = bu.make_inputs(b, h, n, d, seed=n + d)
         for causal in causals:
-            _time_forward_one(variants, q, k, v, causal, repeats, sgemm, rows, log, baselines)
+            _time_forward_one(variants, q, k, v, causal, repeats, sgemm, rows, log, baselines, interleave)
         del q, k, v
         bu.free_memory()
 
 
-def _time_forward_one(variants, q, k, v, causal, repeats, sgemm, rows, log, baselines):
-    """Time every variant (and the torch baselines) on one input and one mask; append the rows."""
+def _time_forward_one(variants, q, k, v, causal, repeats, sgemm, rows, log, baselines, interleave=False):
+    """Time every variant (and the torch baselines) on one input and one mask; append the rows. ``interleave``: in
+    rounds of one call each (:func:`bench._utils.cuda_time_ms_interleaved`) instead of one after another."""
     import torch
 
     b, n, h, d = q.shape
@@ -305,12 +306,13 @@ def _time_forward_one(variants, q, k, v, causal, repeats, sgemm, rows, log, base
     if baselines:
         impls["torch_naive"] = lambda: bu.torch_naive_attention(q, k, v, causal=causal)
         impls["sdpa_mem_efficient"] = lambda: bu.torch_sdpa_mem_efficient(q, k, v, causal=causal)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    timed = bu.cuda_time_ms_interleaved(impls, warmup=2, repeats=repeats) if interleave else {}
     for name, fn in impls.items():
-        row = dict(pass_="forward", impl=name, N=n, d=d, batch=b, nheads=h, causal=causal)
+        row = dict(pass_="forward", impl=name, N=n, d=d, batch=b, nheads=h, causal=causal, interleaved=bool(interleave))
         try:
-            torch.backends.cuda.matmul.allow_tf32 = False
             reps = repeats if name != "readable" else max(3, repeats // 3)
-            med, lo, hi = bu.cuda_time_ms(fn, warmup=2, repeats=reps)
+            med, lo, hi = timed[name] if interleave else bu.cuda_time_ms(fn, warmup=2, repeats=reps)
             rate = bu.tflops(flops, med * 1e-3)
             row.update(ms=med, ms_min=lo, ms_max=hi, tflops=rate, pct_sgemm=100 * rate / sgemm)
             if name in variants:
@@ -392,6 +394,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--causal", choices=["both", "no", "yes"], default="both")
     ap.add_argument("--variants", nargs="*", default=None, help="names to keep (default: all; see VARIANTS_D64 / VARIANTS_D128)")
     ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--interleave", action="store_true", help="time the variants (and baselines) in rounds, one call each, not one after another")
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--no-baselines", action="store_true", help="do not time torch's naive attention and SDPA beside the variants")
     ap.add_argument("--fwdbwd", type=int, nargs="*", default=[], help="seqlens for flash2 fwd+bwd at d=64")
@@ -418,7 +421,7 @@ def main(argv=None):
             checks[d] = check(variants, d, log)
             for name, res in checks[d].items():
                 print(f"check d={d} {name:20} " + " ".join(("ok" if r["ok"] else "FAIL") + f"({r['err']:.1e}/{r['naive32_err']:.1e})" for r in res), flush=True)
-        time_forward(variants, args.seqlens, d, causals, args.repeats, sgemm, rows, log, baselines=not args.no_baselines)
+        time_forward(variants, args.seqlens, d, causals, args.repeats, sgemm, rows, log, baselines=not args.no_baselines, interleave=args.interleave)
         print(f"[{time.time() - t0:.0f}s] d={d} timed", flush=True)
     if args.fwdbwd:
         time_fwd_bwd(args.fwdbwd, 64, (False,), args.repeats, sgemm, rows, log)

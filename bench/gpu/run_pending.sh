@@ -132,6 +132,11 @@
 #                8 x 2 x 16 with it (tc-cp-8x2x16-skv1); SDPA beside in the first round, a second round without; then its
 #                GPU tests with WIDE's and the cp.async forward's -> OUTDIR/split_kv_{noncausal,causal}_{1,2}.json/.log,
 #                split_kv_tests.txt
+#   split_kv_ab  SPLIT_KV off and on again, timed in interleaved rounds (fa2_sweep --interleave: the first run at
+#                607c685 timed them one after another, and identical kernels differed by position), d 128, N 512 to 16k,
+#                not causal, and causal from 4k (8 x 2 x 16), SDPA beside in the first round; then the GPU tests of
+#                SPLIT_KV, WIDE and the cp.async forward -> OUTDIR/split_kv_ab_{noncausal,causal}_{1,2}.json/.log,
+#                split_kv_ab_tests.txt
 #   half_bwd_cp  the half backward's tilings with and without cp.async for Q_i, dO_i (half_sweep --backward; the log's
 #                section "FA2 backward in fp16 / bf16: cp.async for Q_i, dO_i") -> OUTDIR/half_bwd_cp.json/.log
 # OUTDIR/pending_env.txt says what ran where. A failed step is noted and the rest run. Exit status: 0 when all ran.
@@ -307,6 +312,18 @@ for s in "${steps[@]}"; do
       done
       for r in 1 2; do grep "^forward" "$out/split_kv_noncausal_$r.log" "$out/split_kv_causal_$r.log"; done
       step split_kv_tests.txt timeout 300 python3 -m pytest -q -p no:cacheprovider -rfE -n 8 -m gpu tests/kernels/test_tc_forward_split_kv.py \
+        tests/kernels/test_tc_wide.py tests/kernels/test_tc_forward_cp_async.py ;;
+    split_kv_ab)
+      for r in 1 2; do
+        step "split_kv_ab_noncausal_$r.log" timeout 200 python3 -m bench.fa2_sweep --seqlens 512 1024 2048 4096 8192 16384 --headdims 128 \
+          --causal no --variants tc-skv0 tc-skv1 --repeats 30 --interleave --no-check $([ "$r" = 2 ] && echo --no-baselines) \
+          --out "$out/split_kv_ab_noncausal_$r.json"
+        step "split_kv_ab_causal_$r.log" timeout 150 python3 -m bench.fa2_sweep --seqlens 4096 8192 16384 --headdims 128 \
+          --causal yes --variants tc-skv0 tc-skv1 --repeats 30 --interleave --no-check $([ "$r" = 2 ] && echo --no-baselines) \
+          --out "$out/split_kv_ab_causal_$r.json"
+      done
+      for r in 1 2; do grep "^forward" "$out/split_kv_ab_noncausal_$r.log" "$out/split_kv_ab_causal_$r.log"; done
+      step split_kv_ab_tests.txt timeout 300 python3 -m pytest -q -p no:cacheprovider -rfE -n 8 -m gpu tests/kernels/test_tc_forward_split_kv.py \
         tests/kernels/test_tc_wide.py tests/kernels/test_tc_forward_cp_async.py ;;
     warp_skip)
       for r in 1 2; do

@@ -509,11 +509,11 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
             col0 = j * BC
             kbase = OFF_K  # this block's K_j, V_j in SRAM
             vbase = OFF_V
+            vpair = OFF_VP + U(2 * (j % 2)) * VPART  # SPLIT_KV: this block's V_j pairs
             if CP_ASYNC:
                 stage = U(j % 2) * uSTAGE
                 kbase = OFF_K + stage
                 vbase = OFF_V if SPLIT_KV else OFF_V + stage
-                vpair = OFF_VP + U(2 * (j % 2)) * VPART  # SPLIT_KV: this block's V_j pairs
                 cp_wait0()  # this thread's copies of K_j, V_j have landed (and, j = 0, of Q_i)
                 if Q_ASYNC and j == 0:
                     scale_q(smem, OFF_Q, tid, scale_log2)  # Dev: L4's times tau log2 e, on this thread's own chunks
