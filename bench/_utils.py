@@ -183,7 +183,7 @@ def cuda_time_ms_interleaved(fns: dict, warmup: int = 2, repeats: int = 10) -> d
     """``{name: (median, min, max)}`` in ms of each of ``fns`` timed as :func:`cuda_time_ms` does with one call, but in
     rounds: round ``r`` times every function once, starting from the ``r``-th (mod their number). A GPU that slows
     down as it heats (clocks fall under sustained power) then slows every function alike, where timing them one after
-    another gave the first one timed an advantage (identical kernels 0.2-4.6 % apart by position, H100, 2026-11-28)."""
+    another gave the first one timed an advantage (identical kernels 0.2-4.6 % apart by position, H100, 2026-11-27)."""
     import torch
 
     names = list(fns)

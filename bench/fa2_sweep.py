@@ -52,7 +52,7 @@ Q_ASYNC = {f"tc-cp-q{int(a)}": (("tc", None), {"CP_ASYNC": True, "Q_ASYNC": a}) 
 WARP_SKIP = {f"tc-ws{int(a)}": (("tc", None), {"WARP_SKIP": a}) for a in (False, True)}
 #: the FFMA forward's default tiling with line 4's loads one at a time or eight in flight (Q_BATCH, 2026-11-27)
 Q_BATCH = {f"fast-qb{n}": (None, {"Q_BATCH": n}) for n in (1, 8)}
-#: the default tiling with K_j, V_j split into tf32 parts by every warp or once per block in SRAM (SPLIT_KV, 2026-11-28)
+#: the default tiling with K_j, V_j split into tf32 parts by every warp or once per block in SRAM (SPLIT_KV, 2026-11-27)
 SPLIT_KV = {f"tc-skv{int(a)}": (("tc", None), {"SPLIT_KV": a}) for a in (False, True)}
 VARIANTS_D64 = {
     "readable": ("readable", {}),
@@ -141,7 +141,7 @@ VARIANTS_D128 = {
     # half as tall, 107 KB of SRAM: two blocks per SM, whose prologues and epilogues overlap (2026-11-27)
     "tc-cp-4x2x16": (("tc", (4, 2, 16)), {"CP_ASYNC": True}),
     # SPLIT_KV needs 221.5 KB of SRAM at Br = 256 (one block per SM, as without it): the causal tiling from 4k, here
-    # timed below 4k against the causal default there (2026-11-28)
+    # timed below 4k against the causal default there (2026-11-27)
     "tc-cp-8x2x16-skv1": (("tc", (8, 2, 16)), {"CP_ASYNC": True, "SPLIT_KV": True}),
     **Q_ASYNC,
     **WARP_SKIP,

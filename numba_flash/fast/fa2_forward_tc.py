@@ -737,9 +737,10 @@ def default_features() -> dict:
     (``docs/results/sweeps/heavy_fwd_d128_h200_d80baba.json``, ``heavy_fwd_d64_h200_d80baba.json``; the performance
     log's section "3xTF32 forward: the heaviest query blocks of all heads first").
     ``SPLIT_KV``: ``K_j, V_j`` split into tf32 parts once per thread block, in SRAM, not by every warp
-    (:func:`fa2_forward_tc_kernel`; the same bits); on the ``cp.async`` path only (:func:`split_kv_on`). Off until timed."""
+    (:func:`fa2_forward_tc_kernel`; the same bits); only with ``WIDE``; None: on with causal at 8 x 2 x 16
+    (:func:`split_kv_on` has the timings)."""
     return {"PREFETCH": None, "STAGE_S": True, "STAGE_O": True, "CP_ASYNC": True, "STAGE_O_STEP": None, "WIDE": None,
-            "HEAVY_FIRST": True, "Q_ASYNC": None, "WARP_SKIP": None, "SPLIT_KV": False}
+            "HEAVY_FIRST": True, "Q_ASYNC": None, "WARP_SKIP": None, "SPLIT_KV": None}
 
 
 def warp_skip_on(feature, causal: bool, sim: bool, DP: int) -> bool:
@@ -754,10 +755,16 @@ def warp_skip_on(feature, causal: bool, sim: bool, DP: int) -> bool:
     return bool(feature) if feature is not None else DP <= 64
 
 
-def split_kv_on(feature, wide: bool) -> bool:
+def split_kv_on(feature, wide: bool, causal: bool, tiling) -> bool:
     """``SPLIT_KV`` resolved: only with ``WIDE`` (and so on the ``cp.async`` path, whose NaN pass its split pass
-    replaces); there ``bool(feature)``."""
-    return wide and bool(feature)
+    replaces); there ``bool(feature)``, None: on with ``causal`` at the ``(NW, MW, Bc)`` tiling 8 x 2 x 16 (the causal
+    d > 64 default from :data:`CAUSAL_LONG_SEQLEN`). H100, d = 128, on against off timed in interleaved rounds
+    (``docs/results/sweeps/split_kv_ab_h100_a6ac3fd_{causal,noncausal}_{1,2}.json``): causal at 8 x 2 x 16, N 4k / 8k / 16k, 1.053 / 1.042 /
+    1.036x and 1.030 / 1.036 / 1.036x; without causal (8 x 2 x 16) 0.988-1.005x at N 512 to 16k, and at the causal
+    tilings below 4k, whose second block per SM it takes, 0.64-0.73x (``split_kv_h100_607c685_causal_{1,2}.json``)."""
+    if not wide:
+        return False
+    return bool(feature) if feature is not None else causal and tuple(tiling) == (8, 2, 16)
 
 
 def wide_on(feature, DP: int, cp_async: bool) -> bool:
@@ -827,7 +834,7 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None):
     sim = _backend.is_simulator()
     Br = 16 * MW * NW
     wide = wide_on(feats["WIDE"], DP, cp_async)  # Dev: the swizzled K_j arrives by cp.async only
-    split_kv = split_kv_on(feats["SPLIT_KV"], wide)
+    split_kv = split_kv_on(feats["SPLIT_KV"], wide, prob.causal, (NW, MW, Bc))
     nbytes = 4 * smem_floats(NW, MW, Bc, DP, sim, 2 if cp_async else 1, wide, split_kv)
     _plan.check_sram(nbytes, Br, Bc, d)
     kernel = fa2_forward_tc_kernel(NW, MW, Bc, DP, prob.causal, prob.dropout_p > 0, prefetch, sim, bool(feats["STAGE_S"]), bool(feats["STAGE_O"]),

@@ -140,10 +140,16 @@ def test_the_v_pass_puts_each_lanes_b_fragments_in_register_pairs(NT):
         assert len(set(banks)) == 32, f"phase {phase} of the pair loads has a bank conflict"
 
 
-def test_split_kv_runs_only_with_wide():
+def test_split_kv_runs_only_with_wide_and_by_default_at_the_long_causal_tiling():
     on = fa2_forward_tc.split_kv_on
-    assert on(True, True) and not on(True, False) and not on(None, True) and not on(False, True)
-    assert not fa2_forward_tc.default_features()["SPLIT_KV"], "off until a GPU run times it"
+    assert on(True, True, False, (4, 2, 16)) and not on(True, False, True, (8, 2, 16)) and not on(False, True, True, (8, 2, 16))
+    assert on(None, True, True, (8, 2, 16)), "causal at 8 x 2 x 16 it ran 1.03-1.05x"
+    assert not on(None, True, False, (8, 2, 16)), "without causal it ran 0.99-1.00x"
+    assert not on(None, True, True, (4, 2, 16)) and not on(None, True, True, (4, 1, 32)), "it takes the second block per SM there"
+    assert fa2_forward_tc.default_features()["SPLIT_KV"] is None
+    for n, want in ((4096, True), (16384, True), (2048, False), (512, False)):  # Dev: the causal d = 128 default of each N
+        cfg = fa2_forward_tc.config_for(128, None, None, True, n)
+        assert on(None, fa2_forward_tc.wide_on(None, 128, True), True, cfg[:3]) == want, n
     with pytest.raises(ValueError, match="SPLIT_KV needs WIDE"):
         fa2_forward_tc.fa2_forward_tc_kernel(1, 1, 16, 32, False, False, False, _backend.is_simulator(), True, True, True,
                                              SPLIT_KV=True)
