@@ -331,10 +331,16 @@ def gpu_only_ok() -> bool:
     return not _backend.is_simulator()
 
 
+def tiling(prob: Problem, block_sizes=None, features=None) -> tuple:
+    """The tiling :func:`plan` launches for ``prob``: ``(NT, TM, TPR, Bc, DP)`` (:func:`config_for` of its head dim; the
+    mask, length and ``features`` do not change it)."""
+    return config_for(prob.headdim, block_sizes)
+
+
 def plan(prob: Problem, block_sizes=None, config=None, features=None):
     """(kernel, grid, threads, dynamic SRAM bytes) of one launch, without launching."""
     d = prob.headdim
-    NT, TM, TPR, Bc, DP = config if config is not None else config_for(d, block_sizes)
+    NT, TM, TPR, Bc, DP = config if config is not None else tiling(prob, block_sizes, features)
     feats = default_features()
     feats.update(features or {})
     Br = (NT // TPR) * TM

@@ -425,6 +425,13 @@ def register_path_if_unaligned(features, defaults: dict, *arrays):
     return features
 
 
+def tiling(prob: Problem, block_sizes=None, features=None) -> tuple:
+    """The tiling :func:`plan` launches for ``prob`` (``features`` over the defaults): ``(NW, MW, Bc, DP)``
+    (:func:`config_for` of its head dim on the path the features take)."""
+    feats = {**default_features(), **(features or {})}
+    return config_for(prob.headdim, block_sizes, bool(feats["CP_ASYNC"]) and cp_async_ok(prob.headdim))
+
+
 def plan(prob: Problem, block_sizes=None, config=None, features=None):
     """(kernel, grid, threads, dynamic SRAM bytes) of one launch, without launching."""
     if not handles(prob):
@@ -434,7 +441,7 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None):
     feats = default_features()
     feats.update(features or {})
     cp_async = bool(feats["CP_ASYNC"]) and cp_async_ok(d)  # Dev: d % 8 != 0 (d = 110): the register path
-    NW, MW, Bc, DP = config if config is not None else config_for(d, block_sizes, cp_async)
+    NW, MW, Bc, DP = config if config is not None else tiling(prob, block_sizes, feats)
     prefetch = feats["PREFETCH"] if feats["PREFETCH"] is not None else DP <= 64
     prefetch = bool(prefetch) and not cp_async  # unused by the cp.async path: one compiled kernel, not two
     sim = _backend.is_simulator()

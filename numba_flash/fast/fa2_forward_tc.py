@@ -115,7 +115,7 @@ from .. import _backend
 from .._constants import U
 from .._dropout import head_key, keep, row_key
 from .._launch import ForwardOutput, KernelLaunch, Problem, bh_grid, ceil_div
-from . import _mma, _plan, _regtile, _tiles, fa2_forward_half
+from . import _mma, _plan, _regtile, _smem, _tiles, fa2_forward_half
 from . import fa2_forward as fa2_forward_fast
 
 #: Largest head dim the tensor-core kernel runs. Its lane holds 2 x 4 (d / 8) floats of O (O and the staged
@@ -764,7 +764,7 @@ def split_kv_on(feature, wide: bool, causal: bool, tiling) -> bool:
     tilings below 4k, whose second block per SM it takes, 0.64-0.73x (``split_kv_h100_607c685_causal_{1,2}.json``)."""
     if not wide:
         return False
-    return bool(feature) if feature is not None else causal and tuple(tiling) == (8, 2, 16)
+    return bool(feature) if feature is not None else causal and tuple(tiling) == (8, 2, 16)  # Dev: plan: where it fits
 
 
 def wide_on(feature, DP: int, cp_async: bool) -> bool:
@@ -815,6 +815,18 @@ def takes_words(prob: Problem) -> bool:
     return fa2_forward_half.handles(prob)
 
 
+def tiling(prob: Problem, block_sizes=None, features=None) -> tuple:
+    """The tiling :func:`plan` launches for ``prob`` (``features`` over the defaults): this kernel's ``(NW, MW, Bc, DP)``
+    (:func:`config_for` of the problem's head dim, mask and query length), the FFMA kernel's above d = 128, the half
+    kernel's for the float16/bfloat16 inputs it handles."""
+    if _ffma_fallback(prob):
+        return fa2_forward_fast.tiling(prob, block_sizes)
+    if takes_words(prob):
+        return fa2_forward_half.tiling(prob, block_sizes, features)
+    feats = {**default_features(), **(features or {})}
+    return config_for(prob.headdim, block_sizes, _cp_async(prob.headdim, feats), prob.causal, prob.seqlen_q)
+
+
 def plan(prob: Problem, block_sizes=None, config=None, features=None):
     """(kernel, grid, threads, dynamic SRAM bytes) of one launch, without launching (the FFMA kernel's above d = 128,
     the half kernel's for float16/bfloat16 inputs it handles)."""
@@ -828,13 +840,15 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None):
     feats = default_features()
     feats.update(features or {})
     cp_async = _cp_async(d, feats)
-    NW, MW, Bc, DP = config if config is not None else config_for(d, block_sizes, cp_async, prob.causal, prob.seqlen_q)
+    NW, MW, Bc, DP = config if config is not None else tiling(prob, block_sizes, feats)
     prefetch = feats["PREFETCH"] if feats["PREFETCH"] is not None else DP <= 64
     prefetch = bool(prefetch) and not cp_async  # unused by the cp.async path: one compiled kernel, not two
     sim = _backend.is_simulator()
     Br = 16 * MW * NW
     wide = wide_on(feats["WIDE"], DP, cp_async)  # Dev: the swizzled K_j arrives by cp.async only
     split_kv = split_kv_on(feats["SPLIT_KV"], wide, prob.causal, (NW, MW, Bc))
+    if split_kv and feats["SPLIT_KV"] is None and 4 * smem_floats(NW, MW, Bc, DP, sim, 2, wide, True) > _smem.max_optin_bytes():
+        split_kv = False  # Dev: by default only where it fits (not with the simulator's exchange scratch at 8 x 2 x 16)
     nbytes = 4 * smem_floats(NW, MW, Bc, DP, sim, 2 if cp_async else 1, wide, split_kv)
     _plan.check_sram(nbytes, Br, Bc, d)
     kernel = fa2_forward_tc_kernel(NW, MW, Bc, DP, prob.causal, prob.dropout_p > 0, prefetch, sim, bool(feats["STAGE_S"]), bool(feats["STAGE_O"]),

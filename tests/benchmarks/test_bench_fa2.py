@@ -70,8 +70,7 @@ def fast_kernel_info(q, k, v, causal, impl="flash2") -> dict:
                       "fast": ("FA2 forward (fast, FFMA)", "config_NT_TM_TPR_Bc_DP")}[kernel.variant]
     # Dev: the tiling the plan launches: the 3xTF32 forward's default depends on causal and N (grids before 2026-11-27's
     # eighth session recorded config_for(d), the non-causal tiling, in the causal cells below 4k)
-    cfg = (module.config_for(prob.headdim, None, None, prob.causal, prob.seqlen_q) if kernel.variant == "tensorcore"
-           else module.config_for(prob.headdim))
+    cfg = module.tiling(prob)
     compiled, grid, threads, nbytes = module.plan(prob)
     res = _inspect.kernel_resources(compiled)
     smem = (res["shared_mem_per_block"] or 0) + nbytes

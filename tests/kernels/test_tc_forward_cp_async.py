@@ -20,9 +20,12 @@ Simulator shapes stay tiny (N <= 45, d <= 24): each ``mma`` is a lane exchange w
 
 from __future__ import annotations
 
+import dataclasses
+
 from numba_flash import _backend
 from numba_flash._launch import check_attention_args
 from numba_flash.fast import _tiles, fa2_forward_half, fa2_forward_tc
+from numba_flash.fast import fa2_forward as fa2_forward_fast
 from numba_flash_reference.alg0_standard import standard_attention
 
 import numpy as np
@@ -127,6 +130,23 @@ def test_each_load_path_gets_its_own_default_tiling():
         prob = check_attention_args(*make_qkv(np.random.default_rng(0), 1, 8, 8, 1, 1, d), 0.0, None, False, 0)
         NW, MW, Bc, DP = fa2_forward_tc.config_for(d, None, cp)
         assert fa2_forward_tc.plan(prob)[3] == 4 * fa2_forward_tc.smem_floats(NW, MW, Bc, DP, _backend.is_simulator(), 2 if cp else 1)
+
+
+
+@pytest.mark.parametrize("module", [fa2_forward_tc, fa2_forward_fast], ids=["tc", "ffma"])
+def test_tiling_is_what_the_plan_launches(module):
+    """``tiling(prob)`` names the tiling of a problem (what the benchmarks record): it follows the mask and the query
+    length where the 3xTF32 defaults do, and the plan launches its threads."""
+    for d, causal, n in ((128, True, 512), (128, True, 1024), (128, True, 4096), (128, False, 1024), (64, True, 1024), (62, False, 64),
+                         (160, True, 1024)):
+        q, k, v = make_qkv(np.random.default_rng(0), 1, 8, 8, 1, 1, d)
+        prob = dataclasses.replace(check_attention_args(q, k, v, 0.0, None, causal, 0), seqlen_q=n, seqlen_k=n)
+        cfg = module.tiling(prob)
+        threads = module.plan(prob)[2]
+        if module is fa2_forward_tc and d <= fa2_forward_tc.TC_MAX_HEADDIM:
+            assert cfg == fa2_forward_tc.config_for(d, None, None, causal, n) and threads == 32 * cfg[0], (d, causal, n)
+        else:  # Dev: the FFMA kernel's (NT, TM, TPR, Bc, DP), also the 3xTF32 module's above d = 128
+            assert cfg == fa2_forward_fast.config_for(d) and threads == cfg[0], (d, causal, n)
 
 
 def test_the_quiet_nan_pass_changes_only_nans_in_the_threads_chunks():

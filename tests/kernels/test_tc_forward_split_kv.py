@@ -23,9 +23,11 @@ Simulator shapes stay tiny (N <= 45, d <= 32), as for ``WIDE``.
 
 from __future__ import annotations
 
+import dataclasses
+
 from numba_flash import _backend
 from numba_flash._launch import check_attention_args
-from numba_flash.fast import _mma, _tiles, fa2_forward_tc
+from numba_flash.fast import _mma, _smem, _tiles, fa2_forward_tc
 
 import numpy as np
 import pytest
@@ -150,6 +152,13 @@ def test_split_kv_runs_only_with_wide_and_by_default_at_the_long_causal_tiling()
     for n, want in ((4096, True), (16384, True), (2048, False), (512, False)):  # Dev: the causal d = 128 default of each N
         cfg = fa2_forward_tc.config_for(128, None, None, True, n)
         assert on(None, fa2_forward_tc.wide_on(None, 128, True), True, cfg[:3]) == want, n
+    # Dev: the plan takes the default only where it fits: not in the simulator, whose exchange scratch adds 6 KB at 8 warps
+    sim = _backend.is_simulator()
+    q, k, v = make_qkv(np.random.default_rng(0), 1, 8, 8, 1, 1, 128)
+    prob = dataclasses.replace(check_attention_args(q, k, v, 0.0, None, True, 0), seqlen_q=4096, seqlen_k=4096)
+    fits = 4 * fa2_forward_tc.smem_floats(8, 2, 16, 128, sim, 2, True, True) <= _smem.max_optin_bytes()
+    assert not (sim and fits), "the simulator's scratch makes it 232960 bytes, past the 227 KB it allows"
+    assert fa2_forward_tc.plan(prob)[3] == 4 * fa2_forward_tc.smem_floats(8, 2, 16, 128, sim, 2, True, fits)
     with pytest.raises(ValueError, match="SPLIT_KV needs WIDE"):
         fa2_forward_tc.fa2_forward_tc_kernel(1, 1, 16, 32, False, False, False, _backend.is_simulator(), True, True, True,
                                              SPLIT_KV=True)
