@@ -193,7 +193,10 @@ def check(variants, d, log):
     return check_backward({name: functools.partial(run_backward, cfg, feats, det) for name, (cfg, feats, det) in variants.items()}, d, log)
 
 
-def time_backward(variants, n, d, causals, repeats, sgemm, rows, log):
+def time_backward(variants, n, d, causals, repeats, sgemm, rows, log, interleave=False):
+    """Time each variant's backward at ``n`` (the causal rows for :data:`CAUSAL_TOO`); append the rows. ``interleave``: all
+    of one mask's variants in rounds of one call each (:func:`bench._utils.cuda_time_ms_interleaved`), not one after
+    another (where a variant's place in the list weighed on its time: ``docs/notes/performance-log.md``, ``SPLIT_KV``)."""
     import torch
 
     shape = bu.fa2_shape(n, d)
@@ -202,24 +205,52 @@ def time_backward(variants, n, d, causals, repeats, sgemm, rows, log):
     dout = torch.randn_like(q)
     for causal in causals:
         flops = bu.flops_backward(b, h, n, n, d, causal)
+        ready = {}  # name -> (row, the backward call, its allocator, cfg, feats, det)
         for name, (cfg, feats, det) in variants.items():
             if causal and name not in CAUSAL_TOO:
                 continue
-            row = dict(pass_="bwd", impl=name, N=n, d=d, batch=b, nheads=h, causal=causal)
+            row = dict(pass_="bwd", impl=name, N=n, d=d, batch=b, nheads=h, causal=causal, interleaved=bool(interleave))
             try:
                 bwd, alloc = run_backward(cfg, feats, det, q, k, v, dout, causal)
-                reps = 2 if cfg == "readable" else repeats
-                med, lo, hi = bu.cuda_time_ms(bwd, warmup=1, repeats=reps)
-                rate = bu.tflops(flops, med * 1e-3)
-                row.update(ms=med, ms_min=lo, ms_max=hi, tflops=rate, pct_sgemm=100 * rate / sgemm)
-                row.update(resources(cfg, feats, det, q, k, v, causal))
+                ready[name] = (row, bwd, alloc, cfg, feats, det)
+                if not interleave:
+                    _time_one(ready.pop(name), bu.cuda_time_ms(bwd, warmup=1, repeats=2 if cfg == "readable" else repeats),
+                              flops, sgemm, q, k, v, causal, rows, log)
             except Exception as exc:
-                row.update(error=f"{type(exc).__name__}: {str(exc)[:300]}")
-                log.append(f"{name} N={n} d={d} causal={causal}: {traceback.format_exc()[-1500:]}")
-            rows.append(row)
-            print(_line(row), flush=True)
-            bu.free_memory()
+                failed(row, log, f"{name} N={n} d={d} causal={causal}", exc)
+                ready.pop(name, None)
+                emit(row, rows, _line)
+        if ready:
+            timed = bu.cuda_time_ms_interleaved({name: r[1] for name, r in ready.items()}, warmup=1, repeats=repeats)
+            for name, r in ready.items():
+                _time_one(r, timed[name], flops, sgemm, q, k, v, causal, rows, log)
     del q, k, v, dout
+    bu.free_memory()
+
+
+def _time_one(ready, timing, flops, sgemm, q, k, v, causal, rows, log):
+    """One row of :func:`time_backward` from its ``(median, min, max)`` timing; printed and appended."""
+    row, _, _, cfg, feats, det = ready
+    med, lo, hi = timing
+    rate = bu.tflops(flops, med * 1e-3)
+    row.update(ms=med, ms_min=lo, ms_max=hi, tflops=rate, pct_sgemm=100 * rate / sgemm)
+    try:
+        row.update(resources(cfg, feats, det, q, k, v, causal))
+    except Exception as exc:
+        failed(row, log, f"{row['impl']} N={row['N']} d={row['d']} causal={causal}", exc)
+    emit(row, rows, _line)
+
+
+def failed(row, log, what, exc):
+    """Record the exception ``exc`` of the cell ``what`` in its ``row`` and, with its traceback, in ``log``."""
+    row.update(error=f"{type(exc).__name__}: {str(exc)[:300]}")
+    log.append(f"{what}: {traceback.format_exc()[-1500:]}")
+
+
+def emit(row, rows, line):
+    """Append ``row``, print it (``line``: the sweep's row format) and free the cell's device memory."""
+    rows.append(row)
+    print(line(row), flush=True)
     bu.free_memory()
 
 
@@ -284,11 +315,8 @@ def _time_fwd_bwd_one(q, k, v, repeats, sgemm, rows, log):
             rate = bu.tflops(flops, med * 1e-3)
             row.update(ms=med, ms_min=lo, ms_max=hi, tflops=rate, pct_sgemm=100 * rate / sgemm)
         except Exception as exc:
-            row.update(error=f"{type(exc).__name__}: {str(exc)[:300]}")
-            log.append(f"fwd+bwd {name} N={n}: {traceback.format_exc()[-1500:]}")
-        rows.append(row)
-        print(_line(row), flush=True)
-        bu.free_memory()
+            failed(row, log, f"fwd+bwd {name} N={n}", exc)
+        emit(row, rows, _line)
 
 
 def _line(r):
@@ -326,6 +354,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--headdims", type=int, nargs="+", default=[64, 128])
     ap.add_argument("--variants", nargs="*", default=None, help="names to keep (default: all; see VARIANTS_D64 / VARIANTS_D128)")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--interleave", action="store_true", help="time a mask's variants in rounds, one call each, not one after another")
     ap.add_argument("--fwdbwd", type=int, nargs="*", default=[1024, 4096], help="seqlens for fwd+bwd at d=64 (none: skip)")
     ap.add_argument("--wait-pid", type=int, default=None, help="compile first, then wait for this process to exit before timing")
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "fa2_bwd_sweep.json"))
@@ -356,7 +385,7 @@ def main(argv=None):
         checks[d] = check(variants, d, log)
         for name, res in checks[d].items():
             print(f"check d={d} {name:22} " + " ".join(("ok" if r["ok"] else "FAIL") + f"({r['err']:.1e}/{r['naive32_err']:.1e})" for r in res), flush=True)
-        time_backward(variants, args.seqlen, d, (False, True), args.repeats, sgemm, rows, log)
+        time_backward(variants, args.seqlen, d, (False, True), args.repeats, sgemm, rows, log, args.interleave)
         print(f"[{time.time() - t0:.0f}s] d={d} timed", flush=True)
     if args.fwdbwd:
         time_fwd_bwd(args.fwdbwd, 64, args.repeats, sgemm, rows, log)

@@ -39,7 +39,7 @@ from numba_flash.fast import fa2_backward_tf32 as T
 from numba_flash.fast import fa2_forward_tc
 
 from bench import _utils as bu
-from bench.fa2_bwd_sweep import check_backward
+from bench.fa2_bwd_sweep import check_backward, emit, failed
 
 #: d -> name -> ((NW, MW, Br) or None for the default, features); "ffma" is the FFMA backward's default.
 #: The ``-cp`` rows load Q_i, dO_i by ``cp.async`` into two SRAM stages (``CP_ASYNC``); at d = 128 the default
@@ -105,7 +105,9 @@ def check(tilings, d, log):
 
 def time_backward(tilings, n, d, causal, repeats, rows, log, rounds=1):
     """Time every tiling's backward alone on one cell, ``rounds`` times over, the tilings alternating (each row
-    records its ``round``: the pairs of one process, compiled once, as ``--rounds`` asks)."""
+    records its ``round``: the pairs of one process, compiled once, as ``--rounds`` asks). Round r starts from the r-th
+    tiling (since 2026-11-27; before, every round in the same order), so no tiling always runs first: a variant's place
+    weighs on its time (identical kernels 0.2-4.6 % apart by place on an H100, the performance log's ``SPLIT_KV``)."""
     import torch
 
     shape = bu.fa2_shape(n, d)
@@ -113,7 +115,8 @@ def time_backward(tilings, n, d, causal, repeats, rows, log, rounds=1):
     q, k, v = bu.make_inputs(b, h, n, d, seed=n + d)
     dout = torch.randn_like(q)
     flops = bu.flops_backward(b, h, n, n, d, causal)
-    for rnd, (name, (cfg, feats)) in ((r, t) for r in range(1, rounds + 1) for t in tilings.items()):
+    items = list(tilings.items())
+    for rnd, (name, (cfg, feats)) in ((r, items[(r - 1 + i) % len(items)]) for r in range(1, rounds + 1) for i in range(len(items))):
         row = dict(pass_="bwd", impl=name, N=n, d=d, batch=b, nheads=h, causal=causal, round=rnd)
         try:
             bwd, alloc = run_backward(cfg, feats, q, k, v, dout, causal)
@@ -121,11 +124,8 @@ def time_backward(tilings, n, d, causal, repeats, rows, log, rounds=1):
             row.update(ms=med, ms_min=lo, ms_max=hi, tflops=bu.tflops(flops, med * 1e-3))
             row.update(resources(cfg, feats, check_attention_args(q, k, v, 0.0, None, causal, 0)))
         except Exception as exc:
-            row.update(error=f"{type(exc).__name__}: {str(exc)[:300]}")
-            log.append(f"bwd {name} N={n} d={d} causal={causal}: {traceback.format_exc()[-1500:]}")
-        rows.append(row)
-        print(_line(row), flush=True)
-        bu.free_memory()
+            failed(row, log, f"bwd {name} N={n} d={d} causal={causal}", exc)
+        emit(row, rows, _line)
 
 
 def time_fwd_bwd(n, d, causal, repeats, rows, log):
@@ -205,7 +205,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--tilings", nargs="*", default=None, help="names to keep (default: all of TILINGS)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=1,
-                    help="time the backward cells this many times over, the tilings alternating (one compilation)")
+                    help="time the backward cells this many times over, the tilings alternating, round r from the r-th (one compilation)")
     ap.add_argument("--no-fwdbwd", action="store_true", help="skip the flash_attn_func / SDPA / naive forward+backward cells")
     ap.add_argument("--wait-pid", type=int, default=None, help="compile first, then wait for this process to exit before timing")
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "tf32_bwd_sweep.json"))

@@ -289,3 +289,44 @@ def test_a_grid_cells_implementations_run_back_to_back(path):
         assert ast.literal_eval(first.args[0]) == "impl", f"{f.name}: impl is not the outermost parametrize"
     calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "attr", "") == "time_or_skip_oom"]
     assert calls and all(isinstance(c.args[2], ast.Call) and c.args[2].func.attr == "grid_rounds" for c in calls)
+
+
+def test_interleaved_rounds_take_a_variants_place_out_of_its_time(monkeypatch):
+    """``bench._utils.cuda_time_ms_interleaved`` against :func:`bench._utils.cuda_time_ms` on a fake GPU that slows
+    down with every call (as an H100's clocks fall under sustained load): two identical functions timed one after
+    the other differ by their place, timed in rounds they do not; each round starts from another function."""
+    import types
+
+    from bench import _utils as bu
+
+    clock, calls, order = [0.0], [0], []
+
+    class Event:
+        def __init__(self, enable_timing=True):
+            self.t = None
+
+        def record(self):
+            self.t = clock[0]
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, end):
+            return end.t - self.t
+
+    def work(name):
+        def fn():
+            calls[0] += 1
+            order.append(name)
+            clock[0] += 1.0 + 0.01 * calls[0]  # Dev: each call 1 % slower than the one before
+        return fn
+
+    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(Event=Event, synchronize=lambda: None))
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    first, second = bu.cuda_time_ms(work("a"), warmup=2, repeats=20)[0], bu.cuda_time_ms(work("b"), warmup=2, repeats=20)[0]
+    assert second / first > 1.15, "one after the other, the second identical function looks 15 % slower"
+    order.clear()
+    t = bu.cuda_time_ms_interleaved({"a": work("a"), "b": work("b")}, warmup=2, repeats=20)
+    assert abs(t["b"][0] / t["a"][0] - 1) < 0.01, "in rounds they are within 1 %"
+    timed = order[4:]  # Dev: after 2 warm-up calls each
+    assert len(timed) == 40 and timed[:4] == ["a", "b", "b", "a"], "round r starts from the r-th function"

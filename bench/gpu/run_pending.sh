@@ -137,6 +137,9 @@
 #                not causal, and causal from 4k (8 x 2 x 16), SDPA beside in the first round; then the GPU tests of
 #                SPLIT_KV, WIDE and the cp.async forward -> OUTDIR/split_kv_ab_{noncausal,causal}_{1,2}.json/.log,
 #                split_kv_ab_tests.txt
+#   split_v      SPLIT_KV with V_j alone split in SRAM (SPLIT_K False, fa2_sweep tc-skv1-v) against off and against K and
+#                V, interleaved, d 128, N 1k / 4k / 16k, not causal and causal, SDPA beside in the first round; then the
+#                GPU tests of SPLIT_KV -> OUTDIR/split_v_{noncausal,causal}_{1,2}.json/.log, split_v_tests.txt
 #   half_bwd_cp  the half backward's tilings with and without cp.async for Q_i, dO_i (half_sweep --backward; the log's
 #                section "FA2 backward in fp16 / bf16: cp.async for Q_i, dO_i") -> OUTDIR/half_bwd_cp.json/.log
 # OUTDIR/pending_env.txt says what ran where. A failed step is noted and the rest run. Exit status: 0 when all ran.
@@ -325,6 +328,16 @@ for s in "${steps[@]}"; do
       for r in 1 2; do grep "^forward" "$out/split_kv_ab_noncausal_$r.log" "$out/split_kv_ab_causal_$r.log"; done
       step split_kv_ab_tests.txt timeout 300 python3 -m pytest -q -p no:cacheprovider -rfE -n 8 -m gpu tests/kernels/test_tc_forward_split_kv.py \
         tests/kernels/test_tc_wide.py tests/kernels/test_tc_forward_cp_async.py ;;
+    split_v)
+      for r in 1 2; do
+        for c in no yes; do
+          step "split_v_causal_${c}_$r.log" timeout 200 python3 -m bench.fa2_sweep --seqlens 1024 4096 16384 --headdims 128 \
+            --causal "$c" --variants tc-skv0 tc-skv1 tc-skv1-v --repeats 30 --interleave --no-check $([ "$r" = 2 ] && echo --no-baselines) \
+            --out "$out/split_v_causal_${c}_$r.json"
+        done
+      done
+      for r in 1 2; do grep "^forward" "$out/split_v_causal_no_$r.log" "$out/split_v_causal_yes_$r.log"; done
+      step split_v_tests.txt timeout 300 python3 -m pytest -q -p no:cacheprovider -rfE -n 8 -m gpu tests/kernels/test_tc_forward_split_kv.py ;;
     warp_skip)
       for r in 1 2; do
         for d in 128 64; do

@@ -9,6 +9,8 @@ forward kernels (FFMA and tensor cores), which take the same arguments and retur
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 
 import numpy as np
@@ -85,3 +87,20 @@ def fa2_forward_args(q, k, v, fwd: ForwardOutput, prob: Problem) -> tuple:
     the dropout seed, threshold and scale (``bench.host_layers`` launches with the same tuple)."""
     return (q, k, v, fwd.out, fwd.lse, fwd.m, fwd.l, prob.softmax_scale * LOG2E, prob.group, prob.causal_offset, prob.seed,
             prob.threshold, prob.dropout_scale)
+
+
+def cache_by_signature(factory):
+    """:func:`functools.cache` for a kernel factory, keyed on its arguments bound to its signature with the defaults
+    filled in: ``f(a)``, ``f(a, False)`` and ``f(a, FLAG=False)`` (``False`` the default) give one kernel object, so a
+    plan that passes a new flag at its default and a caller that leaves it out compile and compare the same kernel."""
+    sig = inspect.signature(factory)
+    cached = functools.cache(factory)
+
+    @functools.wraps(factory)
+    def factory_cached(*args, **kwargs):
+        bound = sig.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return cached(*bound.args)
+
+    factory_cached.cache_info, factory_cached.cache_clear = cached.cache_info, cached.cache_clear
+    return factory_cached

@@ -231,13 +231,13 @@ def wide_ok(DP: int) -> bool:
 
 
 def smem_floats(NW: int, MW: int, BC: int, DP: int, simulator: bool = False, stages: int = 1, wide: bool = False,
-                split: bool = False) -> int:
+                split: bool = False, split_k: bool = True) -> int:
     """Dynamic SRAM of the kernel in float32 elements (see the module docstring); ``stages`` copies of
-    K_j, V_j (2 with ``CP_ASYNC``); ``wide``: the strides of ``WIDE``; ``split``: ``SPLIT_KV``'s small parts (as many
-    words again as the stages of K_j, V_j)."""
+    K_j, V_j (2 with ``CP_ASYNC``); ``wide``: the strides of ``WIDE``; ``split``: ``SPLIT_KV``'s layout (two stages of
+    K_j and, ``split_k``, of its small parts; one stage of V_j as copied and two of its parts in pairs)."""
     SQ, SV, SP = strides(BC, DP, wide)
-    if split:  # K_j: 2 stages of big and of small parts; V_j: one stage as copied, 2 stages of big and small pairs
-        n = 16 * MW * NW * (SQ + SP) + 4 * BC * SQ + BC * SV + 16 * (BC // 8) * _tiles.v_pair_stride(DP)
+    if split:
+        n = 16 * MW * NW * (SQ + SP) + (4 if split_k else 2) * BC * SQ + BC * SV + 16 * (BC // 8) * _tiles.v_pair_stride(DP)
     else:
         n = 16 * MW * NW * (SQ + SP) + stages * BC * (SQ + SV)
     return n + (NW * _mma.SIM_SCRATCH_PER_WARP if simulator else 0)
@@ -249,10 +249,10 @@ def cp_async_ok(d: int) -> bool:
     return d % 4 == 0
 
 
-@functools.cache
+@_plan.cache_by_signature
 def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROPOUT: bool, PREFETCH: bool, SIM: bool, STAGE_S: bool = True, STAGE_O: bool = True,
                           CP_ASYNC: bool = False, STAGE_O_STEP: bool = False, WIDE: bool = False, HEAVY_FIRST: bool = False,
-                          Q_ASYNC: bool = False, WARP_SKIP: bool = False, SPLIT_KV: bool = False):
+                          Q_ASYNC: bool = False, WARP_SKIP: bool = False, SPLIT_KV: bool = False, SPLIT_K: bool = True):
     """The 3xTF32 FA2 forward kernel for one specialization (see the module docstring).
 
     ``CP_ASYNC`` (d a multiple of 4): K_j, V_j go HBM -> SRAM by ``cp.async`` into two SRAM stages, the
@@ -304,12 +304,14 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
     simulator's ``mma`` exchanges fragments through block barriers that every warp must reach, so there it
     cannot be compiled.
 
-    ``SPLIT_KV`` (needs ``CP_ASYNC``): ``K_j, V_j`` are split into their tf32 big and small parts once, in SRAM, by
-    the threads that copied them (:func:`numba_flash.fast._tiles.make_split_pass`, in place of the NaN pass), instead
-    of by every warp at each fragment load: a warp then loads both parts (two 16-byte loads with ``WIDE`` where it made
-    one and split four floats). The parts are the same function of the same value, so the same bits. The small parts
-    take a second copy of both stages (``smem_floats``' ``split``), placed after ``P~`` at a fixed distance ``DS``
-    from their big parts.
+    ``SPLIT_KV`` (needs ``WIDE``): ``K_j, V_j`` are split into their tf32 big and small parts once, in SRAM, by the
+    threads that copied them, in place of the NaN pass, instead of by every warp at each fragment load; a warp then
+    loads both parts. ``K_j``'s big parts stay in place and its small parts go ``DS`` words further
+    (:func:`numba_flash.fast._tiles.make_split_pass`), two stages of each. ``V_j``'s parts go to a layout whose words
+    are the ``mma``'s B-fragment register pairs (:func:`numba_flash.fast._tiles.make_v_pair_split_pass`), two stages;
+    the copied ``V_j`` keeps one stage, as only its copying thread reads it. The parts are the same function of the
+    same values, so the same bits. ``SPLIT_K`` (with ``SPLIT_KV``; the default True): False leaves ``K_j`` to the NaN
+    pass and the warps' split, as without ``SPLIT_KV``, and splits ``V_j`` alone (``smem_floats``' ``split_k``).
 
     ``HEAVY_FIRST`` (causal): the blocks start in query-block-major order, every head's last (heaviest) query block
     first (:func:`numba_flash.fast._tiles.make_query_block_order`); without it each head's blocks start heaviest
@@ -337,6 +339,7 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
         raise ValueError("WARP_SKIP needs CAUSAL and a GPU (the simulator's mma exchanges through block barriers)")
     if SPLIT_KV and not WIDE:
         raise ValueError("SPLIT_KV needs WIDE (and so CP_ASYNC)")
+    KS = SPLIT_KV and SPLIT_K  # K_j's parts from SRAM (else each warp splits what it loads)
     NT = 32 * NW
     BR = 16 * MW * NW
     NB = BC // 8  # 8-column tiles of S (and 8-key steps of P V)
@@ -356,8 +359,8 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
         uSTAGE = U(BC * SQ)  # K_j only: the copied V_j is read by its copying thread alone, so one stage
         OFF_V = U(BR * SQ + 2 * BC * SQ)
         OFF_P = OFF_V + U(BC * SV)
-    DS = OFF_P + U(BR * SP) - OFF_K  # SPLIT_KV: K_j's small parts (both stages), DS words past their big parts
-    OFF_VP = OFF_K + DS + U(2 * BC * SQ)  # SPLIT_KV: V_j's pairs, stage s at + 2 s VPART (big, then small at + VPART)
+    DS = OFF_P + U(BR * SP) - OFF_K  # SPLIT_KV and SPLIT_K: K_j's small parts (both stages), DS words past their big parts
+    OFF_VP = OFF_K + DS + U(2 * BC * SQ if KS else 0)  # SPLIT_KV: V_j's pairs, stage s at + 2 s VPART (big, then small at + VPART)
     NS = MW * NB * 4  # registers of rS: MW x NB m16n8 fragments, 4 floats per lane each
     NO = MW * ND * 4  # registers of rO (and rT): MW x ND fragments
     NR = MW * 2  # query rows per lane (rows g and g + 8 of each m16 tile)
@@ -366,7 +369,7 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
     NQW = MW * 8 if WIDE else 1  # WIDE: this lane's 4 columns of its 2 MW rows of Q_i for a pair of k steps
     NKW = NB * 4 if WIDE else 1  # WIDE: the same 4 columns of its key row of each 8-key tile of K_j
     NVW = 2 * ND if WIDE else 1  # WIDE: V_j rows t, t + 4 at this lane's ND columns (an 8-key step's B fragments)
-    NKS = NKW if SPLIT_KV else 1  # SPLIT_KV: rKw's values as big / small tf32 parts
+    NKS = NKW if KS else 1  # SPLIT_KV and SPLIT_K: rKw's values as big / small tf32 parts
     NVS = 8 if SPLIT_KV else 1  # SPLIT_KV: the 4 pairs of one group of 4 O tiles, big / small parts
     NEG_INF = float32(-math.inf)
     SXN = NW * _mma.SIM_SCRATCH_PER_WARP if SIM else 1  # simulator lane-exchange scratch (floats)
@@ -449,8 +452,8 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
         rQw = cuda.local.array(NQW, float32)  # WIDE: Q_i columns 16 p + 4 t .. + 3 of rows g, g + 8 (per m16 tile)
         rKw = cuda.local.array(NKW, float32)  # WIDE: K_j columns 16 p + 4 t .. + 3 of key row g (per key tile)
         rVw = cuda.local.array(NVW, float32)  # WIDE: V_j rows t, t + 4, columns 32 a + 4 g .. + 3 for every a < ND / 4
-        rKb = cuda.local.array(NKS, uint32)  # SPLIT_KV: rKw as tf32 big parts
-        rKs = cuda.local.array(NKS, uint32)  # SPLIT_KV: rKw as tf32 small parts
+        rKb = cuda.local.array(NKS, uint32)  # SPLIT_KV and SPLIT_K: rKw as tf32 big parts
+        rKs = cuda.local.array(NKS, uint32)  # SPLIT_KV and SPLIT_K: rKw as tf32 small parts
         rVb = cuda.local.array(NVS, uint32)  # SPLIT_KV: B-fragment pairs of V_j (big parts) for 4 O tiles
         rVs = cuda.local.array(NVS, uint32)  # SPLIT_KV: their small parts
         rKn = cuda.local.array(RK, float32)  # K_j / K_{j+1} in flight (registers; register path)
@@ -517,11 +520,13 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
                 cp_wait0()  # this thread's copies of K_j, V_j have landed (and, j = 0, of Q_i)
                 if Q_ASYNC and j == 0:
                     scale_q(smem, OFF_Q, tid, scale_log2)  # Dev: L4's times tau log2 e, on this thread's own chunks
-                if SPLIT_KV:  # Dev: this thread's chunks as tf32 parts: K_j's big in place (small DS on), V_j's in pairs
+                if KS:  # Dev: this thread's chunks as tf32 parts: K_j's big in place (small DS on), V_j's in pairs
                     split_k(smem, words, kbase, DS, tid)
-                    split_v(smem, words, vbase, vpair, VPART, tid)
                 else:
                     quiet_k(smem, kbase, tid)  # Dev: NaN -> quiet NaN in this thread's chunks (the split keeps it a NaN)
+                if SPLIT_KV:
+                    split_v(smem, words, vbase, vpair, VPART, tid)
+                else:
                     quiet_v(smem, vbase, tid)
                 cuda.syncthreads()  # Sync: all of K_j, V_j in SRAM (and Q_i stored) before L8/L10; all warps done with block j-1's stage before it is refilled
                 if j + 1 < n_blocks:
@@ -556,7 +561,7 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
                 for nt in range(NB):  # the same columns of key row g of each 8-key tile
                     k0 = kbase + (U(8 * nt) + g) * uSQ + csw
                     for e in range(4):
-                        if SPLIT_KV:
+                        if KS:
                             rKb[nt * 4 + e] = words[k0 + U(e)]
                             rKs[nt * 4 + e] = words[k0 + DS + U(e)]
                         else:
@@ -566,7 +571,7 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
                         for c in range(4):
                             rAb[mt * 4 + c], rAs[mt * 4 + c] = split(rQw[mt * 8 + 4 * (c % 2) + h2 + c // 2])
                     for nt in range(NB):
-                        if SPLIT_KV:
+                        if KS:
                             bb0, bs0 = rKb[nt * 4 + h2], rKs[nt * 4 + h2]
                             bb1, bs1 = rKb[nt * 4 + h2 + 1], rKs[nt * 4 + h2 + 1]
                         else:
@@ -738,9 +743,10 @@ def default_features() -> dict:
     log's section "3xTF32 forward: the heaviest query blocks of all heads first").
     ``SPLIT_KV``: ``K_j, V_j`` split into tf32 parts once per thread block, in SRAM, not by every warp
     (:func:`fa2_forward_tc_kernel`; the same bits); only with ``WIDE``; None: on with causal at 8 x 2 x 16
-    (:func:`split_kv_on` has the timings)."""
+    (:func:`split_kv_on` has the timings). ``SPLIT_K``: with ``SPLIT_KV``, whether ``K_j`` is split in SRAM too (True) or
+    only ``V_j`` (False; not timed yet)."""
     return {"PREFETCH": None, "STAGE_S": True, "STAGE_O": True, "CP_ASYNC": True, "STAGE_O_STEP": None, "WIDE": None,
-            "HEAVY_FIRST": True, "Q_ASYNC": None, "WARP_SKIP": None, "SPLIT_KV": None}
+            "HEAVY_FIRST": True, "Q_ASYNC": None, "WARP_SKIP": None, "SPLIT_KV": None, "SPLIT_K": True}
 
 
 def warp_skip_on(feature, causal: bool, sim: bool, DP: int) -> bool:
@@ -847,14 +853,15 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None):
     Br = 16 * MW * NW
     wide = wide_on(feats["WIDE"], DP, cp_async)  # Dev: the swizzled K_j arrives by cp.async only
     split_kv = split_kv_on(feats["SPLIT_KV"], wide, prob.causal, (NW, MW, Bc))
-    if split_kv and feats["SPLIT_KV"] is None and 4 * smem_floats(NW, MW, Bc, DP, sim, 2, wide, True) > _smem.max_optin_bytes():
+    split_k = bool(feats["SPLIT_K"])
+    if split_kv and feats["SPLIT_KV"] is None and 4 * smem_floats(NW, MW, Bc, DP, sim, 2, wide, True, split_k) > _smem.max_optin_bytes():
         split_kv = False  # Dev: by default only where it fits (not with the simulator's exchange scratch at 8 x 2 x 16)
-    nbytes = 4 * smem_floats(NW, MW, Bc, DP, sim, 2 if cp_async else 1, wide, split_kv)
+    nbytes = 4 * smem_floats(NW, MW, Bc, DP, sim, 2 if cp_async else 1, wide, split_kv, split_k)
     _plan.check_sram(nbytes, Br, Bc, d)
     kernel = fa2_forward_tc_kernel(NW, MW, Bc, DP, prob.causal, prob.dropout_p > 0, prefetch, sim, bool(feats["STAGE_S"]), bool(feats["STAGE_O"]),
                                    cp_async, stage_o_step(feats["STAGE_O_STEP"], MW, DP), wide, prob.causal and bool(feats["HEAVY_FIRST"]),
                                    _plan.async_on(feats["Q_ASYNC"], cp_async), warp_skip_on(feats["WARP_SKIP"], prob.causal, sim, DP),
-                                   split_kv)
+                                   split_kv, split_k or not split_kv)
     grid = bh_grid(ceil_div(prob.seqlen_q, Br), prob.batch * prob.nheads)
     return kernel, grid, 32 * NW, nbytes
 

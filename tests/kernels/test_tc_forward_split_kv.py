@@ -184,13 +184,27 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("split_k", [True, False], ids=["k-and-v", "v-only"])
 @pytest.mark.parametrize(("b", "s_q", "s_k", "h", "h_k", "d", "causal", "p", "bs"), CASES)
-def test_split_kv_keeps_the_outputs_bit_for_bit(rng, b, s_q, s_k, h, h_k, d, causal, p, bs):
+def test_split_kv_keeps_the_outputs_bit_for_bit(rng, b, s_q, s_k, h, h_k, d, causal, p, bs, split_k):
     q, k, v = make_qkv(rng, b, s_q, s_k, h, h_k, d)
     seed = int(rng.integers(0, 2**32))
-    (on, f_on), (off, f_off) = (run_tc_forward(q, k, v, causal, p, seed, bs, f) for f in (ON, OFF))
-    assert f_on["SPLIT_KV"] and not f_off["SPLIT_KV"]
+    (on, f_on), (off, f_off) = (run_tc_forward(q, k, v, causal, p, seed, bs, f) for f in ({**ON, "SPLIT_K": split_k}, OFF))
+    assert f_on["SPLIT_KV"] and f_on["SPLIT_K"] == split_k and not f_off["SPLIT_KV"]
     assert_same_bits(on, off, "SPLIT_KV on and off")
+
+
+def test_the_kernel_factory_caches_by_its_signature():
+    """A flag left out and the same flag passed at its default give one kernel object (the plan passes every flag; the
+    tests that compare its kernel with the factory's pass only those they name)."""
+    sim = _backend.is_simulator()
+    args = (2, 1, 16, 32, False, False, False, sim, True, True, True, False, True)
+    k = fa2_forward_tc.fa2_forward_tc_kernel(*args)
+    assert k is fa2_forward_tc.fa2_forward_tc_kernel(*args, False, False, False, False, True)
+    assert k is fa2_forward_tc.fa2_forward_tc_kernel(*args, SPLIT_KV=False, SPLIT_K=True)
+    assert k is not fa2_forward_tc.fa2_forward_tc_kernel(*args, SPLIT_KV=True)
+    assert 4 * fa2_forward_tc.smem_floats(8, 2, 16, 128, False, 2, True, True, False) == 4 * (
+        fa2_forward_tc.smem_floats(8, 2, 16, 128, False, 2, True, True) - 2 * 16 * 128), "V alone: no small parts of K"
 
 
 def test_split_kv_keeps_nans_where_they_reach(rng):
