@@ -98,7 +98,8 @@ Launch geometry
 grid ``(Tr, batch * nheads)``, block ``32 NW`` threads, ``Br = 16 MW NW``. SRAM (float32, one dynamic
 array ``smem`` at offsets ``OFF_*``, :func:`smem_floats`): ``Q_i`` Br (DP+4) + ``K_j`` Bc (DP+4) +
 ``V_j`` Bc SV + ``P~`` Br (Bc+4), with ``SV`` the V stride of :func:`strides` (+ a 192-float exchange
-scratch per warp in the simulator).
+scratch per warp in the simulator); ``K_j, V_j`` twice with ``CP_ASYNC``. ``SPLIT_KV`` (the causal default at
+8 x 2 x 16) adds the tf32 parts of ``K_j`` and ``V_j`` (:func:`fa2_forward_tc_kernel`): 221.5 KB at d = 128.
 
 GPU: compute capability 8.0 or newer (``mma.sync`` TF32). The simulator runs the same source with
 :func:`numba_flash.fast._mma.make_warp_ops`' Python twins of the fragment operations.
@@ -323,9 +324,11 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
     Q, K, V, O, L             gQ, gK, gV, gO, gL   HBM
     Q_i (times tau log2 e)    smem[OFF_Q ...]      SRAM (Br, DP+4), loaded once (L4)
     K_j                       smem[kbase ...]      SRAM (Bc, DP+4), loaded each step (L7); CP_ASYNC: 2 stages
-    V_j                       smem[vbase ...]      SRAM (Bc, SV), loaded each step (L7); CP_ASYNC: 2 stages
+    V_j                       smem[vbase ...]      SRAM (Bc, SV), loaded each step (L7); CP_ASYNC: 2 stages (SPLIT_KV: 1)
     S_i^(j)                   rS                   registers: MW x (Bc/8) m16n8 fragments per warp
     P~_i^(j)                  smem[OFF_P ...]      SRAM (Br, Bc+4): each warp writes and reads its own rows
+    K_j small parts           words[kbase + DS]    SRAM, as K_j (SPLIT_KV and SPLIT_K; K_j's big parts in place)
+    V_j big / small parts     words[vpair ...]     SRAM, B-fragment pairs, 2 stages (SPLIT_KV)
     O_i^(j) (un-normalized)   rO                   registers: MW x (DP/8) m16n8 fragments per warp
     P~_i^(j) V_j (staged)     rT                   registers, like rO (STAGE_O; none with STAGE_O_STEP)
     m_i, l_i (base 2)         rm, rl               registers, 2 MW rows per lane (rl: partial sum)

@@ -88,12 +88,12 @@ def test_the_split_pass_writes_both_parts_of_every_element(NT, swizzle):
             assert (int(big[at]), int(small[at])) == _host_split(x), f"element {at}"
 
 
+A, BC = 2, 16  # Dev: the V pass's tile: d = 64 (two groups of 32 columns), two key steps
+
+
 def _pair_word(kt, t, p, a, g, h, e):
-    """Word of ``V[8 kt + t + 4 p, 32 a + 4 g + 2 h + e]``'s part in :func:`make_v_pair_split_pass`'s layout."""
+    """Word of ``V[8 kt + t + 4 p, 32 a + 4 g + 2 h + e]``'s part in :func:`make_v_pair_split_pass`'s layout (d = 32 A)."""
     return (4 * kt + t) * _tiles.v_pair_stride(32 * A) + 64 * a + 32 * h + 4 * g + 2 * e + p
-
-
-A, BC = 2, 16  # Dev: d = 64 (two groups of 32 columns), two key steps
 
 
 @pytest.mark.parametrize("NT", [128, 96], ids=["exact-share", "ragged-share"])
@@ -225,11 +225,12 @@ GPU_CASES = [(2, 1000, 1000, 4, 2, 128, False, 0.0, None), (2, 1000, 1000, 4, 2,
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("split_k", [True, False], ids=["k-and-v", "v-only"])
 @pytest.mark.parametrize(("b", "s_q", "s_k", "h", "h_k", "d", "causal", "p", "bs"), GPU_CASES)
-def test_split_kv_keeps_the_outputs_bit_for_bit_on_gpu(rng, b, s_q, s_k, h, h_k, d, causal, p, bs):
+def test_split_kv_keeps_the_outputs_bit_for_bit_on_gpu(rng, b, s_q, s_k, h, h_k, d, causal, p, bs, split_k):
     q, k, v = make_qkv(rng, b, s_q, s_k, h, h_k, d)
     k[0, 17, 0, 5] = np.nan
     seed = int(rng.integers(0, 2**32))
-    (on, f_on), (off, _) = (run_tc_forward(q, k, v, causal, p, seed, bs, {"SPLIT_KV": s}) for s in (True, False))
+    (on, f_on), (off, _) = (run_tc_forward(q, k, v, causal, p, seed, bs, {"SPLIT_KV": s, "SPLIT_K": split_k}) for s in (True, False))
     assert f_on["SPLIT_KV"]
     assert_same_bits(on, off, "SPLIT_KV on and off")
