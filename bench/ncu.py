@@ -126,6 +126,25 @@ def command_line(ncu: str = "ncu") -> str:
 # ----------------------------------------------------------------------------------------------
 # The child: one case, its measured call inside the NVTX range
 # ----------------------------------------------------------------------------------------------
+def tc_forward_with_features(spec: dict):
+    """The call of a case whose spec names ``features``: the 3xTF32 forward's kernel module with those features over its
+    defaults (``flash_attn_func`` takes none), as ``bench.fa2_sweep`` runs its variants; ``block_sizes`` as there. Only
+    ``{"algorithm": "flash2", "variant": "tensorcore", "pass": "forward"}`` takes features (ValueError otherwise).
+    ``run_pending.sh ncu_split_kv`` profiles ``SPLIT_KV`` off and on this way."""
+    if (spec["algorithm"], spec.get("variant"), spec["pass"]) != ("flash2", "tensorcore", "forward"):
+        raise ValueError("features: only the flash2 tensorcore forward takes them, got "
+                         f"{spec['algorithm']!r} / {spec.get('variant')!r} / {spec['pass']!r}")
+    from numba_flash.fast import fa2_forward_tc
+
+    from bench.fa2_sweep import run_variant
+
+    q, k, v, _ = common.make_inputs(spec["batch"], spec["nheads"], spec["N"], spec["d"])
+    bs = spec.get("block_sizes")  # Dev: (Br, Bc) as flash_attn_func takes them; fa2_sweep's tc variants name (NW, MW, Bc)
+    cfg = ("tc", None) if bs is None else ("tc", fa2_forward_tc.config_for(spec["d"], tuple(bs))[:3])
+    feats, causal = dict(spec["features"]), bool(spec.get("causal", False))
+    return lambda: run_variant("ncu", cfg, feats, q, k, v, causal)
+
+
 def run_child(spec: dict) -> dict:
     """Build the case, warm it up, run it once inside :data:`RANGE`; return meta data for the parent."""
     import numpy as np
@@ -134,8 +153,11 @@ def run_child(spec: dict) -> dict:
     alg, variant, pass_ = spec["algorithm"], spec.get("variant"), spec["pass"]
     b, h, N, d = spec["batch"], spec["nheads"], spec["N"], spec["d"]
     mask = np.asarray(spec["mask"], dtype=bool) if spec.get("mask") is not None else None
-    fn = common.prepare(alg, variant, pass_, b, h, N, d, mask=mask, block_sizes=spec.get("block_sizes"),
-                        dtype=spec.get("dtype", "float32"), causal=bool(spec.get("causal", False)))
+    if spec.get("features") is not None:
+        fn = tc_forward_with_features(spec)
+    else:
+        fn = common.prepare(alg, variant, pass_, b, h, N, d, mask=mask, block_sizes=spec.get("block_sizes"),
+                            dtype=spec.get("dtype", "float32"), causal=bool(spec.get("causal", False)))
     for _ in range(int(spec.get("warmup", 2))):
         fn()
     torch.cuda.synchronize()

@@ -330,3 +330,17 @@ def test_interleaved_rounds_take_a_variants_place_out_of_its_time(monkeypatch):
     assert abs(t["b"][0] / t["a"][0] - 1) < 0.01, "in rounds they are within 1 %"
     timed = order[4:]  # Dev: after 2 warm-up calls each
     assert len(timed) == 40 and timed[:4] == ["a", "b", "b", "a"], "round r starts from the r-th function"
+
+
+def test_ncu_takes_features_for_the_tensor_core_forward_only():
+    """``bench.ncu``'s spec may name ``features`` (``run_pending.sh ncu_split_kv`` profiles ``SPLIT_KV`` off and on): the
+    3xTF32 forward's kernel module then runs with them, as ``fa2_sweep`` runs its variants; any other case refuses."""
+    from bench import ncu
+
+    base = {"algorithm": "flash2", "variant": "tensorcore", "pass": "forward", "batch": 1, "nheads": 1, "N": 16, "d": 16,
+            "causal": True, "features": {"STAGE_S": True}}
+    for other in ({"pass": "backward"}, {"variant": "fast"}, {"algorithm": "flash1"}):
+        with pytest.raises(ValueError, match="only the flash2 tensorcore forward takes them"):
+            ncu.tc_forward_with_features({**base, **other})
+    out, lse = ncu.tc_forward_with_features({**base, "block_sizes": [16, 16]})()
+    assert tuple(out.shape) == (1, 16, 1, 16) and bool((out == out).all())

@@ -140,6 +140,9 @@
 #   split_v      SPLIT_KV with V_j alone split in SRAM (SPLIT_K False, fa2_sweep tc-skv1-v) against off and against K and
 #                V, interleaved, d 128, N 1k / 4k / 16k, not causal and causal, SDPA beside in the first round; then the
 #                GPU tests of SPLIT_KV -> OUTDIR/split_v_{noncausal,causal}_{1,2}.json/.log, split_v_tests.txt
+#   ncu_split_kv Nsight Compute (--set full) of the d = 128 forward at N = 4k, b 4, h 16, with SPLIT_KV off and on, causal
+#                and not (the default tiling there, 8 x 2 x 16; bench.ncu's spec "features") -> OUTDIR/ncu_split_kv{0,1}_{causal,
+#                noncausal}_fwd_d128.txt: why it gains with causal and not without (the performance log's SPLIT_KV outcome)
 #   half_bwd_cp  the half backward's tilings with and without cp.async for Q_i, dO_i (half_sweep --backward; the log's
 #                section "FA2 backward in fp16 / bf16: cp.async for Q_i, dO_i") -> OUTDIR/half_bwd_cp.json/.log
 # OUTDIR/pending_env.txt says what ran where. A failed step is noted and the rest run. Exit status: 0 when all ran.
@@ -214,6 +217,17 @@ for s in "${steps[@]}"; do
         spec="{\"algorithm\":\"flash2\",\"variant\":\"tensorcore\",\"pass\":\"forward\",\"batch\":16,\"nheads\":16,\"N\":1024,\"d\":128,\"causal\":$causal,\"block_sizes\":[$bs]}"
         step "ncu_${tag}_fwd_d128.txt" timeout 240 "$ncu_bin" --set full --nvtx --nvtx-include "numba_flash_measure/" --print-units base \
           python3 -m bench.ncu --child "$spec" --meta-out "$out/ncu_${tag}_fwd_d128_meta.json"
+      done ;;
+    ncu_split_kv)
+      ncu_bin="$(python3 -c 'from bench.ncu import find_ncu; print(find_ncu() or "")')"
+      if [ -z "$ncu_bin" ]; then echo "run_pending: no ncu" >&2; rc=1; continue; fi
+      for causal in true false; do
+        for skv in 0 1; do
+          tag="$([ "$causal" = true ] && echo causal || echo noncausal)"
+          spec="{\"algorithm\":\"flash2\",\"variant\":\"tensorcore\",\"pass\":\"forward\",\"batch\":4,\"nheads\":16,\"N\":4096,\"d\":128,\"causal\":$causal,\"features\":{\"SPLIT_KV\":$([ "$skv" = 1 ] && echo true || echo false)}}"
+          step "ncu_split_kv${skv}_${tag}_fwd_d128.txt" timeout 240 "$ncu_bin" --set full --nvtx --nvtx-include "numba_flash_measure/" --print-units base \
+            python3 -m bench.ncu --child "$spec" --meta-out "$out/ncu_split_kv${skv}_${tag}_fwd_d128_meta.json"
+        done
       done ;;
     ncu_half)
       ncu_bin="$(python3 -c 'from bench.ncu import find_ncu; print(find_ncu() or "")')"
