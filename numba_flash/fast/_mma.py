@@ -125,6 +125,13 @@ def _bits_as_f32_host(u) -> float:
     return float(np.uint32(u).view(np.float32))
 
 
+def split_tf32_host(x) -> tuple[int, int]:
+    """The (big, small) tf32 bit patterns of the float32 ``x``, on the host: the simulator's ``split_tf32``
+    (:func:`make_warp_ops`), and for a finite ``x`` the GPU's."""
+    big = _tf32_bits_host(x)
+    return int(big), int(_tf32_bits_host(np.float32(np.float32(x) - np.float32(_bits_as_f32_host(big)))))
+
+
 def _make_mma_3xtf32(mma_tf32):
     """The 3xTF32 product on top of one backend's single ``mma_tf32``: small parts first, big x big last."""
 
@@ -180,8 +187,7 @@ def make_warp_ops(simulator: bool | None = None):
 
     # Simulator twins: plain Python run by every simulated thread (numpy for the bit patterns).
     def split_tf32(x):
-        big = _tf32_bits_host(x)
-        small = _tf32_bits_host(np.float32(np.float32(x) - np.float32(_bits_as_f32_host(big))))
+        big, small = split_tf32_host(x)
         return uint32(big), uint32(small)
 
     def mma_tf32(a, b, c, sx, wbase, lane):

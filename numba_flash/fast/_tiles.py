@@ -16,9 +16,11 @@ make_pair_loader        (NROWS, d) rows of two HBM arrays -> registers -> SRAM  
 make_scaled_q_loader    Q_i times tau log2 e, HBM -> SRAM (zero rows past N_q)      FA2 forward, fast/tc
 make_block_counts       key blocks visible from query rows < row_end (causal)       FA1/FA2 fast kernels
 make_word_loader        (NROWS, DW) words (half pairs) -> registers -> SRAM         FA2 half forward
+make_own_chunks         the 16-byte chunks of a tile one thread owns               the cp.async loads, passes
 make_word_loader_async  (NROWS, DW) words, HBM -> SRAM by cp.async (no registers)  FA2 half and tc forward
 make_quiet_nan_pass     a thread's cp.async chunks: NaN -> the quiet NaN, in SRAM   FA2 tc forward
                         (``SCALE``: times a scale first: ``Q_i`` by cp.async)
+make_quiet_split        a value's tf32 parts, a NaN quieted first                  the split passes
 make_split_pass         the same chunks split into tf32 big and small parts in SRAM FA2 tc forward
 make_v_pair_split_pass  V_j's chunks split, the parts in B-fragment pairs          FA2 tc forward
 swizzle16, swizzle16t   the SRAM column of a tile's column in unpadded rows         3xTF32 ``WIDE``
@@ -332,6 +334,49 @@ def make_word_loader(NROWS: int, DW: int, NT: int, SA: int):
 
 
 @functools.cache
+def make_own_chunks(NROWS: int, DW: int, NT: int, SA: int, SWIZZLE=None):
+    """``(NC, own_chunk, chunk_at, chunk_rc, word_at)``: the 16-byte chunks (4 words) of an ``NROWS x DW`` SRAM tile (row
+    stride ``SA``) that thread ``tid`` of ``NT`` owns, the ``cp.async`` copies of :func:`make_word_loader_async` and the
+    passes that follow them over the same chunks (:func:`make_quiet_nan_pass`, :func:`make_split_pass`,
+    :func:`make_v_pair_split_pass`).
+
+    ``own_chunk(tid, it) -> (mine, e)`` for ``it < NC``: the thread's chunk ``e = tid + NT it``, ``mine`` False past the
+    tile's last chunk (a thread's last ``it`` where the chunks are not a multiple of ``NT``). ``chunk_rc(e) -> (r, c)``:
+    its row ``r = e // (DW / 4)`` and first word ``c = 4 (e % (DW / 4))`` (consecutive threads on consecutive 16 bytes
+    of a row); ``word_at(off, r, c)``: its SRAM word ``off + r SA + c`` (``SWIZZLE(c, r)`` in place of ``c`` where
+    given); ``chunk_at(off, e) -> (r, c, at)``: both. The callers take them in the order their loops had when each
+    wrote them out (``e`` and the test first, the address last in the loader), which keeps their sm_90 machine code
+    (``bench/offline_resources.py``: every hash as before; one helper returning all at once changed eight).
+    """
+    CW = DW // 4  # 16-byte chunks of a padded row
+    NC = (NROWS * CW + NT - 1) // NT
+    EXACT = NROWS * CW % NT == 0
+    uNT, uCW, uSA, uTOT, u4 = U(NT), U(CW), U(SA), U(NROWS * CW), U(4)
+    SW = SWIZZLE is not None
+    swz = SWIZZLE if SW else swizzle16
+
+    @cuda.jit(device=True, inline="always")
+    def own_chunk(tid, it):
+        e = tid + uNT * U(it)
+        return EXACT or e < uTOT, e
+
+    @cuda.jit(device=True, inline="always")
+    def chunk_rc(e):
+        return e // uCW, u4 * (e % uCW)
+
+    @cuda.jit(device=True, inline="always")
+    def word_at(off, r, c):
+        return off + r * uSA + (swz(c, r) if SW else c)
+
+    @cuda.jit(device=True, inline="always")
+    def chunk_at(off, e):
+        r, c = chunk_rc(e)
+        return r, c, word_at(off, r, c)
+
+    return NC, own_chunk, chunk_at, chunk_rc, word_at
+
+
+@functools.cache
 def make_word_loader_async(NROWS: int, DW: int, NT: int, SA: int, SIM: bool, SWIZZLE=None):
     """``(NC, load_async)``: rows ``row0 .. row0 + NROWS - 1`` of a half array in words, HBM -> SRAM by ``cp.async``.
 
@@ -352,26 +397,20 @@ def make_word_loader_async(NROWS: int, DW: int, NT: int, SA: int, SIM: bool, SWI
     out-of-range address is ever formed. ``SWIZZLE`` (the module docstring): chunks land at swizzled columns (a
     swizzle moves 4-aligned groups of 4 columns whole).
     """
-    CW = DW // 4  # 16-byte chunks of a padded row
-    NC = (NROWS * CW + NT - 1) // NT
-    EXACT = NROWS * CW % NT == 0
-    uNT, uCW, uSA, uTOT = U(NT), U(CW), U(SA), U(NROWS * CW)
-    u0, u4, u16 = U(0), U(4), uint32(16)
+    NC, own_chunk, _, chunk_rc, word_at = make_own_chunks(NROWS, DW, NT, SA, SWIZZLE)
+    u0, u16 = U(0), uint32(16)
     z = uint32(0)
     copy16, _commit, _wait0 = _mma.make_cp_async(SIM)
-    SW = SWIZZLE is not None
-    swz = SWIZZLE if SW else swizzle16
 
     @cuda.jit(device=True, inline="always")
     def load_async(smem, off, gA, ub, uh, row0, n_rows, dw, tid):
         for it in range(NC):
-            e = tid + uNT * U(it)
-            if EXACT or e < uTOT:
-                r = e // uCW
-                c = u4 * (e % uCW)  # first word of the chunk
+            mine, e = own_chunk(tid, it)
+            if mine:
+                r, c = chunk_rc(e)
                 row = U(row0) + r
                 inside = c < U(dw) and row < U(n_rows)
-                copy16(smem, off + r * uSA + (swz(c, r) if SW else c), gA, (ub, row if inside else u0, uh, c if inside else u0), u16 if inside else z)
+                copy16(smem, word_at(off, r, c), gA, (ub, row if inside else u0, uh, c if inside else u0), u16 if inside else z)
 
     return NC, load_async
 
@@ -392,21 +431,14 @@ def make_quiet_nan_pass(NROWS: int, DW: int, NT: int, SA: int, SWIZZLE=None, SCA
     forward's ``Q_i`` (times ``tau log2 e``) when it arrives by ``cp.async`` (``Q_ASYNC``). Zero-filled chunks
     stay zero for a positive ``scale``.
     """
-    CW = DW // 4
-    NC = (NROWS * CW + NT - 1) // NT
-    EXACT = NROWS * CW % NT == 0
-    uNT, uCW, uSA, uTOT, u4 = U(NT), U(CW), U(SA), U(NROWS * CW), U(4)
-    SW = SWIZZLE is not None
-    swz = SWIZZLE if SW else swizzle16
+    NC, own_chunk, chunk_at, _, _ = make_own_chunks(NROWS, DW, NT, SA, SWIZZLE)
 
     @cuda.jit(device=True, inline="always")
     def each_own_element(smem, off, tid, scale):
         for it in range(NC):
-            e = tid + uNT * U(it)
-            if EXACT or e < uTOT:
-                r = e // uCW
-                c = u4 * (e % uCW)
-                base = off + r * uSA + (swz(c, r) if SW else c)
+            mine, e = own_chunk(tid, it)
+            if mine:
+                _, _, base = chunk_at(off, e)
                 for w in range(4):
                     v = smem[base + U(w)]
                     if SCALE:
@@ -427,6 +459,20 @@ def make_quiet_nan_pass(NROWS: int, DW: int, NT: int, SA: int, SWIZZLE=None, SCA
 
 
 @functools.cache
+def make_quiet_split(SIM: bool):
+    """``split(x) -> (big, small)``: :func:`numba_flash.fast._mma.make_warp_ops`' ``split_tf32`` (the simulator's twin when
+    ``SIM``) of ``x``, a NaN first made the quiet NaN (as :func:`make_quiet_nan_pass` stores it): the parts a warp
+    would split from the value that pass leaves in SRAM."""
+    split_tf32 = _mma.make_warp_ops(SIM)[0]
+
+    @cuda.jit(device=True, inline="always")
+    def split(x):
+        return split_tf32(x if x == x else QNAN)
+
+    return split
+
+
+@functools.cache
 def make_split_pass(NROWS: int, DW: int, NT: int, SA: int, SIM: bool, SWIZZLE=None):
     """``split_pass(smem, words, off, small, tid)``: the chunks of :func:`make_quiet_nan_pass` (same ``NROWS, DW, NT,
     SA, SWIZZLE``) split once for every warp that reads them: each element ``x`` (a NaN first made the quiet NaN, as
@@ -438,25 +484,17 @@ def make_split_pass(NROWS: int, DW: int, NT: int, SA: int, SIM: bool, SWIZZLE=No
     same value. The 3xTF32 forward's ``SPLIT_KV`` runs it over ``K_j, V_j`` after ``cp.async.wait_group`` and before
     the barrier that publishes them, in place of the NaN pass. Zero-filled chunks split into two zeros.
     """
-    CW = DW // 4
-    NC = (NROWS * CW + NT - 1) // NT
-    EXACT = NROWS * CW % NT == 0
-    uNT, uCW, uSA, uTOT, u4 = U(NT), U(CW), U(SA), U(NROWS * CW), U(4)
-    SW = SWIZZLE is not None
-    swz = SWIZZLE if SW else swizzle16
-    split = _mma.make_warp_ops(SIM)[0]
+    NC, own_chunk, chunk_at, _, _ = make_own_chunks(NROWS, DW, NT, SA, SWIZZLE)
+    split = make_quiet_split(SIM)
 
     @cuda.jit(device=True, inline="always")
     def split_pass(smem, words, off, small, tid):
         for it in range(NC):
-            e = tid + uNT * U(it)
-            if EXACT or e < uTOT:
-                r = e // uCW
-                c = u4 * (e % uCW)
-                base = off + r * uSA + (swz(c, r) if SW else c)
+            mine, e = own_chunk(tid, it)
+            if mine:
+                _, _, base = chunk_at(off, e)
                 for w in range(4):
-                    v = smem[base + U(w)]
-                    big, sml = split(v if v == v else QNAN)
+                    big, sml = split(smem[base + U(w)])
                     words[base + U(w)] = big
                     words[base + small + U(w)] = sml
 
@@ -484,25 +522,20 @@ def make_v_pair_split_pass(NROWS: int, DP: int, NT: int, SA: int, SIM: bool):
     per part, in the registers the ``mma`` reads. The tile as copied is read only by the thread that copied it, so it
     needs one stage; the pairs need two (warps still read block j's while block j+1's are written).
     """
-    CW = DP // 4
-    NC = (NROWS * CW + NT - 1) // NT
-    EXACT = NROWS * CW % NT == 0
+    NC, own_chunk, chunk_at, _, _ = make_own_chunks(NROWS, DP, NT, SA)
     RS = v_pair_stride(DP)
-    uNT, uCW, uSA, uTOT, u4, u8 = U(NT), U(CW), U(SA), U(NROWS * CW), U(4), U(8)
-    split = _mma.make_warp_ops(SIM)[0]
+    u4, u8 = U(4), U(8)
+    split = make_quiet_split(SIM)
 
     @cuda.jit(device=True, inline="always")
     def split_v(smem, words, off, out, small, tid):
         for it in range(NC):
-            e = tid + uNT * U(it)
-            if EXACT or e < uTOT:
-                r = e // uCW  # key row: step r // 8, t = r % 4, p = r % 8 // 4
-                c = u4 * (e % uCW)  # first column of the chunk: a = c // 32, g = c % 32 // 4
-                src = off + r * uSA + c
+            mine, e = own_chunk(tid, it)
+            if mine:
+                r, c, src = chunk_at(off, e)  # key row r: step r // 8, t = r % 4, p = r % 8 // 4; a = c // 32, g = c % 32 // 4
                 dst = out + (u4 * (r // u8) + r % u4) * U(RS) + U(64) * (c // U(32)) + u4 * (c % U(32) // u4) + (r % u8) // u4
                 for w in range(4):  # h = w // 2, e = w % 2
-                    v = smem[src + U(w)]
-                    big, sml = split(v if v == v else QNAN)
+                    big, sml = split(smem[src + U(w)])
                     words[dst + U(32 * (w // 2) + 2 * (w % 2))] = big
                     words[dst + small + U(32 * (w // 2) + 2 * (w % 2))] = sml
 

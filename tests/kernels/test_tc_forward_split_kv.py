@@ -39,12 +39,6 @@ ON = {"CP_ASYNC": True, "WIDE": True, "SPLIT_KV": True}
 OFF = {"CP_ASYNC": True, "WIDE": True, "SPLIT_KV": False}
 
 
-def _host_split(x):
-    """The (big, small) tf32 bits of the finite float32 ``x`` (the split of :func:`numba_flash.fast._mma.make_warp_ops`)."""
-    big = _mma._tf32_bits_host(x)
-    return int(big), int(_mma._tf32_bits_host(np.float32(np.float32(x) - np.float32(_mma._bits_as_f32_host(big)))))
-
-
 def _tile(rng, rows, cols, sa):
     """A float32 SRAM tile (row stride ``sa``) of normal values with a NaN that is not the quiet one, and a zero row."""
     a = np.zeros((rows, sa), np.float32)
@@ -52,6 +46,29 @@ def _tile(rng, rows, cols, sa):
     a[1, 5] = np.uint32(0xFFC00001).view(np.float32)
     a[rows - 1, :] = 0.0
     return a
+
+
+def _run_pass(apply, NT, src, n_words, out_off, n_out):
+    """One block of ``NT`` threads: SRAM words ``< len(src)`` filled from ``src``, the rest up to ``n_words`` with -7.0
+    (words a pass must not leave as they were), then ``apply(smem, words, tid)`` (a device function calling the pass
+    under test), then words ``out_off .. out_off + n_out - 1`` copied out as uint32."""
+    N_IN = src.size
+
+    @cuda.jit
+    def run(src, out):
+        smem = cuda.shared.array(0, float32)
+        words = cuda.shared.array(0, uint32)
+        for i in range(cuda.threadIdx.x, n_words, NT):
+            smem[i] = src[i] if i < N_IN else float32(-7.0)
+        cuda.syncthreads()  # Sync: the tile is filled before the pass reads it
+        apply(smem, words, uint32(cuda.threadIdx.x))
+        cuda.syncthreads()  # Sync: every thread's parts are written before the copy out
+        for i in range(cuda.threadIdx.x, n_out, NT):
+            out[i] = words[out_off + i]
+
+    out = np.zeros(n_out, np.uint32)
+    run[1, NT, 0, 4 * n_words](src, out)
+    return out
 
 
 @pytest.mark.parametrize("swizzle", [False, True], ids=["plain", "swizzled"])
@@ -63,20 +80,11 @@ def test_the_split_pass_writes_both_parts_of_every_element(NT, swizzle):
     src = _tile(np.random.default_rng(NT), ROWS, DW, SA)
     SMALL = ROWS * SA
 
-    @cuda.jit
-    def run(src, out):
-        smem = cuda.shared.array(0, float32)
-        words = cuda.shared.array(0, uint32)
-        for i in range(cuda.threadIdx.x, 2 * SMALL, NT):
-            smem[i] = src[i] if i < SMALL else float32(-7.0)
-        cuda.syncthreads()  # Sync: the tile is filled before the pass reads it
-        split_pass(smem, words, uint32(0), uint32(SMALL), uint32(cuda.threadIdx.x))
-        cuda.syncthreads()  # Sync: every thread's parts are written before the copy out
-        for i in range(cuda.threadIdx.x, 2 * SMALL, NT):
-            out[i] = words[i]
+    @cuda.jit(device=True)
+    def apply(smem, words, tid):
+        split_pass(smem, words, uint32(0), uint32(SMALL), tid)
 
-    out = np.zeros(2 * SMALL, np.uint32)
-    run[1, NT, 0, 8 * SMALL](src.ravel(), out)
+    out = _run_pass(apply, NT, src.ravel(), 2 * SMALL, 0, 2 * SMALL)
     big, small = out[:SMALL].reshape(ROWS, SA), out[SMALL:].reshape(ROWS, SA)
     for r in range(ROWS):
         for c in range(DW):
@@ -85,7 +93,7 @@ def test_the_split_pass_writes_both_parts_of_every_element(NT, swizzle):
             if np.isnan(x):  # Dev: quieted first; its small part is whatever NaN - NaN gives on the backend
                 assert big[at] == QNAN_BITS, f"the NaN at {at} was not made the quiet NaN"
                 continue
-            assert (int(big[at]), int(small[at])) == _host_split(x), f"element {at}"
+            assert (int(big[at]), int(small[at])) == _mma.split_tf32_host(x), f"element {at}"
 
 
 A, BC = 2, 16  # Dev: the V pass's tile: d = 64 (two groups of 32 columns), two key steps
@@ -105,20 +113,11 @@ def test_the_v_pass_puts_each_lanes_b_fragments_in_register_pairs(NT):
     src = _tile(np.random.default_rng(NT), BC, DP, SV)
     N_IN = BC * SV
 
-    @cuda.jit
-    def run(src, out):
-        smem = cuda.shared.array(0, float32)
-        words = cuda.shared.array(0, uint32)
-        for i in range(cuda.threadIdx.x, N_IN + 2 * PART, NT):
-            smem[i] = src[i] if i < N_IN else float32(-7.0)
-        cuda.syncthreads()  # Sync: the tile is filled before the pass reads it
-        split_v(smem, words, uint32(0), uint32(N_IN), uint32(PART), uint32(cuda.threadIdx.x))
-        cuda.syncthreads()  # Sync: every thread's parts are written before the copy out
-        for i in range(cuda.threadIdx.x, 2 * PART, NT):
-            out[i] = words[N_IN + i]
+    @cuda.jit(device=True)
+    def apply(smem, words, tid):
+        split_v(smem, words, uint32(0), uint32(N_IN), uint32(PART), tid)
 
-    out = np.zeros(2 * PART, np.uint32)
-    run[1, NT, 0, 4 * (N_IN + 2 * PART)](src.ravel(), out)
+    out = _run_pass(apply, NT, src.ravel(), N_IN + 2 * PART, N_IN, 2 * PART)
     seen = 0
     for kt in range(BC // 8):
         for g in range(8):
@@ -133,7 +132,7 @@ def test_the_v_pass_puts_each_lanes_b_fragments_in_register_pairs(NT):
                                 if np.isnan(x):
                                     assert out[w] == QNAN_BITS
                                 else:
-                                    assert (int(out[w]), int(out[PART + w])) == _host_split(x), (kt, t, p, col)
+                                    assert (int(out[w]), int(out[PART + w])) == _mma.split_tf32_host(x), (kt, t, p, col)
                                 seen += 1
     assert seen == BC * DP, "every element of the tile has its place"
     # Dev: a 16-byte load of a warp is served 8 lanes at a time: lanes (g, t), g < 2 (and each later 8) must hit 32 banks
