@@ -313,10 +313,19 @@ def _time_forward_one(variants, q, k, v, causal, repeats, sgemm, rows, log, base
         impls["torch_naive"] = lambda: bu.torch_naive_attention(q, k, v, causal=causal)
         impls["sdpa_mem_efficient"] = lambda: bu.torch_sdpa_mem_efficient(q, k, v, causal=causal)
     torch.backends.cuda.matmul.allow_tf32 = False
-    timed = bu.cuda_time_ms_interleaved(impls, warmup=2, repeats=repeats) if interleave else {}
+    timed, failed = {}, {}
+    if interleave:  # Dev: a first call each (one of the two warm-up calls): one that raises is reported, not timed
+        for name, fn in impls.items():
+            try:
+                fn()
+            except Exception as exc:
+                failed[name] = exc
+        timed = bu.cuda_time_ms_interleaved({m: f for m, f in impls.items() if m not in failed}, warmup=1, repeats=repeats)
     for name, fn in impls.items():
         row = dict(pass_="forward", impl=name, N=n, d=d, batch=b, nheads=h, causal=causal, interleaved=bool(interleave))
         try:
+            if name in failed:
+                raise failed[name]
             reps = repeats if name != "readable" else max(3, repeats // 3)
             med, lo, hi = timed[name] if interleave else bu.cuda_time_ms(fn, warmup=2, repeats=reps)
             rate = bu.tflops(flops, med * 1e-3)

@@ -857,9 +857,10 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None):
     wide = wide_on(feats["WIDE"], DP, cp_async)  # Dev: the swizzled K_j arrives by cp.async only
     split_kv = split_kv_on(feats["SPLIT_KV"], wide, prob.causal, (NW, MW, Bc))
     split_k = bool(feats["SPLIT_K"])
-    if split_kv and feats["SPLIT_KV"] is None and 4 * smem_floats(NW, MW, Bc, DP, sim, 2, wide, True, split_k) > _smem.max_optin_bytes():
-        split_kv = False  # Dev: by default only where it fits (not with the simulator's exchange scratch at 8 x 2 x 16)
     nbytes = 4 * smem_floats(NW, MW, Bc, DP, sim, 2 if cp_async else 1, wide, split_kv, split_k)
+    if split_kv and feats["SPLIT_KV"] is None and nbytes > _smem.max_optin_bytes():
+        split_kv = False  # Dev: by default only where it fits (not with the simulator's exchange scratch at 8 x 2 x 16)
+        nbytes = 4 * smem_floats(NW, MW, Bc, DP, sim, 2 if cp_async else 1, wide)
     _plan.check_sram(nbytes, Br, Bc, d)
     kernel = fa2_forward_tc_kernel(NW, MW, Bc, DP, prob.causal, prob.dropout_p > 0, prefetch, sim, bool(feats["STAGE_S"]), bool(feats["STAGE_O"]),
                                    cp_async, stage_o_step(feats["STAGE_O_STEP"], MW, DP), wide, prob.causal and bool(feats["HEAVY_FIRST"]),
