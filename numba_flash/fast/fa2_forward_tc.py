@@ -747,7 +747,9 @@ def default_features() -> dict:
     ``SPLIT_KV``: ``K_j, V_j`` split into tf32 parts once per thread block, in SRAM, not by every warp
     (:func:`fa2_forward_tc_kernel`; the same bits); only with ``WIDE``; None: on with causal at 8 x 2 x 16
     (:func:`split_kv_on` has the timings). ``SPLIT_K``: with ``SPLIT_KV``, whether ``K_j`` is split in SRAM too (True) or
-    only ``V_j`` (False; not timed yet)."""
+    only ``V_j`` (False). H100, d = 128, interleaved, V alone against K and V: causal at 8 x 2 x 16 0.98-0.99x at N 4k and
+    16k, so True stays; without causal V alone ran 1.003-1.028x of ``SPLIT_KV`` off (short of the 1.02x in every cell
+    that would have made it that default) and 1.02x of K and V (``docs/results/sweeps/split_v_h100_9aaa8da_*.json``)."""
     return {"PREFETCH": None, "STAGE_S": True, "STAGE_O": True, "CP_ASYNC": True, "STAGE_O_STEP": None, "WIDE": None,
             "HEAVY_FIRST": True, "Q_ASYNC": None, "WARP_SKIP": None, "SPLIT_KV": None, "SPLIT_K": True}
 
