@@ -245,7 +245,8 @@ def _kernel(name: str, d: int, causal: bool, tiling=None):
         return TB.fa2_backward_tf32_kernel(NW, MW, BR, DP, causal, False, True, TB.default_features()["PREFETCH"], False, False, red2,
                                            cp_async and TC.cp_async_ok(d), causal and bool(_features(TB)["HEAVY_FIRST"]), wide,
                                            TB.dq_unroll_for(DP, 16 * MW * NW, _features(TB)["DQ_UNROLL"]),
-                                           TB.kv_async_for(DP, cp_async and TC.cp_async_ok(d), _features(TB)["KV_ASYNC"]))
+                                           TB.kv_async_for(DP, cp_async and TC.cp_async_ok(d), _features(TB)["KV_ASYNC"]),
+                                           TB.split_qdo_on(_features(TB)["SPLIT_QDO"], cp_async and TC.cp_async_ok(d), wide))
     f = B2.default_features()
     if name == "fa2_backward_fast":
         return B2.fa2_backward_fast_kernel(*B2.config_for(d), causal, False, True, f["VEC"], f["PREFETCH"], f["MAXREG"])
@@ -347,7 +348,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--kernel", action="append", choices=KERNELS, help="kernel(s) to report (default: all)")
     ap.add_argument("--d", type=int, action="append", help="head dim(s) (default: 64 and 128)")
     ap.add_argument("--sass-dir", metavar="DIR", help="also write each kernel's disassembly (nvdisasm -c) to DIR")
-    ap.add_argument("--features", metavar="JSON", help="features of the 3xTF32 and half forwards and the half backward over their defaults, "
+    ap.add_argument("--features", metavar="JSON", help="features of the 3xTF32 and half forwards and backwards over their defaults, "
                     "e.g. '{\"EX2_FTZ\": true}' (the table does not say: name the run)")
     ap.add_argument("--loops", action="store_true", help="also print each loop's instruction counts (sass_loops)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="compiles at once (one process each)")

@@ -55,12 +55,14 @@ WIDE = {"default-wide": (None, {"WIDE": True}), "default-nowide": (None, {"WIDE"
 DQ_UNROLL = {f"default-dqu{u}": (None, {"DQ_UNROLL": u}) for u in (1, 2, 4)}
 #: line 6's K_j, V_j through registers (the former load) or by cp.async (KV_ASYNC, 2026-11-27)
 KV_ASYNC = {f"default-kv{int(a)}": (None, {"KV_ASYNC": a}) for a in (False, True)}
+#: Q_i, dO_i split into their tf32 parts once per step in SRAM (SPLIT_QDO, 2026-11-28: WIDE only, so d = 128) or by every warp
+SPLIT_QDO = {f"default-sq{int(a)}": (None, {"SPLIT_QDO": a}) for a in (False, True)}
 TILINGS = {
     64: {"ffma": ("ffma", {}), "8x1-Br64": ((8, 1, 64), {}), "8x1-Br32": ((8, 1, 32), {}), "4x1-Br32": ((4, 1, 32), {}),
          "8x1-Br64-pf": ((8, 1, 64), {"PREFETCH": True}), "8x1-Br64-cp": ((8, 1, 64), CP), "4x1-Br32-cp": ((4, 1, 32), CP),
          "8x1-Br32-cp": ((8, 1, 32), CP), **DEFAULT_ORDER, **WIDE, **DQ_UNROLL, **KV_ASYNC},
     128: {"ffma": ("ffma", {}), "8x1-Br16": ((8, 1, 16), {}), "4x1-Br16": ((4, 1, 16), {}), "8x1-Br32": ((8, 1, 32), {}),
-          "8x1-Br16-cp": ((8, 1, 16), CP), "4x1-Br32-cp": ((4, 1, 32), CP), **DEFAULT_ORDER, **WIDE, **DQ_UNROLL, **KV_ASYNC,
+          "8x1-Br16-cp": ((8, 1, 16), CP), "4x1-Br32-cp": ((4, 1, 32), CP), **DEFAULT_ORDER, **WIDE, **DQ_UNROLL, **KV_ASYNC, **SPLIT_QDO,
           "8x1-Br32-cp-wide": ((8, 1, 32), {**CP, "WIDE": True}), "8x1-Br16-cp-wide": ((8, 1, 16), {**CP, "WIDE": True}),
           "4x1-Br32-cp-wide": ((4, 1, 32), {**CP, "WIDE": True})},
 }

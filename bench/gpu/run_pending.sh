@@ -140,6 +140,9 @@
 #   split_v      SPLIT_KV with V_j alone split in SRAM (SPLIT_K False, fa2_sweep tc-skv1-v) against off and against K and
 #                V, interleaved, d 128, N 1k / 4k / 16k, not causal and causal, SDPA beside in the first round; then the
 #                GPU tests of SPLIT_KV -> OUTDIR/split_v_{noncausal,causal}_{1,2}.json/.log, split_v_tests.txt
+#   split_qdo    the 3xTF32 backward's SPLIT_QDO (Q_i, dO_i split once per step in SRAM): its GPU tests, then the d = 128
+#                backward alone with it off and on, N 1k/4k/16k, causal and not, two rotating rounds (tf32_bwd_sweep
+#                default-sq0 default-sq1) -> OUTDIR/split_qdo_tests.txt, split_qdo.json/.log
 #   ncu_split_kv Nsight Compute (--set full) of the d = 128 forward at N = 4k, b 4, h 16, with SPLIT_KV off and on, causal
 #                and not (the default tiling there, 8 x 2 x 16; bench.ncu's spec "features") -> OUTDIR/ncu_split_kv{0,1}_{causal,
 #                noncausal}_fwd_d128.txt: why it gains with causal and not without (the performance log's SPLIT_KV outcome)
@@ -342,6 +345,11 @@ for s in "${steps[@]}"; do
       for r in 1 2; do grep "^forward" "$out/split_kv_ab_noncausal_$r.log" "$out/split_kv_ab_causal_$r.log"; done
       step split_kv_ab_tests.txt timeout 300 python3 -m pytest -q -p no:cacheprovider -rfE -n 8 -m gpu tests/kernels/test_tc_forward_split_kv.py \
         tests/kernels/test_tc_wide.py tests/kernels/test_tc_forward_cp_async.py ;;
+    split_qdo)
+      step split_qdo_tests.txt timeout 240 python3 -m pytest -q -p no:cacheprovider -rfE -n 4 -m gpu tests/kernels/test_tf32_backward_split_qdo.py
+      step split_qdo.log timeout 330 python3 -m bench.tf32_bwd_sweep --seqlens 1024 4096 16384 --headdims 128 \
+        --no-fwdbwd --rounds 2 --tilings default-sq0 default-sq1 --out "$out/split_qdo.json"
+      grep "^bwd" "$out/split_qdo.log" ;;
     split_v)
       for r in 1 2; do
         for c in no yes; do

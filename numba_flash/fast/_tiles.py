@@ -473,7 +473,7 @@ def make_quiet_split(SIM: bool):
 
 
 @functools.cache
-def make_split_pass(NROWS: int, DW: int, NT: int, SA: int, SIM: bool, SWIZZLE=None):
+def make_split_pass(NROWS: int, DW: int, NT: int, SA: int, SIM: bool, SWIZZLE=None, SCALE: bool = False):
     """``split_pass(smem, words, off, small, tid)``: the chunks of :func:`make_quiet_nan_pass` (same ``NROWS, DW, NT,
     SA, SWIZZLE``) split once for every warp that reads them: each element ``x`` (a NaN first made the quiet NaN, as
     that pass does) becomes the tf32 bit pattern of its big part in place and the small part's at ``small`` words
@@ -483,20 +483,31 @@ def make_split_pass(NROWS: int, DW: int, NT: int, SA: int, SIM: bool, SWIZZLE=No
     then read are the two parts the warp would have computed from ``x`` itself, bit for bit: the same function of the
     same value. The 3xTF32 forward's ``SPLIT_KV`` runs it over ``K_j, V_j`` after ``cp.async.wait_group`` and before
     the barrier that publishes them, in place of the NaN pass. Zero-filled chunks split into two zeros.
+
+    ``SCALE``: ``split_pass(smem, words, off, small, tid, scale)`` splits ``float32(x * scale)`` (one rounding, as
+    :func:`make_quiet_nan_pass`'s ``SCALE``): the 3xTF32 backward's ``Q_i`` times ``tau log2 e`` (``SPLIT_QDO``), the
+    A operand its forward split from the scaled ``Q_i``.
     """
     NC, own_chunk, chunk_at, _, _ = make_own_chunks(NROWS, DW, NT, SA, SWIZZLE)
     split = make_quiet_split(SIM)
 
     @cuda.jit(device=True, inline="always")
-    def split_pass(smem, words, off, small, tid):
+    def each_split(smem, words, off, small, tid, scale):
         for it in range(NC):
             mine, e = own_chunk(tid, it)
             if mine:
                 _, _, base = chunk_at(off, e)
                 for w in range(4):
-                    big, sml = split(smem[base + U(w)])
+                    big, sml = split(float32(smem[base + U(w)] * scale) if SCALE else smem[base + U(w)])
                     words[base + U(w)] = big
                     words[base + small + U(w)] = sml
+
+    if SCALE:
+        return each_split
+
+    @cuda.jit(device=True, inline="always")
+    def split_pass(smem, words, off, small, tid):
+        each_split(smem, words, off, small, tid, float32(1.0))
 
     return split_pass
 

@@ -206,8 +206,8 @@ def make_score_products(QT: int, NKN: int, KD: int, SQ: int, SIM: bool):
 
 
 @functools.cache
-def make_score_products_wide(QT: int, NKN: int, KD: int, SQ: int, SIM: bool, KEYS_FIXED: bool):
-    """``mma_score_products_wide(smem, OFF_Q, OFF_DO, OFF_K, OFF_V, qrow, krow, g, t, c1, rS, rdP, sx, wbase, lane)``.
+def make_score_products_wide(QT: int, NKN: int, KD: int, SQ: int, SIM: bool, KEYS_FIXED: bool, SMALL: int = 0):
+    """``mma_score_products_wide(smem, words, OFF_Q, OFF_DO, OFF_K, OFF_V, qrow, krow, g, t, c1, rS, rdP, sx, wbase, lane)``.
 
     :func:`make_score_products`'s ``S`` and ``dP`` (the same fragments; query rows ``qrow + 16 qt + g (+ 8)``, key
     rows ``krow + 8 kn + g``, ``qrow`` and ``krow`` multiples of 8) summed in the order of the 3xTF32 forward's
@@ -222,9 +222,18 @@ def make_score_products_wide(QT: int, NKN: int, KD: int, SQ: int, SIM: bool, KEY
     k steps are split once and kept while the query rows stream by; otherwise (the dQ kernel: the warp's own query
     rows, 8 key tiles) the query columns are kept and the key rows stream. Each element's k steps go in the same
     order either way.
+
+    ``SMALL`` (with ``KEYS_FIXED``; the main kernel's ``SPLIT_QDO``): the query rows were split in SRAM, their tf32 big
+    parts in place and the small parts ``SMALL`` words further on (``Q_i`` already times ``tau log2 e``), so the streamed
+    A operand is loaded in two parts (from ``words``, the uint32 view of ``smem``) instead of split by every warp; the same
+    parts, so the same ``S`` and ``dP`` bit for bit. Without it ``words`` is not read.
     """
     split, mma3, _, _ = _mma.make_warp_ops(SIM)
     uSQ = U(SQ)
+    PRESPLIT = SMALL > 0
+    if PRESPLIT and not KEYS_FIXED:
+        raise ValueError("3xTF32 backward: split query rows (SMALL) only with the key columns kept (KEYS_FIXED)")
+    uSMALL = U(SMALL)
     NS = QT * NKN * 4
     NF = 4 * NKN if KEYS_FIXED else 8 * QT  # split parts of the kept operand per pair of k steps
     ZERO = float32(0.0)
@@ -232,7 +241,17 @@ def make_score_products_wide(QT: int, NKN: int, KD: int, SQ: int, SIM: bool, KEY
 
     def make_product(SCALED: bool):
         @cuda.jit(device=True, inline="always")
-        def product(smem, OFF_A, OFF_B, qrow, krow, g, t, c1, rOut, sx, wbase, lane):
+        def a_parts(rX, words, qa, e, c1):
+            """The tf32 parts of the streamed A element ``e`` (columns e % 4 from ``qa`` of rows g: 0-3, g + 8: 4-7): split
+            here (times c1 if SCALED), or with PRESPLIT both loaded (Dev: the four columns of a row merge into one 16-byte
+            load, whose words ptxas then moves into the fragment's (g, g + 8) order: the performance log's SPLIT_QDO)."""
+            if PRESPLIT:
+                at = qa + U(e % 4) + (U(8) * uSQ if e >= 4 else U(0))
+                return words[at], words[at + uSMALL]
+            return split(rX[e] * c1 if SCALED else rX[e])
+
+        @cuda.jit(device=True, inline="always")
+        def product(smem, words, OFF_A, OFF_B, qrow, krow, g, t, c1, rOut, sx, wbase, lane):
             """rOut = (A rows, times c1 if SCALED) (B rows)^T: S from Q_i, K_j or dP from dO_i, V_j."""
             rFb = cuda.local.array(NF, uint32)  # the kept operand's tf32 big / small parts
             rFs = cuda.local.array(NF, uint32)
@@ -253,13 +272,14 @@ def make_score_products_wide(QT: int, NKN: int, KD: int, SQ: int, SIM: bool, KEY
                     for qt in range(QT):  # query rows g (e < 4) and g + 8 (e >= 4), the same columns
                         qa = OFF_A + (qrow + U(16 * qt) + g) * uSQ + cs
                         for e in range(4):
-                            rX[e] = smem[qa + U(e)]
-                            rX[4 + e] = smem[qa + U(8) * uSQ + U(e)]
+                            if not PRESPLIT:  # Dev: SPLIT_QDO: a_parts loads both parts, from the split pass
+                                rX[e] = smem[qa + U(e)]
+                                rX[4 + e] = smem[qa + U(8) * uSQ + U(e)]
                         for h2 in range(0, 4, 2):  # k step 2 kp + h2 / 2: columns c = 16 kp + 4 t + h2, c + 1
-                            ab0, as0 = split(rX[h2] * c1 if SCALED else rX[h2])  # a = (A[g, c], A[g+8, c], A[g, c+1], A[g+8, c+1])
-                            ab1, as1 = split(rX[4 + h2] * c1 if SCALED else rX[4 + h2])
-                            ab2, as2 = split(rX[h2 + 1] * c1 if SCALED else rX[h2 + 1])
-                            ab3, as3 = split(rX[5 + h2] * c1 if SCALED else rX[5 + h2])
+                            ab0, as0 = a_parts(rX, words, qa, h2, c1)  # a = (A[g, c], A[g+8, c], A[g, c+1], A[g+8, c+1])
+                            ab1, as1 = a_parts(rX, words, qa, 4 + h2, c1)
+                            ab2, as2 = a_parts(rX, words, qa, h2 + 1, c1)
+                            ab3, as3 = a_parts(rX, words, qa, 5 + h2, c1)
                             for kn in range(NKN):  # b = (B[g, c], B[g, c+1]) of key tile kn
                                 x = kn * 4 + h2
                                 f = (qt * NKN + kn) * 4
@@ -295,9 +315,9 @@ def make_score_products_wide(QT: int, NKN: int, KD: int, SQ: int, SIM: bool, KEY
     s_product, dp_product = make_product(True), make_product(False)
 
     @cuda.jit(device=True, inline="always")
-    def mma_score_products_wide(smem, OFF_Q, OFF_DO, OFF_K, OFF_V, qrow, krow, g, t, c1, rS, rdP, sx, wbase, lane):
-        s_product(smem, OFF_Q, OFF_K, qrow, krow, g, t, c1, rS, sx, wbase, lane)  # S = (Q_i tau log2 e) K_j^T
-        dp_product(smem, OFF_DO, OFF_V, qrow, krow, g, t, c1, rdP, sx, wbase, lane)  # dP = dO_i V_j^T
+    def mma_score_products_wide(smem, words, OFF_Q, OFF_DO, OFF_K, OFF_V, qrow, krow, g, t, c1, rS, rdP, sx, wbase, lane):
+        s_product(smem, words, OFF_Q, OFF_K, qrow, krow, g, t, c1, rS, sx, wbase, lane)  # S = (Q_i tau log2 e) K_j^T
+        dp_product(smem, words, OFF_DO, OFF_V, qrow, krow, g, t, c1, rdP, sx, wbase, lane)  # dP = dO_i V_j^T
 
     return mma_score_products_wide
 
@@ -363,7 +383,8 @@ def make_dq_k_step(NQT: int, QSTRIDE: int, NDW: int, SD: int, OFF_DS: int, SQ: i
 @functools.cache
 def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, DROPOUT: bool, ATOMIC_DQ: bool,
                              PREFETCH: bool, SIM: bool, FROM_LSE: bool = False, RED2: bool = False, CP_ASYNC: bool = False,
-                             HEAVY_FIRST: bool = False, WIDE: bool = False, DQ_UNROLL: int = 1, KV_ASYNC: bool = False):
+                             HEAVY_FIRST: bool = False, WIDE: bool = False, DQ_UNROLL: int = 1, KV_ASYNC: bool = False,
+                             SPLIT_QDO: bool = False):
     """The main (column-block) 3xTF32 backward kernel: dK, dV, and with ``ATOMIC_DQ`` the atomic dQ adds.
 
     Kernel arguments: ``gQ, gdO (b, s_q, h, d)``, ``gK, gV (b, s_k, h_k, d)`` float32, ``gm, gl, gD (b, h, s_q)``
@@ -381,6 +402,13 @@ def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
     line 6's ``K_j, V_j`` by ``cp.async`` too, in the first step's copy group, quieted by each thread after its wait. The
     register load is a loop that ptxas keeps in local memory at d = 128 (64 floats of each a thread: every load waited
     for by its spill store, 64 HBM round trips in a row before the block's first step); same bits.
+    ``SPLIT_QDO`` (needs ``CP_ASYNC`` and ``WIDE``): ``Q_i`` (times ``tau log2 e``) and ``dO_i`` are split into their tf32
+    parts once per step, by the threads that copied them (:func:`numba_flash.fast._tiles.make_split_pass`, in place of
+    the NaN pass), instead of by each of the ``NW`` warps at each of their four reads (the A operands of ``S``, ``dP``, the
+    B operands of ``dV``, ``dK``): big parts in place, small parts where the second stage was. So the tiles have one
+    stage, and the next step's copies are issued after the barrier that ends this step's reads of them (before line 15,
+    during whose ``dQ`` product they land). ``S``, ``dP``, ``P``, ``dS``, ``dV`` and ``dQ`` are the same bits; ``dK`` is
+    summed from the scaled ``Q_i`` and divided by ``tau log2 e`` at its write, a rounding of its own.
 
     Symbol table (paper symbol -> variable -> memory space):
 
@@ -389,6 +417,7 @@ def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
     m, l (or L), D            gm, gl, gD           HBM, float32 (b, h, s_q)
     dQ, dK, dV                gdQ, gdK, gdV        HBM, float32
     Q_i, dO_i                 smem[OFF_Q/OFF_DO]   SRAM (Br, SQ); CP_ASYNC: 2 stages (+ uQSTAGE)
+    Q_i tau log2 e, dO_i      words[OFF_Q/OFF_DO]  SPLIT_QDO: tf32 big parts, one stage; small parts + uQSTAGE
     K_j, V_j                  smem[OFF_K/OFF_V]    SRAM (Bc, SQ), loaded once (L6); SQ = DP + 4 (WIDE: DP, swizzled)
     tau dS_ij                 smem[OFF_DS]         SRAM (Br, Bc+4), for L15
     M_i, 1/l_i, D_i           sM, sIL, sD          SRAM (Br,); CP_ASYNC: 2 stages (+ Br)
@@ -420,6 +449,8 @@ def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
         raise ValueError("3xTF32 backward: KV_ASYNC needs CP_ASYNC")
     if WIDE and not fa2_forward_tc.wide_ok(DP):
         raise ValueError(f"3xTF32 backward: WIDE needs a padded head dim that is a multiple of 32, got DP={DP}")
+    if SPLIT_QDO and not (CP_ASYNC and WIDE):
+        raise ValueError("3xTF32 backward: SPLIT_QDO needs CP_ASYNC and WIDE")
     QST = 2 if CP_ASYNC else 1  # SRAM stages of Q_i, dO_i and of the statistics
     OFF_Q = U(0)
     OFF_DO = U(BR * SQ)
@@ -453,6 +484,8 @@ def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
     RQ = 1 if CP_ASYNC else NLQ  # register staging of Q_i, dO_i (none with cp.async)
     _, load_q_async = _tiles.make_word_loader_async(BR, DP, NT, SQ, SIM, SWZ)  # Q_i or dO_i as 16-byte chunks of 4 floats
     quiet_q = _tiles.make_quiet_nan_pass(BR, DP, NT, SQ, SWZ)
+    split_q = _tiles.make_split_pass(BR, DP, NT, SQ, SIM, SWZ, SCALE=True)  # SPLIT_QDO: Q_i tau log2 e into its parts
+    split_do = _tiles.make_split_pass(BR, DP, NT, SQ, SIM, SWZ)  # SPLIT_QDO: dO_i
     _copy16, cp_commit, cp_wait0 = _mma.make_cp_async(SIM)
     NLK, load_kv, store_kv = _tiles.make_pair_loader(BC, DP, NT, SQ, QUIET_NAN=True, SWIZZLE=SWZ)  # K_j with V_j
     RK = 1 if KV_ASYNC else NLK  # register staging of K_j, V_j (none with KV_ASYNC)
@@ -462,17 +495,32 @@ def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
     key_block = _tiles.make_key_block_order(HEAVY_FIRST)
     split, mma3, _, _ = _mma.make_warp_ops(SIM)
     mma_score_products = make_score_products(QT, NKN, KD, SQ, SIM)
-    mma_score_products_wide = make_score_products_wide(QT, NKN, KD, SQ, SIM, True)
+    mma_score_products_wide = make_score_products_wide(QT, NKN, KD, SQ, SIM, True, int(uQSTAGE) if SPLIT_QDO else 0)
     rows_2t = make_rows_2t(SQ, WIDE)
     row_stats = _regtile.make_row_stats(FROM_LSE)
     add2 = _mma.make_atomic_add2(RED2, SIM)
 
     dq_k_step = make_dq_k_step(QPW, 16 * (NW // DSPLIT), NDW, SD, int(OFF_DS), SQ, WIDE, SIM)
 
+    @cuda.jit(device=True, inline="always")
+    def q_do_async(smem, off, gQ, gdO, ub, h, row0, s_q, d, tid):
+        """L9's copies of Q_i, dO_i (rows row0.., head h) into the stage at ``off`` floats, committed as one group."""
+        load_q_async(smem, OFF_Q + off, gQ, ub, U(h), row0, s_q, d, tid)  # HBM read: Br*d
+        load_q_async(smem, OFF_DO + off, gdO, ub, U(h), row0, s_q, d, tid)  # HBM read: Br*d
+        cp_commit()
+
+    @cuda.jit(device=True, inline="always")
+    def b_parts(smem, words, at):
+        """The tf32 parts of the ``Q_i`` or ``dO_i`` element at ``at``: split here, or (SPLIT_QDO) as the split pass left them."""
+        if SPLIT_QDO:
+            return words[at], words[at + uQSTAGE]
+        return split(smem[at])
+
     # [doc:fa2-tf32-bwd-kernel]
     @cuda.jit(fastmath=False)
     def kernel(gQ, gK, gV, gdO, gm, gl, gD, gdQ, gdK, gdV, tau, c1, group, causal_offset, seed, threshold, dropout_scale):
         smem = cuda.shared.array(0, float32)  # Q_i, dO_i, K_j, V_j, tau dS_ij; offsets OFF_*
+        words = cuda.shared.array(0, uint32)  # the same SRAM as tf32 bit patterns (SPLIT_QDO's Q_i, dO_i parts)
         sM = cuda.shared.array(NSTAT, float32)  # M_i: the forward's base-2 row max of each query of the block
         sIL = cuda.shared.array(NSTAT, float32)  # 1/l_i (0 past N_q or for a query that sees no key)
         sD = cuda.shared.array(NSTAT, float32)  # D_i
@@ -541,9 +589,7 @@ def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
                 if KV_ASYNC:  # Dev: L6's copies in the same group (a block no query sees never reads K_j, V_j)
                     load_kv_async(smem, OFF_K, gK, ub, uhk, col0, s_k, d, tid)  # HBM read: Bc*d
                     load_kv_async(smem, OFF_V, gV, ub, uhk, col0, s_k, d, tid)  # HBM read: Bc*d
-                load_q_async(smem, OFF_Q, gQ, ub, U(h0), i_first * BR, s_q, d, tid)  # HBM read: Br*d (first step)
-                load_q_async(smem, OFF_DO, gdO, ub, U(h0), i_first * BR, s_q, d, tid)  # HBM read: Br*d
-                cp_commit()
+                q_do_async(smem, U(0), gQ, gdO, ub, h0, i_first * BR, s_q, d, tid)  # the first step's
             else:
                 load_q(gQ, gdO, ub, U(h0), i_first * BR, s_q, d, tid, rQn, rdOn)  # HBM read: 2 Br*d (first step)
             for e in range(NSR):
@@ -558,14 +604,18 @@ def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
             qs = U(0)  # this step's stage: float offset of its Q_i, dO_i (CP_ASYNC: stage st % 2) ...
             so = U(0)  # ... and index offset of its statistics
             if CP_ASYNC:
-                qs = U(st % 2) * uQSTAGE
+                qs = U(0) if SPLIT_QDO else U(st % 2) * uQSTAGE
                 so = U(st % 2) * U(BR)
                 cp_wait0()  # this thread's copies of Q_i, dO_i (issued one step ago) have landed (st = 0: and of K_j, V_j)
                 if KV_ASYNC and st == 0:
                     quiet_kv(smem, OFF_K, tid)  # Dev: L6's NaN -> quiet NaN, in this thread's chunks
                     quiet_kv(smem, OFF_V, tid)
-                quiet_q(smem, OFF_Q + qs, tid)  # Dev: NaN -> quiet NaN in this thread's chunks (the split keeps it a NaN)
-                quiet_q(smem, OFF_DO + qs, tid)
+                if SPLIT_QDO:  # Dev: this thread's chunks into tf32 parts (NaN quieted first): big in place, small + uQSTAGE
+                    split_q(smem, words, OFF_Q, uQSTAGE, tid, c1)  # Q_i tau log2 e, the forward's A operand
+                    split_do(smem, words, OFF_DO, uQSTAGE, tid)
+                else:
+                    quiet_q(smem, OFF_Q + qs, tid)  # Dev: NaN -> quiet NaN in this thread's chunks (the split keeps it a NaN)
+                    quiet_q(smem, OFF_DO + qs, tid)
             else:
                 cuda.syncthreads()  # Sync: K_j, V_j stored (first step); Q, dO, stats, dS of the previous step read by all
             # FA2.2 L9: load Q_i, dO_i, L_i (as M_i and 1/l_i), D_i from HBM to SRAM (Dev: from the prefetch registers)
@@ -596,9 +646,8 @@ def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
                 hn = hk * group + (st + 1) // n_i
                 rown = (i_first + (st + 1) % n_i) * BR
                 if CP_ASYNC:
-                    load_q_async(smem, OFF_Q + (uQSTAGE - qs), gQ, ub, U(hn), rown, s_q, d, tid)  # HBM read: Br*d
-                    load_q_async(smem, OFF_DO + (uQSTAGE - qs), gdO, ub, U(hn), rown, s_q, d, tid)  # HBM read: Br*d
-                    cp_commit()
+                    if not SPLIT_QDO:  # Dev: SPLIT_QDO: one stage, refilled after this step's last read of it (L16)
+                        q_do_async(smem, uQSTAGE - qs, gQ, gdO, ub, hn, rown, s_q, d, tid)
                 else:
                     load_q(gQ, gdO, ub, U(hn), rown, s_q, d, tid, rQn, rdOn)  # HBM read: 2 Br*d (step st+1)
                 if PREFETCH:
@@ -611,7 +660,8 @@ def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
             # FA2.2 L10: S_ij = Q_i K_j^T (the forward's S, base 2, bit for bit); FA2.2 L13: dP_ij = dO_i V_j^T --
             # A = Q_i tau log2 e (dO_i) rows, B = this warp's K_j (V_j) rows, 3xTF32 as the forward, each d step staged
             if WIDE:  # Dev: the k steps of the forward's WIDE (16-byte loads, columns paired)
-                mma_score_products_wide(smem, OFF_Q + qs, OFF_DO + qs, OFF_K, OFF_V, U(0), wrow, g, t, c1, rS, rdP, sx, wbase, lane)
+                mma_score_products_wide(smem, words, OFF_Q + qs, OFF_DO + qs, OFF_K, OFF_V, U(0), wrow, g, t, c1, rS, rdP, sx, wbase,
+                                        lane)
             else:
                 mma_score_products(smem, OFF_Q + qs, OFF_DO + qs, OFF_K, OFF_V, wrow, g, t, c1, rKb, rKs, rVb, rVs, rS, rdP, sx, wbase, lane)
             # FA2.2 L11: P_ij = exp(S_ij - L_i) as exp2(S' - M_i) / l_i, masked (a column of P^T is a query)
@@ -656,10 +706,10 @@ def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
                         rVb[mt * 4 + c], rVs[mt * 4 + c] = split(smem[OFF_DS + off])
                 for dn in range(ND):
                     ra0, ra1 = rows_2t(U(0), U(8 * nt), U(8 * dn), g, t)  # b = (X[2t, g], X[2t+1, g]) of column tile dn
-                    ob0, os0 = split(smem[OFF_DO + qs + ra0])
-                    ob1, os1 = split(smem[OFF_DO + qs + ra1])
-                    qb0, qs0 = split(smem[OFF_Q + qs + ra0])
-                    qb1, qs1 = split(smem[OFF_Q + qs + ra1])
+                    ob0, os0 = b_parts(smem, words, OFF_DO + qs + ra0)
+                    ob1, os1 = b_parts(smem, words, OFF_DO + qs + ra1)
+                    qb0, qs0 = b_parts(smem, words, OFF_Q + qs + ra0)  # Dev: SPLIT_QDO: Q_i tau log2 e (dK / tau log2 e at L18)
+                    qb1, qs1 = b_parts(smem, words, OFF_Q + qs + ra1)
                     for mt in range(MW):
                         f = (mt * ND + dn) * 4
                         acc = mma3((rKb[mt * 4], rKb[mt * 4 + 1], rKb[mt * 4 + 2], rKb[mt * 4 + 3]),
@@ -670,8 +720,11 @@ def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
                                    (rVs[mt * 4], rVs[mt * 4 + 1], rVs[mt * 4 + 2], rVs[mt * 4 + 3]), (qb0, qb1), (qs0, qs1), Z4, sx, wbase, lane)
                         for c in range(4):
                             rdK[f + c] += acc[c]
+            if ATOMIC_DQ or SPLIT_QDO:
+                cuda.syncthreads()  # Sync: every warp's tau dS in SRAM before L15 reads it (SPLIT_QDO: all done with Q_i, dO_i)
+            if SPLIT_QDO and st + 1 < n_steps:  # Dev: L9 of step st+1 now, landing during L15 (its statistics: at its start)
+                q_do_async(smem, U(0), gQ, gdO, ub, hk * group + (st + 1) // n_i, (i_first + (st + 1) % n_i) * BR, s_q, d, tid)
             if ATOMIC_DQ:
-                cuda.syncthreads()  # Sync: every warp's tau dS in SRAM before L15 reads it
                 # FA2.2 L15: dQ_i += tau dS_ij K_j -- A = dS rows of this warp's query tiles, B = K_j; the 8 keys of a k step
                 # in the order 2t, 2t + 1 (K_j rows 2t, 2t + 1: bank 8t + g); each k step staged; then float32 atomic adds
                 for a in range(NQ):
@@ -707,7 +760,7 @@ def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
                             x = 8 * dn + 2 * int(t) + cc
                             if x < d:
                                 f = (mt * ND + dn) * 4 + 2 * hf + cc
-                                gdK[ub, U(key), uhk, U(x)] = rdK[f]  # HBM write: Bc*d
+                                gdK[ub, U(key), uhk, U(x)] = rdK[f] / c1 if SPLIT_QDO else rdK[f]  # HBM write: Bc*d
                                 gdV[ub, U(key), uhk, U(x)] = rdV[f]  # HBM write: Bc*d
 
     # [/doc:fa2-tf32-bwd-kernel]
@@ -827,7 +880,7 @@ def fa2_backward_tf32_dq_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool
             # FA2.2 L10: S_ij = Q_i K_j^T (as the forward: A = Q_i tau log2 e, B = K_j, 3xTF32, each d step staged);
             # FA2.2 L13: dP_ij = dO_i V_j^T (the same with dO_i, V_j)
             if WIDE:  # Dev: the k steps of the forward's WIDE (16-byte loads, columns paired)
-                mma_score_products_wide(smem, OFF_Q, OFF_DO, OFF_K, OFF_V, wrow, U(0), g, t, c1, rS, rdP, sx, wbase, lane)
+                mma_score_products_wide(smem, smem, OFF_Q, OFF_DO, OFF_K, OFF_V, wrow, U(0), g, t, c1, rS, rdP, sx, wbase, lane)
             for a in range(0 if WIDE else NS):
                 rS[a] = ZERO
                 rdP[a] = ZERO
@@ -921,9 +974,17 @@ def default_features() -> dict:
     the rule set before the run (``docs/results/sweeps/dq_unroll_h100_86e8f49.json``, the performance log's section
     "3xTF32 backward: the dQ product's k steps in pairs").
     ``KV_ASYNC``: the main kernel's ``K_j, V_j`` by ``cp.async`` too (:func:`fa2_backward_tf32_kernel`), never off the
-    ``cp.async`` path nor where K or V rows are not 16-byte aligned; None: above d = 64 (:func:`kv_async_for`)."""
+    ``cp.async`` path nor where K or V rows are not 16-byte aligned; None: above d = 64 (:func:`kv_async_for`).
+    ``SPLIT_QDO``: ``Q_i, dO_i`` split into their tf32 parts once per step in SRAM (:func:`fa2_backward_tf32_kernel`),
+    only with ``WIDE`` on the ``cp.async`` path (:func:`split_qdo_on`); off until timed."""
     return {"PREFETCH": False, "RED2": None, "CP_ASYNC": None, "HEAVY_FIRST": True, "WIDE": None, "DQ_UNROLL": None,
-            "KV_ASYNC": None}
+            "KV_ASYNC": None, "SPLIT_QDO": False}
+
+
+def split_qdo_on(value, cp_async: bool, wide: bool) -> bool:
+    """``SPLIT_QDO`` resolved: never off the ``cp.async`` path or without ``WIDE`` (its split pass replaces the NaN pass
+    of the ``cp.async`` copies, and its products are ``WIDE``'s); there ``bool(value)``."""
+    return cp_async and wide and bool(value)
 
 
 def kv_async_for(DP: int, cp_async: bool, value=None) -> bool:
@@ -984,7 +1045,8 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None, determinis
     red2 = bool(red2) and d % 2 == 0  # Dev: red.v2 needs 8-byte aligned pairs: rows of d floats, d even
     main = fa2_backward_tf32_kernel(NW, MW, BR, DP, prob.causal, dropout, not deterministic, bool(feats["PREFETCH"]), sim,
                                     bool(from_lse), red2, cp_async, prob.causal and bool(feats["HEAVY_FIRST"]), wide,
-                                    dq_unroll_for(DP, BC, feats["DQ_UNROLL"]), kv_async_for(DP, cp_async, feats["KV_ASYNC"]))
+                                    dq_unroll_for(DP, BC, feats["DQ_UNROLL"]), kv_async_for(DP, cp_async, feats["KV_ASYNC"]),
+                                    split_qdo_on(feats["SPLIT_QDO"], cp_async, wide))
     grid = bh_grid(ceil_div(prob.seqlen_k, BC), prob.batch * prob.nheads_k)
     dq = None
     NWq, MWq, BCq, _ = dq_config(d)

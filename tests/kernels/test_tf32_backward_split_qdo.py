@@ -1,0 +1,135 @@
+"""The 3xTF32 backward's ``Q_i, dO_i`` split once per step (:mod:`numba_flash.fast.fa2_backward_tf32`, ``SPLIT_QDO``).
+
+Every 3xTF32 ``mma`` takes the big and small tf32 parts of both operands. ``Q_i`` and ``dO_i`` are read four times a
+step (the A operands of ``S = Q_i K_j^T`` and ``dP = dO_i V_j^T``, the B operands of ``dK += dS^T Q_i`` and
+``dV += P^T dO_i``) by each of the block's warps, and each read splits again: 512 of a lane's 864 splits a step at the
+d = 128 default. ``SPLIT_QDO`` splits each element once, in SRAM, by the thread that copied it (big part in place, small
+part where the second ``cp.async`` stage was); ``Q_i`` is split times ``tau log2 e``, the A operand of the forward's
+``S``, so ``dK`` is summed from the scaled ``Q_i`` and divided by ``tau log2 e`` when it is written.
+
+Claims checked:
+
+* ``S``, ``P``, ``dP``, ``dS`` and so ``dV`` and ``dQ`` are the bits of the backward without it (the same parts of the
+  same values in the same order); ``dK`` differs by its own rounding and keeps the 3x error rule against float64. On
+  ragged, GQA, causal (``s_q < s_k``), dropout and deterministic shapes, and on a sharp softmax.
+* NaNs in ``Q`` and ``dO`` reach the same gradient elements as without it.
+* It runs only with ``WIDE`` on the ``cp.async`` path (the kernel refuses it otherwise; the plan leaves it off), and it
+  is off by default until an H100 run decides.
+* On a GPU (marker ``gpu``): the same at realistic shapes and the d = 128 default tiling.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+from numba_flash import _backend
+from numba_flash._launch import Problem
+from numba_flash.fast import fa2_backward_tf32
+
+import numpy as np
+import pytest
+from attn_testing import assert_error_rule, assert_same_bits, make_qkv, run_tf32_backward, sharp_problem, torch_attention_grads
+
+torch = pytest.importorskip("torch")
+
+
+def _grads(q, k, v, dout, causal, p, bs, split_qdo, deterministic=False):
+    feats = {"WIDE": True, "CP_ASYNC": True, "SPLIT_QDO": split_qdo}
+    return run_tf32_backward(q, k, v, dout, causal, p, 7, bs, feats, deterministic)
+
+
+def _reference(q, k, v, dout, causal, p):
+    """(float64 oracle, float32 baseline) gradients of the same attention (dropout seed 7, as :func:`_grads`)."""
+    qkv, do = [torch.from_numpy(x) for x in (q, k, v)], torch.from_numpy(dout)
+    return (torch_attention_grads(qkv, do, causal, p, 7, torch.float64), torch_attention_grads(qkv, do, causal, p, 7, torch.float32))
+
+
+def _assert_same_but_dk(on, off, ref, naive, what):
+    """dQ, dV the bits of ``off``; dK within the 3x rule (its rounding differs)."""
+    assert_same_bits([on[0], on[2]], [off[0], off[2]], what, ("dq", "dv"))
+    assert_error_rule(on[1].astype(np.float64).reshape(ref[1].shape), ref[1], naive[1], mult=3.0, what=f"dK, {what}")
+
+
+#: (b, s_q, s_k, h, h_k, d, causal, p, block_sizes, deterministic); WIDE needs the padded d a multiple of 32
+CASES = [
+    pytest.param(1, 37, 29, 2, 1, 32, False, 0.0, (32, 16), False, id="ragged-gqa-d32"),
+    pytest.param(1, 21, 40, 1, 1, 32, True, 0.15, (16, 16), True, id="deterministic-causal-sq<sk-dropout-d32"),
+]
+
+
+@pytest.mark.parametrize(("b", "s_q", "s_k", "h", "h_k", "d", "causal", "p", "bs", "det"), CASES)
+def test_split_q_and_do_give_the_same_dq_and_dv_and_dk_within_the_rule(rng, b, s_q, s_k, h, h_k, d, causal, p, bs, det):
+    q, k, v = make_qkv(rng, b, s_q, s_k, h, h_k, d)
+    dout = rng.standard_normal(q.shape).astype(np.float32)
+    (on, on_feats), (off, off_feats) = (_grads(q, k, v, dout, causal, p, bs, f, det) for f in (True, False))
+    assert on_feats["SPLIT_QDO"] and not off_feats["SPLIT_QDO"]
+    _assert_same_but_dk(on, off, *_reference(q, k, v, dout, causal, p), "Q_i, dO_i split once and by every warp")
+
+
+def test_split_q_and_do_on_a_sharp_softmax(rng):
+    """Scores of standard deviation 16: the case where a backward's S must be its forward's bit for bit."""
+    dout, q, k, v = sharp_problem(rng, 1, 24, 1, 32, 16.0)
+    (on, _), (off, _) = (_grads(q, k, v, dout, False, 0.0, (16, 16), f) for f in (True, False))
+    _assert_same_but_dk(on, off, *_reference(q, k, v, dout, False, 0.0), "sharp softmax, Q_i, dO_i split once")
+
+
+def test_nans_in_q_and_do_reach_the_same_gradients(rng):
+    q, k, v = make_qkv(rng, 1, 12, 13, 1, 1, 32)
+    dout = rng.standard_normal(q.shape).astype(np.float32)
+    q[0, 3, 0, 5] = np.float32(np.nan)
+    dout[0, 9, 0, 30] = np.frombuffer(np.uint32(0x7FFFFFFF).tobytes(), np.float32)[0]  # the GPU's canonical NaN
+    (on, _), (off, _) = (_grads(q, k, v, dout, False, 0.0, (16, 16), f) for f in (True, False))
+    for name, a, b in zip(("dq", "dk", "dv"), on, off):
+        assert np.isnan(a).any(), f"{name}: the NaNs reach it"
+        np.testing.assert_array_equal(np.isnan(a), np.isnan(b), err_msg=f"{name}: NaNs where the backward without it has them")
+
+
+def test_split_qdo_runs_only_with_wide_on_the_cp_async_path_and_is_off_by_default():
+    assert fa2_backward_tf32.default_features()["SPLIT_QDO"] is False
+    assert fa2_backward_tf32.split_qdo_on(True, True, True)
+    assert not fa2_backward_tf32.split_qdo_on(True, False, True) and not fa2_backward_tf32.split_qdo_on(True, True, False)
+    assert not fa2_backward_tf32.split_qdo_on(None, True, True) and not fa2_backward_tf32.split_qdo_on(False, True, True)
+    sim = _backend.is_simulator()
+    for cp_async, wide in ((False, True), (True, False)):
+        with pytest.raises(ValueError, match="SPLIT_QDO needs CP_ASYNC and WIDE"):
+            fa2_backward_tf32.fa2_backward_tf32_kernel(1, 1, 16, 32, False, False, True, False, sim, CP_ASYNC=cp_async, WIDE=wide,
+                                                       SPLIT_QDO=True)
+    with pytest.raises(ValueError, match="only with the key columns kept"):
+        fa2_backward_tf32.make_score_products_wide(1, 2, 4, 32, sim, False, 64)
+
+
+@pytest.mark.parametrize(("d", "features", "expected"), [
+    (128, {"SPLIT_QDO": True}, True),  # WIDE (as the forward above d = 64) on the cp.async path
+    (128, {"SPLIT_QDO": True, "WIDE": False}, False),  # not WIDE: off
+    (128, {"SPLIT_QDO": True, "CP_ASYNC": False}, False),  # the register path: off
+    (64, {"SPLIT_QDO": True}, False),  # d = 64: WIDE off by default
+    (128, None, False),  # off by default
+])
+def test_the_plan_builds_it_only_with_wide_on_the_cp_async_path(monkeypatch, d, features, expected):
+    built = []
+    real = fa2_backward_tf32.fa2_backward_tf32_kernel
+
+    def record(*args):
+        built.append(inspect.signature(real).bind(*args).arguments.get("SPLIT_QDO", False))
+        return real(*args)
+
+    monkeypatch.setattr(fa2_backward_tf32, "fa2_backward_tf32_kernel", record)
+    prob = Problem(batch=1, seqlen_q=256, seqlen_k=256, nheads=2, nheads_k=2, headdim=d, softmax_scale=d ** -0.5, causal=True,
+                   dropout_p=0.0, seed=0)
+    fa2_backward_tf32.plan(prob, None, features=features)
+    assert built == [expected]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("n", "d", "causal", "det"), [(1000, 128, False, False), (1000, 128, True, True), (777, 96, True, False)])
+def test_split_q_and_do_on_gpu_shapes(rng, n, d, causal, det):
+    """dV bit for bit, dQ too with ``deterministic`` (atomic adds land in any order: else the 3x rule), dK the 3x rule."""
+    q, k, v = make_qkv(rng, 2, n, n, 4, 2, d)
+    dout = rng.standard_normal(q.shape).astype(np.float32)
+    on, off = (_grads(q, k, v, dout, causal, 0.0, None, f, det)[0] for f in (True, False))
+    ref, naive = _reference(q, k, v, dout, causal, 0.0)
+    assert_same_bits([on[2]], [off[2]], "Q_i, dO_i split once and by every warp", ("dv",))
+    if det:
+        assert_same_bits([on[0]], [off[0]], "Q_i, dO_i split once and by every warp", ("dq",))
+    for i, name in ((0, "dQ"), (1, "dK")):
+        assert_error_rule(on[i].astype(np.float64).reshape(ref[i].shape), ref[i], naive[i], mult=3.0, what=f"{name}, SPLIT_QDO")
