@@ -143,6 +143,13 @@
 #   split_qdo    the 3xTF32 backward's SPLIT_QDO (Q_i, dO_i split once per step in SRAM): its GPU tests, then the d = 128
 #                backward alone with it off and on, N 1k/4k/16k, causal and not, two rotating rounds (tf32_bwd_sweep
 #                default-sq0 default-sq1) -> OUTDIR/split_qdo_tests.txt, split_qdo.json/.log
+#   split_stores the split passes' 16-byte stores (K_j's, Q_i's, dO_i's parts, and V_j's pairs from rows r, r + 4 copied by
+#                one thread): GPU tests of SPLIT_KV and SPLIT_QDO, then the d = 128 forward's SPLIT_KV off / K and V / V alone
+#                interleaved (N 512/1k/4k/16k not causal, 4k/16k causal) and the backward's SPLIT_QDO off / on (N 1k/4k, one
+#                round) -> OUTDIR/split_stores_tests.txt, split_stores_{noncausal,causal,bwd}.json/.log
+#   warp_skip_ab the causal d = 128 forward's WARP_SKIP off and on, 30 interleaved rounds, twice, N 512 to 4k (the decision of
+#                2026-11-27 was timed one variant after the other; run 2026-11-28 at 484abb0 as this loop, then written here)
+#                -> OUTDIR/warp_skip_ab_d128_{1,2}.json/.log
 #   ncu_split_kv Nsight Compute (--set full) of the d = 128 forward at N = 4k, b 4, h 16, with SPLIT_KV off and on, causal
 #                and not (the default tiling there, 8 x 2 x 16; bench.ncu's spec "features") -> OUTDIR/ncu_split_kv{0,1}_{causal,
 #                noncausal}_fwd_d128.txt: why it gains with causal and not without (the performance log's SPLIT_KV outcome)
@@ -345,6 +352,22 @@ for s in "${steps[@]}"; do
       for r in 1 2; do grep "^forward" "$out/split_kv_ab_noncausal_$r.log" "$out/split_kv_ab_causal_$r.log"; done
       step split_kv_ab_tests.txt timeout 300 python3 -m pytest -q -p no:cacheprovider -rfE -n 8 -m gpu tests/kernels/test_tc_forward_split_kv.py \
         tests/kernels/test_tc_wide.py tests/kernels/test_tc_forward_cp_async.py ;;
+    split_stores)
+      step split_stores_tests.txt timeout 150 python3 -m pytest -q -p no:cacheprovider -rfE -n 8 -m gpu tests/kernels/test_tc_forward_split_kv.py \
+        tests/kernels/test_tf32_backward_split_qdo.py
+      step split_stores_noncausal.log timeout 150 python3 -m bench.fa2_sweep --seqlens 512 1024 4096 16384 --headdims 128 \
+        --causal no --variants tc-skv0 tc-skv1 tc-skv1-v --repeats 20 --interleave --no-check --out "$out/split_stores_noncausal.json"
+      step split_stores_causal.log timeout 120 python3 -m bench.fa2_sweep --seqlens 4096 16384 --headdims 128 \
+        --causal yes --variants tc-skv0 tc-skv1 tc-skv1-v --repeats 20 --interleave --no-check --no-baselines --out "$out/split_stores_causal.json"
+      step split_stores_bwd.log timeout 150 python3 -m bench.tf32_bwd_sweep --seqlens 1024 4096 --headdims 128 \
+        --no-fwdbwd --rounds 1 --tilings default-sq0 default-sq1 --out "$out/split_stores_bwd.json"
+      grep -h "^forward\|^bwd" "$out"/split_stores_*.log ;;
+    warp_skip_ab)
+      for r in 1 2; do
+        step "warp_skip_ab_d128_$r.log" timeout 200 python3 -m bench.fa2_sweep --seqlens 512 1024 2048 4096 --headdims 128 --causal yes \
+          --variants tc-ws0 tc-ws1 --repeats 30 --interleave --no-check $([ "$r" = 2 ] && echo --no-baselines) --out "$out/warp_skip_ab_d128_$r.json"
+      done
+      grep -h "^forward" "$out"/warp_skip_ab_d128_*.log ;;
     split_qdo)
       step split_qdo_tests.txt timeout 240 python3 -m pytest -q -p no:cacheprovider -rfE -n 4 -m gpu tests/kernels/test_tf32_backward_split_qdo.py
       step split_qdo.log timeout 330 python3 -m bench.tf32_bwd_sweep --seqlens 1024 4096 16384 --headdims 128 \

@@ -334,7 +334,7 @@ def make_word_loader(NROWS: int, DW: int, NT: int, SA: int):
 
 
 @functools.cache
-def make_own_chunks(NROWS: int, DW: int, NT: int, SA: int, SWIZZLE=None):
+def make_own_chunks(NROWS: int, DW: int, NT: int, SA: int, SWIZZLE=None, ROW_PAIRS: bool = False):
     """``(NC, own_chunk, chunk_at, chunk_rc, word_at)``: the 16-byte chunks (4 words) of an ``NROWS x DW`` SRAM tile (row
     stride ``SA``) that thread ``tid`` of ``NT`` owns, the ``cp.async`` copies of :func:`make_word_loader_async` and the
     passes that follow them over the same chunks (:func:`make_quiet_nan_pass`, :func:`make_split_pass`,
@@ -347,16 +347,28 @@ def make_own_chunks(NROWS: int, DW: int, NT: int, SA: int, SWIZZLE=None):
     given); ``chunk_at(off, e) -> (r, c, at)``: both. The callers take them in the order their loops had when each
     wrote them out (``e`` and the test first, the address last in the loader), which keeps their sm_90 machine code
     (``bench/offline_resources.py``: every hash as before; one helper returning all at once changed eight).
+
+    ``ROW_PAIRS`` (``NROWS`` a multiple of 8): a thread's chunks come in pairs, ``it = 2 i`` in row ``r`` with
+    ``r % 8 < 4`` and ``it = 2 i + 1`` the same columns of row ``r + 4``, so that one thread holds
+    both rows of each of :func:`make_v_pair_split_pass`'s B-fragment pairs; consecutive threads still copy consecutive
+    16 bytes of a row. ``NC`` is then even.
     """
     CW = DW // 4  # 16-byte chunks of a padded row
-    NC = (NROWS * CW + NT - 1) // NT
-    EXACT = NROWS * CW % NT == 0
-    uNT, uCW, uSA, uTOT, u4 = U(NT), U(CW), U(SA), U(NROWS * CW), U(4)
+    if ROW_PAIRS and NROWS % 8:
+        raise ValueError(f"row pairs (r, r + 4) need a multiple of 8 rows, got {NROWS}")
+    NU = NROWS * CW // (2 if ROW_PAIRS else 1)  # units a thread takes one at a time: chunks, or pairs of them
+    NC = (NU + NT - 1) // NT * (2 if ROW_PAIRS else 1)
+    EXACT = NU % NT == 0
+    uNT, uCW, uSA, uTOT, u4 = U(NT), U(CW), U(SA), U(NU), U(4)
     SW = SWIZZLE is not None
     swz = SWIZZLE if SW else swizzle16
 
     @cuda.jit(device=True, inline="always")
     def own_chunk(tid, it):
+        if ROW_PAIRS:  # Dev: unit E = pair of rows (r, r + 4) at one column: chunk (r + 4 (it % 2)) CW + E % CW
+            E = tid + uNT * U(it // 2)
+            u = E // uCW
+            return EXACT or E < uTOT, (U(8) * (u // u4) + u % u4 + u4 * U(it % 2)) * uCW + E % uCW
         e = tid + uNT * U(it)
         return EXACT or e < uTOT, e
 
@@ -377,7 +389,7 @@ def make_own_chunks(NROWS: int, DW: int, NT: int, SA: int, SWIZZLE=None):
 
 
 @functools.cache
-def make_word_loader_async(NROWS: int, DW: int, NT: int, SA: int, SIM: bool, SWIZZLE=None):
+def make_word_loader_async(NROWS: int, DW: int, NT: int, SA: int, SIM: bool, SWIZZLE=None, ROW_PAIRS: bool = False):
     """``(NC, load_async)``: rows ``row0 .. row0 + NROWS - 1`` of a half array in words, HBM -> SRAM by ``cp.async``.
 
     "Words" are any 4-byte elements: a float32 array (and a float32 SRAM tile) works the same, with ``DW``
@@ -395,9 +407,10 @@ def make_word_loader_async(NROWS: int, DW: int, NT: int, SA: int, SIM: bool, SWI
     16-byte aligned rows in HBM (``gA``'s base and row strides) and ``SA``, ``off`` multiples of 4 words.
     A chunk outside the array reads nothing; its address is clamped to row 0, word 0 all the same, so no
     out-of-range address is ever formed. ``SWIZZLE`` (the module docstring): chunks land at swizzled columns (a
-    swizzle moves 4-aligned groups of 4 columns whole).
+    swizzle moves 4-aligned groups of 4 columns whole). ``ROW_PAIRS``: the chunks in pairs of rows ``r, r + 4``
+    (:func:`make_own_chunks`), for :func:`make_v_pair_split_pass`'s ``ROW_PAIRS``.
     """
-    NC, own_chunk, _, chunk_rc, word_at = make_own_chunks(NROWS, DW, NT, SA, SWIZZLE)
+    NC, own_chunk, _, chunk_rc, word_at = make_own_chunks(NROWS, DW, NT, SA, SWIZZLE, ROW_PAIRS)
     u0, u16 = U(0), uint32(16)
     z = uint32(0)
     copy16, _commit, _wait0 = _mma.make_cp_async(SIM)
@@ -493,14 +506,21 @@ def make_split_pass(NROWS: int, DW: int, NT: int, SA: int, SIM: bool, SWIZZLE=No
 
     @cuda.jit(device=True, inline="always")
     def each_split(smem, words, off, small, tid, scale):
+        rB = cuda.local.array(4, uint32)
+        rS = cuda.local.array(4, uint32)
         for it in range(NC):
             mine, e = own_chunk(tid, it)
             if mine:
                 _, _, base = chunk_at(off, e)
                 for w in range(4):
-                    big, sml = split(float32(smem[base + U(w)] * scale) if SCALE else smem[base + U(w)])
-                    words[base + U(w)] = big
-                    words[base + small + U(w)] = sml
+                    rB[w], rS[w] = split(float32(smem[base + U(w)] * scale) if SCALE else smem[base + U(w)])
+                # Dev: each part's four words stored together, after all four splits: one 16-byte store each (a store
+                # between the splits' asm stays a 4-byte store, and the warp's 16-byte-strided 4-byte stores are 4-way
+                # bank conflicts: Nsight Compute on SPLIT_KV, the performance log)
+                for w in range(4):
+                    words[base + U(w)] = rB[w]
+                for w in range(4):
+                    words[base + small + U(w)] = rS[w]
 
     if SCALE:
         return each_split
@@ -519,7 +539,7 @@ def v_pair_stride(DP: int) -> int:
 
 
 @functools.cache
-def make_v_pair_split_pass(NROWS: int, DP: int, NT: int, SA: int, SIM: bool):
+def make_v_pair_split_pass(NROWS: int, DP: int, NT: int, SA: int, SIM: bool, ROW_PAIRS: bool = False):
     """``split_v(smem, words, off, out, small, tid)``: this thread's chunks of the ``V_j`` tile at ``off`` (as
     :func:`make_word_loader_async` copied them, row stride ``SA``) split as :func:`make_split_pass` does, the big parts
     to ``out`` and the small ones ``small`` words further, in the order of the 3xTF32 forward's ``WIDE`` B fragments.
@@ -532,11 +552,43 @@ def make_v_pair_split_pass(NROWS: int, DP: int, NT: int, SA: int, SIM: bool):
     of columns ``32 a + 4 g .. + 3`` (O's renamed columns of tiles ``4 a .. 4 a + 3``, ``WIDE``) in two 16-byte loads
     per part, in the registers the ``mma`` reads. The tile as copied is read only by the thread that copied it, so it
     needs one stage; the pairs need two (warps still read block j's while block j+1's are written).
+
+    ``ROW_PAIRS`` (the tile copied with :func:`make_word_loader_async`'s ``ROW_PAIRS``): the thread holds both rows of
+    each pair, so each part of a chunk pair is two 16-byte stores (words ``32 h .. 32 h + 3``); without it, each value is
+    a 4-byte store, and a warp's (at 16-byte strides in a row) are 4-way bank conflicts (Nsight Compute, the
+    performance log's ``SPLIT_KV`` profile).
     """
-    NC, own_chunk, chunk_at, _, _ = make_own_chunks(NROWS, DP, NT, SA)
+    NC, own_chunk, chunk_at, _, _ = make_own_chunks(NROWS, DP, NT, SA, None, ROW_PAIRS)
     RS = v_pair_stride(DP)
     u4, u8 = U(4), U(8)
     split = make_quiet_split(SIM)
+
+    @cuda.jit(device=True, inline="always")
+    def pair_dst(out, r, c):
+        """The word of ``V[r, c]`` (``c`` a multiple of 4: ``h = e = 0``) in its pair: ``+ p``, ``p = r % 8 // 4``."""
+        return out + (u4 * (r // u8) + r % u4) * U(RS) + U(64) * (c // U(32)) + u4 * (c % U(32) // u4) + (r % u8) // u4
+
+    @cuda.jit(device=True, inline="always")
+    def split_v_pairs(smem, words, off, out, small, tid):
+        rB = cuda.local.array(8, uint32)  # the pair words of one part: (V[r, c], V[r + 4, c], V[r, c + 1], ...)
+        rS = cuda.local.array(8, uint32)
+        for ip in range(NC // 2):
+            mine, e = own_chunk(tid, 2 * ip)
+            if mine:
+                r, c, src = chunk_at(off, e)  # row r (r % 8 < 4) and, next, row r + 4 at the same columns
+                _, _, src4 = chunk_at(off, own_chunk(tid, 2 * ip + 1)[1])
+                for w in range(4):  # word 4 h + 2 e + p of the part: column c + 2 h + e of row r + 4 p
+                    rB[(w // 2) * 4 + (w % 2) * 2], rS[(w // 2) * 4 + (w % 2) * 2] = split(smem[src + U(w)])
+                    rB[(w // 2) * 4 + (w % 2) * 2 + 1], rS[(w // 2) * 4 + (w % 2) * 2 + 1] = split(smem[src4 + U(w)])
+                dst = pair_dst(out, r, c)
+                for h in range(2):  # Dev: after all the splits, so that each group of 4 words is one 16-byte store
+                    for x in range(4):
+                        words[dst + U(32 * h + x)] = rB[4 * h + x]
+                    for x in range(4):
+                        words[dst + small + U(32 * h + x)] = rS[4 * h + x]
+
+    if ROW_PAIRS:
+        return split_v_pairs
 
     @cuda.jit(device=True, inline="always")
     def split_v(smem, words, off, out, small, tid):
@@ -544,7 +596,7 @@ def make_v_pair_split_pass(NROWS: int, DP: int, NT: int, SA: int, SIM: bool):
             mine, e = own_chunk(tid, it)
             if mine:
                 r, c, src = chunk_at(off, e)  # key row r: step r // 8, t = r % 4, p = r % 8 // 4; a = c // 32, g = c % 32 // 4
-                dst = out + (u4 * (r // u8) + r % u4) * U(RS) + U(64) * (c // U(32)) + u4 * (c % U(32) // u4) + (r % u8) // u4
+                dst = pair_dst(out, r, c)
                 for w in range(4):  # h = w // 2, e = w % 2
                     big, sml = split(smem[src + U(w)])
                     words[dst + U(32 * (w // 2) + 2 * (w % 2))] = big

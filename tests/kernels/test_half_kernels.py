@@ -208,8 +208,8 @@ def test_head_dim_110_and_unaligned_inputs_fall_back_to_the_register_path(rng, d
         np.testing.assert_array_equal(x.view(np.uint32), y.view(np.uint32))
 
 
-def _make_async_tile_kernel(NROWS, DW, NT, SA):
-    NC, load_async = _tiles.make_word_loader_async(NROWS, DW, NT, SA, _backend.is_simulator())
+def _make_async_tile_kernel(NROWS, DW, NT, SA, row_pairs=False):
+    NC, load_async = _tiles.make_word_loader_async(NROWS, DW, NT, SA, _backend.is_simulator(), None, row_pairs)
     _copy16, commit, wait0 = _mma.make_cp_async()
 
     @cuda.jit
@@ -230,16 +230,22 @@ def _make_async_tile_kernel(NROWS, DW, NT, SA):
     return tile_kernel
 
 
-def test_cp_async_tile_loader_zero_fills_rows_past_n_and_words_past_d(rng):
+@pytest.mark.parametrize("row_pairs", [False, True], ids=["chunks", "row-pairs"])
+def test_cp_async_tile_loader_zero_fills_rows_past_n_and_words_past_d(rng, row_pairs):
+    """Every chunk copied once (or zero-filled), whether a thread takes its chunks one by one or in pairs of rows
+    ``r, r + 4`` (``ROW_PAIRS``, the 3xTF32 forward's ``V_j`` with ``SPLIT_KV``; 48 pairs over 32 threads here)."""
     # d = 40: 20 words of a row, padded to DW = 24 (6 chunks of 4 words; the 6th is past d); rows 30.. of 35
     NROWS, DW, NT, SA, dw, n_rows, row0 = 16, 24, 32, 28, 20, 35, 30
     gA = rng.integers(-2**31, 2**31 - 1, size=(1, n_rows, 1, dw), dtype=np.int64).astype(np.int32)
     out = np.zeros((NROWS, SA), np.uint32)
-    _make_async_tile_kernel(NROWS, DW, NT, SA)[1, NT, 0, 4 * NROWS * SA](gA, row0, n_rows, dw, out)
+    _make_async_tile_kernel(NROWS, DW, NT, SA, row_pairs)[1, NT, 0, 4 * NROWS * SA](gA, row0, n_rows, dw, out)
     want = np.zeros((NROWS, DW), np.uint32)
     want[: n_rows - row0, :dw] = gA[0, row0:, 0, :].view(np.uint32)
     np.testing.assert_array_equal(out[:, :DW], want)
     assert (out[:, DW:] == 0xFFFFFFFF).all(), "the 4 padding words of a row are not the tile's: left alone"
+    if row_pairs:
+        with pytest.raises(ValueError, match="multiple of 8 rows"):
+            _tiles.make_own_chunks(12, DW, NT, SA, None, True)
 
 
 def _check_grads(th, causal, p, seed, device, **kw):
