@@ -357,9 +357,12 @@ for s in "${steps[@]}"; do
         tests/kernels/test_tf32_backward_split_qdo.py
       step split_stores_noncausal.log timeout 150 python3 -m bench.fa2_sweep --seqlens 512 1024 4096 16384 --headdims 128 \
         --causal no --variants tc-skv0 tc-skv1 tc-skv1-v --repeats 20 --interleave --no-check --out "$out/split_stores_noncausal.json"
+      # (the second round, run on 2026-11-28 in its own call, as this line: the order reversed)
+      step split_stores_noncausal_2.log timeout 130 python3 -m bench.fa2_sweep --seqlens 512 1024 4096 16384 --headdims 128 \
+        --causal no --variants tc-skv1 tc-skv0 --repeats 20 --interleave --no-check --no-baselines --out "$out/split_stores_noncausal_2.json"
       step split_stores_causal.log timeout 120 python3 -m bench.fa2_sweep --seqlens 4096 16384 --headdims 128 \
         --causal yes --variants tc-skv0 tc-skv1 tc-skv1-v --repeats 20 --interleave --no-check --no-baselines --out "$out/split_stores_causal.json"
-      step split_stores_bwd.log timeout 150 python3 -m bench.tf32_bwd_sweep --seqlens 1024 4096 --headdims 128 \
+      step split_stores_bwd.log timeout 330 python3 -m bench.tf32_bwd_sweep --seqlens 1024 4096 --headdims 128 \
         --no-fwdbwd --rounds 1 --tilings default-sq0 default-sq1 --out "$out/split_stores_bwd.json"
       grep -h "^forward\|^bwd" "$out"/split_stores_*.log ;;
     warp_skip_ab)

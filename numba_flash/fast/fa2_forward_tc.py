@@ -98,7 +98,7 @@ Launch geometry
 grid ``(Tr, batch * nheads)``, block ``32 NW`` threads, ``Br = 16 MW NW``. SRAM (float32, one dynamic
 array ``smem`` at offsets ``OFF_*``, :func:`smem_floats`): ``Q_i`` Br (DP+4) + ``K_j`` Bc (DP+4) +
 ``V_j`` Bc SV + ``P~`` Br (Bc+4), with ``SV`` the V stride of :func:`strides` (+ a 192-float exchange
-scratch per warp in the simulator); ``K_j, V_j`` twice with ``CP_ASYNC``. ``SPLIT_KV`` (the causal default at
+scratch per warp in the simulator); ``K_j, V_j`` twice with ``CP_ASYNC``. ``SPLIT_KV`` (the default at
 8 x 2 x 16) adds the tf32 parts of ``K_j`` and ``V_j`` (:func:`fa2_forward_tc_kernel`): 221.5 KB at d = 128.
 
 GPU: compute capability 8.0 or newer (``mma.sync`` TF32). The simulator runs the same source with
@@ -745,11 +745,12 @@ def default_features() -> dict:
     (``docs/results/sweeps/heavy_fwd_d128_h200_d80baba.json``, ``heavy_fwd_d64_h200_d80baba.json``; the performance
     log's section "3xTF32 forward: the heaviest query blocks of all heads first").
     ``SPLIT_KV``: ``K_j, V_j`` split into tf32 parts once per thread block, in SRAM, not by every warp
-    (:func:`fa2_forward_tc_kernel`; the same bits); only with ``WIDE``; None: on with causal at 8 x 2 x 16
+    (:func:`fa2_forward_tc_kernel`; the same bits); only with ``WIDE``; None: on at 8 x 2 x 16
     (:func:`split_kv_on` has the timings). ``SPLIT_K``: with ``SPLIT_KV``, whether ``K_j`` is split in SRAM too (True) or
     only ``V_j`` (False). H100, d = 128, interleaved, V alone against K and V: causal at 8 x 2 x 16 0.98-0.99x at N 4k and
-    16k, so True stays; without causal V alone ran 1.003-1.028x of ``SPLIT_KV`` off (short of the 1.02x in every cell
-    that would have made it that default) and 1.02x of K and V (``docs/results/sweeps/split_v_h100_9aaa8da_*.json``)."""
+    16k, so True stays; without causal V alone ran 1.003-1.028x of ``SPLIT_KV`` off and 1.02x of K and V, when the split
+    passes stored 4 bytes at a time (``docs/results/sweeps/split_v_h100_9aaa8da_*.json``); with 16-byte stores K and V ran
+    0.997-1.01x of V alone without causal and 1.02-1.03x with (``split_stores_h100_3f4e199_*.json``, one round)."""
     return {"PREFETCH": None, "STAGE_S": True, "STAGE_O": True, "CP_ASYNC": True, "STAGE_O_STEP": None, "WIDE": None,
             "HEAVY_FIRST": True, "Q_ASYNC": None, "WARP_SKIP": None, "SPLIT_KV": None, "SPLIT_K": True}
 
@@ -768,14 +769,16 @@ def warp_skip_on(feature, causal: bool, sim: bool, DP: int) -> bool:
 
 def split_kv_on(feature, wide: bool, causal: bool, tiling) -> bool:
     """``SPLIT_KV`` resolved: only with ``WIDE`` (and so on the ``cp.async`` path, whose NaN pass its split pass
-    replaces); there ``bool(feature)``, None: on with ``causal`` at the ``(NW, MW, Bc)`` tiling 8 x 2 x 16 (the causal
-    d > 64 default from :data:`CAUSAL_LONG_SEQLEN`). H100, d = 128, on against off timed in interleaved rounds
-    (``docs/results/sweeps/split_kv_ab_h100_a6ac3fd_{causal,noncausal}_{1,2}.json``): causal at 8 x 2 x 16, N 4k / 8k / 16k, 1.053 / 1.042 /
-    1.036x and 1.030 / 1.036 / 1.036x; without causal (8 x 2 x 16) 0.988-1.005x at N 512 to 16k, and at the causal
-    tilings below 4k, whose second block per SM it takes, 0.64-0.73x (``split_kv_h100_607c685_causal_{1,2}.json``)."""
+    replaces); there ``bool(feature)``, None: on at the ``(NW, MW, Bc)`` tiling 8 x 2 x 16 (the d > 64 default, causal
+    from :data:`CAUSAL_LONG_SEQLEN`), with or without ``causal``. H100, d = 128, on against off in interleaved rounds,
+    since its split passes store with 16-byte stores (``docs/results/sweeps/split_stores_h100_3f4e199_*.json``): without
+    causal N 512 / 1k / 4k / 16k 1.034 / 1.044 / 1.041 / 1.041x and 1.035 / 1.047 / 1.036 / 1.039x, causal N 4k / 16k 1.063 /
+    1.071x. With 4-byte stores (4-way bank conflicts) it had been 0.988-1.005x without causal and 1.03-1.05x with
+    (``split_kv_ab_h100_a6ac3fd_*.json``). At the causal tilings below 4k, whose second block per SM it takes, 0.64-0.73x
+    (``split_kv_h100_607c685_causal_{1,2}.json``): off there (``causal`` no longer decides; the tiling does)."""
     if not wide:
         return False
-    return bool(feature) if feature is not None else causal and tuple(tiling) == (8, 2, 16)  # Dev: plan: where it fits
+    return bool(feature) if feature is not None else tuple(tiling) == (8, 2, 16)  # Dev: plan: where it fits
 
 
 def wide_on(feature, DP: int, cp_async: bool) -> bool:
