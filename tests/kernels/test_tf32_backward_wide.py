@@ -73,7 +73,7 @@ def _s_kernel(QT: int, NKN: int, DP: int, wide: bool, keys_fixed: bool):
     if wide:
         @cuda.jit(device=True)
         def run(smem, g, t, c1, rS, rdP, rKb, rKs, rVb, rVs, sx, lane):
-            products(smem, OQ, ODO, OK, OV, U(0), U(0), g, t, c1, rS, rdP, sx, 0, lane)
+            products(smem, smem, OQ, ODO, OK, OV, U(0), U(0), g, t, c1, rS, rdP, sx, 0, lane)  # words: unread (SMALL 0)
     else:
         @cuda.jit(device=True)
         def run(smem, g, t, c1, rS, rdP, rKb, rKs, rVb, rVs, sx, lane):
