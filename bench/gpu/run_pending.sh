@@ -153,6 +153,11 @@
 #   ncu_split_kv Nsight Compute (--set full) of the d = 128 forward at N = 4k, b 4, h 16, with SPLIT_KV off and on, causal
 #                and not (the default tiling there, 8 x 2 x 16; bench.ncu's spec "features") -> OUTDIR/ncu_split_kv{0,1}_{causal,
 #                noncausal}_fwd_d128.txt: why it gains with causal and not without (the performance log's SPLIT_KV outcome)
+#   tiles_causal_skv  the causal d = 128 forward's three tilings again, interleaved, now that 8 x 2 x 16 has SPLIT_KV with
+#                16-byte stores (it ran 0.87-1.01x the default below 4k with 4-byte stores, timed one after another):
+#                4 x 1 x 32, 4 x 2 x 16 and 8 x 2 x 16 (fa2_sweep tc-cp-4x1x32-wide, tc-cp-4x2x16, tc-cp-8x2x16-skv1), N 512 to
+#                4k, 30 rounds, the order rotated in the second run, SDPA beside in the first
+#                -> OUTDIR/tiles_causal_skv_{1,2}.json/.log
 #   half_bwd_cp  the half backward's tilings with and without cp.async for Q_i, dO_i (half_sweep --backward; the log's
 #                section "FA2 backward in fp16 / bf16: cp.async for Q_i, dO_i") -> OUTDIR/half_bwd_cp.json/.log
 # OUTDIR/pending_env.txt says what ran where. A failed step is noted and the rest run. Exit status: 0 when all ran.
@@ -516,11 +521,19 @@ for s in "${steps[@]}"; do
       tail -n 3 "$out/red2_tests.txt"
       backward_pairs red2 RED2 100 --headdims 128 --seqlens 1024 2048 4096
       grep -h "^half" "$out"/red2_*.log | sort ;;
+    tiles_causal_skv)
+      for r in 1 2; do
+        if [ "$r" = 1 ]; then v="tc-cp-4x1x32-wide tc-cp-4x2x16 tc-cp-8x2x16-skv1"; else v="tc-cp-8x2x16-skv1 tc-cp-4x1x32-wide tc-cp-4x2x16"; fi
+        # shellcheck disable=SC2086
+        step "tiles_causal_skv_$r.log" timeout 240 python3 -m bench.fa2_sweep --seqlens 512 1024 2048 4096 --headdims 128 --causal yes \
+          --variants $v --repeats 30 --interleave --no-check $([ "$r" = 2 ] && echo --no-baselines) --out "$out/tiles_causal_skv_$r.json"
+      done
+      grep -h "^forward" "$out"/tiles_causal_skv_*.log ;;
     half_bwd_cp)
       step half_bwd_cp.log python3 -m bench.half_sweep --backward --seqlens 1024 4096 --out "$out/half_bwd_cp.json"
       tail -n 40 "$out/half_bwd_cp.log" ;;
     *)
-      echo "run_pending: unknown step '$s' (streams host ncu_tc ncu_half half_ex2 half_ex2_pairs ostep short_d128 short_causal causal_d128 tc_cp occ3_d128 host_layers host_kernels short_direct short_replay short_kernels lse_p prepass prepass_probe heavy_first red2_causal half_bwd_cp)" >&2
+      echo "run_pending: unknown step '$s' (the steps: $(grep -oE '^    [a-z0-9_]+\)' "${BASH_SOURCE[0]}" | tr -d ' )' | tr '\n' ' '))" >&2
       rc=2 ;;
   esac
 done
