@@ -976,17 +976,27 @@ def default_features() -> dict:
     ``KV_ASYNC``: the main kernel's ``K_j, V_j`` by ``cp.async`` too (:func:`fa2_backward_tf32_kernel`), never off the
     ``cp.async`` path nor where K or V rows are not 16-byte aligned; None: above d = 64 (:func:`kv_async_for`).
     ``SPLIT_QDO``: ``Q_i, dO_i`` split into their tf32 parts once per step in SRAM (:func:`fa2_backward_tf32_kernel`),
-    only with ``WIDE`` on the ``cp.async`` path (:func:`split_qdo_on`); off: on an H100 the d = 128 backward ran 0.957-0.995x
-    with it in all 12 cells of two rounds (N 1k / 4k / 16k, causal and not; ``docs/results/sweeps/split_qdo_h100_484abb0.json``):
-    6 % fewer instructions, the loads of ``Q_i, dO_i`` hidden behind the ``dQ`` product alone, and more spills."""
+    only with ``WIDE`` on the ``cp.async`` path (:func:`split_qdo_on`); None: on from ``seqlen_q`` =
+    :data:`SPLIT_QDO_SEQLEN`."""
     return {"PREFETCH": False, "RED2": None, "CP_ASYNC": None, "HEAVY_FIRST": True, "WIDE": None, "DQ_UNROLL": None,
-            "KV_ASYNC": None, "SPLIT_QDO": False}
+            "KV_ASYNC": None, "SPLIT_QDO": None}
 
 
-def split_qdo_on(value, cp_async: bool, wide: bool) -> bool:
+#: Query lengths from which ``SPLIT_QDO`` is on by default. With 4-byte stores its split pass was 4-way bank-conflicted and
+#: an H100 ran the d = 128 backward 0.957-0.995x with it in all 12 cells of two rounds (N 1k / 4k / 16k, causal and not;
+#: ``docs/results/sweeps/split_qdo_h100_484abb0.json``). With the 16-byte stores, 1.009-1.038x in all 12
+#: (``split_qdo_16b_h100_e2df55b.json``), but at least 1.02x in both rounds (the rule) only at 16k: 1.022 / 1.024x,
+#: causal 1.022 / 1.027x; 4k 1.038 / 1.015x, causal 1.022 / 1.012x; 1k 1.009-1.020x. 8k was not timed.
+SPLIT_QDO_SEQLEN = 16384
+
+
+def split_qdo_on(value, cp_async: bool, wide: bool, seqlen_q: int = 0) -> bool:
     """``SPLIT_QDO`` resolved: never off the ``cp.async`` path or without ``WIDE`` (its split pass replaces the NaN pass
-    of the ``cp.async`` copies, and its products are ``WIDE``'s); there ``bool(value)``."""
-    return cp_async and wide and bool(value)
+    of the ``cp.async`` copies, and its products are ``WIDE``'s); there ``bool(value)``, None: from ``seqlen_q`` =
+    :data:`SPLIT_QDO_SEQLEN`."""
+    if not (cp_async and wide):
+        return False
+    return bool(value) if value is not None else seqlen_q >= SPLIT_QDO_SEQLEN
 
 
 def kv_async_for(DP: int, cp_async: bool, value=None) -> bool:
@@ -1048,7 +1058,7 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None, determinis
     main = fa2_backward_tf32_kernel(NW, MW, BR, DP, prob.causal, dropout, not deterministic, bool(feats["PREFETCH"]), sim,
                                     bool(from_lse), red2, cp_async, prob.causal and bool(feats["HEAVY_FIRST"]), wide,
                                     dq_unroll_for(DP, BC, feats["DQ_UNROLL"]), kv_async_for(DP, cp_async, feats["KV_ASYNC"]),
-                                    split_qdo_on(feats["SPLIT_QDO"], cp_async, wide))
+                                    split_qdo_on(feats["SPLIT_QDO"], cp_async, wide, prob.seqlen_q))
     grid = bh_grid(ceil_div(prob.seqlen_k, BC), prob.batch * prob.nheads_k)
     dq = None
     NWq, MWq, BCq, _ = dq_config(d)

@@ -135,8 +135,11 @@ REPLAYABLE = True
 #: 0.91 / 0.99 / 1.00 / 1.09 / 1.12x the 64-row blocks (``docs/results/sweeps/heavy_fwd_d128_h200_d80baba.json``): once
 #: the lightest blocks fill the tail, the Br = 256 blocks' fewer K/V reads per MMA win on long rows. ``Q_ASYNC`` then
 #: took more off a Br = 256 block (128 serial loads a thread before it) than off a Br = 64 one (64): on an H100, N 1k /
-#: 2k / 4k, 0.965 / 1.014 / 1.117x (``docs/results/sweeps/tiles_causal_d128_h100_fd4f230.json``), so from 4k.
-CAUSAL_LONG_SEQLEN = 4096
+#: 2k / 4k, 0.965 / 1.014 / 1.117x (``docs/results/sweeps/tiles_causal_d128_h100_fd4f230.json``), so from 4k. Since
+#: ``SPLIT_KV`` (on at 8 x 2 x 16) stores its parts with 16-byte stores, from 2k: on an H100, interleaved, 8 x 2 x 16
+#: ran 1.037x / 1.028x 4 x 2 x 16 at 2k in two rounds, 0.96x / 0.96x at 1k
+#: (``docs/results/sweeps/tiles_causal_skv_h100_e2df55b_{1,2}.json``).
+CAUSAL_LONG_SEQLEN = 2048
 
 #: Causal query lengths from which, up to :data:`CAUSAL_LONG_SEQLEN`, the ``cp.async`` path's d > 64 default is 4 x 2 x 16
 #: (Br = 128: 8 x 2 x 16's warps, ``STAGE_O_STEP`` and all, in blocks half as tall, 107 KB of SRAM, so two per SM that
@@ -162,7 +165,7 @@ def config_for(d: int, block_sizes=None, cp_async=None, causal: bool = False, se
     ``short_causal_h100_d128.json``, ``causal_d128_h100.json``; with ``WIDE`` 8 x 2 x 16 is 1.01x / 1.06x faster at
     N = 4k / 16k causal, 0.93x at 1k: ``block_sizes=(256, 16)``), up to ``seqlen_q`` < :data:`CAUSAL_MID_SEQLEN` (1024);
     from there 4 warps of ``MW = 2`` with ``Bc = 16`` (Br = 128, two blocks per SM; 1.07-1.18x the 64-row blocks at
-    1k and 2k on an H100) up to ``seqlen_q`` < :data:`CAUSAL_LONG_SEQLEN` (4096); from there on 8 x 2 x 16 again. On the register path
+    1k and 2k on an H100) up to ``seqlen_q`` < :data:`CAUSAL_LONG_SEQLEN` (2048); from there on 8 x 2 x 16 again. On the register path
     (d % 4 != 0, unaligned K or V, ``CP_ASYNC=False``): ``d <= 64``: 4 warps, ``MW = 2``, ``Bc = 64``;
     above: 8 warps, ``MW = 1``, ``Bc = 32`` (at ``Bc = 64`` the SRAM allows one block per SM; H200 sweeps).
     ``block_sizes=(Br, Bc)`` is rounded up to the mma granularity (Br to a multiple of 16, Bc of 8; up to
@@ -767,14 +770,14 @@ def warp_skip_on(feature, causal: bool, sim: bool, DP: int) -> bool:
     return bool(feature) if feature is not None else DP <= 64
 
 
-def split_kv_on(feature, wide: bool, causal: bool, tiling) -> bool:
+def split_kv_on(feature, wide: bool, tiling) -> bool:
     """``SPLIT_KV`` resolved: only with ``WIDE`` (and so on the ``cp.async`` path, whose NaN pass its split pass
     replaces); there ``bool(feature)``, None: on at the ``(NW, MW, Bc)`` tiling 8 x 2 x 16 (the d > 64 default, causal
-    from :data:`CAUSAL_LONG_SEQLEN`), with or without ``causal``. H100, d = 128, on against off in interleaved rounds,
+    from :data:`CAUSAL_LONG_SEQLEN`, 2k), with or without ``causal``. H100, d = 128, on against off in interleaved rounds,
     since its split passes store with 16-byte stores (``docs/results/sweeps/split_stores_h100_3f4e199_*.json``): without
     causal N 512 / 1k / 4k / 16k 1.034 / 1.044 / 1.041 / 1.041x and 1.035 / 1.047 / 1.036 / 1.039x, causal N 4k / 16k 1.063 /
     1.071x. With 4-byte stores (4-way bank conflicts) it had been 0.988-1.005x without causal and 1.03-1.05x with
-    (``split_kv_ab_h100_a6ac3fd_*.json``). At the causal tilings below 4k, whose second block per SM it takes, 0.64-0.73x
+    (``split_kv_ab_h100_a6ac3fd_*.json``). At the causal tilings below 2k, whose second block per SM it takes, 0.64-0.73x
     (``split_kv_h100_607c685_causal_{1,2}.json``): off there (``causal`` no longer decides; the tiling does)."""
     if not wide:
         return False
@@ -860,7 +863,7 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None):
     sim = _backend.is_simulator()
     Br = 16 * MW * NW
     wide = wide_on(feats["WIDE"], DP, cp_async)  # Dev: the swizzled K_j arrives by cp.async only
-    split_kv = split_kv_on(feats["SPLIT_KV"], wide, prob.causal, (NW, MW, Bc))
+    split_kv = split_kv_on(feats["SPLIT_KV"], wide, (NW, MW, Bc))
     split_k = bool(feats["SPLIT_K"])
     nbytes = 4 * smem_floats(NW, MW, Bc, DP, sim, 2 if cp_async else 1, wide, split_kv, split_k)
     if split_kv and feats["SPLIT_KV"] is None and nbytes > _smem.max_optin_bytes():

@@ -107,18 +107,19 @@ def test_each_load_path_gets_its_own_default_tiling():
     # causal d = 128 on the cp.async path: 64-row blocks (1.02-1.10x the 8 x 2 x 16 tiling at N 1k-4k, 0.99-1.01x
     # at 8k-16k; short_causal_h100_d128.json, causal_d128_h100.json); the register path and d <= 64 ignore causal
     assert fa2_forward_tc.config_for(128, None, True, True) == (4, 1, 32, 128)
-    # ... up to N = 4096: from there 8 x 2 x 16 (both heavy first) is faster (8192 until Q_ASYNC: 1.09-1.12x the 64-row
-    # blocks at 8k-16k in heavy_fwd_d128_h200_d80baba.json; after it 1.117x at 4k, tiles_causal_d128_h100_fd4f230.json)
-    assert fa2_forward_tc.CAUSAL_LONG_SEQLEN == 4096, "H100 after Q_ASYNC: 8 x 2 x 16 1.117x at 4k, 1.014x at 2k"
-    # ... and from N = 1024 to 4095, 4 warps of MW = 2 with Bc = 16: two 128-row blocks per SM (H100: 1.07-1.18x the
+    # ... up to N = 2048: from there 8 x 2 x 16 (both heavy first) is faster (8192 until Q_ASYNC: 1.09-1.12x the 64-row
+    # blocks at 8k-16k in heavy_fwd_d128_h200_d80baba.json; after it 1.117x at 4k, tiles_causal_d128_h100_fd4f230.json;
+    # since SPLIT_KV's 16-byte stores 1.037x / 1.028x 4 x 2 x 16 at 2k, tiles_causal_skv_h100_e2df55b_{1,2}.json)
+    assert fa2_forward_tc.CAUSAL_LONG_SEQLEN == 2048, "H100, SPLIT_KV's 16-byte stores: 8 x 2 x 16 1.037x / 1.028x at 2k"
+    # ... and from N = 1024 to 2047, 4 warps of MW = 2 with Bc = 16: two 128-row blocks per SM (H100: 1.07-1.18x the
     # 64-row blocks at 1k and 2k in two rounds, 1.019x / 1.134x at 512; tiles_4x2x16_h100_54d44d7_{1,2}.json)
     assert fa2_forward_tc.CAUSAL_MID_SEQLEN == 1024, "H100: 4 x 2 x 16 at least 1.02x in both rounds from 1k to 2k only"
     assert fa2_forward_tc.config_for(128, None, True, True, fa2_forward_tc.CAUSAL_MID_SEQLEN - 1) == (4, 1, 32, 128)
     assert fa2_forward_tc.config_for(128, None, True, True, fa2_forward_tc.CAUSAL_MID_SEQLEN) == (4, 2, 16, 128)
     assert fa2_forward_tc.config_for(128, None, True, True, fa2_forward_tc.CAUSAL_LONG_SEQLEN - 1) == (4, 2, 16, 128)
-    assert fa2_forward_tc.config_for(96, None, True, True, 2048) == (4, 2, 16, 96), "every d > 64 on the cp.async path"
-    assert fa2_forward_tc.config_for(128, None, True, False, 2048) == (8, 2, 16, 128), "without causal: Br = 256"
-    assert fa2_forward_tc.config_for(128, None, False, True, 2048) == (8, 1, 32, 128), "the register path ignores N"
+    assert fa2_forward_tc.config_for(96, None, True, True, 1024) == (4, 2, 16, 96), "every d > 64 on the cp.async path"
+    assert fa2_forward_tc.config_for(128, None, True, False, 1024) == (8, 2, 16, 128), "without causal: Br = 256"
+    assert fa2_forward_tc.config_for(128, None, False, True, 1024) == (8, 1, 32, 128), "the register path ignores N"
     assert fa2_forward_tc.config_for(128, None, True, True, fa2_forward_tc.CAUSAL_LONG_SEQLEN) == (8, 2, 16, 128)
     assert fa2_forward_tc.config_for(128, None, True, False, 16384) == (8, 2, 16, 128)
     assert fa2_forward_tc.config_for(64, None, True, True, 16384) == (4, 2, 32, 64), "d <= 64 keeps its tiling"

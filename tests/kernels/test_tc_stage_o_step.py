@@ -76,7 +76,7 @@ def test_o_staged_per_key_step_is_on_by_default_where_two_tiles_per_warp_need_it
         assert kernel is fa2_forward_tc.fa2_forward_tc_kernel(NW, MW, Bc, 128, causal, False, False, _backend.is_simulator(), True, True, True, on,
                                                               fa2_forward_tc.wide_on(None, 128, True), causal, True,  # WIDE: the d = 128 default; HEAVY_FIRST with causal; Q_ASYNC
                                                               fa2_forward_tc.warp_skip_on(None, causal, _backend.is_simulator(), 128),
-                                                              fa2_forward_tc.split_kv_on(None, True, causal, (NW, MW, Bc))
+                                                              fa2_forward_tc.split_kv_on(None, True, (NW, MW, Bc))
                                                               and _fits_split_kv(NW, MW, Bc))
 
 
