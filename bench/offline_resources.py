@@ -246,7 +246,9 @@ def _kernel(name: str, d: int, causal: bool, tiling=None):
                                            cp_async and TC.cp_async_ok(d), causal and bool(_features(TB)["HEAVY_FIRST"]), wide,
                                            TB.dq_unroll_for(DP, 16 * MW * NW, _features(TB)["DQ_UNROLL"]),
                                            TB.kv_async_for(DP, cp_async and TC.cp_async_ok(d), _features(TB)["KV_ASYNC"]),
-                                           TB.split_qdo_on(_features(TB)["SPLIT_QDO"], cp_async and TC.cp_async_ok(d), wide))
+                                           TB.split_qdo_on(_features(TB)["SPLIT_QDO"], cp_async and TC.cp_async_ok(d), wide),
+                                           TB.split_qdo_on(_features(TB)["SPLIT_QDO"], cp_async and TC.cp_async_ok(d), wide)
+                                           and bool(_features(TB)["QDO_PAIRS"]))
     f = B2.default_features()
     if name == "fa2_backward_fast":
         return B2.fa2_backward_fast_kernel(*B2.config_for(d), causal, False, True, f["VEC"], f["PREFETCH"], f["MAXREG"])

@@ -57,6 +57,8 @@ DQ_UNROLL = {f"default-dqu{u}": (None, {"DQ_UNROLL": u}) for u in (1, 2, 4)}
 KV_ASYNC = {f"default-kv{int(a)}": (None, {"KV_ASYNC": a}) for a in (False, True)}
 #: Q_i, dO_i split into their tf32 parts once per step in SRAM (SPLIT_QDO, 2026-11-28: WIDE only, so d = 128) or by every warp
 SPLIT_QDO = {f"default-sq{int(a)}": (None, {"SPLIT_QDO": a}) for a in (False, True)}
+#: ... with its parts as the A-fragment quads of row pairs (QDO_PAIRS, 2026-11-28)
+SPLIT_QDO["default-sq1-pairs"] = (None, {"SPLIT_QDO": True, "QDO_PAIRS": True})
 TILINGS = {
     64: {"ffma": ("ffma", {}), "8x1-Br64": ((8, 1, 64), {}), "8x1-Br32": ((8, 1, 32), {}), "4x1-Br32": ((4, 1, 32), {}),
          "8x1-Br64-pf": ((8, 1, 64), {"PREFETCH": True}), "8x1-Br64-cp": ((8, 1, 64), CP), "4x1-Br32-cp": ((4, 1, 32), CP),

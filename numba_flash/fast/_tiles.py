@@ -23,12 +23,15 @@ make_quiet_nan_pass     a thread's cp.async chunks: NaN -> the quiet NaN, in SRA
 make_quiet_split        a value's tf32 parts, a NaN quieted first                  the split passes
 make_split_pass         the same chunks split into tf32 big and small parts in SRAM FA2 tc forward
 make_v_pair_split_pass  V_j's chunks split, the parts in B-fragment pairs          FA2 tc forward
+make_row_pair_split_    Q_i's, dO_i's chunks split, the parts in A-fragment quads   FA2 tc backward
+pass                    of row pairs (``QDO_PAIRS``)
 swizzle16, swizzle16t   the SRAM column of a tile's column in unpadded rows         3xTF32 ``WIDE``
+swizzle_pairs           ... in :func:`make_row_pair_split_pass`'s tiles             3xTF32 ``QDO_PAIRS``
 make_key_block_order    (key block, head) of a block, heaviest first (causal)       FA2 half/tc backward
 make_query_block_order  (query block, head) of a block, heaviest first (causal)     FA2 half/tc forward
 ======================  ==========================================================  ====================
 
-A loader's ``SWIZZLE`` (None, or :func:`swizzle16` or :func:`swizzle16t`) stores column ``x`` of tile row ``r`` at
+A loader's ``SWIZZLE`` (None, or :func:`swizzle16`, :func:`swizzle16t` or :func:`swizzle_pairs`) stores column ``x`` of tile row ``r`` at
 ``SWIZZLE(x, r)``; None stores it at ``x``.
 
 ``tests/benchmarks/offline_resources.py`` checks that the kernels' machine code is what it was when
@@ -72,6 +75,22 @@ def swizzle16t(col, row):
     four rows ``2 t`` would share a bank (4-way conflicts). The 16-byte loads of rows ``g``, ``g + 1`` still fall in
     different halves of the banks: bit 4 of the XOR differs between them. Needs rows of a multiple of 32 floats."""
     return col ^ (((row & U(1)) << U(4)) ^ ((row & U(6)) << U(2)))
+
+
+@cuda.jit(device=True, inline="always")
+def swizzle_pairs(col, row):
+    """The SRAM column of column ``col`` of row ``row`` in :func:`make_row_pair_split_pass`'s tiles: the 16-byte chunks of
+    a row moved by a permutation ``s`` of ``row % 8`` (XOR of the chunk index with bit 0 of the row as its bit 0, bit 2 as
+    bit 1 and bit 1 as bit 2: ``s = 0, 1, 4, 5, 2, 3, 6, 7``).
+
+    That pass leaves, in the chunk of row ``r`` (even) at columns ``c .. c + 3``, the A-fragment quad ``(X[r, c],
+    X[r + 1, c], X[r, c + 1], X[r + 1, c + 1])``, and in row ``r + 1``'s the quad of ``c + 2, c + 3``. Its two readers:
+    lane ``(g, t)`` loading the quad of rows ``2 g, 2 g + 1`` at column ``16 k + 4 t`` (16 bytes; a quarter warp is
+    ``g = 2 j, 2 j + 1``: ``s(4 j) ^ s(4 j + 2)`` and ``s(4 j + 1) ^ s(4 j + 3)`` are 4, so its 8 chunks are 8 groups of 4
+    banks), and the B-fragment pair ``(X[2 t, c], X[2 t + 1, c])`` of column ``c = 8 n + g`` (8 bytes; a half warp reads
+    rows ``2 t, 2 t + 1`` of every ``t`` at one chunk column: ``s`` a permutation puts them in 8 groups). Both conflict
+    free. Needs rows of a multiple of 32 floats."""
+    return col ^ (((row & U(1)) << U(2)) | ((row & U(4)) << U(1)) | ((row & U(2)) << U(3)))
 
 
 @functools.cache
@@ -334,7 +353,7 @@ def make_word_loader(NROWS: int, DW: int, NT: int, SA: int):
 
 
 @functools.cache
-def make_own_chunks(NROWS: int, DW: int, NT: int, SA: int, SWIZZLE=None, ROW_PAIRS: bool = False):
+def make_own_chunks(NROWS: int, DW: int, NT: int, SA: int, SWIZZLE=None, ROW_PAIRS: bool = False, PAIR_ROWS: int = 4):
     """``(NC, own_chunk, chunk_at, chunk_rc, word_at)``: the 16-byte chunks (4 words) of an ``NROWS x DW`` SRAM tile (row
     stride ``SA``) that thread ``tid`` of ``NT`` owns, the ``cp.async`` copies of :func:`make_word_loader_async` and the
     passes that follow them over the same chunks (:func:`make_quiet_nan_pass`, :func:`make_split_pass`,
@@ -348,27 +367,29 @@ def make_own_chunks(NROWS: int, DW: int, NT: int, SA: int, SWIZZLE=None, ROW_PAI
     wrote them out (``e`` and the test first, the address last in the loader), which keeps their sm_90 machine code
     (``bench/offline_resources.py``: every hash as before; one helper returning all at once changed eight).
 
-    ``ROW_PAIRS`` (``NROWS`` a multiple of 8): a thread's chunks come in pairs, ``it = 2 i`` in row ``r`` with
-    ``r % 8 < 4`` and ``it = 2 i + 1`` the same columns of row ``r + 4``, so that one thread holds
-    both rows of each of :func:`make_v_pair_split_pass`'s B-fragment pairs; consecutive threads still copy consecutive
-    16 bytes of a row. ``NC`` is then even.
+    ``ROW_PAIRS`` (``NROWS`` a multiple of ``2 PAIR_ROWS``): a thread's chunks come in pairs, ``it = 2 i`` in row ``r``
+    with ``r % (2 PAIR_ROWS) < PAIR_ROWS`` and ``it = 2 i + 1`` the same columns of row ``r + PAIR_ROWS``, so that one
+    thread holds both rows of each of :func:`make_v_pair_split_pass`'s B-fragment pairs (``PAIR_ROWS`` 4) or of
+    :func:`make_row_pair_split_pass`'s row pairs (1); consecutive threads still copy consecutive 16 bytes of a row.
+    ``NC`` is then even.
     """
     CW = DW // 4  # 16-byte chunks of a padded row
-    if ROW_PAIRS and NROWS % 8:
-        raise ValueError(f"row pairs (r, r + 4) need a multiple of 8 rows, got {NROWS}")
+    if ROW_PAIRS and NROWS % (2 * PAIR_ROWS):
+        raise ValueError(f"row pairs (r, r + {PAIR_ROWS}) need a multiple of {2 * PAIR_ROWS} rows, got {NROWS}")
     NU = NROWS * CW // (2 if ROW_PAIRS else 1)  # units a thread takes one at a time: chunks, or pairs of them
     NC = (NU + NT - 1) // NT * (2 if ROW_PAIRS else 1)
     EXACT = NU % NT == 0
     uNT, uCW, uSA, uTOT, u4 = U(NT), U(CW), U(SA), U(NU), U(4)
+    uP, u2P = U(PAIR_ROWS), U(2 * PAIR_ROWS)
     SW = SWIZZLE is not None
     swz = SWIZZLE if SW else swizzle16
 
     @cuda.jit(device=True, inline="always")
     def own_chunk(tid, it):
-        if ROW_PAIRS:  # Dev: unit E = pair of rows (r, r + 4) at one column: chunk (r + 4 (it % 2)) CW + E % CW
+        if ROW_PAIRS:  # Dev: unit E = pair of rows (r, r + P) at one column: chunk (r + P (it % 2)) CW + E % CW
             E = tid + uNT * U(it // 2)
             u = E // uCW
-            return EXACT or E < uTOT, (U(8) * (u // u4) + u % u4 + u4 * U(it % 2)) * uCW + E % uCW
+            return EXACT or E < uTOT, (u2P * (u // uP) + u % uP + uP * U(it % 2)) * uCW + E % uCW
         e = tid + uNT * U(it)
         return EXACT or e < uTOT, e
 
@@ -389,7 +410,8 @@ def make_own_chunks(NROWS: int, DW: int, NT: int, SA: int, SWIZZLE=None, ROW_PAI
 
 
 @functools.cache
-def make_word_loader_async(NROWS: int, DW: int, NT: int, SA: int, SIM: bool, SWIZZLE=None, ROW_PAIRS: bool = False):
+def make_word_loader_async(NROWS: int, DW: int, NT: int, SA: int, SIM: bool, SWIZZLE=None, ROW_PAIRS: bool = False,
+                           PAIR_ROWS: int = 4):
     """``(NC, load_async)``: rows ``row0 .. row0 + NROWS - 1`` of a half array in words, HBM -> SRAM by ``cp.async``.
 
     "Words" are any 4-byte elements: a float32 array (and a float32 SRAM tile) works the same, with ``DW``
@@ -407,10 +429,11 @@ def make_word_loader_async(NROWS: int, DW: int, NT: int, SA: int, SIM: bool, SWI
     16-byte aligned rows in HBM (``gA``'s base and row strides) and ``SA``, ``off`` multiples of 4 words.
     A chunk outside the array reads nothing; its address is clamped to row 0, word 0 all the same, so no
     out-of-range address is ever formed. ``SWIZZLE`` (the module docstring): chunks land at swizzled columns (a
-    swizzle moves 4-aligned groups of 4 columns whole). ``ROW_PAIRS``: the chunks in pairs of rows ``r, r + 4``
-    (:func:`make_own_chunks`), for :func:`make_v_pair_split_pass`'s ``ROW_PAIRS``.
+    swizzle moves 4-aligned groups of 4 columns whole). ``ROW_PAIRS``: the chunks in pairs of rows ``r, r + PAIR_ROWS``
+    (:func:`make_own_chunks`), for :func:`make_v_pair_split_pass`'s ``ROW_PAIRS`` (4) or :func:`make_row_pair_split_pass`
+    (1).
     """
-    NC, own_chunk, _, chunk_rc, word_at = make_own_chunks(NROWS, DW, NT, SA, SWIZZLE, ROW_PAIRS)
+    NC, own_chunk, _, chunk_rc, word_at = make_own_chunks(NROWS, DW, NT, SA, SWIZZLE, ROW_PAIRS, PAIR_ROWS)
     u0, u16 = U(0), uint32(16)
     z = uint32(0)
     copy16, _commit, _wait0 = _mma.make_cp_async(SIM)
@@ -521,6 +544,55 @@ def make_split_pass(NROWS: int, DW: int, NT: int, SA: int, SIM: bool, SWIZZLE=No
                     words[base + U(w)] = rB[w]
                 for w in range(4):
                     words[base + small + U(w)] = rS[w]
+
+    if SCALE:
+        return each_split
+
+    @cuda.jit(device=True, inline="always")
+    def split_pass(smem, words, off, small, tid):
+        each_split(smem, words, off, small, tid, float32(1.0))
+
+    return split_pass
+
+
+@functools.cache
+def make_row_pair_split_pass(NROWS: int, DW: int, NT: int, SA: int, SIM: bool, SCALE: bool = False):
+    """``split_pass(smem, words, off, small, tid)`` (``SCALE``: ``..., tid, scale)``): :func:`make_split_pass` over a tile
+    that :func:`make_word_loader_async` copied in row pairs ``r, r + 1`` (``ROW_PAIRS``, ``PAIR_ROWS = 1``, swizzled by
+    :func:`swizzle_pairs`), its parts stored as the ``mma``'s A-fragment quads of row pairs: the chunk of row ``r`` (even)
+    at columns ``c .. c + 3`` gets ``(X[r, c], X[r + 1, c], X[r, c + 1], X[r + 1, c + 1])`` and the chunk of row ``r + 1``
+    the quad of columns ``c + 2, c + 3`` (big parts in place, small ones ``small`` words further on).
+
+    The 3xTF32 backward's ``QDO_PAIRS``: its ``S`` and ``dP`` take query rows ``2 g, 2 g + 1`` as the fragment rows
+    ``g, g + 8``, so a quad is one 16-byte load in the registers the ``mma`` reads (the row-major parts of
+    :func:`make_split_pass` are loaded 16 bytes a row, and the compiler then moves every word into the fragment's rows
+    ``g, g + 8`` order: the performance log's ``SPLIT_QDO``); its ``dV``, ``dK`` products take ``(X[2 t, c], X[2 t + 1,
+    c])``, two adjacent words. Each thread rewrites only the two chunks it copied, after reading both.
+    """
+    NC, own_chunk, chunk_at, _, _ = make_own_chunks(NROWS, DW, NT, SA, swizzle_pairs, True, 1)
+    split = make_quiet_split(SIM)
+
+    @cuda.jit(device=True, inline="always")
+    def each_split(smem, words, off, small, tid, scale):
+        rB = cuda.local.array(8, uint32)  # the two quads of one part: rows r, r + 1 interleaved, columns c .. c + 3
+        rS = cuda.local.array(8, uint32)
+        for ip in range(NC // 2):
+            mine, e = own_chunk(tid, 2 * ip)
+            if mine:
+                _, _, src0 = chunk_at(off, e)  # row r (even), columns c .. c + 3; next row r + 1, the same columns
+                _, _, src1 = chunk_at(off, own_chunk(tid, 2 * ip + 1)[1])
+                for w in range(4):  # column c + w: row r to word 2 w, row r + 1 to word 2 w + 1 of the two quads
+                    x0, x1 = smem[src0 + U(w)], smem[src1 + U(w)]
+                    rB[2 * w], rS[2 * w] = split(float32(x0 * scale) if SCALE else x0)
+                    rB[2 * w + 1], rS[2 * w + 1] = split(float32(x1 * scale) if SCALE else x1)
+                for x in range(4):  # Dev: after all the splits: each quad of each part one 16-byte store
+                    words[src0 + U(x)] = rB[x]
+                for x in range(4):
+                    words[src0 + small + U(x)] = rS[x]
+                for x in range(4):
+                    words[src1 + U(x)] = rB[4 + x]
+                for x in range(4):
+                    words[src1 + small + U(x)] = rS[4 + x]
 
     if SCALE:
         return each_split

@@ -206,7 +206,8 @@ def make_score_products(QT: int, NKN: int, KD: int, SQ: int, SIM: bool):
 
 
 @functools.cache
-def make_score_products_wide(QT: int, NKN: int, KD: int, SQ: int, SIM: bool, KEYS_FIXED: bool, SMALL: int = 0):
+def make_score_products_wide(QT: int, NKN: int, KD: int, SQ: int, SIM: bool, KEYS_FIXED: bool, SMALL: int = 0,
+                             PAIRS: bool = False):
     """``mma_score_products_wide(smem, words, OFF_Q, OFF_DO, OFF_K, OFF_V, qrow, krow, g, t, c1, rS, rdP, sx, wbase, lane)``.
 
     :func:`make_score_products`'s ``S`` and ``dP`` (the same fragments; query rows ``qrow + 16 qt + g (+ 8)``, key
@@ -227,12 +228,19 @@ def make_score_products_wide(QT: int, NKN: int, KD: int, SQ: int, SIM: bool, KEY
     parts in place and the small parts ``SMALL`` words further on (``Q_i`` already times ``tau log2 e``), so the streamed
     A operand is loaded in two parts (from ``words``, the uint32 view of ``smem``) instead of split by every warp; the same
     parts, so the same ``S`` and ``dP`` bit for bit. Without it ``words`` is not read.
+
+    ``PAIRS`` (with ``SMALL``; the main kernel's ``QDO_PAIRS``): the split pass left the query rows as A-fragment quads of
+    row pairs (:func:`numba_flash.fast._tiles.make_row_pair_split_pass`), and the fragment rows ``g, g + 8`` of query tile
+    ``qt`` are query rows ``qrow + 16 qt + 2 g`` and ``+ 1`` (not ``+ g`` and ``+ g + 8``): each k step's A parts are
+    two 16-byte loads, already in the ``mma``'s register order. The same sums of the same parts for every element.
     """
     split, mma3, _, _ = _mma.make_warp_ops(SIM)
     uSQ = U(SQ)
     PRESPLIT = SMALL > 0
     if PRESPLIT and not KEYS_FIXED:
         raise ValueError("3xTF32 backward: split query rows (SMALL) only with the key columns kept (KEYS_FIXED)")
+    if PAIRS and not PRESPLIT:
+        raise ValueError("3xTF32 backward: query row pairs (PAIRS) only with split query rows (SMALL)")
     uSMALL = U(SMALL)
     NS = QT * NKN * 4
     NF = 4 * NKN if KEYS_FIXED else 8 * QT  # split parts of the kept operand per pair of k steps
@@ -271,15 +279,26 @@ def make_score_products_wide(QT: int, NKN: int, KD: int, SQ: int, SIM: bool, KEY
                             rFb[kn * 4 + e], rFs[kn * 4 + e] = split(rX[e])
                     for qt in range(QT):  # query rows g (e < 4) and g + 8 (e >= 4), the same columns
                         qa = OFF_A + (qrow + U(16 * qt) + g) * uSQ + cs
+                        qa1 = qa
+                        if PAIRS:  # Dev: the quads of rows 2 g, 2 g + 1: columns c, c + 1 in row 2 g's chunk, c + 2, c + 3 in the next
+                            qr = OFF_A + (qrow + U(16 * qt) + U(2) * g) * uSQ + U(32 * (kp // 2))
+                            qa = qr + _tiles.swizzle_pairs(U(16 * (kp % 2)) + U(4) * t, U(2) * g)
+                            qa1 = qr + uSQ + _tiles.swizzle_pairs(U(16 * (kp % 2)) + U(4) * t, U(2) * g + U(1))
                         for e in range(4):
                             if not PRESPLIT:  # Dev: SPLIT_QDO: a_parts loads both parts, from the split pass
                                 rX[e] = smem[qa + U(e)]
                                 rX[4 + e] = smem[qa + U(8) * uSQ + U(e)]
                         for h2 in range(0, 4, 2):  # k step 2 kp + h2 / 2: columns c = 16 kp + 4 t + h2, c + 1
-                            ab0, as0 = a_parts(rX, words, qa, h2, c1)  # a = (A[g, c], A[g+8, c], A[g, c+1], A[g+8, c+1])
-                            ab1, as1 = a_parts(rX, words, qa, 4 + h2, c1)
-                            ab2, as2 = a_parts(rX, words, qa, h2 + 1, c1)
-                            ab3, as3 = a_parts(rX, words, qa, 5 + h2, c1)
+                            if PAIRS:  # a = (A[2g, c], A[2g+1, c], A[2g, c+1], A[2g+1, c+1]): one quad of each part
+                                qp = qa if h2 == 0 else qa1
+                                ab0, ab1, ab2, ab3 = words[qp], words[qp + U(1)], words[qp + U(2)], words[qp + U(3)]
+                                as0, as1 = words[qp + uSMALL], words[qp + uSMALL + U(1)]
+                                as2, as3 = words[qp + uSMALL + U(2)], words[qp + uSMALL + U(3)]
+                            else:
+                                ab0, as0 = a_parts(rX, words, qa, h2, c1)  # a = (A[g, c], A[g+8, c], A[g, c+1], A[g+8, c+1])
+                                ab1, as1 = a_parts(rX, words, qa, 4 + h2, c1)
+                                ab2, as2 = a_parts(rX, words, qa, h2 + 1, c1)
+                                ab3, as3 = a_parts(rX, words, qa, 5 + h2, c1)
                             for kn in range(NKN):  # b = (B[g, c], B[g, c+1]) of key tile kn
                                 x = kn * 4 + h2
                                 f = (qt * NKN + kn) * 4
@@ -384,7 +403,7 @@ def make_dq_k_step(NQT: int, QSTRIDE: int, NDW: int, SD: int, OFF_DS: int, SQ: i
 def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, DROPOUT: bool, ATOMIC_DQ: bool,
                              PREFETCH: bool, SIM: bool, FROM_LSE: bool = False, RED2: bool = False, CP_ASYNC: bool = False,
                              HEAVY_FIRST: bool = False, WIDE: bool = False, DQ_UNROLL: int = 1, KV_ASYNC: bool = False,
-                             SPLIT_QDO: bool = False):
+                             SPLIT_QDO: bool = False, QDO_PAIRS: bool = False):
     """The main (column-block) 3xTF32 backward kernel: dK, dV, and with ``ATOMIC_DQ`` the atomic dQ adds.
 
     Kernel arguments: ``gQ, gdO (b, s_q, h, d)``, ``gK, gV (b, s_k, h_k, d)`` float32, ``gm, gl, gD (b, h, s_q)``
@@ -409,6 +428,11 @@ def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
     stage, and the next step's copies are issued after the barrier that ends this step's reads of them (before line 15,
     during whose ``dQ`` product they land). ``S``, ``dP``, ``P``, ``dS``, ``dV`` and ``dQ`` are the same bits; ``dK`` is
     summed from the scaled ``Q_i`` and divided by ``tau log2 e`` at its write, a rounding of its own.
+    ``QDO_PAIRS`` (needs ``SPLIT_QDO``): the split parts stored as A-fragment quads of row pairs ``2 g, 2 g + 1``
+    (:func:`numba_flash.fast._tiles.make_row_pair_split_pass`, each thread copying rows ``r, r + 1``), which the ``S``
+    and ``dP`` products load 16 bytes at a time in the ``mma``'s register order (their fragment rows ``g, g + 8`` are
+    then query rows ``2 g, 2 g + 1``: so are ``P`` and ``dS``'s), and ``dV``, ``dK`` 8 bytes at a time (rows ``2 t,
+    2 t + 1`` of a column, two words side by side). The same bits as ``SPLIT_QDO`` alone.
 
     Symbol table (paper symbol -> variable -> memory space):
 
@@ -418,6 +442,7 @@ def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
     dQ, dK, dV                gdQ, gdK, gdV        HBM, float32
     Q_i, dO_i                 smem[OFF_Q/OFF_DO]   SRAM (Br, SQ); CP_ASYNC: 2 stages (+ uQSTAGE)
     Q_i tau log2 e, dO_i      words[OFF_Q/OFF_DO]  SPLIT_QDO: tf32 big parts, one stage; small parts + uQSTAGE
+                                                   (QDO_PAIRS: as quads of row pairs)
     K_j, V_j                  smem[OFF_K/OFF_V]    SRAM (Bc, SQ), loaded once (L6); SQ = DP + 4 (WIDE: DP, swizzled)
     tau dS_ij                 smem[OFF_DS]         SRAM (Br, Bc+4), for L15
     M_i, 1/l_i, D_i           sM, sIL, sD          SRAM (Br,); CP_ASYNC: 2 stages (+ Br)
@@ -440,7 +465,7 @@ def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
     # (a multiple of 32) with the tiles swizzled (make_score_products_wide, make_rows_2t)
     SQ = DP if WIDE else DP + 4
     SD = BC + 4  # row stride of dS: 4 mod 16 (the stores of dS^T fragments hit bank 8t + g)
-    uSD = U(SD)
+    uSD, uSQ = U(SD), U(SQ)
     if DQ_UNROLL < 1 or NKB % DQ_UNROLL:
         raise ValueError(f"3xTF32 backward: DQ_UNROLL={DQ_UNROLL} does not divide the {NKB} k steps of dS K_j")
     if DQ_UNROLL not in (1, 2, 4):
@@ -451,6 +476,8 @@ def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
         raise ValueError(f"3xTF32 backward: WIDE needs a padded head dim that is a multiple of 32, got DP={DP}")
     if SPLIT_QDO and not (CP_ASYNC and WIDE):
         raise ValueError("3xTF32 backward: SPLIT_QDO needs CP_ASYNC and WIDE")
+    if QDO_PAIRS and not SPLIT_QDO:
+        raise ValueError("3xTF32 backward: QDO_PAIRS needs SPLIT_QDO")
     QST = 2 if CP_ASYNC else 1  # SRAM stages of Q_i, dO_i and of the statistics
     OFF_Q = U(0)
     OFF_DO = U(BR * SQ)
@@ -482,10 +509,15 @@ def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
     SWZ = _tiles.swizzle16t if WIDE else None
     NLQ, load_q, store_q = _tiles.make_pair_loader(BR, DP, NT, SQ, QUIET_NAN=True, SWIZZLE=SWZ)  # Q_i with dO_i
     RQ = 1 if CP_ASYNC else NLQ  # register staging of Q_i, dO_i (none with cp.async)
-    _, load_q_async = _tiles.make_word_loader_async(BR, DP, NT, SQ, SIM, SWZ)  # Q_i or dO_i as 16-byte chunks of 4 floats
+    if QDO_PAIRS:  # Dev: each thread copies rows r, r + 1 of a column chunk, and rewrites both as the quads of the pair
+        _, load_q_async = _tiles.make_word_loader_async(BR, DP, NT, SQ, SIM, _tiles.swizzle_pairs, True, 1)
+        split_q = _tiles.make_row_pair_split_pass(BR, DP, NT, SQ, SIM, SCALE=True)  # Q_i tau log2 e into its parts
+        split_do = _tiles.make_row_pair_split_pass(BR, DP, NT, SQ, SIM)  # dO_i
+    else:
+        _, load_q_async = _tiles.make_word_loader_async(BR, DP, NT, SQ, SIM, SWZ)  # Q_i or dO_i as 16-byte chunks of 4 floats
+        split_q = _tiles.make_split_pass(BR, DP, NT, SQ, SIM, SWZ, SCALE=True)  # SPLIT_QDO: Q_i tau log2 e into its parts
+        split_do = _tiles.make_split_pass(BR, DP, NT, SQ, SIM, SWZ)  # SPLIT_QDO: dO_i
     quiet_q = _tiles.make_quiet_nan_pass(BR, DP, NT, SQ, SWZ)
-    split_q = _tiles.make_split_pass(BR, DP, NT, SQ, SIM, SWZ, SCALE=True)  # SPLIT_QDO: Q_i tau log2 e into its parts
-    split_do = _tiles.make_split_pass(BR, DP, NT, SQ, SIM, SWZ)  # SPLIT_QDO: dO_i
     _copy16, cp_commit, cp_wait0 = _mma.make_cp_async(SIM)
     NLK, load_kv, store_kv = _tiles.make_pair_loader(BC, DP, NT, SQ, QUIET_NAN=True, SWIZZLE=SWZ)  # K_j with V_j
     RK = 1 if KV_ASYNC else NLK  # register staging of K_j, V_j (none with KV_ASYNC)
@@ -495,7 +527,7 @@ def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
     key_block = _tiles.make_key_block_order(HEAVY_FIRST)
     split, mma3, _, _ = _mma.make_warp_ops(SIM)
     mma_score_products = make_score_products(QT, NKN, KD, SQ, SIM)
-    mma_score_products_wide = make_score_products_wide(QT, NKN, KD, SQ, SIM, True, int(uQSTAGE) if SPLIT_QDO else 0)
+    mma_score_products_wide = make_score_products_wide(QT, NKN, KD, SQ, SIM, True, int(uQSTAGE) if SPLIT_QDO else 0, QDO_PAIRS)
     rows_2t = make_rows_2t(SQ, WIDE)
     row_stats = _regtile.make_row_stats(FROM_LSE)
     add2 = _mma.make_atomic_add2(RED2, SIM)
@@ -508,6 +540,16 @@ def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
         load_q_async(smem, OFF_Q + off, gQ, ub, U(h), row0, s_q, d, tid)  # HBM read: Br*d
         load_q_async(smem, OFF_DO + off, gdO, ub, U(h), row0, s_q, d, tid)  # HBM read: Br*d
         cp_commit()
+
+    @cuda.jit(device=True, inline="always")
+    def pair_parts(words, off, r0, c0, g, t):
+        """QDO_PAIRS: the tf32 parts of ``(X[r0 + 2t, c], X[r0 + 2t + 1, c])``, ``c = c0 + g`` (``r0``, ``c0`` multiples of 8),
+        of the ``Q_i`` or ``dO_i`` tile at ``off``: two adjacent words of row ``r0 + 2t``'s quad chunk (columns ``c % 4 < 2``)
+        or of row ``r0 + 2t + 1``'s, ``2 (c % 2)`` words in."""
+        rr = r0 + U(2) * t + ((g >> U(1)) & U(1))
+        # Dev: the swizzle moves bits 2-4 only: c0's 32-aligned part an immediate, as rows_2t's
+        at = off + rr * uSQ + (c0 & ~U(31)) + _tiles.swizzle_pairs((c0 & U(24)) + (g & U(4)), rr) + U(2) * (g & U(1))
+        return words[at], words[at + U(1)], words[at + uQSTAGE], words[at + uQSTAGE + U(1)]
 
     @cuda.jit(device=True, inline="always")
     def b_parts(smem, words, at):
@@ -671,7 +713,8 @@ def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
                 for kn in range(NKN):
                     for c in range(4):
                         f = (qt * NKN + kn) * 4 + c
-                        qi = U(16 * qt + 8 * (c // 2)) + g  # query row within the block
+                        # query row within the block: fragment row g (c < 2) or g + 8 (QDO_PAIRS: rows 2 g, 2 g + 1)
+                        qi = U(16 * qt + c // 2) + U(2) * g if QDO_PAIRS else U(16 * qt + 8 * (c // 2)) + g
                         qx = qi + so  # its statistics (CP_ASYNC: in this step's stage)
                         kr = wrow + U(8 * kn + c % 2) + U(2) * t  # key row within the block
                         key = col0 + int(kr)
@@ -705,11 +748,15 @@ def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
                         rKb[mt * 4 + c], rKs[mt * 4 + c] = split(smem[OFF_P + off])
                         rVb[mt * 4 + c], rVs[mt * 4 + c] = split(smem[OFF_DS + off])
                 for dn in range(ND):
-                    ra0, ra1 = rows_2t(U(0), U(8 * nt), U(8 * dn), g, t)  # b = (X[2t, g], X[2t+1, g]) of column tile dn
-                    ob0, os0 = b_parts(smem, words, OFF_DO + qs + ra0)
-                    ob1, os1 = b_parts(smem, words, OFF_DO + qs + ra1)
-                    qb0, qs0 = b_parts(smem, words, OFF_Q + qs + ra0)  # Dev: SPLIT_QDO: Q_i tau log2 e (dK / tau log2 e at L18)
-                    qb1, qs1 = b_parts(smem, words, OFF_Q + qs + ra1)
+                    if QDO_PAIRS:  # Dev: both rows of b in two adjacent words of each part
+                        ob0, ob1, os0, os1 = pair_parts(words, OFF_DO, U(8 * nt), U(8 * dn), g, t)
+                        qb0, qb1, qs0, qs1 = pair_parts(words, OFF_Q, U(8 * nt), U(8 * dn), g, t)
+                    else:
+                        ra0, ra1 = rows_2t(U(0), U(8 * nt), U(8 * dn), g, t)  # b = (X[2t, g], X[2t+1, g]) of column tile dn
+                        ob0, os0 = b_parts(smem, words, OFF_DO + qs + ra0)
+                        ob1, os1 = b_parts(smem, words, OFF_DO + qs + ra1)
+                        qb0, qs0 = b_parts(smem, words, OFF_Q + qs + ra0)  # Dev: SPLIT_QDO: Q_i tau log2 e (dK / tau log2 e at L18)
+                        qb1, qs1 = b_parts(smem, words, OFF_Q + qs + ra1)
                     for mt in range(MW):
                         f = (mt * ND + dn) * 4
                         acc = mma3((rKb[mt * 4], rKb[mt * 4 + 1], rKb[mt * 4 + 2], rKb[mt * 4 + 3]),
@@ -977,9 +1024,11 @@ def default_features() -> dict:
     ``cp.async`` path nor where K or V rows are not 16-byte aligned; None: above d = 64 (:func:`kv_async_for`).
     ``SPLIT_QDO``: ``Q_i, dO_i`` split into their tf32 parts once per step in SRAM (:func:`fa2_backward_tf32_kernel`),
     only with ``WIDE`` on the ``cp.async`` path (:func:`split_qdo_on`); None: on from ``seqlen_q`` =
-    :data:`SPLIT_QDO_SEQLEN`."""
+    :data:`SPLIT_QDO_SEQLEN`.
+    ``QDO_PAIRS``: with ``SPLIT_QDO``, its parts stored as the A-fragment quads of row pairs (:func:`fa2_backward_tf32_kernel`):
+    off until timed."""
     return {"PREFETCH": False, "RED2": None, "CP_ASYNC": None, "HEAVY_FIRST": True, "WIDE": None, "DQ_UNROLL": None,
-            "KV_ASYNC": None, "SPLIT_QDO": None}
+            "KV_ASYNC": None, "SPLIT_QDO": None, "QDO_PAIRS": False}
 
 
 #: Query lengths from which ``SPLIT_QDO`` is on by default. With 4-byte stores its split pass was 4-way bank-conflicted and
@@ -1055,10 +1104,11 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None, determinis
     if red2 is None:
         red2 = not sim and _backend.device_facts().compute_capability >= (9, 0)
     red2 = bool(red2) and d % 2 == 0  # Dev: red.v2 needs 8-byte aligned pairs: rows of d floats, d even
+    split_qdo = split_qdo_on(feats["SPLIT_QDO"], cp_async, wide, prob.seqlen_q)
     main = fa2_backward_tf32_kernel(NW, MW, BR, DP, prob.causal, dropout, not deterministic, bool(feats["PREFETCH"]), sim,
                                     bool(from_lse), red2, cp_async, prob.causal and bool(feats["HEAVY_FIRST"]), wide,
                                     dq_unroll_for(DP, BC, feats["DQ_UNROLL"]), kv_async_for(DP, cp_async, feats["KV_ASYNC"]),
-                                    split_qdo_on(feats["SPLIT_QDO"], cp_async, wide, prob.seqlen_q))
+                                    split_qdo, split_qdo and bool(feats["QDO_PAIRS"]))
     grid = bh_grid(ceil_div(prob.seqlen_k, BC), prob.batch * prob.nheads_k)
     dq = None
     NWq, MWq, BCq, _ = dq_config(d)

@@ -32,43 +32,12 @@ from numba_flash.fast import _mma, _smem, _tiles, fa2_forward_tc
 import numpy as np
 import pytest
 from attn_testing import assert_same_bits, make_qkv, run_tc_forward
-from numba import cuda, float32, uint32
+from numba import cuda, uint32
+from sram_pass_testing import nan_tile, run_sram_pass
 
 QNAN_BITS = 0x7FC00000
 ON = {"CP_ASYNC": True, "WIDE": True, "SPLIT_KV": True}
 OFF = {"CP_ASYNC": True, "WIDE": True, "SPLIT_KV": False}
-
-
-def _tile(rng, rows, cols, sa):
-    """A float32 SRAM tile (row stride ``sa``) of normal values with a NaN that is not the quiet one, and a zero row."""
-    a = np.zeros((rows, sa), np.float32)
-    a[:, :cols] = rng.standard_normal((rows, cols)).astype(np.float32) * 3
-    a[1, 5] = np.uint32(0xFFC00001).view(np.float32)
-    a[rows - 1, :] = 0.0
-    return a
-
-
-def _run_pass(apply, NT, src, n_words, out_off, n_out):
-    """One block of ``NT`` threads: SRAM words ``< len(src)`` filled from ``src``, the rest up to ``n_words`` with -7.0
-    (words a pass must not leave as they were), then ``apply(smem, words, tid)`` (a device function calling the pass
-    under test), then words ``out_off .. out_off + n_out - 1`` copied out as uint32."""
-    N_IN = src.size
-
-    @cuda.jit
-    def run(src, out):
-        smem = cuda.shared.array(0, float32)
-        words = cuda.shared.array(0, uint32)
-        for i in range(cuda.threadIdx.x, n_words, NT):
-            smem[i] = src[i] if i < N_IN else float32(-7.0)
-        cuda.syncthreads()  # Sync: the tile is filled before the pass reads it
-        apply(smem, words, uint32(cuda.threadIdx.x))
-        cuda.syncthreads()  # Sync: every thread's parts are written before the copy out
-        for i in range(cuda.threadIdx.x, n_out, NT):
-            out[i] = words[out_off + i]
-
-    out = np.zeros(n_out, np.uint32)
-    run[1, NT, 0, 4 * n_words](src, out)
-    return out
 
 
 @pytest.mark.parametrize("swizzle", [False, True], ids=["plain", "swizzled"])
@@ -77,14 +46,14 @@ def test_the_split_pass_writes_both_parts_of_every_element(NT, swizzle):
     ROWS, DW, SA = 12, 32, 32  # 96 chunks: over 64 threads the last have one, over 48 every thread has two
     swz = _tiles.swizzle16 if swizzle else None
     split_pass = _tiles.make_split_pass(ROWS, DW, NT, SA, _backend.is_simulator(), swz)
-    src = _tile(np.random.default_rng(NT), ROWS, DW, SA)
+    src = nan_tile(np.random.default_rng(NT), ROWS, DW, SA)
     SMALL = ROWS * SA
 
     @cuda.jit(device=True)
     def apply(smem, words, tid):
         split_pass(smem, words, uint32(0), uint32(SMALL), tid)
 
-    out = _run_pass(apply, NT, src.ravel(), 2 * SMALL, 0, 2 * SMALL)
+    out = run_sram_pass(apply, NT, src.ravel(), 2 * SMALL, 0, 2 * SMALL)
     big, small = out[:SMALL].reshape(ROWS, SA), out[SMALL:].reshape(ROWS, SA)
     for r in range(ROWS):
         for c in range(DW):
@@ -112,14 +81,14 @@ def test_the_v_pass_puts_each_lanes_b_fragments_in_register_pairs(NT, row_pairs)
     RS = _tiles.v_pair_stride(DP)
     PART = BC // 8 * 4 * RS
     split_v = _tiles.make_v_pair_split_pass(BC, DP, NT, SV, _backend.is_simulator(), row_pairs)
-    src = _tile(np.random.default_rng(NT), BC, DP, SV)
+    src = nan_tile(np.random.default_rng(NT), BC, DP, SV)
     N_IN = BC * SV
 
     @cuda.jit(device=True)
     def apply(smem, words, tid):
         split_v(smem, words, uint32(0), uint32(N_IN), uint32(PART), tid)
 
-    out = _run_pass(apply, NT, src.ravel(), N_IN + 2 * PART, N_IN, 2 * PART)
+    out = run_sram_pass(apply, NT, src.ravel(), N_IN + 2 * PART, N_IN, 2 * PART)
     seen = 0
     for kt in range(BC // 8):
         for g in range(8):

@@ -13,6 +13,9 @@ Claims checked:
   same values in the same order); ``dK`` differs by its own rounding and keeps the 3x error rule against float64. On
   ragged, GQA, causal (``s_q < s_k``), dropout and deterministic shapes, and on a sharp softmax.
 * NaNs in ``Q`` and ``dO`` reach the same gradient elements as without it.
+* ``QDO_PAIRS`` (the parts stored as A-fragment quads of row pairs ``2 g, 2 g + 1``, so that a quad is one 16-byte load
+  in the ``mma``'s register order): the row-pair pass puts both parts of every element where the products read them,
+  its swizzle keeps those reads bank-conflict free, and the gradients are the bits of ``SPLIT_QDO`` without it.
 * It runs only with ``WIDE`` on the ``cp.async`` path (the kernel refuses it otherwise; the plan leaves it off), and it
   is on by default from 16k query rows (an H100 ran the d = 128 backward 1.01-1.04x with it, at least 1.02x in both
   rounds only at 16k: the performance log).
@@ -25,17 +28,19 @@ import inspect
 
 from numba_flash import _backend
 from numba_flash._launch import Problem
-from numba_flash.fast import fa2_backward_tf32
+from numba_flash.fast import _mma, _tiles, fa2_backward_tf32
 
 import numpy as np
 import pytest
 from attn_testing import assert_error_rule, assert_same_bits, make_qkv, run_tf32_backward, sharp_problem, torch_attention_grads
+from numba import cuda, uint32
+from sram_pass_testing import nan_tile, run_sram_pass
 
 torch = pytest.importorskip("torch")
 
 
-def _grads(q, k, v, dout, causal, p, bs, split_qdo, deterministic=False):
-    feats = {"WIDE": True, "CP_ASYNC": True, "SPLIT_QDO": split_qdo}
+def _grads(q, k, v, dout, causal, p, bs, split_qdo, deterministic=False, pairs=False):
+    feats = {"WIDE": True, "CP_ASYNC": True, "SPLIT_QDO": split_qdo, "QDO_PAIRS": pairs}
     return run_tf32_backward(q, k, v, dout, causal, p, 7, bs, feats, deterministic)
 
 
@@ -99,6 +104,112 @@ def test_split_qdo_runs_only_with_wide_on_the_cp_async_path_and_by_default_from_
                                                        SPLIT_QDO=True)
     with pytest.raises(ValueError, match="only with the key columns kept"):
         fa2_backward_tf32.make_score_products_wide(1, 2, 4, 32, sim, False, 64)
+
+
+@pytest.mark.parametrize(("b", "s_q", "s_k", "h", "h_k", "d", "causal", "p", "bs", "det"), CASES)
+def test_row_pairs_give_the_bits_of_split_q_and_do(rng, b, s_q, s_k, h, h_k, d, causal, p, bs, det):
+    """The same parts of the same values summed in the same order: dQ, dK, dV all bit for bit."""
+    q, k, v = make_qkv(rng, b, s_q, s_k, h, h_k, d)
+    dout = rng.standard_normal(q.shape).astype(np.float32)
+    (pairs, feats), (rows, _) = (_grads(q, k, v, dout, causal, p, bs, True, det, f) for f in (True, False))
+    assert feats["QDO_PAIRS"] and feats["SPLIT_QDO"]
+    assert_same_bits(pairs, rows, "Q_i, dO_i parts as quads of row pairs and row by row", ("dq", "dk", "dv"))
+
+
+def test_row_pairs_on_a_sharp_softmax_and_nans(rng):
+    dout, q, k, v = sharp_problem(rng, 1, 24, 1, 32, 16.0)
+    q[0, 3, 0, 5] = np.float32(np.nan)
+    (pairs, _), (rows, _) = (_grads(q, k, v, dout, False, 0.0, (16, 16), True, False, f) for f in (True, False))
+    assert all(np.isnan(x).any() for x in pairs), "Q's NaN reaches every gradient"
+    assert_same_bits(pairs, rows, "sharp softmax with a NaN, row pairs", ("dq", "dk", "dv"))
+
+
+def _sw(x, r):  # Dev: _tiles.swizzle_pairs on the host
+    return x ^ (4 * (r & 1) | 8 * ((r >> 2) & 1) | 16 * ((r >> 1) & 1))
+
+
+def _banks(addresses, width):
+    return [(a + e) % 32 for a in addresses for e in range(width)]
+
+
+@pytest.mark.parametrize("DP", [32, 64, 96, 128])
+def test_swizzle_pairs_keeps_the_quad_and_pair_reads_in_32_banks(DP):
+    for r0 in (0, 16, 48):
+        for kp in range(DP // 16):  # S, dP: lane (g, t) loads the quad of rows 2g, 2g+1 at column 16 kp + 4 t (h2 = 0: in row
+            for h in range(2):  # 2g's chunk; h2 = 2: in row 2g + 1's), 16 bytes, served 8 lanes (g = 2m, 2m + 1) at a time
+                for m in range(4):
+                    rows = [(r0 + 2 * g + h, t) for g in (2 * m, 2 * m + 1) for t in range(4)]
+                    assert len(set(_banks([r * DP + _sw(16 * kp + 4 * t, r) for r, t in rows], 4))) == 32, (r0, kp, h, m)
+        for n in range(DP // 8):  # dV, dK: lane (g, t) loads (X[2t, c], X[2t+1, c]), c = 8 n + g, 8 bytes, 16 lanes at a time
+            for nt in range(2):
+                for half in range(2):
+                    at = []
+                    for g in range(4 * half, 4 * half + 4):
+                        for t in range(4):
+                            rr = r0 + 8 * nt + 2 * t + ((g >> 1) & 1)
+                            at.append(rr * DP + _sw(8 * n + (g & 4), rr) + 2 * (g & 1))
+                    assert len(set(_banks(at, 2))) == 32, (r0, n, nt, half)
+    # swizzle16t (the row-by-row tiles') would give the quads of rows 0 and 2 the same four chunks
+    sw16t = lambda x, r: x ^ (16 * (r & 1)) ^ (8 * ((r >> 1) & 3))  # noqa: E731
+    assert len(set(_banks([r * DP + sw16t(4 * t, r) for r in (0, 2) for t in range(4)], 4))) == 16
+
+
+def test_swizzle_pairs_on_the_device_is_the_host_formula():
+    @cuda.jit
+    def k(out):
+        i = cuda.grid(1)
+        if i < out.shape[0]:
+            out[i] = _tiles.swizzle_pairs(uint32(i % 128), uint32(i // 128))
+
+    out = cuda.to_device(np.zeros(128 * 16, np.uint32))
+    k[8, 256](out)
+    i = np.arange(128 * 16)
+    np.testing.assert_array_equal(out.copy_to_host(), _sw(i % 128, i // 128))
+
+
+@pytest.mark.parametrize("NT", [64, 96], ids=["exact-share", "ragged-share"])
+def test_the_row_pair_pass_writes_the_quads_of_every_pair(NT):
+    """After :func:`make_word_loader_async`'s ``ROW_PAIRS`` (rows r, r + 1) copy, swizzled by ``swizzle_pairs``: the chunk of
+    row r (even) at columns c .. c + 3 holds (X[r, c], X[r+1, c], X[r, c+1], X[r+1, c+1]) and row r + 1's the quad of
+    c + 2, c + 3, big parts in place and small ones ``SMALL`` words on (``Q_i`` scaled first)."""
+    ROWS, DW, SCALE = 16, 64, 1.4426950408889634  # 256 chunks, 128 pairs: over 96 threads the last 32 have one pair
+    SMALL = ROWS * DW
+    split_pass = _tiles.make_row_pair_split_pass(ROWS, DW, NT, DW, _backend.is_simulator(), SCALE=True)
+    x = nan_tile(np.random.default_rng(NT), ROWS, DW, DW)
+    src = np.zeros_like(x)  # Dev: as the copies land: X[r, c] at column swizzle_pairs(c, r) of row r
+    for r in range(ROWS):
+        src[r, _sw(np.arange(DW), r)] = x[r]
+
+    @cuda.jit(device=True)
+    def apply(smem, words, tid):
+        split_pass(smem, words, uint32(0), uint32(SMALL), tid, np.float32(SCALE))
+
+    out = run_sram_pass(apply, NT, src.ravel(), 2 * SMALL, 0, 2 * SMALL)
+    seen = set()
+    for r in range(0, ROWS, 2):
+        for c in range(0, DW, 4):
+            for h in range(2):  # the quad of columns c + 2h, c + 2h + 1, in row r + h's chunk
+                base = (r + h) * DW + _sw(c, r + h)
+                for w in range(4):
+                    row, col = r + w % 2, c + 2 * h + w // 2
+                    v = np.float32(x[row, col] * np.float32(SCALE))
+                    if np.isnan(v):
+                        assert out[base + w] == 0x7FC00000, f"the NaN at {(row, col)} was not made the quiet NaN"
+                    else:
+                        assert (int(out[base + w]), int(out[SMALL + base + w])) == _mma.split_tf32_host(v), (row, col)
+                    seen.add((row, col))
+    assert len(seen) == ROWS * DW, "every element of the tile has its place"
+
+
+def test_row_pairs_need_split_q_and_do():
+    with pytest.raises(ValueError, match="QDO_PAIRS needs SPLIT_QDO"):
+        fa2_backward_tf32.fa2_backward_tf32_kernel(1, 1, 16, 32, False, False, True, False, _backend.is_simulator(), CP_ASYNC=True,
+                                                   WIDE=True, QDO_PAIRS=True)
+    with pytest.raises(ValueError, match="only with split query rows"):
+        fa2_backward_tf32.make_score_products_wide(1, 2, 4, 32, _backend.is_simulator(), True, 0, True)
+    with pytest.raises(ValueError, match=r"row pairs \(r, r \+ 1\) need a multiple of 2 rows"):
+        _tiles.make_own_chunks(15, 32, 32, 32, _tiles.swizzle_pairs, True, 1)
+    assert fa2_backward_tf32.default_features()["QDO_PAIRS"] is False
 
 
 @pytest.mark.parametrize(("d", "features", "n", "expected"), [
