@@ -159,9 +159,10 @@
 #                4k, 30 rounds, the order rotated in the second run, SDPA beside in the first
 #                -> OUTDIR/tiles_causal_skv_{1,2}.json/.log
 #   qdo_pairs    the 3xTF32 backward's QDO_PAIRS (SPLIT_QDO's parts as A-fragment quads of row pairs): the
+#                GPU run of the test files of SPLIT_QDO and of the split passes (all their tests, each named), then the
 #                d = 128 backward alone with SPLIT_QDO off, on, and on with QDO_PAIRS, N 1k/4k/16k, causal and not, two
-#                rotating rounds (tf32_bwd_sweep default-sq0 default-sq1 default-sq1-pairs), then the GPU tests of SPLIT_QDO
-#                and of the split passes -> OUTDIR/qdo_pairs.json/.log, qdo_pairs_tests.txt
+#                rotating rounds (tf32_bwd_sweep default-sq0 default-sq1 default-sq1-pairs) -> OUTDIR/qdo_pairs_tests.txt,
+#                qdo_pairs.json/.log
 #   half_bwd_cp  the half backward's tilings with and without cp.async for Q_i, dO_i (half_sweep --backward; the log's
 #                section "FA2 backward in fp16 / bf16: cp.async for Q_i, dO_i") -> OUTDIR/half_bwd_cp.json/.log
 # OUTDIR/pending_env.txt says what ran where. A failed step is noted and the rest run. Exit status: 0 when all ran.
@@ -533,12 +534,13 @@ for s in "${steps[@]}"; do
           --variants $v --repeats 30 --interleave --no-check $([ "$r" = 2 ] && echo --no-baselines) --out "$out/tiles_causal_skv_$r.json"
       done
       grep -h "^forward" "$out"/tiles_causal_skv_*.log ;;
-    qdo_pairs)  # the sweep first: on 2026-11-28 the call had about 7 minutes
-      step qdo_pairs.log timeout 300 python3 -m bench.tf32_bwd_sweep --seqlens 1024 4096 16384 --headdims 128 \
+    qdo_pairs)  # run on 2026-11-28 (8da26c3) with the sweep first (300 s: cut in its 16k rounds) and the tests after it
+      # (110 s: cut with 3 failures in 32 results, before pytest named them): now the tests first, each named (-v)
+      step qdo_pairs_tests.txt timeout 240 python3 -m pytest -v -p no:cacheprovider -rfE -n 8 tests/kernels/test_tf32_backward_split_qdo.py \
+        tests/kernels/test_tc_forward_split_kv.py
+      step qdo_pairs.log timeout 330 python3 -m bench.tf32_bwd_sweep --seqlens 1024 4096 16384 --headdims 128 \
         --no-fwdbwd --rounds 2 --tilings default-sq0 default-sq1 default-sq1-pairs --out "$out/qdo_pairs.json"
-      grep "^bwd" "$out/qdo_pairs.log"
-      step qdo_pairs_tests.txt timeout 110 python3 -m pytest -q -p no:cacheprovider -rfE -n 8 tests/kernels/test_tf32_backward_split_qdo.py \
-        tests/kernels/test_tc_forward_split_kv.py -k "gpu or pair or pass or swizzle" ;;
+      grep "^bwd" "$out/qdo_pairs.log" ;;
     half_bwd_cp)
       step half_bwd_cp.log python3 -m bench.half_sweep --backward --seqlens 1024 4096 --out "$out/half_bwd_cp.json"
       tail -n 40 "$out/half_bwd_cp.log" ;;
