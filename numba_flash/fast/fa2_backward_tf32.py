@@ -542,6 +542,12 @@ def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
         cp_commit()
 
     @cuda.jit(device=True, inline="always")
+    def step_rows(hk, group, i_first, n_i, s):
+        """(query head, first query row) of the flat step ``s`` of key head ``hk``'s block: the group's query heads in
+        turn (GQA), each over its ``n_i`` query blocks from ``i_first``."""
+        return hk * group + s // n_i, (i_first + s % n_i) * BR
+
+    @cuda.jit(device=True, inline="always")
     def pair_parts(words, off, r0, c0, g, t):
         """QDO_PAIRS: the tf32 parts of ``(X[r0 + 2t, c], X[r0 + 2t + 1, c])``, ``c = c0 + g`` (``r0``, ``c0`` multiples of 8),
         of the ``Q_i`` or ``dO_i`` tile at ``off``: two adjacent words of row ``r0 + 2t``'s quad chunk (columns ``c % 4 < 2``)
@@ -640,9 +646,7 @@ def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
                 rDn[e] = gD[b, h0, row] if row < s_q else ZERO
         # FA2.2 L8: for i = 1..Tr (times the G query heads of the group)
         for st in range(n_steps):
-            h = hk * group + st // n_i
-            i = i_first + st % n_i
-            row0 = i * BR
+            h, row0 = step_rows(hk, group, i_first, n_i, st)
             qs = U(0)  # this step's stage: float offset of its Q_i, dO_i (CP_ASYNC: stage st % 2) ...
             so = U(0)  # ... and index offset of its statistics
             if CP_ASYNC:
@@ -685,8 +689,7 @@ def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
             if (CP_ASYNC or PREFETCH) and st + 1 < n_steps:
                 # Dev: L9 of step st+1 issued now, landing during L10-L16 of step st: CP_ASYNC into the other stage
                 # (then PREFETCH moves only the statistics), else into the registers
-                hn = hk * group + (st + 1) // n_i
-                rown = (i_first + (st + 1) % n_i) * BR
+                hn, rown = step_rows(hk, group, i_first, n_i, st + 1)
                 if CP_ASYNC:
                     if not SPLIT_QDO:  # Dev: SPLIT_QDO: one stage, refilled after this step's last read of it (L16)
                         q_do_async(smem, uQSTAGE - qs, gQ, gdO, ub, hn, rown, s_q, d, tid)
@@ -770,7 +773,8 @@ def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
             if ATOMIC_DQ or SPLIT_QDO:
                 cuda.syncthreads()  # Sync: every warp's tau dS in SRAM before L15 reads it (SPLIT_QDO: all done with Q_i, dO_i)
             if SPLIT_QDO and st + 1 < n_steps:  # Dev: L9 of step st+1 now, landing during L15 (its statistics: at its start)
-                q_do_async(smem, U(0), gQ, gdO, ub, hk * group + (st + 1) // n_i, (i_first + (st + 1) % n_i) * BR, s_q, d, tid)
+                hn, rown = step_rows(hk, group, i_first, n_i, st + 1)
+                q_do_async(smem, U(0), gQ, gdO, ub, hn, rown, s_q, d, tid)
             if ATOMIC_DQ:
                 # FA2.2 L15: dQ_i += tau dS_ij K_j -- A = dS rows of this warp's query tiles, B = K_j; the 8 keys of a k step
                 # in the order 2t, 2t + 1 (K_j rows 2t, 2t + 1: bank 8t + g); each k step staged; then float32 atomic adds
