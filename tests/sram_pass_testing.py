@@ -1,5 +1,5 @@
-"""Helpers for the unit tests of the SRAM passes of :mod:`numba_flash.fast._tiles` (the split passes): a tile with a
-NaN in it, and one block that runs a pass over SRAM and copies the words out.
+"""Helpers for the unit tests of the SRAM layouts of :mod:`numba_flash.fast._tiles`: a tile with a NaN in it, one block
+that runs a pass over SRAM (the split passes) and copies the words out, and a swizzle run on the device.
 
 numba is imported after :mod:`numba_flash` (which chooses the CUDA backend, GPU or simulator, before numba is first
 imported), and at module level, so that the simulator swaps the ``cuda`` module its kernels see.
@@ -44,3 +44,18 @@ def run_sram_pass(apply, NT, src, n_words, out_off, n_out):
     out = np.zeros(n_out, np.uint32)
     run[1, NT, 0, 4 * n_words](src, out)
     return out
+
+
+def device_swizzle(swizzle, cols=128, rows=16):
+    """``swizzle(col, row)`` (a device function of :mod:`numba_flash.fast._tiles`) for every ``col < cols`` of every
+    ``row < rows``, computed on the device (or the simulator), element ``row * cols + col``."""
+
+    @cuda.jit
+    def k(out):
+        i = cuda.grid(1)
+        if i < out.shape[0]:
+            out[i] = swizzle(uint32(i % cols), uint32(i // cols))
+
+    out = cuda.to_device(np.zeros(cols * rows, np.uint32))
+    k[(cols * rows + 255) // 256, 256](out)
+    return out.copy_to_host()

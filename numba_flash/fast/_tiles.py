@@ -508,6 +508,19 @@ def make_quiet_split(SIM: bool):
     return split
 
 
+def _scale_argument(each_split, SCALE: bool):
+    """A split pass ``each_split(smem, words, off, small, tid, scale)`` as its factory returns it: itself with ``SCALE``,
+    else ``split_pass(smem, words, off, small, tid)``, which splits the values as they are (``scale`` 1, unused)."""
+    if SCALE:
+        return each_split
+
+    @cuda.jit(device=True, inline="always")
+    def split_pass(smem, words, off, small, tid):
+        each_split(smem, words, off, small, tid, float32(1.0))
+
+    return split_pass
+
+
 @functools.cache
 def make_split_pass(NROWS: int, DW: int, NT: int, SA: int, SIM: bool, SWIZZLE=None, SCALE: bool = False):
     """``split_pass(smem, words, off, small, tid)``: the chunks of :func:`make_quiet_nan_pass` (same ``NROWS, DW, NT,
@@ -545,14 +558,7 @@ def make_split_pass(NROWS: int, DW: int, NT: int, SA: int, SIM: bool, SWIZZLE=No
                 for w in range(4):
                     words[base + small + U(w)] = rS[w]
 
-    if SCALE:
-        return each_split
-
-    @cuda.jit(device=True, inline="always")
-    def split_pass(smem, words, off, small, tid):
-        each_split(smem, words, off, small, tid, float32(1.0))
-
-    return split_pass
+    return _scale_argument(each_split, SCALE)
 
 
 @functools.cache
@@ -594,14 +600,7 @@ def make_row_pair_split_pass(NROWS: int, DW: int, NT: int, SA: int, SIM: bool, S
                 for x in range(4):
                     words[src1 + small + U(x)] = rS[4 + x]
 
-    if SCALE:
-        return each_split
-
-    @cuda.jit(device=True, inline="always")
-    def split_pass(smem, words, off, small, tid):
-        each_split(smem, words, off, small, tid, float32(1.0))
-
-    return split_pass
+    return _scale_argument(each_split, SCALE)
 
 
 def v_pair_stride(DP: int) -> int:

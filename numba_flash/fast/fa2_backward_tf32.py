@@ -278,12 +278,13 @@ def make_score_products_wide(QT: int, NKN: int, KD: int, SQ: int, SIM: bool, KEY
                         for e in range(4):
                             rFb[kn * 4 + e], rFs[kn * 4 + e] = split(rX[e])
                     for qt in range(QT):  # query rows g (e < 4) and g + 8 (e >= 4), the same columns
-                        qa = OFF_A + (qrow + U(16 * qt) + g) * uSQ + cs
-                        qa1 = qa
                         if PAIRS:  # Dev: the quads of rows 2 g, 2 g + 1: columns c, c + 1 in row 2 g's chunk, c + 2, c + 3 in the next
                             qr = OFF_A + (qrow + U(16 * qt) + U(2) * g) * uSQ + U(32 * (kp // 2))
                             qa = qr + _tiles.swizzle_pairs(U(16 * (kp % 2)) + U(4) * t, U(2) * g)
                             qa1 = qr + uSQ + _tiles.swizzle_pairs(U(16 * (kp % 2)) + U(4) * t, U(2) * g + U(1))
+                        else:
+                            qa = OFF_A + (qrow + U(16 * qt) + g) * uSQ + cs
+                            qa1 = qa  # Dev: unread without PAIRS
                         for e in range(4):
                             if not PRESPLIT:  # Dev: SPLIT_QDO: a_parts loads both parts, from the split pass
                                 rX[e] = smem[qa + U(e)]

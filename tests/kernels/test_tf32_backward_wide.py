@@ -38,6 +38,7 @@ import numpy as np
 import pytest
 from attn_testing import assert_error_rule, make_qkv, naive_attention_backward_float32, run_tc_forward, sharp_problem, to_host
 from numba import cuda, float32, uint32
+from sram_pass_testing import device_swizzle
 
 FWD_WIDE = {"CP_ASYNC": True, "WIDE": True}
 
@@ -236,17 +237,9 @@ def test_swizzle16t_keeps_row_and_column_reads_in_32_banks(DP):
 
 
 def test_swizzle16t_on_the_device_is_the_host_formula():
-    @cuda.jit
-    def k(out):
-        i = cuda.grid(1)
-        if i < out.shape[0]:
-            out[i] = _tiles.swizzle16t(U(i % 128), U(i // 128))
-
-    out = cuda.to_device(np.zeros(128 * 16, np.uint32))
-    k[8, 256](out)
     i = np.arange(128 * 16)
     x, r = i % 128, i // 128
-    np.testing.assert_array_equal(out.copy_to_host(), x ^ (16 * (r & 1)) ^ (8 * ((r >> 1) & 3)))
+    np.testing.assert_array_equal(device_swizzle(_tiles.swizzle16t), x ^ (16 * (r & 1)) ^ (8 * ((r >> 1) & 3)))
 
 
 def test_wide_follows_the_forward_and_runs_only_where_it_can(rng):
