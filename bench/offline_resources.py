@@ -242,12 +242,13 @@ def _kernel(name: str, d: int, causal: bool, tiling=None):
             return TB.fa2_backward_tf32_dq_kernel(*TB.dq_config(d), causal, False, False, False, wide)
         NW, MW, BR, DP, cp_async = _backward_tiling(TB.config_for(d, None, causal), TB.features_for(d, {"WIDE": wide})["CP_ASYNC"], tiling)
         red2 = d % 2 == 0  # as TB.plan on compute capability 9.0
-        split_qdo = TB.split_qdo_on(_features(TB)["SPLIT_QDO"], cp_async and TC.cp_async_ok(d), wide)
+        # Dev: SPLIT_QDO None as the plan resolves it from SPLIT_QDO_SEQLEN query rows (every backward cell of the grid)
+        split_qdo = TB.split_qdo_on(_features(TB)["SPLIT_QDO"], cp_async and TC.cp_async_ok(d), wide, TB.SPLIT_QDO_SEQLEN)
         return TB.fa2_backward_tf32_kernel(NW, MW, BR, DP, causal, False, True, TB.default_features()["PREFETCH"], False, False, red2,
                                            cp_async and TC.cp_async_ok(d), causal and bool(_features(TB)["HEAVY_FIRST"]), wide,
                                            TB.dq_unroll_for(DP, 16 * MW * NW, _features(TB)["DQ_UNROLL"]),
                                            TB.kv_async_for(DP, cp_async and TC.cp_async_ok(d), _features(TB)["KV_ASYNC"]),
-                                           split_qdo, split_qdo and bool(_features(TB)["QDO_PAIRS"]))
+                                           split_qdo, TB.qdo_pairs_on(_features(TB)["QDO_PAIRS"], split_qdo))
     f = B2.default_features()
     if name == "fa2_backward_fast":
         return B2.fa2_backward_fast_kernel(*B2.config_for(d), causal, False, True, f["VEC"], f["PREFETCH"], f["MAXREG"])

@@ -56,7 +56,7 @@ DQ_UNROLL = {f"default-dqu{u}": (None, {"DQ_UNROLL": u}) for u in (1, 2, 4)}
 #: line 6's K_j, V_j through registers (the former load) or by cp.async (KV_ASYNC, 2026-11-27)
 KV_ASYNC = {f"default-kv{int(a)}": (None, {"KV_ASYNC": a}) for a in (False, True)}
 #: Q_i, dO_i split into their tf32 parts once per step in SRAM (SPLIT_QDO, 2026-11-28: WIDE only, so d = 128) or by every warp
-SPLIT_QDO = {f"default-sq{int(a)}": (None, {"SPLIT_QDO": a}) for a in (False, True)}
+SPLIT_QDO = {f"default-sq{int(a)}": (None, {"SPLIT_QDO": a, "QDO_PAIRS": False}) for a in (False, True)}
 #: ... with its parts as the A-fragment quads of row pairs (QDO_PAIRS, 2026-11-28)
 SPLIT_QDO["default-sq1-pairs"] = (None, {"SPLIT_QDO": True, "QDO_PAIRS": True})
 TILINGS = {

@@ -59,3 +59,9 @@ def device_swizzle(swizzle, cols=128, rows=16):
     out = cuda.to_device(np.zeros(cols * rows, np.uint32))
     k[(cols * rows + 255) // 256, 256](out)
     return out.copy_to_host()
+
+
+def swizzle16_host(col, row):
+    """:func:`numba_flash.fast._tiles.swizzle16` on the host, for ints or integer arrays (a device function cannot be
+    called from the host on a GPU; the simulator allows it): ``col ^ 16`` in odd rows."""
+    return col ^ (16 * (row & 1))

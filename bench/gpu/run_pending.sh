@@ -163,6 +163,11 @@
 #                d = 128 backward alone with SPLIT_QDO off, on, and on with QDO_PAIRS, N 1k/4k/16k, causal and not, two
 #                rotating rounds (tf32_bwd_sweep default-sq0 default-sq1 default-sq1-pairs) -> OUTDIR/qdo_pairs_tests.txt,
 #                qdo_pairs.json/.log
+#   qdo_pairs_long the same GPU tests (run on 2026-11-28, 5cae1b0: 3 failures, named), then the sweep at N 8k / 16k
+#                -> OUTDIR/qdo_pairs_tests.txt, qdo_pairs_long.json/.log
+#   pairs_default SPLIT_QDO with QDO_PAIRS the default from 1k rows: the GPU run of the test files of SPLIT_QDO, the split
+#                passes and the Q_i loader (all their tests, each named; the simulator-sized ones too)
+#                -> OUTDIR/pairs_default_tests.txt
 #   half_bwd_cp  the half backward's tilings with and without cp.async for Q_i, dO_i (half_sweep --backward; the log's
 #                section "FA2 backward in fp16 / bf16: cp.async for Q_i, dO_i") -> OUTDIR/half_bwd_cp.json/.log
 # OUTDIR/pending_env.txt says what ran where. A failed step is noted and the rest run. Exit status: 0 when all ran.
@@ -541,6 +546,16 @@ for s in "${steps[@]}"; do
       step qdo_pairs.log timeout 330 python3 -m bench.tf32_bwd_sweep --seqlens 1024 4096 16384 --headdims 128 \
         --no-fwdbwd --rounds 2 --tilings default-sq0 default-sq1 default-sq1-pairs --out "$out/qdo_pairs.json"
       grep "^bwd" "$out/qdo_pairs.log" ;;
+    qdo_pairs_long)  # run on 2026-11-28 (5cae1b0) by hand as these commands (timeouts 220 and 300)
+      step qdo_pairs_tests.txt timeout 220 python3 -m pytest -v -p no:cacheprovider -rfE -n 8 tests/kernels/test_tf32_backward_split_qdo.py \
+        tests/kernels/test_tc_forward_split_kv.py
+      step qdo_pairs_long.log timeout 300 python3 -m bench.tf32_bwd_sweep --seqlens 8192 16384 --headdims 128 \
+        --no-fwdbwd --rounds 2 --tilings default-sq0 default-sq1 default-sq1-pairs --out "$out/qdo_pairs_long.json"
+      grep "^bwd" "$out/qdo_pairs_long.log" ;;
+    pairs_default)
+      step pairs_default_tests.txt timeout 400 python3 -m pytest -v -p no:cacheprovider -rfE --tb=short -n 8 \
+        tests/kernels/test_tf32_backward_split_qdo.py tests/kernels/test_tc_forward_split_kv.py tests/kernels/test_fast_forward_q_batch.py
+      tail -n 60 "$out/pairs_default_tests.txt" ;;
     half_bwd_cp)
       step half_bwd_cp.log python3 -m bench.half_sweep --backward --seqlens 1024 4096 --out "$out/half_bwd_cp.json"
       tail -n 40 "$out/half_bwd_cp.log" ;;

@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 from attn_testing import assert_same_bits, make_qkv, run_module_forward
 from numba import cuda, float32
+from sram_pass_testing import swizzle16_host
 
 QNAN_BITS = 0x7FC00000
 
@@ -59,7 +60,7 @@ def test_the_loader_writes_the_same_words_with_any_batch(batch, NT, quiet, swizz
     if quiet:
         want.view(np.uint32)[np.isnan(want)] = QNAN_BITS
     if swizzle:
-        cols = np.array([[int(_tiles.swizzle16(np.uint32(x), np.uint32(r))) for x in range(DP)] for r in range(BR)])
+        cols = np.array([[swizzle16_host(x, r) for x in range(DP)] for r in range(BR)])
         sw = want.copy()
         for r in range(BR):
             sw[r, cols[r]] = want[r, :DP]

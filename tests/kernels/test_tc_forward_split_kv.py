@@ -33,11 +33,16 @@ import numpy as np
 import pytest
 from attn_testing import assert_same_bits, make_qkv, run_tc_forward
 from numba import cuda, uint32
-from sram_pass_testing import nan_tile, run_sram_pass
+from sram_pass_testing import device_swizzle, nan_tile, run_sram_pass, swizzle16_host
 
 QNAN_BITS = 0x7FC00000
 ON = {"CP_ASYNC": True, "WIDE": True, "SPLIT_KV": True}
 OFF = {"CP_ASYNC": True, "WIDE": True, "SPLIT_KV": False}
+
+
+def test_swizzle16_on_the_device_is_the_host_formula():
+    i = np.arange(128 * 16)
+    np.testing.assert_array_equal(device_swizzle(_tiles.swizzle16), swizzle16_host(i % 128, i // 128))
 
 
 @pytest.mark.parametrize("swizzle", [False, True], ids=["plain", "swizzled"])
@@ -57,8 +62,8 @@ def test_the_split_pass_writes_both_parts_of_every_element(NT, swizzle):
     big, small = out[:SMALL].reshape(ROWS, SA), out[SMALL:].reshape(ROWS, SA)
     for r in range(ROWS):
         for c in range(DW):
-            x = src[r, int(_tiles.swizzle16(np.uint32(c), np.uint32(r))) if swizzle else c]
-            at = (r, int(_tiles.swizzle16(np.uint32(c), np.uint32(r))) if swizzle else c)
+            at = (r, swizzle16_host(c, r) if swizzle else c)
+            x = src[at]
             if np.isnan(x):  # Dev: quieted first; its small part is whatever NaN - NaN gives on the backend
                 assert big[at] == QNAN_BITS, f"the NaN at {at} was not made the quiet NaN"
                 continue

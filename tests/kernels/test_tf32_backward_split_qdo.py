@@ -17,8 +17,11 @@ Claims checked:
   in the ``mma``'s register order): the row-pair pass puts both parts of every element where the products read them,
   its swizzle keeps those reads bank-conflict free, and the gradients are the bits of ``SPLIT_QDO`` without it.
 * It runs only with ``WIDE`` on the ``cp.async`` path (the kernel refuses it otherwise; the plan leaves it off), and it
-  is on by default from 16k query rows (an H100 ran the d = 128 backward 1.01-1.04x with it, at least 1.02x in both
-  rounds only at 16k: the performance log).
+  is on by default from 1k query rows, with ``QDO_PAIRS`` (the d = 128 backward 1.09-1.44x faster with both in every
+  cell of two rounds at N 1k / 4k on an H100 and 8k / 16k on an H200: the performance log).
+* A NaN in ``Q`` reaches its row of ``dQ`` and all of ``dK``, one in ``dO`` reaches ``dV``, on both backends. (Where Q's
+  NaN makes a row's ``l`` NaN the GPU's ``P`` row is 0, so Q's NaN does not reach ``dV`` there: the backward's
+  ``min(S' - M, 64)`` is ``fminf``, which drops a NaN, on a GPU and Python's ``min`` in the simulator.)
 * On a GPU (marker ``gpu``): the same at realistic shapes and the d = 128 default tiling.
 """
 
@@ -90,10 +93,10 @@ def test_nans_in_q_and_do_reach_the_same_gradients(rng):
         np.testing.assert_array_equal(np.isnan(a), np.isnan(b), err_msg=f"{name}: NaNs where the backward without it has them")
 
 
-def test_split_qdo_runs_only_with_wide_on_the_cp_async_path_and_by_default_from_16k_rows():
+def test_split_qdo_runs_only_with_wide_on_the_cp_async_path_and_by_default_from_1k_rows():
     on, n = fa2_backward_tf32.split_qdo_on, fa2_backward_tf32.SPLIT_QDO_SEQLEN
     assert fa2_backward_tf32.default_features()["SPLIT_QDO"] is None
-    assert n == 16384, "H100, 16-byte stores: at least 1.02x in both rounds at 16k only (1.009-1.020x at 1k)"
+    assert n == 1024, "with QDO_PAIRS 1.09-1.44x in every cell timed (1k / 4k H100, 8k / 16k H200); 512 not timed"
     assert on(True, True, True) and on(True, True, True, 0) and not on(False, True, True, n)
     assert not on(True, False, True, n) and not on(True, True, False, n) and not on(None, False, True, n)
     assert on(None, True, True, n) and not on(None, True, True, n - 1) and not on(None, True, True)
@@ -119,9 +122,12 @@ def test_row_pairs_give_the_bits_of_split_q_and_do(rng, b, s_q, s_k, h, h_k, d, 
 def test_row_pairs_on_a_sharp_softmax_and_nans(rng):
     dout, q, k, v = sharp_problem(rng, 1, 24, 1, 32, 16.0)
     q[0, 3, 0, 5] = np.float32(np.nan)
+    dout[0, 10, 0, 30] = np.frombuffer(np.uint32(0x7FFFFFFF).tobytes(), np.float32)[0]  # the GPU's canonical NaN
     (pairs, _), (rows, _) = (_grads(q, k, v, dout, False, 0.0, (16, 16), True, False, f) for f in (True, False))
-    assert all(np.isnan(x).any() for x in pairs), "Q's NaN reaches every gradient"
-    assert_same_bits(pairs, rows, "sharp softmax with a NaN, row pairs", ("dq", "dk", "dv"))
+    dq, dk, dv = pairs
+    assert np.isnan(dq[0, 3]).all() and np.isnan(dk).all(), "Q's NaN reaches its row of dQ and all of dK"
+    assert np.isnan(dv).any(), "dO's NaN reaches dV"
+    assert_same_bits(pairs, rows, "sharp softmax with NaNs, row pairs", ("dq", "dk", "dv"))
 
 
 def _sw(x, r):  # Dev: _tiles.swizzle_pairs on the host
@@ -201,24 +207,32 @@ def test_row_pairs_need_split_q_and_do():
         fa2_backward_tf32.make_score_products_wide(1, 2, 4, 32, _backend.is_simulator(), True, 0, True)
     with pytest.raises(ValueError, match=r"row pairs \(r, r \+ 1\) need a multiple of 2 rows"):
         _tiles.make_own_chunks(15, 32, 32, 32, _tiles.swizzle_pairs, True, 1)
-    assert fa2_backward_tf32.default_features()["QDO_PAIRS"] is False
+    on = fa2_backward_tf32.qdo_pairs_on
+    assert fa2_backward_tf32.default_features()["QDO_PAIRS"] is None
+    assert on(None, True) and on(True, True) and not on(False, True) and not on(None, False) and not on(True, False)
+
+
+ON, SPLIT, OFF = (True, True), (True, False), (False, False)  # (SPLIT_QDO, QDO_PAIRS) as built
 
 
 @pytest.mark.parametrize(("d", "features", "n", "expected"), [
-    (128, {"SPLIT_QDO": True}, 256, True),  # WIDE (as the forward above d = 64) on the cp.async path
-    (128, {"SPLIT_QDO": True, "WIDE": False}, 256, False),  # not WIDE: off
-    (128, {"SPLIT_QDO": True, "CP_ASYNC": False}, 256, False),  # the register path: off
-    (64, {"SPLIT_QDO": True}, 256, False),  # d = 64: WIDE off by default
-    (128, None, 256, False),  # by default off below SPLIT_QDO_SEQLEN ...
-    (128, None, 16384, True),  # ... and on from it
-    (64, None, 16384, False),  # not at d = 64 (no WIDE)
+    (128, {"SPLIT_QDO": True}, 256, ON),  # WIDE (as the forward above d = 64) on the cp.async path, pairs with it
+    (128, {"SPLIT_QDO": True, "QDO_PAIRS": False}, 256, SPLIT),  # pairs asked off
+    (128, {"SPLIT_QDO": True, "WIDE": False}, 256, OFF),  # not WIDE: off
+    (128, {"SPLIT_QDO": True, "CP_ASYNC": False}, 256, OFF),  # the register path: off
+    (64, {"SPLIT_QDO": True}, 256, OFF),  # d = 64: WIDE off by default
+    (128, {"QDO_PAIRS": True}, 256, OFF),  # pairs asked, SPLIT_QDO by default off below SPLIT_QDO_SEQLEN ...
+    (128, None, 1023, OFF),
+    (128, None, 1024, ON),  # ... and on from it, with pairs
+    (64, None, 16384, OFF),  # not at d = 64 (no WIDE)
 ])
 def test_the_plan_builds_it_only_with_wide_on_the_cp_async_path(monkeypatch, d, features, n, expected):
     built = []
     real = fa2_backward_tf32.fa2_backward_tf32_kernel
 
     def record(*args):
-        built.append(inspect.signature(real).bind(*args).arguments.get("SPLIT_QDO", False))
+        bound = inspect.signature(real).bind(*args).arguments
+        built.append((bound.get("SPLIT_QDO", False), bound.get("QDO_PAIRS", False)))
         return real(*args)
 
     monkeypatch.setattr(fa2_backward_tf32, "fa2_backward_tf32_kernel", record)
@@ -231,13 +245,18 @@ def test_the_plan_builds_it_only_with_wide_on_the_cp_async_path(monkeypatch, d, 
 @pytest.mark.gpu
 @pytest.mark.parametrize(("n", "d", "causal", "det"), [(1000, 128, False, False), (1000, 128, True, True), (777, 96, True, False)])
 def test_split_q_and_do_on_gpu_shapes(rng, n, d, causal, det):
-    """dV bit for bit, dQ too with ``deterministic`` (atomic adds land in any order: else the 3x rule), dK the 3x rule."""
+    """dV bit for bit, dQ too with ``deterministic`` (atomic adds land in any order: else the 3x rule), dK the 3x rule;
+    with ``QDO_PAIRS`` the bits of ``SPLIT_QDO`` alone (dQ with ``deterministic``)."""
     q, k, v = make_qkv(rng, 2, n, n, 4, 2, d)
     dout = rng.standard_normal(q.shape).astype(np.float32)
     on, off = (_grads(q, k, v, dout, causal, 0.0, None, f, det)[0] for f in (True, False))
+    pairs = _grads(q, k, v, dout, causal, 0.0, None, True, det, True)[0]
     ref, naive = _reference(q, k, v, dout, causal, 0.0)
     assert_same_bits([on[2]], [off[2]], "Q_i, dO_i split once and by every warp", ("dv",))
+    assert_same_bits(pairs[1:], on[1:], "Q_i, dO_i as quads of row pairs", ("dk", "dv"))
     if det:
         assert_same_bits([on[0]], [off[0]], "Q_i, dO_i split once and by every warp", ("dq",))
-    for i, name in ((0, "dQ"), (1, "dK")):
-        assert_error_rule(on[i].astype(np.float64).reshape(ref[i].shape), ref[i], naive[i], mult=3.0, what=f"{name}, SPLIT_QDO")
+        assert_same_bits([pairs[0]], [on[0]], "Q_i, dO_i as quads of row pairs", ("dq",))
+    for got, what in ((on, "SPLIT_QDO"), (pairs, "QDO_PAIRS")):
+        for i, name in ((0, "dQ"), (1, "dK")):
+            assert_error_rule(got[i].astype(np.float64).reshape(ref[i].shape), ref[i], naive[i], mult=3.0, what=f"{name}, {what}")
