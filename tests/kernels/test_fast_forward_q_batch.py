@@ -39,19 +39,20 @@ def test_the_loader_writes_the_same_words_with_any_batch(batch, NT, quiet, swizz
     gq = rng.standard_normal((1, 9, 2, D)).astype(np.float32)
     gq[0, 4, 1, 7] = np.uint32(0xFFC00000).view(np.float32)  # a NaN in the tile (head 1, row 4, column 7), not the quiet one
     scale = np.float32(0.18033688)
+    TILE = BR * SQ  # Dev: a shared array's shape must be a constant on a GPU, not an expression (the simulator takes either)
 
     @cuda.jit
     def run(gq, out):
-        smem = cuda.shared.array(BR * SQ, float32)
-        for i in range(cuda.threadIdx.x, BR * SQ, NT):
+        smem = cuda.shared.array(TILE, float32)
+        for i in range(cuda.threadIdx.x, TILE, NT):
             smem[i] = float32(-7.0)  # Dev: a word the loader must not touch (padding past DP) keeps this
         cuda.syncthreads()  # Sync: the tile is filled before the loader overwrites it
         load_q(gq, smem, 0, 0, 1, ROW0, S_Q, D, cuda.threadIdx.x, float32(scale))
         cuda.syncthreads()  # Sync: every thread's stores are done before the copy out
-        for i in range(cuda.threadIdx.x, BR * SQ, NT):
+        for i in range(cuda.threadIdx.x, TILE, NT):
             out[i] = smem[i]
 
-    out = np.zeros(BR * SQ, np.float32)
+    out = np.zeros(TILE, np.float32)
     run[1, NT](gq, out)
     want = np.full((BR, SQ), -7.0, np.float32)
     want[:, :DP] = 0.0
