@@ -168,6 +168,7 @@
 #   pairs_default SPLIT_QDO with QDO_PAIRS the default from 1k rows: the GPU run of the test files of SPLIT_QDO, the split
 #                passes and the Q_i loader (all their tests, each named; the simulator-sized ones too)
 #                -> OUTDIR/pairs_default_tests.txt
+#   nan_reach    where a NaN in Q goes in the 3xTF32 backward, build by build (bench/nan_reach.py) -> OUTDIR/nan_reach.txt
 #   half_bwd_cp  the half backward's tilings with and without cp.async for Q_i, dO_i (half_sweep --backward; the log's
 #                section "FA2 backward in fp16 / bf16: cp.async for Q_i, dO_i") -> OUTDIR/half_bwd_cp.json/.log
 # OUTDIR/pending_env.txt says what ran where. A failed step is noted and the rest run. Exit status: 0 when all ran.
@@ -556,6 +557,9 @@ for s in "${steps[@]}"; do
       step pairs_default_tests.txt timeout 400 python3 -m pytest -v -p no:cacheprovider -rfE --tb=short -n 8 \
         tests/kernels/test_tf32_backward_split_qdo.py tests/kernels/test_tc_forward_split_kv.py tests/kernels/test_fast_forward_q_batch.py
       tail -n 60 "$out/pairs_default_tests.txt" ;;
+    nan_reach)
+      step nan_reach.txt timeout 300 python3 -m bench.nan_reach
+      cat "$out/nan_reach.txt" ;;
     half_bwd_cp)
       step half_bwd_cp.log python3 -m bench.half_sweep --backward --seqlens 1024 4096 --out "$out/half_bwd_cp.json"
       tail -n 40 "$out/half_bwd_cp.log" ;;

@@ -1,0 +1,55 @@
+"""Where a NaN in ``Q`` goes in the 3xTF32 backward (:mod:`numba_flash.fast.fa2_backward_tf32`), build by build.
+
+For one query row made NaN (``Q[0, row, 0, 5]``) it prints, per gradient, how many elements are NaN and in which rows,
+with ``SPLIT_QDO`` off, on, and on with ``QDO_PAIRS``, on a sharp (scores of standard deviation 16) and a plain softmax,
+and on a small ragged shape::
+
+    python -m bench.nan_reach        # on the GPU if there is one; NUMBA_ENABLE_CUDASIM=1: the simulator
+
+On the simulator Q's NaN reaches all of dV; on a GPU it does not (the row's ``l`` is NaN, ``row_stats`` gives it
+``1/l = 0``, and ``min(S' - M, 64)`` is ``fminf`` there, which drops the NaN: the row's ``P`` is 0). The performance
+log's section on ``QDO_PAIRS`` at 8k / 16k has the run (``docs/results/gpu_runs/nan_reach_h200_5cae1b0.txt``).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from numba_flash import _backend
+
+import numpy as np
+
+from tests.attn_testing import make_qkv, run_tf32_backward, sharp_problem
+
+
+def show(tag, q, k, v, dout):
+    for split, pairs in ((False, False), (True, False), (True, True)):
+        feats = {"WIDE": True, "CP_ASYNC": True, "SPLIT_QDO": split, "QDO_PAIRS": pairs}
+        grads, _ = run_tf32_backward(q, k, v, dout, False, 0.0, 7, (16, 16), feats, False)
+        parts = []
+        for name, x in zip(("dq", "dk", "dv"), grads):
+            x = x.reshape(x.shape[0], x.shape[1], -1)
+            rows = sorted(set(np.nonzero(np.isnan(x))[1].tolist()))
+            finite = np.abs(x[np.isfinite(x)])
+            parts.append(f"{name}: {int(np.isnan(x).sum())} NaN rows {rows[:30]} max|x| "
+                         f"{finite.max() if finite.size else float('nan'):.3g}")
+        print(f"{tag} split={split:d} pairs={pairs:d}: " + " | ".join(parts), flush=True)
+
+
+def main() -> None:
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()
+    print(_backend.describe(), flush=True)
+    for row in (3, 2):
+        for sharp in (16.0, 1.0):
+            dout, q, k, v = sharp_problem(np.random.default_rng(0), 1, 24, 1, 32, sharp)
+            q[0, row, 0, 5] = np.float32(np.nan)
+            show(f"sharp={sharp} nan-row={row}", q, k, v, dout)
+    rng = np.random.default_rng(0)
+    q, k, v = make_qkv(rng, 1, 12, 13, 1, 1, 32)
+    dout = rng.standard_normal(q.shape).astype(np.float32)
+    q[0, 3, 0, 5] = np.float32(np.nan)
+    show("make_qkv 12x13 nan-row=3", q, k, v, dout)
+
+
+if __name__ == "__main__":
+    main()
