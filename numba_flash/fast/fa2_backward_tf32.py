@@ -1038,9 +1038,9 @@ def default_features() -> dict:
 
 #: Query lengths from which ``SPLIT_QDO`` (with ``QDO_PAIRS``) is on by default. Alone, with its 16-byte stores, it ran the
 #: d = 128 backward 1.009-1.038x on an H100 (``docs/results/sweeps/split_qdo_16b_h100_e2df55b.json``), at least 1.02x in
-#: both rounds (the rule) only at 16k. With ``QDO_PAIRS``, 1.09-1.44x the backward without it in every cell of two rounds,
-#: causal and not: N 1k and 4k on an H100 (``qdo_pairs_h100_8da26c3.json``), 8k and 16k on an H200
-#: (``qdo_pairs_long_h200_5cae1b0.json``); 2k lies between, 512 was not timed.
+#: both rounds (the rule) only at 16k. With ``QDO_PAIRS``, 1.11-1.18x the backward without either (one outlier round
+#: 1.44x) in every cell of two rounds, causal and not: N 1k and 4k on an H100 (``qdo_pairs_h100_8da26c3.json``), 8k and
+#: 16k on an H200 (``qdo_pairs_long_h200_5cae1b0.json``); 2k lies between, 512 was not timed.
 SPLIT_QDO_SEQLEN = 1024
 
 
@@ -1055,7 +1055,7 @@ def split_qdo_on(value, cp_async: bool, wide: bool, seqlen_q: int = 0) -> bool:
 
 def qdo_pairs_on(value, split_qdo: bool) -> bool:
     """``QDO_PAIRS`` resolved: only with ``SPLIT_QDO`` (``split_qdo``, resolved); there ``bool(value)``, None: on. The same
-    bits as ``SPLIT_QDO`` alone, and 1.09-1.20x faster in every cell timed (:data:`SPLIT_QDO_SEQLEN`)."""
+    bits as ``SPLIT_QDO`` alone, and 1.09-1.20x faster than it in every cell timed (:data:`SPLIT_QDO_SEQLEN`)."""
     return split_qdo and (value is None or bool(value))
 
 

@@ -17,11 +17,12 @@ Claims checked:
   in the ``mma``'s register order): the row-pair pass puts both parts of every element where the products read them,
   its swizzle keeps those reads bank-conflict free, and the gradients are the bits of ``SPLIT_QDO`` without it.
 * It runs only with ``WIDE`` on the ``cp.async`` path (the kernel refuses it otherwise; the plan leaves it off), and it
-  is on by default from 1k query rows, with ``QDO_PAIRS`` (the d = 128 backward 1.09-1.44x faster with both in every
+  is on by default from 1k query rows, with ``QDO_PAIRS`` (the d = 128 backward 1.11-1.18x faster with both in every
   cell of two rounds at N 1k / 4k on an H100 and 8k / 16k on an H200: the performance log).
-* A NaN in ``Q`` reaches its row of ``dQ`` and all of ``dK``, one in ``dO`` reaches ``dV``, on both backends. (Where Q's
-  NaN makes a row's ``l`` NaN the GPU's ``P`` row is 0, so Q's NaN does not reach ``dV`` there: the backward's
-  ``min(S' - M, 64)`` is ``fminf``, which drops a NaN, on a GPU and Python's ``min`` in the simulator.)
+* A NaN in ``Q`` reaches its row of ``dQ`` and all of ``dK``, one in ``dO`` reaches ``dV``, on both backends. (Q's NaN
+  makes its row's ``l`` NaN, whose ``1/l`` the backward takes as 0. On a GPU that row's ``P`` is then 0, because the
+  backward's ``min(S' - M, 64)`` is ``fminf`` there, which drops a NaN; the simulator's Python ``min`` keeps it. So Q's
+  NaN reaches ``dV`` in the simulator only: ``python -m bench.nan_reach``.)
 * On a GPU (marker ``gpu``): the same at realistic shapes and the d = 128 default tiling.
 """
 
@@ -96,7 +97,7 @@ def test_nans_in_q_and_do_reach_the_same_gradients(rng):
 def test_split_qdo_runs_only_with_wide_on_the_cp_async_path_and_by_default_from_1k_rows():
     on, n = fa2_backward_tf32.split_qdo_on, fa2_backward_tf32.SPLIT_QDO_SEQLEN
     assert fa2_backward_tf32.default_features()["SPLIT_QDO"] is None
-    assert n == 1024, "with QDO_PAIRS 1.09-1.44x in every cell timed (1k / 4k H100, 8k / 16k H200); 512 not timed"
+    assert n == 1024, "with QDO_PAIRS 1.11-1.18x in every cell timed (1k / 4k H100, 8k / 16k H200); 512 not timed"
     assert on(True, True, True) and on(True, True, True, 0) and not on(False, True, True, n)
     assert not on(True, False, True, n) and not on(True, True, False, n) and not on(None, False, True, n)
     assert on(None, True, True, n) and not on(None, True, True, n - 1) and not on(None, True, True)
