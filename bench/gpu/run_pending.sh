@@ -168,6 +168,11 @@
 #   pairs_default SPLIT_QDO with QDO_PAIRS the default from 1k rows: the GPU run of the test files of SPLIT_QDO, the split
 #                passes and the Q_i loader (all their tests, each named; the simulator-sized ones too)
 #                -> OUTDIR/pairs_default_tests.txt
+#   short_cells  the three d = 128 forward cells below SDPA in the H200 grid at 5e63e8d (N 512, causal 512 and 1k): Nsight
+#                Compute's full set at N 512 (b 32, h 16: the grid's shape), causal and not, default tiling, to show where a
+#                short block's time goes (prologue, key steps, epilogue) -> OUTDIR/ncu_short_{causal,noncausal}_fwd_d128.txt
+#                (and _meta.json); then the causal tilings 4 x 1 x 32 and 4 x 2 x 16 at N 512 / 1k, 30 interleaved rounds
+#                with SDPA, twice, the order rotated -> OUTDIR/short_causal_{1,2}.json/.log
 #   nan_reach    where a NaN in Q goes in the 3xTF32 backward, build by build (bench/nan_reach.py) -> OUTDIR/nan_reach.txt
 #   half_bwd_cp  the half backward's tilings with and without cp.async for Q_i, dO_i (half_sweep --backward; the log's
 #                section "FA2 backward in fp16 / bf16: cp.async for Q_i, dO_i") -> OUTDIR/half_bwd_cp.json/.log
@@ -557,6 +562,23 @@ for s in "${steps[@]}"; do
       step pairs_default_tests.txt timeout 400 python3 -m pytest -v -p no:cacheprovider -rfE --tb=short -n 8 \
         tests/kernels/test_tf32_backward_split_qdo.py tests/kernels/test_tc_forward_split_kv.py tests/kernels/test_fast_forward_q_batch.py
       tail -n 60 "$out/pairs_default_tests.txt" ;;
+    short_cells)
+      ncu_bin="$(python3 -c 'from bench.ncu import find_ncu; print(find_ncu() or "")')"
+      if [ -z "$ncu_bin" ]; then echo "run_pending: no ncu" >&2; rc=1; else
+        for causal in true false; do
+          tag="$([ "$causal" = true ] && echo causal || echo noncausal)"
+          spec="{\"algorithm\":\"flash2\",\"variant\":\"tensorcore\",\"pass\":\"forward\",\"batch\":32,\"nheads\":16,\"N\":512,\"d\":128,\"causal\":$causal}"
+          step "ncu_short_${tag}_fwd_d128.txt" timeout 200 "$ncu_bin" --set full --nvtx --nvtx-include "numba_flash_measure/" --print-units base \
+            python3 -m bench.ncu --child "$spec" --meta-out "$out/ncu_short_${tag}_fwd_d128_meta.json"
+        done
+      fi
+      for r in 1 2; do
+        if [ "$r" = 1 ]; then v="tc-cp-4x1x32-wide tc-cp-4x2x16"; else v="tc-cp-4x2x16 tc-cp-4x1x32-wide"; fi
+        # shellcheck disable=SC2086
+        step "short_causal_$r.log" timeout 150 python3 -m bench.fa2_sweep --seqlens 512 1024 --headdims 128 --causal yes \
+          --variants $v --repeats 30 --interleave --no-check --out "$out/short_causal_$r.json"
+      done
+      grep -h "^forward" "$out"/short_causal_*.log ;;
     nan_reach)
       step nan_reach.txt timeout 300 python3 -m bench.nan_reach
       cat "$out/nan_reach.txt" ;;
