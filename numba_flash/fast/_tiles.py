@@ -430,7 +430,7 @@ def make_word_loader_async(NROWS: int, DW: int, NT: int, SA: int, SIM: bool, SWI
     A chunk outside the array reads nothing; its address is clamped to row 0, word 0 all the same, so no
     out-of-range address is ever formed. ``SWIZZLE`` (the module docstring): chunks land at swizzled columns (a
     swizzle moves 4-aligned groups of 4 columns whole). ``ROW_PAIRS``: the chunks in pairs of rows ``r, r + PAIR_ROWS``
-    (:func:`make_own_chunks`), for :func:`make_v_pair_split_pass`'s ``ROW_PAIRS`` (4) or :func:`make_row_pair_split_pass`
+    (:func:`make_own_chunks`), for :func:`make_v_pair_split_pass` (4) or :func:`make_row_pair_split_pass`
     (1).
     """
     NC, own_chunk, _, chunk_rc, word_at = make_own_chunks(NROWS, DW, NT, SA, SWIZZLE, ROW_PAIRS, PAIR_ROWS)
@@ -610,9 +610,10 @@ def v_pair_stride(DP: int) -> int:
 
 
 @functools.cache
-def make_v_pair_split_pass(NROWS: int, DP: int, NT: int, SA: int, SIM: bool, ROW_PAIRS: bool = False):
+def make_v_pair_split_pass(NROWS: int, DP: int, NT: int, SA: int, SIM: bool):
     """``split_v(smem, words, off, out, small, tid)``: this thread's chunks of the ``V_j`` tile at ``off`` (as
-    :func:`make_word_loader_async` copied them, row stride ``SA``) split as :func:`make_split_pass` does, the big parts
+    :func:`make_word_loader_async` copied them with ``ROW_PAIRS``, row stride ``SA``) split as :func:`make_split_pass`
+    does, the big parts
     to ``out`` and the small ones ``small`` words further, in the order of the 3xTF32 forward's ``WIDE`` B fragments.
 
     An ``mma.m16n8k8`` B fragment is a register pair ``(V[t, c], V[t + 4, c])`` (key step ``kt``: keys ``8 kt + t`` and
@@ -624,12 +625,12 @@ def make_v_pair_split_pass(NROWS: int, DP: int, NT: int, SA: int, SIM: bool, ROW
     per part, in the registers the ``mma`` reads. The tile as copied is read only by the thread that copied it, so it
     needs one stage; the pairs need two (warps still read block j's while block j+1's are written).
 
-    ``ROW_PAIRS`` (the tile copied with :func:`make_word_loader_async`'s ``ROW_PAIRS``): the thread holds both rows of
-    each pair, so each part of a chunk pair is two 16-byte stores (words ``32 h .. 32 h + 3``); without it, each value is
-    a 4-byte store, and a warp's (at 16-byte strides in a row) are 4-way bank conflicts (Nsight Compute, the
-    performance log's ``SPLIT_KV`` profile).
+    The thread holds both rows of each pair (``ROW_PAIRS``: rows ``r, r + 4``), so each part of a chunk pair is two
+    16-byte stores (words ``32 h .. 32 h + 3``). The pass's first form took a chunk at a time, and each value was a 4-byte
+    store: a warp's, at 16-byte strides in a row, were 4-way bank conflicts (Nsight Compute, the performance log's
+    ``SPLIT_KV`` profile).
     """
-    NC, own_chunk, chunk_at, _, _ = make_own_chunks(NROWS, DP, NT, SA, None, ROW_PAIRS)
+    NC, own_chunk, chunk_at, _, _ = make_own_chunks(NROWS, DP, NT, SA, None, True)
     RS = v_pair_stride(DP)
     u4, u8 = U(4), U(8)
     split = make_quiet_split(SIM)
@@ -658,19 +659,4 @@ def make_v_pair_split_pass(NROWS: int, DP: int, NT: int, SA: int, SIM: bool, ROW
                     for x in range(4):
                         words[dst + small + U(32 * h + x)] = rS[4 * h + x]
 
-    if ROW_PAIRS:
-        return split_v_pairs
-
-    @cuda.jit(device=True, inline="always")
-    def split_v(smem, words, off, out, small, tid):
-        for it in range(NC):
-            mine, e = own_chunk(tid, it)
-            if mine:
-                r, c, src = chunk_at(off, e)  # key row r: step r // 8, t = r % 4, p = r % 8 // 4; a = c // 32, g = c % 32 // 4
-                dst = pair_dst(out, r, c)
-                for w in range(4):  # h = w // 2, e = w % 2
-                    big, sml = split(smem[src + U(w)])
-                    words[dst + U(32 * (w // 2) + 2 * (w % 2))] = big
-                    words[dst + small + U(32 * (w // 2) + 2 * (w % 2))] = sml
-
-    return split_v
+    return split_v_pairs

@@ -392,7 +392,7 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
     quiet_k = _tiles.make_quiet_nan_pass(BC, DP, NT, SQ, SWZ)
     quiet_v = _tiles.make_quiet_nan_pass(BC, DP, NT, SV)
     split_k = _tiles.make_split_pass(BC, DP, NT, SQ, SIM, SWZ)  # SPLIT_KV: the NaN pass and the warps' split at once
-    split_v = _tiles.make_v_pair_split_pass(BC, DP, NT, SV, SIM, True)  # 16-byte stores of each pair part
+    split_v = _tiles.make_v_pair_split_pass(BC, DP, NT, SV, SIM)  # 16-byte stores of each pair part
     # Q_ASYNC: Q_i as 16-byte chunks, then each thread's chunks times tau log2 e (NaN -> quiet NaN) in SRAM
     _, load_q_async = _tiles.make_word_loader_async(BR, DP, NT, SQ, SIM, SWZ)
     scale_q = _tiles.make_quiet_nan_pass(BR, DP, NT, SQ, SWZ, SCALE=True)

@@ -78,14 +78,13 @@ def _pair_word(kt, t, p, a, g, h, e):
     return (4 * kt + t) * _tiles.v_pair_stride(32 * A) + 64 * a + 32 * h + 4 * g + 2 * e + p
 
 
-@pytest.mark.parametrize("row_pairs", [False, True], ids=["by-chunk", "by-row-pair"])
 @pytest.mark.parametrize("NT", [128, 96], ids=["exact-share", "ragged-share"])
-def test_the_v_pass_puts_each_lanes_b_fragments_in_register_pairs(NT, row_pairs):
-    """Taking the tile a chunk at a time or (``ROW_PAIRS``, the kernel's) both rows of each pair at once."""
+def test_the_v_pass_puts_each_lanes_b_fragments_in_register_pairs(NT):
+    """Each thread takes both rows ``r, r + 4`` of a pair at once (``ROW_PAIRS``), over an exact and a ragged share."""
     DP, SV = 32 * A, 32 * A + 8
     RS = _tiles.v_pair_stride(DP)
     PART = BC // 8 * 4 * RS
-    split_v = _tiles.make_v_pair_split_pass(BC, DP, NT, SV, _backend.is_simulator(), row_pairs)
+    split_v = _tiles.make_v_pair_split_pass(BC, DP, NT, SV, _backend.is_simulator())
     src = nan_tile(np.random.default_rng(NT), BC, DP, SV)
     N_IN = BC * SV
 
