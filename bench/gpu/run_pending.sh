@@ -196,6 +196,17 @@ step() {  # step FILE COMMAND...: run, log to OUTDIR/FILE, note a failure and go
   echo "+ $*" | tee "$out/$name"
   "$@" >> "$out/$name" 2>&1 || { echo "run_pending: '$*' failed (see $name)" >&2; rc=1; }
 }
+ncu_found() {  # ncu_found: set ncu_bin to Nsight Compute's path (bench.ncu.find_ncu); none: note the failure, return 1
+  ncu_bin="$(python3 -c 'from bench.ncu import find_ncu; print(find_ncu() or "")')"
+  [ -n "$ncu_bin" ] || { echo "run_pending: no ncu" >&2; rc=1; return 1; }
+}
+ncu_full() {  # ncu_full STEM SPEC [TIMEOUT]: Nsight Compute's full set (after ncu_found) on bench.ncu's case SPEC (JSON),
+  # under TIMEOUT seconds if given -> OUTDIR/STEM.txt, OUTDIR/STEM_meta.json
+  local stem="$1" spec="$2" limit=()
+  [ -z "${3:-}" ] || limit=(timeout "$3")
+  step "$stem.txt" "${limit[@]}" "$ncu_bin" --set full --nvtx --nvtx-include "numba_flash_measure/" --print-units base \
+    python3 -m bench.ncu --child "$spec" --meta-out "$out/${stem}_meta.json"
+}
 backward_pairs() {  # backward_pairs STEM FEATURE TIMEOUT [HALF_SWEEP_ARGS...]: the half backward's default tiling
   # (forward + backward timed) with FEATURE false, true, false, true -> OUTDIR/STEM_{off,on}_{1,2}.json/.log
   local stem="$1" feature="$2" limit="$3" r mode flag
@@ -232,41 +243,33 @@ for s in "${steps[@]}"; do
         --variants tc tc-cp tc-cp-64x32 --out "$out/tc_cp_d128.json"
       tail -n 25 "$out/tc_cp_d64.log" "$out/tc_cp_d128.log" ;;
     ncu_tc)
-      ncu_bin="$(python3 -c 'from bench.ncu import find_ncu; print(find_ncu() or "")')"
-      if [ -z "$ncu_bin" ]; then echo "run_pending: no ncu" >&2; rc=1; continue; fi
+      ncu_found || continue
       for case in fwd:forward:128 fwd:forward:64 bwd:backward:128; do
         IFS=: read -r tag pass d <<< "$case"
         spec="{\"algorithm\":\"flash2\",\"variant\":\"tensorcore\",\"pass\":\"$pass\",\"batch\":4,\"nheads\":16,\"N\":4096,\"d\":$d}"
-        step "ncu_tc_${tag}_d${d}.txt" "$ncu_bin" --set full --nvtx --nvtx-include "numba_flash_measure/" --print-units base \
-          python3 -m bench.ncu --child "$spec" --meta-out "$out/ncu_tc_${tag}_d${d}_meta.json"
+        ncu_full "ncu_tc_${tag}_d${d}" "$spec"
       done ;;
     ncu_causal)
-      ncu_bin="$(python3 -c 'from bench.ncu import find_ncu; print(find_ncu() or "")')"
-      if [ -z "$ncu_bin" ]; then echo "run_pending: no ncu" >&2; rc=1; continue; fi
+      ncu_found || continue
       for case in causal:true:128,16 noncausal:false:256,16; do
         IFS=: read -r tag causal bs <<< "$case"
         spec="{\"algorithm\":\"flash2\",\"variant\":\"tensorcore\",\"pass\":\"forward\",\"batch\":16,\"nheads\":16,\"N\":1024,\"d\":128,\"causal\":$causal,\"block_sizes\":[$bs]}"
-        step "ncu_${tag}_fwd_d128.txt" timeout 240 "$ncu_bin" --set full --nvtx --nvtx-include "numba_flash_measure/" --print-units base \
-          python3 -m bench.ncu --child "$spec" --meta-out "$out/ncu_${tag}_fwd_d128_meta.json"
+        ncu_full "ncu_${tag}_fwd_d128" "$spec" 240
       done ;;
     ncu_split_kv)
-      ncu_bin="$(python3 -c 'from bench.ncu import find_ncu; print(find_ncu() or "")')"
-      if [ -z "$ncu_bin" ]; then echo "run_pending: no ncu" >&2; rc=1; continue; fi
+      ncu_found || continue
       for causal in true false; do
         for skv in 0 1; do
           tag="$([ "$causal" = true ] && echo causal || echo noncausal)"
           spec="{\"algorithm\":\"flash2\",\"variant\":\"tensorcore\",\"pass\":\"forward\",\"batch\":4,\"nheads\":16,\"N\":4096,\"d\":128,\"causal\":$causal,\"features\":{\"SPLIT_KV\":$([ "$skv" = 1 ] && echo true || echo false)}}"
-          step "ncu_split_kv${skv}_${tag}_fwd_d128.txt" timeout 240 "$ncu_bin" --set full --nvtx --nvtx-include "numba_flash_measure/" --print-units base \
-            python3 -m bench.ncu --child "$spec" --meta-out "$out/ncu_split_kv${skv}_${tag}_fwd_d128_meta.json"
+          ncu_full "ncu_split_kv${skv}_${tag}_fwd_d128" "$spec" 240
         done
       done ;;
     ncu_half)
-      ncu_bin="$(python3 -c 'from bench.ncu import find_ncu; print(find_ncu() or "")')"
-      if [ -z "$ncu_bin" ]; then echo "run_pending: no ncu" >&2; rc=1; continue; fi
+      ncu_found || continue
       for d in 128 64; do
         spec="{\"algorithm\":\"flash2\",\"variant\":\"tensorcore\",\"pass\":\"backward\",\"batch\":4,\"nheads\":16,\"N\":4096,\"d\":$d,\"dtype\":\"bfloat16\"}"
-        step "ncu_half_bwd_d${d}.txt" timeout 200 "$ncu_bin" --set full --nvtx --nvtx-include "numba_flash_measure/" --print-units base \
-          python3 -m bench.ncu --child "$spec" --meta-out "$out/ncu_half_bwd_d${d}_meta.json"
+        ncu_full "ncu_half_bwd_d${d}" "$spec" 200
       done ;;
     half_ex2)
       step half_ex2_tests.txt python3 -m pytest -q -p no:cacheprovider -rfE tests/kernels/test_half_ex2_ftz.py
@@ -563,13 +566,11 @@ for s in "${steps[@]}"; do
         tests/kernels/test_tf32_backward_split_qdo.py tests/kernels/test_tc_forward_split_kv.py tests/kernels/test_fast_forward_q_batch.py
       tail -n 60 "$out/pairs_default_tests.txt" ;;
     short_cells)
-      ncu_bin="$(python3 -c 'from bench.ncu import find_ncu; print(find_ncu() or "")')"
-      if [ -z "$ncu_bin" ]; then echo "run_pending: no ncu" >&2; rc=1; else
+      if ncu_found; then
         for causal in true false; do
           tag="$([ "$causal" = true ] && echo causal || echo noncausal)"
           spec="{\"algorithm\":\"flash2\",\"variant\":\"tensorcore\",\"pass\":\"forward\",\"batch\":32,\"nheads\":16,\"N\":512,\"d\":128,\"causal\":$causal}"
-          step "ncu_short_${tag}_fwd_d128.txt" timeout 200 "$ncu_bin" --set full --nvtx --nvtx-include "numba_flash_measure/" --print-units base \
-            python3 -m bench.ncu --child "$spec" --meta-out "$out/ncu_short_${tag}_fwd_d128_meta.json"
+          ncu_full "ncu_short_${tag}_fwd_d128" "$spec" 200
         done
       fi
       for r in 1 2; do
