@@ -49,7 +49,8 @@ def _array_calls(tree: ast.Module):
             yield node, f.value.attr
 
 
-def shape_problems(tree: ast.Module, name: str) -> list[str]:
+def shape_problems(tree: ast.Module) -> list[tuple[int, str]]:
+    """``(line, what)`` of each problem, as every check returns them."""
     def constant(e):
         return isinstance(e, (ast.Name, ast.Constant)) or (isinstance(e, ast.Tuple) and all(constant(x) for x in e.elts))
 
@@ -57,13 +58,13 @@ def shape_problems(tree: ast.Module, name: str) -> list[str]:
     for node, kind in _array_calls(tree):
         shape = node.args[0] if node.args else next((k.value for k in node.keywords if k.arg == "shape"), None)
         if shape is None or not constant(shape):
-            out.append(f"{name}:{node.lineno}: {kind} array of shape {ast.unparse(shape) if shape else '?'}")
+            out.append((node.lineno, f"{kind} array of shape {ast.unparse(shape) if shape else '?'}"))
     return out
 
 
-def same_line_problems(tree: ast.Module, name: str) -> list[str]:
+def same_line_problems(tree: ast.Module) -> list[tuple[int, str]]:
     lines = [node.lineno for node, kind in _array_calls(tree) if kind == "shared"]
-    return [f"{name}:{n}: {lines.count(n)} shared arrays on one line" for n in sorted(set(lines)) if lines.count(n) > 1]
+    return [(n, f"{lines.count(n)} shared arrays on one line") for n in sorted(set(lines)) if lines.count(n) > 1]
 
 
 @functools.cache
@@ -73,7 +74,7 @@ def device_functions(module: str) -> frozenset[str]:
     return frozenset(n.name for n in tree.body if isinstance(n, ast.FunctionDef) and any(_is_cuda_jit(d) for d in n.decorator_list))
 
 
-def host_call_problems(tree: ast.Module, name: str) -> list[str]:
+def host_call_problems(tree: ast.Module) -> list[tuple[int, str]]:
     out = []
 
     def visit(node, in_jit):
@@ -83,7 +84,7 @@ def host_call_problems(tree: ast.Module, name: str) -> list[str]:
             f = node.func
             if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id in DEVICE_MODULES \
                     and f.attr in device_functions(f.value.id):
-                out.append(f"{name}:{node.lineno}: {f.value.id}.{f.attr} called on the host")
+                out.append((node.lineno, f"{f.value.id}.{f.attr} called on the host"))
         for child in ast.iter_child_nodes(node):
             visit(child, in_jit)
 
@@ -97,7 +98,7 @@ def test_the_source_has_nothing_only_the_simulator_runs(check):
     problems = []
     for path in _sources():
         lines = path.read_text().splitlines()
-        problems += [p for p in check(_tree(path), str(path.relative_to(ROOT))) if "# DON'T" not in lines[int(p.split(":")[1]) - 1]]
+        problems += [f"{path.relative_to(ROOT)}:{n}: {what}" for n, what in check(_tree(path)) if "# DON'T" not in lines[n - 1]]
     assert not problems, "\n".join(problems)
 
 
@@ -110,7 +111,7 @@ def test_the_source_has_nothing_only_the_simulator_runs(check):
 ])
 def test_each_check_finds_what_a_gpu_refused(check, source):
     """The checks are not vacuous: each flags the code it exists for (the first two are the H200's failures)."""
-    assert check(ast.parse(source), "<example>")
+    assert check(ast.parse(source))
 
 
 def test_the_checks_leave_what_a_gpu_compiles_alone():
@@ -119,4 +120,4 @@ def test_the_checks_leave_what_a_gpu_compiles_alone():
           "split_pass = _tiles.make_split_pass(1, 2, 3, 4, True)\n")
     tree = ast.parse(ok)
     assert device_functions("_tiles") >= {"swizzle16", "swizzle16t", "swizzle_pairs"}
-    assert not shape_problems(tree, "ok") and not same_line_problems(tree, "ok") and not host_call_problems(tree, "ok")
+    assert not shape_problems(tree) and not same_line_problems(tree) and not host_call_problems(tree)
