@@ -147,7 +147,9 @@ CAUSAL_LONG_SEQLEN = 2048
 #: 1.019 / 1.168 / 1.092 / 1.030 / 0.980x and 1.134 / 1.067 / 1.179 / 1.007 / 0.960x the default of that N
 #: (``docs/results/sweeps/tiles_4x2x16_h100_54d44d7_{1,2}.json``); the rule set before the run (at least 1.02x in both
 #: rounds at every N of the range) holds from 1k to 2k. Without causal it lost at every N (0.86-0.97x the 256-row blocks).
-CAUSAL_MID_SEQLEN = 1024
+#: At 512 (1.019x in the first H100 round, one short of the rule) an H200 gave 1.043 / 1.050x in two interleaved rounds
+#: (``docs/results/sweeps/short_causal_h200_b83f906_{1,2}.json``), so from 512.
+CAUSAL_MID_SEQLEN = 512
 
 
 @functools.cache
@@ -163,9 +165,9 @@ def config_for(d: int, block_sizes=None, cp_async=None, causal: bool = False, se
     ``MW = 1`` with ``Bc = 32`` (Br = 64, two blocks per SM: 64-row blocks even out the causal triangle's unequal
     work; H100, causal, N = 1k / 2k / 4k / 8k / 16k: 1.10 / 1.06 / 1.02 / 0.99 / 1.01x the 8 x 2 x 16 tiling,
     ``short_causal_h100_d128.json``, ``causal_d128_h100.json``; with ``WIDE`` 8 x 2 x 16 is 1.01x / 1.06x faster at
-    N = 4k / 16k causal, 0.93x at 1k: ``block_sizes=(256, 16)``), up to ``seqlen_q`` < :data:`CAUSAL_MID_SEQLEN` (1024);
+    N = 4k / 16k causal, 0.93x at 1k: ``block_sizes=(256, 16)``), up to ``seqlen_q`` < :data:`CAUSAL_MID_SEQLEN` (512);
     from there 4 warps of ``MW = 2`` with ``Bc = 16`` (Br = 128, two blocks per SM; 1.07-1.18x the 64-row blocks at
-    1k and 2k on an H100) up to ``seqlen_q`` < :data:`CAUSAL_LONG_SEQLEN` (2048); from there on 8 x 2 x 16 again. On the register path
+    1k and 2k on an H100, 1.04-1.05x at 512 on an H200) up to ``seqlen_q`` < :data:`CAUSAL_LONG_SEQLEN` (2048); from there on 8 x 2 x 16 again. On the register path
     (d % 4 != 0, unaligned K or V, ``CP_ASYNC=False``): ``d <= 64``: 4 warps, ``MW = 2``, ``Bc = 64``;
     above: 8 warps, ``MW = 1``, ``Bc = 32`` (at ``Bc = 64`` the SRAM allows one block per SM; H200 sweeps).
     ``block_sizes=(Br, Bc)`` is rounded up to the mma granularity (Br to a multiple of 16, Bc of 8; up to

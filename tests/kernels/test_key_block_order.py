@@ -144,7 +144,7 @@ def test_the_tc_forward_keeps_its_outputs_with_the_heavy_blocks_first_on_gpu(rng
 @pytest.mark.gpu
 @pytest.mark.parametrize(("n", "block_sizes"), [(fa2_forward_tc.CAUSAL_MID_SEQLEN, (128, 16)), (fa2_forward_tc.CAUSAL_LONG_SEQLEN, (256, 16))],
                          ids=["mid", "long"])
-def test_the_tc_forward_causal_defaults_from_1k_rows_on_gpu(rng, n, block_sizes):
+def test_the_tc_forward_causal_defaults_from_512_rows_on_gpu(rng, n, block_sizes):
     """From N = CAUSAL_MID_SEQLEN the causal d = 128 default is 4 x 2 x 16 (two 128-row blocks per SM), from
     CAUSAL_LONG_SEQLEN 8 x 2 x 16, both with the heavy blocks first: each plan, within the forward's error rule (2x naive
     float32's error against float64)."""
