@@ -6,9 +6,11 @@ and on a small ragged shape::
 
     python -m bench.nan_reach        # on the GPU if there is one; NUMBA_ENABLE_CUDASIM=1: the simulator
 
-On the simulator Q's NaN reaches all of dV; on a GPU it does not (the row's ``l`` is NaN, ``row_stats`` gives it
-``1/l = 0``, and ``min(S' - M, 64)`` is ``fminf`` there, which drops the NaN: the row's ``P`` is 0). The performance
-log's section on ``QDO_PAIRS`` at 8k / 16k has the run (``docs/results/gpu_runs/nan_reach_h200_5cae1b0.txt``).
+Until 2026-11-28 Q's NaN reached all of dV on the simulator and not on a GPU: the row's ``l`` is NaN, ``row_stats`` gives
+it ``1/l = 0``, and the cap ``min(S' - M, 64)`` was the builtin ``min``, ``fminf`` on a GPU, which drops the NaN, so the
+row's ``P`` was 0 (``docs/results/gpu_runs/nan_reach_h200_5cae1b0.txt``; the performance log's section on ``QDO_PAIRS`` at
+8k / 16k). The cap is now ``fast._regtile.min_keep_nan``, which keeps the NaN on both backends, so ``P`` is NaN and so is
+all of dV, as in torch.
 """
 
 from __future__ import annotations

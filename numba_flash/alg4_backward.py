@@ -363,12 +363,12 @@ def alg4_kernel(cfg: Alg4Config, causal: bool, dropout: bool, stats_from_lse: bo
                             if row < s_q:
                                 if FROM_LSE:
                                     L_r = gm[bi, hi, row]  # HBM read: Br
-                                    if L_r < INF:
+                                    if L_r < INF or L_r != L_r:  # a NaN L (a NaN in Q_i) too: P NaN, as in the reference
                                         m_r = L_r
                                         inv_l = ONE
                                 else:
                                     l_r = gl[bi, hi, row]  # HBM read: Br
-                                    if l_r > ZERO:
+                                    if l_r > ZERO or l_r != l_r:  # a NaN l (a NaN in Q_i) too: P NaN, as in the reference
                                         m_r = gm[bi, hi, row]  # HBM read: Br
                                         inv_l = ONE / l_r
                             sm_i[r] = m_r
@@ -400,7 +400,7 @@ def alg4_kernel(cfg: Alg4Config, causal: bool, dropout: bool, stats_from_lse: bo
                         cc = ax + TAX * b
                         col = col0 + cc
                         # Alg.4 L12: S_ij^masked = mask(S_ij): the ragged tails and the bottom-right causal mask
-                        visible = row < s_q and col < s_k and inv_l > ZERO
+                        visible = row < s_q and col < s_k and inv_l != ZERO  # 1/l = 0: a row with no visible key
                         if CAUSAL:
                             visible = visible and col <= row + causal_offset
                         # Alg.4 L13: P_ij = diag(l_i)^-1 exp(S_ij^masked - m_i), the exact softmax from the final m, l

@@ -173,6 +173,12 @@
 #                short block's time goes (prologue, key steps, epilogue) -> OUTDIR/ncu_short_{causal,noncausal}_fwd_d128.txt
 #                (and _meta.json); then the causal tilings 4 x 1 x 32 and 4 x 2 x 16 at N 512 / 1k, 30 interleaved rounds
 #                with SDPA, twice, the order rotated -> OUTDIR/short_causal_{1,2}.json/.log
+#   nan_cap      the GPU tests of the fast backwards' NaN-keeping cap (_regtile.min_keep_nan) and of the causal d = 128
+#                forward's 4 x 2 x 16 from N 512: test_edge_values.py, test_backward_kernels.py, test_tf32_backward_split_qdo.py,
+#                test_key_block_order.py, test_tc_forward_cp_async.py -> OUTDIR/nan_cap_tests.txt; then bench.nan_reach ->
+#                OUTDIR/nan_reach.txt
+#   short_512    the default d = 128 forward at N 512, causal and not, 30 rounds interleaved with SDPA, twice (the grid's
+#                non-causal 512 cell had rounds 7.6 % apart, median to min) -> OUTDIR/short_512_{1,2}.json/.log
 #   nan_reach    where a NaN in Q goes in the 3xTF32 backward, build by build (bench/nan_reach.py) -> OUTDIR/nan_reach.txt
 #   half_bwd_cp  the half backward's tilings with and without cp.async for Q_i, dO_i (half_sweep --backward; the log's
 #                section "FA2 backward in fp16 / bf16: cp.async for Q_i, dO_i") -> OUTDIR/half_bwd_cp.json/.log
@@ -580,6 +586,19 @@ for s in "${steps[@]}"; do
           --variants $v --repeats 30 --interleave --no-check --out "$out/short_causal_$r.json"
       done
       grep -h "^forward" "$out"/short_causal_*.log ;;
+    nan_cap)
+      step nan_cap_tests.txt timeout 360 python3 -m pytest -v -p no:cacheprovider -rfE --tb=short -n 8 tests/test_edge_values.py \
+        tests/kernels/test_backward_kernels.py tests/kernels/test_tf32_backward_split_qdo.py tests/kernels/test_key_block_order.py \
+        tests/kernels/test_tc_forward_cp_async.py
+      tail -n 30 "$out/nan_cap_tests.txt"
+      step nan_reach.txt timeout 200 python3 -m bench.nan_reach
+      cat "$out/nan_reach.txt" ;;
+    short_512)
+      for r in 1 2; do
+        step "short_512_$r.log" timeout 120 python3 -m bench.fa2_sweep --seqlens 512 --headdims 128 --causal both --variants tc \
+          --repeats 30 --interleave --no-check --out "$out/short_512_$r.json"
+      done
+      grep -h "^forward" "$out"/short_512_*.log ;;
     nan_reach)
       step nan_reach.txt timeout 300 python3 -m bench.nan_reach
       cat "$out/nan_reach.txt" ;;

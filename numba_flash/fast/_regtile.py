@@ -34,6 +34,9 @@ make_row_stats       the saved m, l (or L) -> M, 1/l for P = exp2(S - M)/l  FA1 
 make_dv_dk_update    dV_j += P~^T dO_i and dK_j += tau dS^T Q_i             FA1 / FA2 backward
 make_store_dk_dv     write dK_j, dV_j to HBM                                FA1 / FA2 backward
 ===================  =====================================================  ==================
+
+One plain device function sits beside them: :func:`min_keep_nan`, the cap ``min(S - M, 64)`` of every fast backward
+(these two, the 3xTF32 and the half ones) that keeps a NaN on a GPU as in the simulator.
 """
 
 from __future__ import annotations
@@ -48,6 +51,18 @@ from .._constants import LN2, LOG2E, U
 from .._dropout import keep
 
 U1, U2, U3, U4 = U(1), U(2), U(3), U(4)
+
+
+@cuda.jit(device=True, inline="always")
+def min_keep_nan(x, cap):
+    """``min(x, cap)`` that keeps a NaN ``x``: every fast backward's cap on ``S - M`` before ``exp2``.
+
+    The cap keeps ``exp2`` from overflowing on masked entries (``inf * 0 = NaN``). The builtin ``min`` is CUDA's
+    ``fminf`` on a GPU, which returns ``cap`` for a NaN ``x``, and Python's ``min`` in the simulator, which keeps the NaN:
+    so a NaN row of ``S`` (a NaN in ``Q_i``, whose ``1/l`` the backward reads as 0) gave ``P = 2^64 * 0 = 0`` and no NaN
+    in ``dV`` on a GPU, a NaN ``P`` and ``dV`` in the simulator. ``x > cap`` is False for a NaN, so this keeps it on
+    both backends, as torch's attention does (``python -m bench.nan_reach`` shows where it goes)."""
+    return cap if x > cap else x
 
 
 def _shuffle_offsets(TPR: int):
@@ -400,8 +415,8 @@ def make_s_dp_p_ds(TM: int, TN: int, NK4: int, RG: int, TPR: int, SQ: int, SP: i
             for bb in range(TN):
                 cc = tc + uTPR * U(bb)
                 col = col0 + int(cc)
-                # Dev: min(., 64): no overflow on masked entries (exp2 overflow, then inf * 0 = NaN)
-                p = math.exp2(min(rS[a * TN + bb] - M_r, float32(64.0))) * il
+                # Dev: min(., 64): no overflow on masked entries (exp2 overflow, then inf * 0 = NaN); a NaN kept
+                p = math.exp2(min_keep_nan(rS[a * TN + bb] - M_r, float32(64.0))) * il
                 p = p if col <= horizon else ZERO
                 dp = rdP[a * TN + bb]
                 pz = p

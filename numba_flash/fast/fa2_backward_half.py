@@ -412,12 +412,12 @@ def fa2_backward_half_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
                         f = (mt * NB + nt) * 4 + c
                         key = col0 + int(wrow) + 16 * mt + 8 * (c // 2) + int(g)
                         qi = so + U(8 * nt + c % 2) + U(2) * t  # (CP_ASYNC: in this step's statistics stage)
-                        # Dev: min(., 64): no overflow on masked entries (exp2 overflow, then inf * 0 = NaN)
+                        # Dev: min(., 64): no overflow on masked entries (exp2 overflow, then inf * 0 = NaN); a NaN kept
                         if FROM_LSE:  # Dev: no 1/l (0 for a row past N_q or that sees no key): such a row's P
                             # meets zero dO_i and dP - D_i rows past N_q, and the causal mask below for a row without keys
-                            p = exp2(min(cuda.fma(rS[f], c1, -sM[qi]), CAP))
+                            p = exp2(_regtile.min_keep_nan(cuda.fma(rS[f], c1, -sM[qi]), CAP))
                         else:
-                            p = exp2(min(rS[f] * c1 - sM[qi], CAP)) * sIL[qi]
+                            p = exp2(_regtile.min_keep_nan(rS[f] * c1 - sM[qi], CAP)) * sIL[qi]
                         if masked:
                             if key >= s_k or (CAUSAL and key > row0 + int(qi - so) + causal_offset):
                                 p = ZERO
@@ -633,7 +633,7 @@ def fa2_backward_half_dq_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool
                         r = mt * 2 + c // 2
                         row = row0 + int(wrow) + 16 * mt + 8 * (c // 2) + int(g)
                         col = col0 + 8 * nt + 2 * int(t) + c % 2
-                        p = exp2(min(rS[f] * c1 - rM[r], CAP)) * rIL[r]
+                        p = exp2(_regtile.min_keep_nan(rS[f] * c1 - rM[r], CAP)) * rIL[r]
                         if masked:
                             if col >= s_k or (CAUSAL and col > row + causal_offset):
                                 p = ZERO

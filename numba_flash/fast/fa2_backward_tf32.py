@@ -722,8 +722,8 @@ def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
                         qx = qi + so  # its statistics (CP_ASYNC: in this step's stage)
                         kr = wrow + U(8 * kn + c % 2) + U(2) * t  # key row within the block
                         key = col0 + int(kr)
-                        # Dev: min(., 64): no overflow on masked entries (exp2 overflow, then inf * 0 = NaN)
-                        p = math.exp2(min(rS[f] - sM[qx], CAP)) * sIL[qx]
+                        # Dev: min(., 64): no overflow on masked entries (exp2 overflow, then inf * 0 = NaN); a NaN kept
+                        p = math.exp2(_regtile.min_keep_nan(rS[f] - sM[qx], CAP)) * sIL[qx]
                         if masked:
                             if key >= s_k or (CAUSAL and key > row0 + int(qi) + causal_offset):
                                 p = ZERO
@@ -969,7 +969,7 @@ def fa2_backward_tf32_dq_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool
                         r = mt * 2 + c // 2
                         row = row0 + int(wrow) + 16 * mt + 8 * (c // 2) + int(g)
                         col = col0 + 8 * nt + 2 * int(t) + c % 2
-                        p = math.exp2(min(rS[f] - rM[r], CAP)) * rIL[r]
+                        p = math.exp2(_regtile.min_keep_nan(rS[f] - rM[r], CAP)) * rIL[r]
                         if masked:
                             if col >= s_k or (CAUSAL and col > row + causal_offset):
                                 p = ZERO

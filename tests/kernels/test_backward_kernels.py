@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from numba_flash import alg4_backward, registry
 from numba_flash._launch import Allocator, ForwardOutput, check_attention_args, poison_outputs
+from numba_flash.fast import _regtile
 from numba_flash_reference.alg0_standard import standard_attention
 from numba_flash_reference.alg3_backward import standard_backward
 from numba_flash_reference.common import dropout_keep_mask
@@ -30,6 +31,7 @@ from attn_testing import (
     naive_attention_backward_float32,
     ulp_floor,
 )
+from numba import cuda, float32
 
 ALGOS = ["flash1", "standard"]
 #: Tiles of the simulator cases: small, so ragged tails and several (i, j) tile pairs occur at N <= 32.
@@ -246,6 +248,30 @@ def test_backward_from_the_logsumexp_alone_equals_backward_from_m_and_l(rng, alg
     assert_gradients_follow_error_rule(tuple(alloc.result(g) for g in got), dout, q, k, v, causal=True)
 
 
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize(("algo", "variant"), [("flash1", "readable"), ("flash1", "fast"), ("standard", "readable")])
+def test_backward_from_the_logsumexp_alone_spreads_a_nan_in_q_as_the_reference_does(rng, algo, variant):
+    """A NaN in one query row, whose L the readable forwards leave NaN (the float64 oracle's is +inf, the statistic of
+    a row that sees no key): from L alone each kernel's gradients are NaN where the float64 reference's are, that row
+    of dQ and all of dK and dV (every key sees the row's NaN P)."""
+    dout, q, k, v = grad_problem(rng, 1, 10, 9, 1, 1, 5)
+    q[0, 4, 0, 1] = np.nan
+    prob = check_attention_args(q, k, v, 0.0, None, False, 0)
+    with np.errstate(invalid="ignore"):
+        fwd64 = standard_attention(q, k, v)
+        ref = standard_backward(dout, q, k, v)
+    lse = fwd64.L.astype(np.float32)
+    lse[0, 0, 4] = np.nan
+    alloc = Allocator(q)
+    fwd = ForwardOutput(out=None, lse=alloc.to_kernel(lse))
+    args = [alloc.to_kernel(x) for x in (dout, q, k, v, fwd64.O.astype(np.float32))]
+    with poison_outputs():
+        got = registry.resolve(algo, "backward", variant).module.backward(*args, fwd, prob, alloc, block_sizes=(4, 4))
+    for name, g, r in zip(("dq", "dk", "dv"), (alloc.result(x) for x in got), ref):
+        assert np.isnan(r).any()
+        np.testing.assert_array_equal(np.isnan(g), np.isnan(r), err_msg=f"{name}: NaN where the reference has it")
+
+
 # ----------------------------------------------------------------------------------------------
 # The two Algorithm 4 kernels: readable (alg4_backward) and its fast twin (fast/alg4_backward)
 # ----------------------------------------------------------------------------------------------
@@ -349,3 +375,20 @@ def test_backward_from_the_logsumexp_alone_follows_the_error_rule(rng, algorithm
     naive = naive_attention_backward_float32(dout, q, k, v, causal=True)
     for name, g, r, n in zip(("dq", "dk", "dv"), grads, ref, naive):
         assert_error_rule(g, r, n, mult=3.0, what=f"{algorithm}/{variant} {name} from L alone")
+
+
+def test_the_fast_backwards_cap_on_s_minus_m_keeps_a_nan():
+    """``min(S - M, 64)`` keeps ``exp2`` from overflowing on masked entries; the builtin ``min`` is ``fminf`` on a GPU,
+    which turns a NaN into 64 (Python's ``min`` in the simulator keeps it). ``_regtile.min_keep_nan``, the cap of every
+    fast backward, keeps it on both backends, and is ``min`` on everything else."""
+    xs = np.array([np.nan, 100.0, 64.0, 3.0, -np.inf, np.inf, -0.0], np.float32)
+    out = np.full_like(xs, 7.0)
+
+    @cuda.jit
+    def cap(x, o):
+        i = cuda.grid(1)
+        if i < x.size:
+            o[i] = _regtile.min_keep_nan(x[i], float32(64.0))
+
+    cap[1, 32](xs, out)
+    np.testing.assert_array_equal(out, np.array([np.nan, 64.0, 64.0, 3.0, -np.inf, 64.0, -0.0], np.float32))

@@ -127,7 +127,7 @@ def test_row_pairs_on_a_sharp_softmax_and_nans(rng):
     (pairs, _), (rows, _) = (_grads(q, k, v, dout, False, 0.0, (16, 16), True, False, f) for f in (True, False))
     dq, dk, dv = pairs
     assert np.isnan(dq[0, 3]).all() and np.isnan(dk).all(), "Q's NaN reaches its row of dQ and all of dK"
-    assert np.isnan(dv).any(), "dO's NaN reaches dV"
+    assert np.isnan(dv).all(), "... and all of dV (the cap on S - M keeps it on a GPU too: _regtile.min_keep_nan)"
     assert_same_bits(pairs, rows, "sharp softmax with NaNs, row pairs", ("dq", "dk", "dv"))
 
 
