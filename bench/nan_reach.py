@@ -24,6 +24,17 @@ import numpy as np
 from tests.attn_testing import make_qkv, run_tf32_backward, sharp_problem
 
 
+def forward_stats(q, k, v, row):
+    """The 3xTF32 forward's saved (m, l, L) of query row ``row`` (head 0): what the backward's ``row_stats`` reads."""
+    from numba_flash._launch import Allocator, check_attention_args
+    from numba_flash.fast import fa2_forward_tc
+
+    alloc = Allocator(q)
+    fwd = fa2_forward_tc.forward(*(alloc.to_kernel(x) for x in (q, k, v)), check_attention_args(q, k, v, 0.0, None, False, 0),
+                                 alloc, (16, 16))
+    return tuple(float(alloc.result(x)[0, 0, row]) for x in (fwd.m, fwd.l, fwd.lse))
+
+
 def show(tag, q, k, v, dout):
     for split, pairs in ((False, False), (True, False), (True, True)):
         feats = {"WIDE": True, "CP_ASYNC": True, "SPLIT_QDO": split, "QDO_PAIRS": pairs}
@@ -45,6 +56,7 @@ def main() -> None:
         for sharp in (16.0, 1.0):
             dout, q, k, v = sharp_problem(np.random.default_rng(0), 1, 24, 1, 32, sharp)
             q[0, row, 0, 5] = np.float32(np.nan)
+            print("forward m, l, L of the row: %r, %r, %r" % forward_stats(q, k, v, row), flush=True)
             show(f"sharp={sharp} nan-row={row}", q, k, v, dout)
     rng = np.random.default_rng(0)
     q, k, v = make_qkv(rng, 1, 12, 13, 1, 1, 32)

@@ -177,6 +177,9 @@
 #                forward's 4 x 2 x 16 from N 512: test_edge_values.py, test_backward_kernels.py, test_tf32_backward_split_qdo.py,
 #                test_key_block_order.py, test_tc_forward_cp_async.py -> OUTDIR/nan_cap_tests.txt; then bench.nan_reach ->
 #                OUTDIR/nan_reach.txt
+#   nan_stats    bench.nan_reach (now with the 3xTF32 forward's m, l, L of the NaN row) and the NaN tests (-k nan) of
+#                test_edge_values.py, test_backward_kernels.py, test_tf32_backward_split_qdo.py, test_tf32_backward_cp_async.py,
+#                after row_stats kept a NaN l -> OUTDIR/nan_reach.txt, nan_stats_tests.txt
 #   short_512    the default d = 128 forward at N 512, causal and not, 30 rounds interleaved with SDPA, twice (the grid's
 #                non-causal 512 cell had rounds 7.6 % apart, median to min) -> OUTDIR/short_512_{1,2}.json/.log
 #   nan_reach    where a NaN in Q goes in the 3xTF32 backward, build by build (bench/nan_reach.py) -> OUTDIR/nan_reach.txt
@@ -593,6 +596,13 @@ for s in "${steps[@]}"; do
       tail -n 30 "$out/nan_cap_tests.txt"
       step nan_reach.txt timeout 200 python3 -m bench.nan_reach
       cat "$out/nan_reach.txt" ;;
+    nan_stats)
+      step nan_reach.txt timeout 150 python3 -m bench.nan_reach
+      grep -v -i warn "$out/nan_reach.txt"
+      step nan_stats_tests.txt timeout 200 python3 -m pytest -v -p no:cacheprovider -rfE --tb=short -n 8 -k nan \
+        tests/test_edge_values.py tests/kernels/test_backward_kernels.py tests/kernels/test_tf32_backward_split_qdo.py \
+        tests/kernels/test_tf32_backward_cp_async.py
+      grep -E "FAILED|passed|failed" "$out/nan_stats_tests.txt" | tail -n 20 ;;
     short_512)
       for r in 1 2; do
         step "short_512_$r.log" timeout 120 python3 -m bench.fa2_sweep --seqlens 512 --headdims 128 --causal both --variants tc \
