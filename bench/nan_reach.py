@@ -9,8 +9,10 @@ and on a small ragged shape::
 Until 2026-11-28 Q's NaN reached all of dV on the simulator and not on a GPU: the row's ``l`` is NaN, ``row_stats`` gives
 it ``1/l = 0``, and the cap ``min(S' - M, 64)`` was the builtin ``min``, ``fminf`` on a GPU, which drops the NaN, so the
 row's ``P`` was 0 (``docs/results/gpu_runs/nan_reach_h200_5cae1b0.txt``; the performance log's section on ``QDO_PAIRS`` at
-8k / 16k). The cap is now ``fast._regtile.min_keep_nan``, which keeps the NaN on both backends, so ``P`` is NaN and so is
-all of dV, as in torch.
+8k / 16k). The cap is now ``fast._regtile.min_keep_nan``, which keeps the NaN on both backends: with ``SPLIT_QDO`` ``P`` is
+NaN and so is all of dV, as in torch (``gpu_runs/nan_reach_h200_51ae00a.txt``). Without it, on a GPU, the per-warp split
+of ``Q_i tau log2 e`` still turns the row's NaN into -0.0 and the forward saved the row with ``l = 0`` (printed per case),
+so dV stays clean there (``tests/attn_testing.TF32_NO_SPLIT_QDO_NAN_GPU``).
 """
 
 from __future__ import annotations

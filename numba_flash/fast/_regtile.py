@@ -438,10 +438,7 @@ def make_row_stats(FROM_LSE: bool):
     natural-unit ``m`` it saved: the forward stored ``m`` and adjusted ``l`` so that the pair is exact
     for this very product (:func:`make_natural_stats`). ``FROM_LSE``: only the logsumexp ``L`` was
     saved (passed as ``gm``), ``M = L log2 e`` and ``1/l = 1``. Rows past ``s_q`` or that see no key
-    (``l = 0``, ``L = +inf``) give ``(0, 0)``: ``P = 0``, never NaN. A NaN ``l`` (or ``L``), a row with a NaN in
-    ``Q_i``, is kept (``1/l`` NaN): its ``P`` is NaN even where the 3xTF32 split has turned the GPU's NaN of
-    ``Q_i tau log2 e`` into -0.0 and ``S`` is finite, so that row reaches all of ``dK`` and ``dV`` as in the float64
-    reference (found on an H200, 2026-11-28: with ``1/l = 0`` there ``P`` was 0 and ``dV`` clean).
+    (``l = 0``, ``L = +inf``) give ``(0, 0)``: ``P = 0``, never NaN.
     """
     ZERO = float32(0.0)
     ONE = float32(1.0)
@@ -455,12 +452,12 @@ def make_row_stats(FROM_LSE: bool):
         if row < s_q:
             if FROM_LSE:
                 L_r = gm[b, h, row]
-                if L_r < INF or L_r != L_r:  # Dev: a NaN L kept (NaN != NaN)
+                if L_r < INF:
                     M = L_r * F_LOG2E
-                    il = ONE if L_r == L_r else L_r
+                    il = ONE
             else:
                 l_r = gl[b, h, row]
-                if l_r > ZERO or l_r != l_r:  # Dev: a NaN l kept: 1/l NaN
+                if l_r > ZERO:
                     M = gm[b, h, row] * F_LOG2E
                     il = ONE / l_r
         return M, il
