@@ -180,6 +180,9 @@
 #   nan_stats    bench.nan_reach (now with the 3xTF32 forward's m, l, L of the NaN row) and the NaN tests (-k nan) of
 #                test_edge_values.py, test_backward_kernels.py, test_tf32_backward_split_qdo.py, test_tf32_backward_cp_async.py,
 #                after row_stats kept a NaN l -> OUTDIR/nan_reach.txt, nan_stats_tests.txt
+#   d64_check    after the 3xTF32 backward's cap became min.NaN.f32 as PTX (_mma.min_nan_asm): its GPU test, then the d = 64
+#                backward and training step at N 1k against SDPA (the grid at f42a8df had the non-causal d = 64 step 14-17 %
+#                slower with the select) -> OUTDIR/d64_check_tests.txt, d64_check.json/.log
 #   short_512    the default d = 128 forward at N 512, causal and not, 30 rounds interleaved with SDPA, twice (the grid's
 #                non-causal 512 cell had rounds 7.6 % apart, median to min) -> OUTDIR/short_512_{1,2}.json/.log
 #   nan_reach    where a NaN in Q goes in the 3xTF32 backward, build by build (bench/nan_reach.py) -> OUTDIR/nan_reach.txt
@@ -603,6 +606,12 @@ for s in "${steps[@]}"; do
         tests/test_edge_values.py tests/kernels/test_backward_kernels.py tests/kernels/test_tf32_backward_split_qdo.py \
         tests/kernels/test_tf32_backward_cp_async.py
       grep -E "FAILED|passed|failed" "$out/nan_stats_tests.txt" | tail -n 20 ;;
+    d64_check)
+      step d64_check_tests.txt timeout 60 python3 -m pytest -v -p no:cacheprovider -rfE --tb=short -k cap tests/kernels/test_backward_kernels.py
+      grep -E "passed|failed" "$out/d64_check_tests.txt" | tail -n 3
+      step d64_check.log timeout 130 python3 -m bench.tf32_bwd_sweep --seqlens 1024 --headdims 64 --tilings default --repeats 10 \
+        --out "$out/d64_check.json"
+      grep -E "fwd\+bwd|backward" "$out/d64_check.log" | tail -n 12 ;;
     short_512)
       for r in 1 2; do
         step "short_512_$r.log" timeout 120 python3 -m bench.fa2_sweep --seqlens 512 --headdims 128 --causal both --variants tc \

@@ -109,6 +109,31 @@ def _split_tf32_asm():
 #: (big, small) tf32 bit patterns of a finite float32 (see :func:`_split_tf32_asm`).
 split_tf32_asm = _split_tf32_asm()
 
+
+@intrinsic
+def min_nan_asm(typingctx, x, cap):
+    """``min.NaN.f32`` (sm_80+): ``min(x, cap)`` that returns NaN when ``x`` is NaN, one ``FMNMX.NAN``.
+
+    The 3xTF32 backward's cap on ``S - M`` on a GPU (:func:`make_min_keep_nan`). Written as the select
+    ``cap if x > cap else x`` (:func:`numba_flash.fast._regtile.min_keep_nan`) LLVM made the same instruction, but the
+    non-causal d = 64 build then kept a 256-byte array on the stack (offline sm_90: SASS 6496 -> 5744 instructions,
+    0 -> 256 stack bytes) and ran its training step 14-17 % slower on an H200; PTX is opaque to those heuristics."""
+    f32 = ir.FloatType()
+    fnty = ir.FunctionType(f32, [f32, f32])
+
+    def codegen(context, builder, signature, args):
+        return builder.call(ir.InlineAsm(fnty, "min.NaN.f32 $0, $1, $2;", "=f,f,f"), args)
+
+    return types.float32(types.float32, types.float32), codegen
+
+
+def make_min_keep_nan(simulator: bool | None = None):
+    """The NaN-keeping cap for the backend: :func:`min_nan_asm` on a GPU, the Python select in the simulator."""
+    from ._regtile import min_keep_nan
+
+    sim = _backend.is_simulator() if simulator is None else simulator
+    return min_keep_nan if sim else min_nan_asm
+
 #: registers of the shared-memory scratch each warp needs in the simulator (A 16x8 + B 8x8 of one mma)
 SIM_SCRATCH_PER_WARP = 16 * 8 + 8 * 8
 

@@ -35,8 +35,8 @@ make_dv_dk_update    dV_j += P~^T dO_i and dK_j += tau dS^T Q_i             FA1 
 make_store_dk_dv     write dK_j, dV_j to HBM                                FA1 / FA2 backward
 ===================  =====================================================  ==================
 
-One plain device function sits beside them: :func:`min_keep_nan`, the cap ``min(S - M, 64)`` of every fast backward
-(these two, the 3xTF32 and the half ones) that keeps a NaN on a GPU as in the simulator.
+One plain device function sits beside them: :func:`min_keep_nan`, the cap ``min(S - M, 64)`` of the fast backwards
+(these two and the half ones; the 3xTF32 one's is its PTX twin) that keeps a NaN on a GPU as in the simulator.
 """
 
 from __future__ import annotations
@@ -61,7 +61,9 @@ def min_keep_nan(x, cap):
     ``fminf`` on a GPU, which returns ``cap`` for a NaN ``x``, and Python's ``min`` in the simulator, which keeps the NaN:
     so a NaN row of ``S`` (a NaN in ``Q_i``, whose ``1/l`` the backward reads as 0) gave ``P = 2^64 * 0 = 0`` and no NaN
     in ``dV`` on a GPU, a NaN ``P`` and ``dV`` in the simulator. ``x > cap`` is False for a NaN, so this keeps it on
-    both backends, as torch's attention does (``python -m bench.nan_reach`` shows where it goes)."""
+    both backends, as torch's attention does (``python -m bench.nan_reach`` shows where it goes). LLVM makes it sm_80's
+    ``min.NaN.f32``; the 3xTF32 backward states that instruction as PTX on a GPU (:func:`numba_flash.fast._mma.min_nan_asm`:
+    with this select its non-causal d = 64 build lost its unrolling)."""
     return cap if x > cap else x
 
 

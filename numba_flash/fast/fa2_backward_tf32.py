@@ -505,6 +505,7 @@ def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
     ZERO = float32(0.0)
     Z4 = (ZERO, ZERO, ZERO, ZERO)
     CAP = float32(64.0)
+    cap_nan = _mma.make_min_keep_nan(SIM)  # Dev: min(x, CAP) keeping a NaN x (min.NaN.f32 on a GPU)
     QNAN = _tiles.QNAN
 
     SWZ = _tiles.swizzle16t if WIDE else None
@@ -723,7 +724,7 @@ def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
                         kr = wrow + U(8 * kn + c % 2) + U(2) * t  # key row within the block
                         key = col0 + int(kr)
                         # Dev: min(., 64): no overflow on masked entries (exp2 overflow, then inf * 0 = NaN); a NaN kept
-                        p = math.exp2(_regtile.min_keep_nan(rS[f] - sM[qx], CAP)) * sIL[qx]
+                        p = math.exp2(cap_nan(rS[f] - sM[qx], CAP)) * sIL[qx]
                         if masked:
                             if key >= s_k or (CAUSAL and key > row0 + int(qi) + causal_offset):
                                 p = ZERO
@@ -858,6 +859,7 @@ def fa2_backward_tf32_dq_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool
     ZERO = float32(0.0)
     Z4 = (ZERO, ZERO, ZERO, ZERO)
     CAP = float32(64.0)
+    cap_nan = _mma.make_min_keep_nan(SIM)  # Dev: min(x, CAP) keeping a NaN x (min.NaN.f32 on a GPU)
 
     SWZ = _tiles.swizzle16t if WIDE else None
     NLQ, load_q, store_q = _tiles.make_pair_loader(BR, DP, NT, SQ, QUIET_NAN=True, SWIZZLE=SWZ)
@@ -969,7 +971,7 @@ def fa2_backward_tf32_dq_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool
                         r = mt * 2 + c // 2
                         row = row0 + int(wrow) + 16 * mt + 8 * (c // 2) + int(g)
                         col = col0 + 8 * nt + 2 * int(t) + c % 2
-                        p = math.exp2(_regtile.min_keep_nan(rS[f] - rM[r], CAP)) * rIL[r]
+                        p = math.exp2(cap_nan(rS[f] - rM[r], CAP)) * rIL[r]
                         if masked:
                             if col >= s_k or (CAUSAL and col > row + causal_offset):
                                 p = ZERO

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from numba_flash import alg4_backward, registry
 from numba_flash._launch import Allocator, ForwardOutput, check_attention_args, poison_outputs
-from numba_flash.fast import _regtile
+from numba_flash.fast import _mma, _regtile
 from numba_flash_reference.alg0_standard import standard_attention
 from numba_flash_reference.alg3_backward import standard_backward
 from numba_flash_reference.common import dropout_keep_mask
@@ -377,10 +377,13 @@ def test_backward_from_the_logsumexp_alone_follows_the_error_rule(rng, algorithm
         assert_error_rule(g, r, n, mult=3.0, what=f"{algorithm}/{variant} {name} from L alone")
 
 
-def test_the_fast_backwards_cap_on_s_minus_m_keeps_a_nan():
+@pytest.mark.parametrize("which", ["select", "backend"])
+def test_the_fast_backwards_cap_on_s_minus_m_keeps_a_nan(which):
     """``min(S - M, 64)`` keeps ``exp2`` from overflowing on masked entries; the builtin ``min`` is ``fminf`` on a GPU,
-    which turns a NaN into 64 (Python's ``min`` in the simulator keeps it). ``_regtile.min_keep_nan``, the cap of every
-    fast backward, keeps it on both backends, and is ``min`` on everything else."""
+    which turns a NaN into 64 (Python's ``min`` in the simulator keeps it). The caps of the fast backwards keep it on
+    both backends, and are ``min`` on everything else: ``_regtile.min_keep_nan`` (a select; the FFMA and half ones) and
+    ``_mma.make_min_keep_nan()`` (``min.NaN.f32`` on a GPU; the 3xTF32 one)."""
+    fn = _regtile.min_keep_nan if which == "select" else _mma.make_min_keep_nan()
     xs = np.array([np.nan, 100.0, 64.0, 3.0, -np.inf, np.inf, -0.0], np.float32)
     out = np.full_like(xs, 7.0)
 
@@ -388,7 +391,7 @@ def test_the_fast_backwards_cap_on_s_minus_m_keeps_a_nan():
     def cap(x, o):
         i = cuda.grid(1)
         if i < x.size:
-            o[i] = _regtile.min_keep_nan(x[i], float32(64.0))
+            o[i] = fn(x[i], float32(64.0))
 
     cap[1, 32](xs, out)
     np.testing.assert_array_equal(out, np.array([np.nan, 64.0, 64.0, 3.0, -np.inf, 64.0, -0.0], np.float32))
