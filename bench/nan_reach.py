@@ -6,13 +6,14 @@ and on a small ragged shape::
 
     python -m bench.nan_reach        # on the GPU if there is one; NUMBA_ENABLE_CUDASIM=1: the simulator
 
-Until 2026-11-28 Q's NaN reached all of dV on the simulator and not on a GPU: the row's ``l`` is NaN, ``row_stats`` gives
-it ``1/l = 0``, and the cap ``min(S' - M, 64)`` was the builtin ``min``, ``fminf`` on a GPU, which drops the NaN, so the
-row's ``P`` was 0 (``docs/results/gpu_runs/nan_reach_h200_5cae1b0.txt``; the performance log's section on ``QDO_PAIRS`` at
-8k / 16k). The cap is now ``fast._regtile.min_keep_nan``, which keeps the NaN on both backends: with ``SPLIT_QDO`` ``P`` is
-NaN and so is all of dV, as in torch (``gpu_runs/nan_reach_h200_51ae00a.txt``). Without it, on a GPU, the per-warp split
-of ``Q_i tau log2 e`` still turns the row's NaN into -0.0 and the forward saved the row with ``l = 0`` (printed per case),
-so dV stays clean there (``tests/attn_testing.TF32_NO_SPLIT_QDO_NAN_GPU``).
+Until 2026-11-28 Q's NaN reached all of dV on the simulator and not on a GPU. The forward saves the row as one that
+sees no key (``l = 0``, printed per case), so ``row_stats`` gives it ``1/l = 0``; the cap ``min(S' - M, 64)`` was the
+builtin ``min``, ``fminf`` on a GPU, which drops the NaN, so the row's ``P`` was ``2^64 * 0 = 0``
+(``docs/results/gpu_runs/nan_reach_h200_5cae1b0.txt``; the performance log's section on ``QDO_PAIRS`` at 8k / 16k).
+The cap now keeps the NaN on both backends (``fast._regtile.min_keep_nan``; in this backward its PTX twin
+``fast._mma.min_nan_asm``): with ``SPLIT_QDO`` ``P`` is NaN and so is all of dV, as in torch
+(``gpu_runs/nan_reach_h200_51ae00a.txt``). Without it, on a GPU, the per-warp split of ``Q_i tau log2 e`` still turns
+the row's NaN into -0.0, so S is finite, ``P`` is 0 again and dV stays clean (``tests/attn_testing.TF32_NO_SPLIT_QDO_NAN_GPU``).
 """
 
 from __future__ import annotations

@@ -32,6 +32,7 @@ from numba.core.extending import intrinsic
 
 from .. import _backend
 from .._constants import FULL_MASK as _FULL_MASK
+from ._regtile import min_keep_nan
 
 _LLVM = {"f64": ir.DoubleType(), "f32": ir.FloatType(), "b32": ir.IntType(32)}
 _NUMBA = {"f64": types.float64, "f32": types.float32, "b32": types.uint32}
@@ -129,8 +130,6 @@ def min_nan_asm(typingctx, x, cap):
 
 def make_min_keep_nan(simulator: bool | None = None):
     """The NaN-keeping cap for the backend: :func:`min_nan_asm` on a GPU, the Python select in the simulator."""
-    from ._regtile import min_keep_nan
-
     sim = _backend.is_simulator() if simulator is None else simulator
     return min_keep_nan if sim else min_nan_asm
 

@@ -55,7 +55,7 @@ U1, U2, U3, U4 = U(1), U(2), U(3), U(4)
 
 @cuda.jit(device=True, inline="always")
 def min_keep_nan(x, cap):
-    """``min(x, cap)`` that keeps a NaN ``x``: every fast backward's cap on ``S - M`` before ``exp2``.
+    """``min(x, cap)`` that keeps a NaN ``x``: the fast backwards' cap on ``S - M`` before ``exp2``.
 
     The cap keeps ``exp2`` from overflowing on masked entries (``inf * 0 = NaN``). The builtin ``min`` is CUDA's
     ``fminf`` on a GPU, which returns ``cap`` for a NaN ``x``, and Python's ``min`` in the simulator, which keeps the NaN:
