@@ -290,20 +290,22 @@ def check(variants, d, log):
     return out
 
 
-def time_forward(variants, seqlens, d, causals, repeats, sgemm, rows, log, baselines=True, interleave=False):
+def time_forward(variants, seqlens, d, causals, repeats, sgemm, rows, log, baselines=True, interleave=False, calls=1):
     for n in seqlens:
         shape = bu.fa2_shape(n, d)
         b, h = shape["batch"], shape["nheads"]
         q, k, v = bu.make_inputs(b, h, n, d, seed=n + d)
         for causal in causals:
-            _time_forward_one(variants, q, k, v, causal, repeats, sgemm, rows, log, baselines, interleave)
+            _time_forward_one(variants, q, k, v, causal, repeats, sgemm, rows, log, baselines, interleave, calls)
         del q, k, v
         bu.free_memory()
 
 
-def _time_forward_one(variants, q, k, v, causal, repeats, sgemm, rows, log, baselines, interleave=False):
+def _time_forward_one(variants, q, k, v, causal, repeats, sgemm, rows, log, baselines, interleave=False, calls=1):
     """Time every variant (and the torch baselines) on one input and one mask; append the rows. ``interleave``: in
-    rounds of one call each (:func:`bench._utils.cuda_time_ms_interleaved`) instead of one after another."""
+    rounds (:func:`bench._utils.cuda_time_ms_interleaved`) instead of one after another. ``calls``: each timing spans
+    that many back-to-back calls (the kernels' time, the host's work hidden behind the queue; 1: one call, host work
+    included)."""
     import torch
 
     b, n, h, d = q.shape
@@ -320,14 +322,14 @@ def _time_forward_one(variants, q, k, v, causal, repeats, sgemm, rows, log, base
                 fn()
             except Exception as exc:
                 failed[name] = exc
-        timed = bu.cuda_time_ms_interleaved({m: f for m, f in impls.items() if m not in failed}, warmup=1, repeats=repeats)
+        timed = bu.cuda_time_ms_interleaved({m: f for m, f in impls.items() if m not in failed}, warmup=1, repeats=repeats, calls=calls)
     for name, fn in impls.items():
-        row = dict(pass_="forward", impl=name, N=n, d=d, batch=b, nheads=h, causal=causal, interleaved=bool(interleave))
+        row = dict(pass_="forward", impl=name, N=n, d=d, batch=b, nheads=h, causal=causal, interleaved=bool(interleave), calls=calls)
         try:
             if name in failed:
                 raise failed[name]
             reps = repeats if name != "readable" else max(3, repeats // 3)
-            med, lo, hi = timed[name] if interleave else bu.cuda_time_ms(fn, warmup=2, repeats=reps)
+            med, lo, hi = timed[name] if interleave else bu.cuda_time_ms(fn, warmup=2, repeats=reps, calls=calls)
             rate = bu.tflops(flops, med * 1e-3)
             row.update(ms=med, ms_min=lo, ms_max=hi, tflops=rate, pct_sgemm=100 * rate / sgemm)
             if name in variants:
@@ -410,6 +412,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--variants", nargs="*", default=None, help="names to keep (default: all; see VARIANTS_D64 / VARIANTS_D128)")
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--interleave", action="store_true", help="time the variants (and baselines) in rounds, one call each, not one after another")
+    ap.add_argument("--calls", type=int, default=1, help="back-to-back calls per timing (more than 1: the kernels' time, "
+                    "the host's work hidden behind the launch queue; 1: one call, the host's work before its launch included)")
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--no-baselines", action="store_true", help="do not time torch's naive attention and SDPA beside the variants")
     ap.add_argument("--fwdbwd", type=int, nargs="*", default=[], help="seqlens for flash2 fwd+bwd at d=64")
@@ -423,6 +427,8 @@ def main(argv=None):
     causals = {"both": (False, True), "no": (False,), "yes": (True,)}[args.causal]
     if args.dry_run:
         return dry_run(args.headdims, args.seqlens, causals, args.variants)
+    if args.calls < 1:
+        raise SystemExit(f"fa2_sweep: --calls must be at least 1, got {args.calls}")
     if not bu.ON_GPU:
         print("fa2_sweep needs a GPU (or --dry-run)")
         return 1
@@ -436,7 +442,8 @@ def main(argv=None):
             checks[d] = check(variants, d, log)
             for name, res in checks[d].items():
                 print(f"check d={d} {name:20} " + " ".join(("ok" if r["ok"] else "FAIL") + f"({r['err']:.1e}/{r['naive32_err']:.1e})" for r in res), flush=True)
-        time_forward(variants, args.seqlens, d, causals, args.repeats, sgemm, rows, log, baselines=not args.no_baselines, interleave=args.interleave)
+        time_forward(variants, args.seqlens, d, causals, args.repeats, sgemm, rows, log, baselines=not args.no_baselines, interleave=args.interleave,
+                     calls=args.calls)
         print(f"[{time.time() - t0:.0f}s] d={d} timed", flush=True)
     if args.fwdbwd:
         time_fwd_bwd(args.fwdbwd, 64, (False,), args.repeats, sgemm, rows, log)

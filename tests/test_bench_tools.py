@@ -330,6 +330,12 @@ def test_interleaved_rounds_take_a_variants_place_out_of_its_time(monkeypatch):
     assert abs(t["b"][0] / t["a"][0] - 1) < 0.01, "in rounds they are within 1 %"
     timed = order[4:]  # Dev: after 2 warm-up calls each
     assert len(timed) == 40 and timed[:4] == ["a", "b", "b", "a"], "round r starts from the r-th function"
+    order.clear()
+    before = calls[0]
+    t = bu.cuda_time_ms_interleaved({"a": work("a"), "b": work("b")}, warmup=1, repeats=2, calls=3)
+    assert order[2:] == ["a"] * 3 + ["b"] * 3 + ["b"] * 3 + ["a"] * 3, "calls=3: each timing spans 3 calls in a row"
+    first_a = [1.0 + 0.01 * (before + 2 + i) for i in (1, 2, 3)]  # Dev: calls 3-5 after the 2 warm-ups
+    assert t["a"][1] == pytest.approx(sum(first_a) / 3), "a timing is its calls' time divided by them (the fastest: round 0)"
 
 
 def test_ncu_takes_features_for_the_tensor_core_forward_only():

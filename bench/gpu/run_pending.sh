@@ -185,6 +185,9 @@
 #                slower with the select) -> OUTDIR/d64_check_tests.txt, d64_check.json/.log
 #   short_512    the default d = 128 forward at N 512, causal and not, 30 rounds interleaved with SDPA, twice (the grid's
 #                non-causal 512 cell had rounds 7.6 % apart, median to min) -> OUTDIR/short_512_{1,2}.json/.log
+#   short_queued the default d = 128 forward at N 512 and 1k, causal and not, interleaved with SDPA, each timing 10 back-to-back
+#                calls (fa2_sweep --calls 10: the kernels' time, the host's work before a launch hidden behind the queue),
+#                twice -> OUTDIR/short_queued_{1,2}.json/.log
 #   nan_reach    where a NaN in Q goes in the 3xTF32 backward, build by build (bench/nan_reach.py) -> OUTDIR/nan_reach.txt
 #   half_bwd_cp  the half backward's tilings with and without cp.async for Q_i, dO_i (half_sweep --backward; the log's
 #                section "FA2 backward in fp16 / bf16: cp.async for Q_i, dO_i") -> OUTDIR/half_bwd_cp.json/.log
@@ -618,6 +621,12 @@ for s in "${steps[@]}"; do
           --repeats 30 --interleave --no-check --out "$out/short_512_$r.json"
       done
       grep -h "^forward" "$out"/short_512_*.log ;;
+    short_queued)
+      for r in 1 2; do
+        step "short_queued_$r.log" timeout 150 python3 -m bench.fa2_sweep --seqlens 512 1024 --headdims 128 --causal both --variants tc \
+          --repeats 20 --calls 10 --interleave --no-check --out "$out/short_queued_$r.json"
+      done
+      grep -h "^forward" "$out"/short_queued_*.log ;;
     nan_reach)
       step nan_reach.txt timeout 300 python3 -m bench.nan_reach
       cat "$out/nan_reach.txt" ;;
