@@ -179,7 +179,7 @@
 #                OUTDIR/nan_reach.txt
 #   nan_stats    bench.nan_reach (now with the 3xTF32 forward's m, l, L of the NaN row) and the NaN tests (-k nan) of
 #                test_edge_values.py, test_backward_kernels.py, test_tf32_backward_split_qdo.py, test_tf32_backward_cp_async.py,
-#                after row_stats kept a NaN l -> OUTDIR/nan_reach.txt, nan_stats_tests.txt
+#                (run at 51ae00a, where row_stats kept a NaN l; reverted since) -> OUTDIR/nan_reach.txt, nan_stats_tests.txt
 #   d64_check    after the 3xTF32 backward's cap became min.NaN.f32 as PTX (_mma.min_nan_asm): its GPU test, then the d = 64
 #                backward and training step at N 1k against SDPA (the grid at f42a8df had the non-causal d = 64 step 14-17 %
 #                slower with the select) -> OUTDIR/d64_check_tests.txt, d64_check.json/.log
@@ -233,6 +233,15 @@ backward_pairs() {  # backward_pairs STEM FEATURE TIMEOUT [HALF_SWEEP_ARGS...]: 
         --features "{\"$feature\": $flag}" --out "$out/${stem}_${mode}_$r.json"
     done
   done
+}
+fa2_rounds() {  # fa2_rounds STEM TIMEOUT FA2_SWEEP_ARGS...: bench.fa2_sweep with those arguments, twice, each under TIMEOUT
+  # seconds -> OUTDIR/STEM_{1,2}.json/.log; then their forward rows
+  local stem="$1" limit="$2" r
+  shift 2
+  for r in 1 2; do
+    step "${stem}_$r.log" timeout "$limit" python3 -m bench.fa2_sweep "$@" --out "$out/${stem}_$r.json"
+  done
+  grep -h "^forward" "$out"/"$stem"_*.log
 }
 forward_pairs() {  # forward_pairs PREFIX OFF_JSON ON_JSON: the half forward's default tilings off, on, off, on (N 4k/16k)
   local prefix="$1" off="$2" on="$3" r
@@ -616,17 +625,10 @@ for s in "${steps[@]}"; do
         --out "$out/d64_check.json"
       grep -E "fwd\+bwd|backward" "$out/d64_check.log" | tail -n 12 ;;
     short_512)
-      for r in 1 2; do
-        step "short_512_$r.log" timeout 120 python3 -m bench.fa2_sweep --seqlens 512 --headdims 128 --causal both --variants tc \
-          --repeats 30 --interleave --no-check --out "$out/short_512_$r.json"
-      done
-      grep -h "^forward" "$out"/short_512_*.log ;;
+      fa2_rounds short_512 120 --seqlens 512 --headdims 128 --causal both --variants tc --repeats 30 --interleave --no-check ;;
     short_queued)
-      for r in 1 2; do
-        step "short_queued_$r.log" timeout 150 python3 -m bench.fa2_sweep --seqlens 512 1024 --headdims 128 --causal both --variants tc \
-          --repeats 20 --calls 10 --interleave --no-check --out "$out/short_queued_$r.json"
-      done
-      grep -h "^forward" "$out"/short_queued_*.log ;;
+      fa2_rounds short_queued 150 --seqlens 512 1024 --headdims 128 --causal both --variants tc --repeats 20 --calls 10 \
+        --interleave --no-check ;;
     nan_reach)
       step nan_reach.txt timeout 300 python3 -m bench.nan_reach
       cat "$out/nan_reach.txt" ;;

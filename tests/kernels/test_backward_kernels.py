@@ -233,19 +233,26 @@ def test_recomputation_backward_default_tiles_fit_the_static_shared_memory_limit
         assert alg4_backward.tile_sram_bytes(Br, Bc, d) <= STATIC_SMEM_BYTES
 
 
+def _backward_from_lse(algo, variant, dout, q, k, v, out, lse, causal):
+    """(dq, dk, dv) on the host of the backward kernel of ``algo`` / ``variant`` given the forward's O and its
+    logsumexp ``lse`` alone (no m, l), outputs NaN-poisoned, tiles (4, 4)."""
+    prob = check_attention_args(q, k, v, 0.0, None, causal, 0)
+    alloc = Allocator(q)
+    fwd = ForwardOutput(out=None, lse=alloc.to_kernel(lse))
+    args = [alloc.to_kernel(x) for x in (dout, q, k, v, out)]
+    with poison_outputs():
+        got = registry.resolve(algo, "backward", variant).module.backward(*args, fwd, prob, alloc, block_sizes=(4, 4))
+    return tuple(alloc.result(g) for g in got)
+
+
 @pytest.mark.parametrize("algo", ALGOS)
 def test_backward_from_the_logsumexp_alone_equals_backward_from_m_and_l(rng, algo):
     """Alg.4's kernel takes FA1's (m, l); given only FA2's L = m + log l it uses P = exp(S - L) (the
     same P). The standard kernel always uses L. Both give the reference's gradients."""
     dout, q, k, v = grad_problem(rng, 1, 10, 9, 1, 1, 5)
-    prob = check_attention_args(q, k, v, 0.0, None, True, 0)
     fwd64 = standard_attention(q, k, v, causal=True)
-    alloc = Allocator(q)
-    fwd = ForwardOutput(out=None, lse=alloc.to_kernel(fwd64.L.astype(np.float32)))
-    args = [alloc.to_kernel(x) for x in (dout, q, k, v, fwd64.O.astype(np.float32))]
-    with poison_outputs():
-        got = registry.resolve(algo, "backward").module.backward(*args, fwd, prob, alloc, block_sizes=(4, 4))
-    assert_gradients_follow_error_rule(tuple(alloc.result(g) for g in got), dout, q, k, v, causal=True)
+    got = _backward_from_lse(algo, "auto", dout, q, k, v, fwd64.O.astype(np.float32), fwd64.L.astype(np.float32), True)
+    assert_gradients_follow_error_rule(got, dout, q, k, v, causal=True)
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
@@ -256,18 +263,13 @@ def test_backward_from_the_logsumexp_alone_spreads_a_nan_in_q_as_the_reference_d
     of dQ and all of dK and dV (every key sees the row's NaN P)."""
     dout, q, k, v = grad_problem(rng, 1, 10, 9, 1, 1, 5)
     q[0, 4, 0, 1] = np.nan
-    prob = check_attention_args(q, k, v, 0.0, None, False, 0)
     with np.errstate(invalid="ignore"):
         fwd64 = standard_attention(q, k, v)
         ref = standard_backward(dout, q, k, v)
     lse = fwd64.L.astype(np.float32)
     lse[0, 0, 4] = np.nan
-    alloc = Allocator(q)
-    fwd = ForwardOutput(out=None, lse=alloc.to_kernel(lse))
-    args = [alloc.to_kernel(x) for x in (dout, q, k, v, fwd64.O.astype(np.float32))]
-    with poison_outputs():
-        got = registry.resolve(algo, "backward", variant).module.backward(*args, fwd, prob, alloc, block_sizes=(4, 4))
-    for name, g, r in zip(("dq", "dk", "dv"), (alloc.result(x) for x in got), ref):
+    got = _backward_from_lse(algo, variant, dout, q, k, v, fwd64.O.astype(np.float32), lse, False)
+    for name, g, r in zip(("dq", "dk", "dv"), got, ref):
         assert np.isnan(r).any()
         np.testing.assert_array_equal(np.isnan(g), np.isnan(r), err_msg=f"{name}: NaN where the reference has it")
 
