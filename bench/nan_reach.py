@@ -12,8 +12,9 @@ builtin ``min``, ``fminf`` on a GPU, which drops the NaN, so the row's ``P`` was
 (``docs/results/gpu_runs/nan_reach_h200_5cae1b0.txt``; the performance log's section on ``QDO_PAIRS`` at 8k / 16k).
 The cap now keeps the NaN on both backends (``fast._regtile.min_keep_nan``; in this backward its PTX twin
 ``fast._mma.min_nan_asm``): with ``SPLIT_QDO`` ``P`` is NaN and so is all of dV, as in torch
-(``gpu_runs/nan_reach_h200_51ae00a.txt``). Without it, on a GPU, the per-warp split of ``Q_i tau log2 e`` still turns
-the row's NaN into -0.0, so S is finite, ``P`` is 0 again and dV stays clean (``tests/attn_testing.TF32_NO_SPLIT_QDO_NAN_GPU``).
+(``gpu_runs/nan_reach_h200_51ae00a.txt``). Without it, on a GPU, the per-warp split of ``Q_i tau log2 e`` turned the
+row's NaN (the product's ``0x7fffffff``) into -0.0, so S was finite, ``P`` 0 again and dV clean. That split is now
+``fast._mma.make_split_keep_nan`` (its bits clamped below the carry first), and every build should show dV all NaN.
 """
 
 from __future__ import annotations

@@ -400,17 +400,6 @@ def run_tc_forward(q, k, v, causal, p, seed, block_sizes, features, words=None):
     return run_module_forward(fa2_forward_tc, q, k, v, causal, p, seed, block_sizes, features, words)
 
 
-#: Why a NaN in Q does not reach dV of the 3xTF32 backward without ``SPLIT_QDO`` on a GPU (a strict GPU xfail where a test
-#: asks for it). That build splits ``Q_i tau log2 e`` into tf32 parts per warp; the product is the GPU's NaN 0x7fffffff,
-#: which the split's integer rounding (``_mma.split_tf32_asm``: add 0x1000, clear 13 bits) carries into -0.0, so S is
-#: finite there. The forward saved the row as one that sees no key (m = -inf, l = 0, L = +inf), so 1/l = 0 and P = 0;
-#: dQ's row and all of dK are NaN through D = rowsum(dO o O). ``SPLIT_QDO`` (d > 64 from 1k rows) splits Q_i once in a
-#: NaN-keeping pass and the FFMA backwards never split, so they agree with the float64 reference and the simulator.
-TF32_NO_SPLIT_QDO_NAN_GPU = ("on a GPU the 3xTF32 backward without SPLIT_QDO loses Q's NaN before dV: the per-warp split "
-                             "of Q tau log2 e (the GPU's NaN 0x7fffffff) rounds it into -0.0 and the forward saved the row "
-                             "with l = 0 (H200, 2026-11-28, gpu_runs/nan_stats_tests_h200_51ae00a.txt)")
-
-
 def run_tf32_backward(q, k, v, dout, causal, p, seed, block_sizes, features, deterministic=False, config=None, words=None):
     """The 3xTF32 backward (:mod:`numba_flash.fast.fa2_backward_tf32`) at kernel level with ``features``, after the 3xTF32
     forward, outputs NaN-poisoned: ``([dq, dk, dv] as NumPy arrays, the features its plan was given, over the

@@ -188,6 +188,10 @@
 #   short_queued the default d = 128 forward at N 512 and 1k, causal and not, interleaved with SDPA, each timing 10 back-to-back
 #                calls (fa2_sweep --calls 10: the kernels' time, the host's work before a launch hidden behind the queue),
 #                twice -> OUTDIR/short_queued_{1,2}.json/.log
+#   nan_split    the 3xTF32 backward's NaN-keeping split of Q_i tau log2 e (_mma.make_split_keep_nan): the NaN and split
+#                tests of test_mma.py, test_edge_values.py and test_tf32_backward_split_qdo.py, bench.nan_reach, then the
+#                same three tests with the split's clamp taken out (a GPU mutant: they must fail)
+#                -> OUTDIR/nan_split_tests.txt, nan_reach.txt, nan_split_mutant.txt
 #   nan_reach    where a NaN in Q goes in the 3xTF32 backward, build by build (bench/nan_reach.py) -> OUTDIR/nan_reach.txt
 #   half_bwd_cp  the half backward's tilings with and without cp.async for Q_i, dO_i (half_sweep --backward; the log's
 #                section "FA2 backward in fp16 / bf16: cp.async for Q_i, dO_i") -> OUTDIR/half_bwd_cp.json/.log
@@ -629,6 +633,20 @@ for s in "${steps[@]}"; do
     short_queued)
       fa2_rounds short_queued 150 --seqlens 512 1024 --headdims 128 --causal both --variants tc --repeats 20 --calls 10 \
         --interleave --no-check ;;
+    nan_split)
+      step nan_split_tests.txt timeout 240 python3 -m pytest -v -p no:cacheprovider -rfE --tb=short -n 8 -k "nan or split" \
+        tests/kernels/test_mma.py tests/test_edge_values.py tests/kernels/test_tf32_backward_split_qdo.py
+      grep -E "FAILED|XPASS|passed|failed" "$out/nan_split_tests.txt" | tail -n 12
+      step nan_reach.txt timeout 150 python3 -m bench.nan_reach
+      grep -v -i warn "$out/nan_reach.txt" | tail -n 30
+      # the GPU mutation check: the clamp taken out of the NaN-keeping split, its three tests must fail
+      cp numba_flash/fast/_mma.py "$out/_mma.py.orig"
+      sed -i 's/clamp = "min.s32 r, r, 2147479551; " if keep_nan else ""/clamp = ""/' numba_flash/fast/_mma.py
+      step nan_split_mutant.txt timeout 200 bash -c '! python3 -m pytest -q -p no:cacheprovider -rfE --tb=no -n 8 -k \
+        "keeping_split or nan_in_one_query_row_makes_that_row_of_dq or nans_in_q_and_do" tests/kernels/test_mma.py \
+        tests/test_edge_values.py tests/kernels/test_tf32_backward_split_qdo.py'
+      cp "$out/_mma.py.orig" numba_flash/fast/_mma.py && rm "$out/_mma.py.orig"
+      grep -E "FAILED|passed|failed" "$out/nan_split_mutant.txt" | tail -n 8 ;;
     nan_reach)
       step nan_reach.txt timeout 300 python3 -m bench.nan_reach
       cat "$out/nan_reach.txt" ;;

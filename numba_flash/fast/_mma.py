@@ -83,15 +83,22 @@ dmma_m16n8k16_asm = asm_mma("mma.sync.aligned.m16n8k16.row.col.f64.f64.f64.f64",
 tf32_m16n8k8_asm = asm_mma("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32", 4, 4, 2, "f32", "b32")
 
 
-def _split_tf32_asm():
+def _split_tf32_asm(keep_nan: bool = False):
     """An intrinsic ``(big, small) = f(x)``: the 3xTF32 split of a float32 in one PTX block.
 
     ``big`` = x rounded to tf32 (to nearest, ties away: add half a tf32 ulp to the bits, clear the 13
     low ones; what ``cvt.rna.tf32.f32`` does for finite x, without its inf/NaN test: ptxas gives that
     one an extra FSETP), ``small`` = the
     same rounding of ``x - big`` (exact in float32). Five integer/float instructions, no conversion unit.
+
+    The add carries a NaN whose mantissa bits 12-22 are all ones into the sign: the GPU's arithmetic NaN
+    ``0x7fffffff`` becomes ``-0.0``. With ``keep_nan`` the bits are first clamped (as a signed integer) to
+    ``0x7fffefff``, one ``IMNMX``: every positive NaN then stays a NaN (``0x7fffe000`` at most), and nothing
+    else moves (finite numbers and inf are below the clamp, negative numbers are negative integers). A
+    negative NaN ``0xfffff000``-``0xffffffff`` still wraps to ``+0.0``; the GPU's float arithmetic never makes one.
     """
-    text = ("{ .reg .b32 r; .reg .f32 f; mov.b32 r, $2; add.u32 r, r, 4096; and.b32 $0, r, -8192; "
+    clamp = "min.s32 r, r, 2147479551; " if keep_nan else ""  # 0x7fffefff
+    text = ("{ .reg .b32 r; .reg .f32 f; mov.b32 r, $2; " + clamp + "add.u32 r, r, 4096; and.b32 $0, r, -8192; "
             "mov.b32 f, $0; sub.f32 f, $2, f; mov.b32 r, f; add.u32 r, r, 4096; and.b32 $1, r, -8192; }")
     i32 = ir.IntType(32)
     fnty = ir.FunctionType(ir.LiteralStructType([i32, i32]), [ir.FloatType()])
@@ -109,6 +116,8 @@ def _split_tf32_asm():
 
 #: (big, small) tf32 bit patterns of a finite float32 (see :func:`_split_tf32_asm`).
 split_tf32_asm = _split_tf32_asm()
+#: The same, with a positive NaN kept a NaN in ``big`` (one more instruction; :func:`make_split_keep_nan`).
+split_tf32_keep_nan_asm = _split_tf32_asm(keep_nan=True)
 
 
 @intrinsic
@@ -126,6 +135,24 @@ def min_nan_asm(typingctx, x, cap):
         return builder.call(ir.InlineAsm(fnty, "min.NaN.f32 $0, $1, $2;", "=f,f,f"), args)
 
     return types.float32(types.float32, types.float32), codegen
+
+
+def make_split_keep_nan(simulator: bool | None = None):
+    """``split_tf32(x) -> (big, small)`` that keeps the GPU's arithmetic NaN: :data:`split_tf32_keep_nan_asm` on a GPU,
+    the simulator's split (:func:`split_tf32_host`, which skips inf and NaN) there.
+
+    For an operand the kernel computes before its split, e.g. the 3xTF32 backward's ``Q_i tau log2 e`` without
+    ``SPLIT_QDO``: a NaN product is ``0x7fffffff``, which :data:`split_tf32_asm` turns into ``-0.0`` (tiles loaded from HBM
+    are quieted to ``0x7fc00000`` instead, which every split keeps)."""
+    sim = _backend.is_simulator() if simulator is None else simulator
+    if sim:
+        return cuda.jit(device=True)(_split_tf32_sim)
+
+    @cuda.jit(device=True, inline="always")
+    def split_tf32_keep_nan(x):
+        return split_tf32_keep_nan_asm(x)
+
+    return split_tf32_keep_nan
 
 
 def make_min_keep_nan(simulator: bool | None = None):
@@ -154,6 +181,12 @@ def split_tf32_host(x) -> tuple[int, int]:
     (:func:`make_warp_ops`), and for a finite ``x`` the GPU's."""
     big = _tf32_bits_host(x)
     return int(big), int(_tf32_bits_host(np.float32(np.float32(x) - np.float32(_bits_as_f32_host(big)))))
+
+
+def _split_tf32_sim(x):
+    """The simulator's ``split_tf32``: :func:`split_tf32_host` as the kernels' uint32 pair."""
+    big, small = split_tf32_host(x)
+    return uint32(big), uint32(small)
 
 
 def _make_mma_3xtf32(mma_tf32):
@@ -210,10 +243,6 @@ def make_warp_ops(simulator: bool | None = None):
         return split_tf32, cuda.jit(device=True, inline="always")(_make_mma_3xtf32(mma_tf32)), quad_max, quad_sum
 
     # Simulator twins: plain Python run by every simulated thread (numpy for the bit patterns).
-    def split_tf32(x):
-        big, small = split_tf32_host(x)
-        return uint32(big), uint32(small)
-
     def mma_tf32(a, b, c, sx, wbase, lane):
         g, t = lane // 4, lane % 4
         A, B = wbase, wbase + 16 * 8  # scratch: A row-major 16 x 8, then B row-major 8 x 8
@@ -246,7 +275,7 @@ def make_warp_ops(simulator: bool | None = None):
     def quad_sum(x, sx, wbase, lane):
         return _quad(x, sx, wbase, lane, lambda u, v: u + v)
 
-    return (cuda.jit(device=True)(split_tf32), cuda.jit(device=True)(_make_mma_3xtf32(mma_tf32)),
+    return (cuda.jit(device=True)(_split_tf32_sim), cuda.jit(device=True)(_make_mma_3xtf32(mma_tf32)),
             cuda.jit(device=True)(quad_max), cuda.jit(device=True)(quad_sum))
 
 

@@ -164,6 +164,7 @@ def make_score_products(QT: int, NKN: int, KD: int, SQ: int, SIM: bool):
     ``rKb, rKs, rVb, rVs`` (``2 NKN`` words each): the B fragments of one k step.
     """
     split, mma3, _, _ = _mma.make_warp_ops(SIM)
+    split_nan = _mma.make_split_keep_nan(SIM)  # Dev: Q_i tau log2 e's NaN is 0x7fffffff, which split would make -0.0
     uSQ = U(SQ)
     NS = QT * NKN * 4
     ZERO = float32(0.0)
@@ -183,10 +184,10 @@ def make_score_products(QT: int, NKN: int, KD: int, SQ: int, SIM: bool):
                 rVb[2 * kn + 1], rVs[2 * kn + 1] = split(smem[OFF_V + ka + U(4)])
             for qt in range(QT):  # a = (Q'[g, t], Q'[g+8, t], Q'[g, t+4], Q'[g+8, t+4]), Q' = Q tau log2 e (the forward's)
                 qa = (U(16 * qt) + g) * uSQ + U(8 * ks) + t
-                qb0, qs0 = split(smem[OFF_Q + qa] * c1)
-                qb1, qs1 = split(smem[OFF_Q + qa + U(8) * uSQ] * c1)
-                qb2, qs2 = split(smem[OFF_Q + qa + U(4)] * c1)
-                qb3, qs3 = split(smem[OFF_Q + qa + U(8) * uSQ + U(4)] * c1)
+                qb0, qs0 = split_nan(smem[OFF_Q + qa] * c1)
+                qb1, qs1 = split_nan(smem[OFF_Q + qa + U(8) * uSQ] * c1)
+                qb2, qs2 = split_nan(smem[OFF_Q + qa + U(4)] * c1)
+                qb3, qs3 = split_nan(smem[OFF_Q + qa + U(8) * uSQ + U(4)] * c1)
                 ob0, os0 = split(smem[OFF_DO + qa])
                 ob1, os1 = split(smem[OFF_DO + qa + U(8) * uSQ])
                 ob2, os2 = split(smem[OFF_DO + qa + U(4)])
@@ -235,6 +236,7 @@ def make_score_products_wide(QT: int, NKN: int, KD: int, SQ: int, SIM: bool, KEY
     two 16-byte loads, already in the ``mma``'s register order. The same sums of the same parts for every element.
     """
     split, mma3, _, _ = _mma.make_warp_ops(SIM)
+    split_nan = _mma.make_split_keep_nan(SIM)  # Dev: A c1's NaN is 0x7fffffff, which split would make -0.0
     uSQ = U(SQ)
     PRESPLIT = SMALL > 0
     if PRESPLIT and not KEYS_FIXED:
@@ -256,7 +258,7 @@ def make_score_products_wide(QT: int, NKN: int, KD: int, SQ: int, SIM: bool, KEY
             if PRESPLIT:
                 at = qa + U(e % 4) + (U(8) * uSQ if e >= 4 else U(0))
                 return words[at], words[at + uSMALL]
-            return split(rX[e] * c1 if SCALED else rX[e])
+            return split_nan(rX[e] * c1) if SCALED else split(rX[e])
 
         @cuda.jit(device=True, inline="always")
         def product(smem, words, OFF_A, OFF_B, qrow, krow, g, t, c1, rOut, sx, wbase, lane):
@@ -314,7 +316,7 @@ def make_score_products_wide(QT: int, NKN: int, KD: int, SQ: int, SIM: bool, KEY
                             rX[e] = smem[qa + U(e)]
                             rX[4 + e] = smem[qa + U(8) * uSQ + U(e)]
                         for e in range(8):
-                            rFb[qt * 8 + e], rFs[qt * 8 + e] = split(rX[e] * c1 if SCALED else rX[e])
+                            rFb[qt * 8 + e], rFs[qt * 8 + e] = split_nan(rX[e] * c1) if SCALED else split(rX[e])
                     for kn in range(NKN):  # key row 8 kn + g, the same columns
                         ka = OFF_B + (krow + U(8 * kn) + g) * uSQ + cs
                         for e in range(4):
@@ -866,6 +868,7 @@ def fa2_backward_tf32_dq_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool
     NLK, load_kv, store_kv = _tiles.make_pair_loader(BC, DP, NT, SQ, QUIET_NAN=True, SWIZZLE=SWZ)
     n_key_blocks, _ = _tiles.make_block_counts(BR, BC, CAUSAL)
     split, mma3, _, _ = _mma.make_warp_ops(SIM)
+    split_nan = _mma.make_split_keep_nan(SIM)  # Dev: Q_i tau log2 e's NaN is 0x7fffffff, which split would make -0.0
     mma_score_products_wide = make_score_products_wide(MW, NB, KD, SQ, SIM, False)
     dq_k_step = make_dq_k_step(MW, 16, ND, SD, int(OFF_DS), SQ, WIDE, SIM)
     row_stats = _regtile.make_row_stats(FROM_LSE)
@@ -943,7 +946,7 @@ def fa2_backward_tf32_dq_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool
                     q0 = (wrow + U(16 * mt) + g) * uSQ + U(8 * ks) + t
                     for c in range(4):  # a = (Q[g, t], Q[g+8, t], Q[g, t+4], Q[g+8, t+4])
                         off = q0 + U(8 * (c % 2)) * uSQ + U(4 * (c // 2))
-                        rAb[mt * 4 + c], rAs[mt * 4 + c] = split(smem[OFF_Q + off] * c1)
+                        rAb[mt * 4 + c], rAs[mt * 4 + c] = split_nan(smem[OFF_Q + off] * c1)
                         rA2b[mt * 4 + c], rA2s[mt * 4 + c] = split(smem[OFF_DO + off])
                 for nt in range(NB):
                     k0 = (U(8 * nt) + g) * uSQ + U(8 * ks) + t  # b = (K[g, t], K[g, t+4])

@@ -5,6 +5,8 @@ Claims checked:
 * The tf32 split keeps about 22 bits: ``big`` is ``x`` rounded to nearest on 10 mantissa bits (ties
   away, the 13 low bits zero, as ``cvt.rna.tf32.f32``), ``small`` the same rounding of ``x - big``,
   and ``|x - big - small| <= 2^-22 |x|``; the device split equals the host one bit for bit.
+* The NaN-keeping split (for an operand the kernel computes, whose NaN is the GPU's ``0x7fffffff``) keeps a NaN a
+  NaN and splits everything else as the plain one.
 * The ``m16n8k8`` fragment layout is the PTX ISA's: with small-integer inputs (exact in tf32, so the
   small parts are zero; exact products and sums) each lane's ``D`` fragment is exactly ``A B + C`` at the documented positions.
   The same test runs in the simulator (the Python twin) and on a GPU (``mma.sync`` through inline
@@ -32,6 +34,19 @@ def _split_kernel(x, big, small):
     i = cuda.grid(1)
     if i < x.size:
         b, s = split_tf32(x[i])
+        big[i] = b
+        small[i] = s
+
+
+split_keep_nan = _mma.make_split_keep_nan()
+
+
+@cuda.jit
+def _split_keep_nan_kernel(x, scale, big, small):
+    """``split_keep_nan(x * scale)``: a NaN product is the GPU's ``0x7fffffff`` whatever NaN ``x`` held."""
+    i = cuda.grid(1)
+    if i < x.size:
+        b, s = split_keep_nan(x[i] * scale[0])
         big[i] = b
         small[i] = s
 
@@ -90,6 +105,31 @@ def test_device_tf32_split_equals_host(rng):
     _split_kernel[(x.size + 127) // 128, 128](x, big, small)
     hb, hs = _host_split(x)
     assert np.array_equal(big, hb) and np.array_equal(small, hs)
+
+
+def _bits(*patterns):
+    return np.array(patterns, dtype=np.uint32).view(np.float32)
+
+
+@pytest.mark.skipif(not _tf32_ok(), reason="needs mma.sync TF32 (compute capability >= 8.0)")
+@pytest.mark.parametrize("scale", [1.0, 0.18033688])
+def test_the_nan_keeping_split_of_a_product_keeps_nan_and_splits_the_rest_as_the_host(rng, scale):
+    """The 3xTF32 backward splits ``Q_i tau log2 e`` per warp. On a GPU a NaN product is ``0x7fffffff``, which the
+    plain split's rounding (add ``0x1000``) carries into ``-0.0``: a NaN in ``Q`` then left ``dV`` clean (H200,
+    2026-11-28). The NaN-keeping split (``_mma.make_split_keep_nan``) clamps the bits first: a NaN product stays a NaN,
+    and every other value (finite, the largest float32, inf) gets the host's parts bit for bit."""
+    nans = _bits(0x7FFFFFFF, 0x7FFFF000, 0x7FC00000, 0x7F800001, 0xFFC00000)  # the GPU's NaN, the carry edge, others
+    edges = np.array([np.inf, -np.inf, 0.0, -0.0, np.finfo(np.float32).max, -np.finfo(np.float32).max], np.float32)
+    x = np.concatenate([nans, edges, (rng.standard_normal(500) * np.exp2(rng.integers(-30, 30, 500))).astype(np.float32)])
+    big = np.zeros(x.size, dtype=np.uint32)
+    small = np.zeros(x.size, dtype=np.uint32)
+    _split_keep_nan_kernel[(x.size + 127) // 128, 128](x, np.array([scale], np.float32), big, small)
+    assert np.isnan(big[: nans.size].view(np.float32)).all(), f"NaN products split to {[hex(b) for b in big[: nans.size]]}"
+    with np.errstate(over="ignore"):
+        rest = (x[nans.size:] * np.float32(scale)).astype(np.float32)
+    hb, hs = _host_split(rest)
+    np.testing.assert_array_equal(big[nans.size:], hb)
+    np.testing.assert_array_equal(small[nans.size:], hs)
 
 
 @pytest.mark.skipif(not _tf32_ok(), reason="needs mma.sync TF32 (compute capability >= 8.0)")

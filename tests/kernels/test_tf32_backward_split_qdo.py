@@ -37,7 +37,6 @@ from numba_flash.fast import _mma, _tiles, fa2_backward_tf32
 import numpy as np
 import pytest
 from attn_testing import (
-    TF32_NO_SPLIT_QDO_NAN_GPU,
     assert_error_rule,
     assert_same_bits,
     make_qkv,
@@ -91,7 +90,6 @@ def test_split_q_and_do_on_a_sharp_softmax(rng):
     _assert_same_but_dk(on, off, *_reference(q, k, v, dout, False, 0.0), "sharp softmax, Q_i, dO_i split once")
 
 
-@pytest.mark.xfail(condition=not _backend.is_simulator(), strict=True, reason=TF32_NO_SPLIT_QDO_NAN_GPU)
 def test_nans_in_q_and_do_reach_the_same_gradients(rng):
     q, k, v = make_qkv(rng, 1, 12, 13, 1, 1, 32)
     dout = rng.standard_normal(q.shape).astype(np.float32)
