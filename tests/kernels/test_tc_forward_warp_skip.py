@@ -27,7 +27,7 @@ from numba_flash.fast import _tiles, fa2_forward_tc
 
 import numpy as np
 import pytest
-from attn_testing import assert_same_bits, make_qkv, run_tc_forward
+from attn_testing import assert_causal_tc_feature_keeps_the_bits, make_qkv
 from numba import cuda
 
 
@@ -82,10 +82,4 @@ GPU_CASES = [(2, 1000, 1000, 4, 2, 128, 0.0, None), (2, 1000, 1000, 4, 2, 128, 0
 @pytest.mark.gpu
 @pytest.mark.parametrize(("b", "s_q", "s_k", "h", "h_k", "d", "p", "bs"), GPU_CASES)
 def test_warp_skip_keeps_the_outputs_bit_for_bit_on_gpu(rng, b, s_q, s_k, h, h_k, d, p, bs):
-    q, k, v = make_qkv(rng, b, s_q, s_k, h, h_k, d)
-    seed = int(rng.integers(0, 2**32))
-    prob = check_attention_args(q, k, v, p, None, True, seed)
-    plans = [fa2_forward_tc.plan(prob, bs, None, {"WARP_SKIP": ws})[0] for ws in (True, False)]
-    assert plans[0] is not plans[1], "the plan ignored WARP_SKIP: the comparison below would be of one kernel"
-    (on, _), (off, _) = (run_tc_forward(q, k, v, True, p, seed, bs, {"WARP_SKIP": ws}) for ws in (True, False))
-    assert_same_bits(on, off, "WARP_SKIP on and off")
+    assert_causal_tc_feature_keeps_the_bits(rng, b, s_q, s_k, h, h_k, d, p, bs, {"WARP_SKIP": True}, {"WARP_SKIP": False}, "WARP_SKIP")
