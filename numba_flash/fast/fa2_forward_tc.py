@@ -805,7 +805,7 @@ def default_features() -> dict:
     passes stored 4 bytes at a time (``docs/results/sweeps/split_v_h100_9aaa8da_*.json``); with 16-byte stores K and V ran
     0.997-1.01x of V alone without causal and 1.02-1.03x with (``split_stores_h100_3f4e199_*.json``, one round).
     ``FOLD``, ``TILE_SKIP``: with causal, the warps' m16 tiles dealt folded, and each tile's ``mma`` skipped on the key
-    blocks its rows do not see (:func:`fa2_forward_tc_kernel`; the same bits); off until timed (:func:`fold_on`)."""
+    blocks its rows do not see (:func:`fa2_forward_tc_kernel`; the same bits); off: together 0.82-0.83x (:func:`fold_on`)."""
     return {"PREFETCH": None, "STAGE_S": True, "STAGE_O": True, "CP_ASYNC": True, "STAGE_O_STEP": None, "WIDE": None,
             "HEAVY_FIRST": True, "Q_ASYNC": None, "WARP_SKIP": None, "SPLIT_KV": None, "SPLIT_K": True, "FOLD": False,
             "TILE_SKIP": False}
@@ -849,7 +849,8 @@ def diagonal_tile_steps(NW: int, MW: int, BC: int, fold: bool, skip: bool) -> tu
 def fold_on(feature, causal: bool, MW: int) -> bool:
     """``FOLD`` resolved: only with ``causal`` and ``MW = 2`` (:func:`fa2_forward_tc_kernel`); there ``bool(feature)``.
     Off by default: written for the causal d = 128 cells at N 512 / 1k (0.93 / 0.96x SDPA memory-efficient with the
-    host's time hidden, H200, ``docs/results/sweeps/short_queued_h200_d63396b_*.json``), not yet timed."""
+    host's time hidden, H200, ``docs/results/sweeps/short_queued_h200_d63396b_*.json``); with ``TILE_SKIP`` it ran
+    0.83 / 0.82x the default there (``fold_quick_h200_35b0cb0.json``, one run of 10 timings; alone not yet timed)."""
     return bool(feature) and causal and MW == 2
 
 
