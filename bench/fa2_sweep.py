@@ -59,6 +59,8 @@ SPLIT_KV["tc-skv1-v"] = (("tc", None), {"SPLIT_KV": True, "SPLIT_K": False})
 #: causal, the default tiling with the warps' m16 tiles folded and each tile's mma skipped on the key blocks its rows do
 #: not see (FOLD, TILE_SKIP, 2026-11-28); off (the default) and on
 FOLD = {f"tc-fold{int(a)}": (("tc", None), {"FOLD": a, "TILE_SKIP": a}) for a in (False, True)}
+#: ... and FOLD alone (only who computes which rows changes; the branches of TILE_SKIP cost 0.82-0.83x on an H200)
+FOLD["tc-fold-only"] = (("tc", None), {"FOLD": True, "TILE_SKIP": False})
 VARIANTS_D64 = {
     "readable": ("readable", {}),
     "fast": (None, {}),  # Br 128 x Bc 64, TM 8, 128 threads

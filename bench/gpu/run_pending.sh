@@ -194,8 +194,9 @@
 #                -> OUTDIR/nan_split_tests.txt, nan_reach.txt, nan_split_mutant.txt
 #   fold_causal  the 3xTF32 forward's FOLD with TILE_SKIP (causal: the warps' m16 tiles folded, each tile's mma skipped on
 #                the diagonal's key blocks it does not see): its GPU tests and WARP_SKIP's, then the causal default tiling
-#                with it off and on, d = 64 and 128, N 512 / 1k / 2k, 10 back-to-back calls a timing, 20 timings
-#                interleaved with SDPA, twice (fa2_sweep tc-fold0 tc-fold1, with its accuracy check)
+#                with both off, FOLD alone and both on, d = 64 and 128, N 512 / 1k / 2k, 10 back-to-back calls a timing, 20
+#                timings interleaved with SDPA, twice (fa2_sweep tc-fold0 tc-fold-only tc-fold1, with its accuracy check;
+#                both on ran 0.82-0.83x at d = 128, 512 / 1k, in one short run at 35b0cb0)
 #                -> OUTDIR/fold_tests.txt, fold_causal_{1,2}.json/.log
 #   nan_reach    where a NaN in Q goes in the 3xTF32 backward, build by build (bench/nan_reach.py) -> OUTDIR/nan_reach.txt
 #   half_bwd_cp  the half backward's tilings with and without cp.async for Q_i, dO_i (half_sweep --backward; the log's
@@ -656,8 +657,8 @@ for s in "${steps[@]}"; do
       step fold_tests.txt timeout 300 python3 -m pytest -v -p no:cacheprovider -rfE --tb=short -n 8 \
         tests/kernels/test_tc_forward_fold.py tests/kernels/test_tc_forward_warp_skip.py
       grep -E "FAILED|passed|failed" "$out/fold_tests.txt" | tail -n 12
-      fa2_rounds fold_causal 200 --seqlens 512 1024 2048 --headdims 64 128 --causal yes --variants tc-fold0 tc-fold1 \
-        --repeats 20 --calls 10 --interleave ;;
+      fa2_rounds fold_causal 200 --seqlens 512 1024 2048 --headdims 64 128 --causal yes \
+        --variants tc-fold0 tc-fold-only tc-fold1 --repeats 20 --calls 10 --interleave ;;
     nan_reach)
       step nan_reach.txt timeout 300 python3 -m bench.nan_reach
       cat "$out/nan_reach.txt" ;;
