@@ -28,7 +28,7 @@ and single operations: ``cuda.as_cuda_array`` of a tensor, its ``__cuda_array_in
 ``check_attention_args`` (remembered) and ``check (not remembered)``, ``cuda.get_current_device()``, ``_smem.max_optin_bytes()``, ``Allocator(q)``.
 
 Each line: the median over ``--repeats`` loops of ``--calls`` back-to-back calls (no synchronization inside a
-loop; one between loops), microseconds per call. ``--profile`` instead prints, for bf16 at d = 64, a cProfile of
+loop; one between loops), microseconds per call. ``--profile`` instead prints, for bf16 at d = 64 (``--dtype``, ``--headdim``: another), a cProfile of
 ``--calls`` calls of ``flash_attn_func`` without grad, with it (forward only), and of forward and backward, by own
 time (replay on, the default): which functions of the host time a call still spends to cache or drop (cProfile
 inflates many small Python calls: read it for the order, the layers above for the time; the autograd engine runs a
@@ -41,7 +41,7 @@ SDPA memory-efficient's, event by event (the host's launches, allocations and sy
 from the call's start). Run on a GPU machine from the repository root::
 
     source bench/gpu/setup_env.sh
-    python3 -m bench.host_layers [--calls 300] [--repeats 7] [--profile | --kernels | --timeline]
+    python3 -m bench.host_layers [--calls 300] [--repeats 7] [--profile [--dtype float32 --headdim 128] | --kernels | --timeline]
 """
 
 from __future__ import annotations
@@ -160,15 +160,16 @@ def layers(torch, dtype, d: int, calls: int, repeats: int) -> list[tuple[str, fl
             _replay._recipes.clear()
 
 
-def profile(torch, calls: int, top: int = 30) -> None:
-    """The ``--profile`` output of the module docstring."""
+def profile(torch, calls: int, top: int = 30, dtype_name: str = "bfloat16", d: int = 64) -> None:
+    """The ``--profile`` output of the module docstring, on inputs of ``dtype_name`` and head dim ``d``."""
     import cProfile
     import pstats
 
     from numba_flash import flash_attn_func
 
     gen = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v = (torch.randn(8, 256, 16, 64, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(3))
+    dtype = getattr(torch, dtype_name)
+    q, k, v = (torch.randn(8, 256, 16, d, device="cuda", generator=gen).to(dtype) for _ in range(3))
     dout = torch.randn_like(q)
 
     def fwd_bwd(*args):
@@ -188,7 +189,7 @@ def profile(torch, calls: int, top: int = 30) -> None:
             fn(*args)
         prof.disable()
         torch.cuda.synchronize()
-        print(f"## {what}, bfloat16, d = 64, inputs requires_grad={grad}: {calls} calls, by own time", flush=True)
+        print(f"## {what}, {dtype_name}, d = {d}, inputs requires_grad={grad}: {calls} calls, by own time", flush=True)
         pstats.Stats(prof).sort_stats("tottime").print_stats(top)
 
 
@@ -410,6 +411,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--calls", type=int, default=300, help="back-to-back calls per timed loop")
     ap.add_argument("--repeats", type=int, default=7, help="timed loops; the median is printed")
     ap.add_argument("--profile", action="store_true", help="a cProfile of flash_attn_func instead of the layer table")
+    ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"),
+                    help="--profile: the inputs' dtype (default bfloat16)")
+    ap.add_argument("--headdim", type=int, default=64, help="--profile: the head dim (default 64)")
     ap.add_argument("--kernels", action="store_true",
                     help="per training step: the kernels' GPU time against the synchronized wall time, replay off and on")
     ap.add_argument("--timeline", action="store_true",
@@ -426,7 +430,7 @@ def main(argv=None) -> int:
         return 1
     print(bu.header_line(torch), flush=True)
     if args.profile:
-        profile(torch, args.calls)
+        profile(torch, args.calls, dtype_name=args.dtype, d=args.headdim)
         return 0
     if args.kernels:
         kernel_time(torch)
