@@ -56,11 +56,6 @@ Q_BATCH = {f"fast-qb{n}": (None, {"Q_BATCH": n}) for n in (1, 8)}
 SPLIT_KV = {f"tc-skv{int(a)}": (("tc", None), {"SPLIT_KV": a}) for a in (False, True)}
 #: ... and V_j alone split once per block (SPLIT_K False: K_j split by each warp, as without SPLIT_KV; 2026-11-27)
 SPLIT_KV["tc-skv1-v"] = (("tc", None), {"SPLIT_KV": True, "SPLIT_K": False})
-#: causal, the default tiling with the warps' m16 tiles folded and each tile's mma skipped on the key blocks its rows do
-#: not see (FOLD, TILE_SKIP, 2026-11-28); off (the default) and on
-FOLD = {f"tc-fold{int(a)}": (("tc", None), {"FOLD": a, "TILE_SKIP": a}) for a in (False, True)}
-#: ... and FOLD alone (only who computes which rows changes; the branches of TILE_SKIP cost 0.82-0.83x on an H200)
-FOLD["tc-fold-only"] = (("tc", None), {"FOLD": True, "TILE_SKIP": False})
 VARIANTS_D64 = {
     "readable": ("readable", {}),
     "fast": (None, {}),  # Br 128 x Bc 64, TM 8, 128 threads
@@ -102,7 +97,6 @@ VARIANTS_D64 = {
     **Q_ASYNC,
     **WARP_SKIP,
     **Q_BATCH,
-    **FOLD,
 }
 VARIANTS_D128 = {
     "readable": ("readable", {}),
@@ -155,7 +149,6 @@ VARIANTS_D128 = {
     **WARP_SKIP,
     **Q_BATCH,
     **SPLIT_KV,
-    **FOLD,
 }
 
 

@@ -145,6 +145,30 @@ def tc_forward_with_features(spec: dict):
     return lambda: run_variant("ncu", cfg, feats, q, k, v, causal)
 
 
+#: The ``algorithm`` of a case that profiles torch SDPA's memory-efficient forward, the kernel the float32 grid compares
+#: ours with (``run_pending.sh ncu_sdpa_short``)
+SDPA = "sdpa_mem_efficient"
+
+
+def sdpa_forward(spec: dict):
+    """The call of a case whose ``algorithm`` is :data:`SDPA`: torch SDPA's memory-efficient forward on the case's inputs
+    (``bench._utils.torch_sdpa_mem_efficient``, as the grid and ``bench.fa2_sweep`` time it), without grad. Its tiling is
+    torch's: ncu's launch statistics report it. Only the forward (ValueError for another ``pass``)."""
+    if spec["pass"] != "forward":
+        raise ValueError(f"{SDPA}: only the forward pass is profiled, got pass {spec['pass']!r}")
+    import torch
+
+    from . import _utils as bu
+
+    q, k, v, _ = common.make_inputs(spec["batch"], spec["nheads"], spec["N"], spec["d"], dtype=spec.get("dtype", "float32"))
+    causal = bool(spec.get("causal", False))
+
+    def fn():
+        with torch.no_grad():
+            return bu.torch_sdpa_mem_efficient(q, k, v, causal=causal)
+    return fn
+
+
 def run_child(spec: dict) -> dict:
     """Build the case, warm it up, run it once inside :data:`RANGE`; return meta data for the parent."""
     import numpy as np
@@ -153,7 +177,9 @@ def run_child(spec: dict) -> dict:
     alg, variant, pass_ = spec["algorithm"], spec.get("variant"), spec["pass"]
     b, h, N, d = spec["batch"], spec["nheads"], spec["N"], spec["d"]
     mask = np.asarray(spec["mask"], dtype=bool) if spec.get("mask") is not None else None
-    if spec.get("features") is not None:
+    if alg == SDPA:
+        fn = sdpa_forward(spec)
+    elif spec.get("features") is not None:
         fn = tc_forward_with_features(spec)
     else:
         fn = common.prepare(alg, variant, pass_, b, h, N, d, mask=mask, block_sizes=spec.get("block_sizes"),
@@ -167,7 +193,9 @@ def run_child(spec: dict) -> dict:
     torch.cuda.nvtx.range_pop()
     meta = {"ok": True}
     for p in (("forward", "backward") if pass_ == "fwd+bwd" else (pass_,)):
-        if spec.get("block_sizes") is not None:
+        if alg == SDPA:
+            tile, src = None, "torch SDPA's own (ncu's launch statistics)"
+        elif spec.get("block_sizes") is not None:
             tile, src = tuple(spec["block_sizes"]), "argument"
         elif spec.get("causal"):  # Dev: causal defaults depend on N (the 3xTF32 forward's): not introspected here
             tile, src = None, "causal default (not introspected: give block_sizes)"

@@ -214,9 +214,8 @@ def _kernel(name: str, d: int, causal: bool, tiling=None):
         return TC.fa2_forward_tc_kernel(NW, MW, BC, DP, causal, False, prefetch, False, f["STAGE_S"], f["STAGE_O"], cp_async,
                                         TC.stage_o_step(f["STAGE_O_STEP"], MW, DP), TC.wide_on(f["WIDE"], DP, cp_async),
                                         causal and bool(f["HEAVY_FIRST"]), _plan.async_on(f["Q_ASYNC"], cp_async),
-                                        TC.warp_skip_on(f["WARP_SKIP"], causal, False, DP) and not TC.fold_on(f["FOLD"], causal, MW),
-                                        TC.split_kv_on(f["SPLIT_KV"], TC.wide_on(f["WIDE"], DP, cp_async), (NW, MW, BC)), f["SPLIT_K"],
-                                        TC.fold_on(f["FOLD"], causal, MW), TC.tile_skip_on(f["TILE_SKIP"], causal, False))
+                                        TC.warp_skip_on(f["WARP_SKIP"], causal, False, DP), TC.split_kv_on(f["SPLIT_KV"], TC.wide_on(f["WIDE"], DP, cp_async),
+                                                                                            (NW, MW, BC)), f["SPLIT_K"])
     if name.startswith("fa2_forward_half_"):
         NW, MW, BC, DP, f, prefetch, cp_async = _forward_tiling(H, d, tiling)
         return H.fa2_forward_half_kernel(NW, MW, BC, DP, causal, False, prefetch, False, name.rsplit("_", 1)[1], cp_async,

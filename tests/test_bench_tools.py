@@ -350,3 +350,16 @@ def test_ncu_takes_features_for_the_tensor_core_forward_only():
             ncu.tc_forward_with_features({**base, **other})
     out, lse = ncu.tc_forward_with_features({**base, "block_sizes": [16, 16]})()
     assert tuple(out.shape) == (1, 16, 1, 16) and bool((out == out).all())
+
+
+def test_ncu_profiles_sdpa_forward_only_and_names_no_tiling_of_ours():
+    """A ``bench.ncu`` case of ``algorithm`` ``sdpa_mem_efficient`` (``run_pending.sh ncu_sdpa_short``) goes to
+    ``sdpa_forward`` (torch SDPA's memory-efficient forward: GPU only), which refuses a backward case before it builds
+    any input."""
+    from bench import ncu
+
+    spec = {"algorithm": ncu.SDPA, "pass": "backward", "batch": 1, "nheads": 1, "N": 16, "d": 16, "causal": True}
+    with pytest.raises(ValueError, match="only the forward pass"):
+        ncu.sdpa_forward(spec)
+    with pytest.raises(ValueError, match="only the forward pass"):
+        ncu.run_child(spec)  # Dev: not flash_attn_func's path, which takes no algorithm named so

@@ -192,12 +192,10 @@
 #                tests of test_mma.py, test_edge_values.py and test_tf32_backward_split_qdo.py, bench.nan_reach, then the
 #                same three tests with the split's clamp taken out (a GPU mutant: they must fail)
 #                -> OUTDIR/nan_split_tests.txt, nan_reach.txt, nan_split_mutant.txt
-#   fold_causal  the 3xTF32 forward's FOLD with TILE_SKIP (causal: the warps' m16 tiles folded, each tile's mma skipped on
-#                the diagonal's key blocks it does not see): its GPU tests and WARP_SKIP's, then the causal default tiling
-#                with both off, FOLD alone and both on, d = 64 and 128, N 512 / 1k / 2k, 10 back-to-back calls a timing, 20
-#                timings interleaved with SDPA, twice (fa2_sweep tc-fold0 tc-fold-only tc-fold1, with its accuracy check;
-#                both on ran 0.82-0.83x at d = 128, 512 / 1k, in one short run at 35b0cb0)
-#                -> OUTDIR/fold_tests.txt, fold_causal_{1,2}.json/.log
+#   ncu_sdpa_short Nsight Compute's full set on torch SDPA's memory-efficient forward and on ours (the 3xTF32 forward's
+#                default tiling, 4 x 2 x 16) at the grid's causal d = 128 cell N 512 (b 32, h 16), in one call, so that the
+#                two kernels' launch statistics (grid, block, registers, SRAM), occupancy, issue slots and warp stalls
+#                sit side by side -> OUTDIR/ncu_sdpa_causal_fwd_d128_n512.txt, ncu_ours_causal_fwd_d128_n512.txt (and _meta.json)
 #   nan_reach    where a NaN in Q goes in the 3xTF32 backward, build by build (bench/nan_reach.py) -> OUTDIR/nan_reach.txt
 #   half_bwd_cp  the half backward's tilings with and without cp.async for Q_i, dO_i (half_sweep --backward; the log's
 #                section "FA2 backward in fp16 / bf16: cp.async for Q_i, dO_i") -> OUTDIR/half_bwd_cp.json/.log
@@ -653,12 +651,15 @@ for s in "${steps[@]}"; do
         tests/test_edge_values.py tests/kernels/test_tf32_backward_split_qdo.py'
       cp "$out/_mma.py.orig" numba_flash/fast/_mma.py && rm "$out/_mma.py.orig"
       grep -E "FAILED|passed|failed" "$out/nan_split_mutant.txt" | tail -n 8 ;;
-    fold_causal)
-      step fold_tests.txt timeout 300 python3 -m pytest -v -p no:cacheprovider -rfE --tb=short -n 8 \
-        tests/kernels/test_tc_forward_fold.py tests/kernels/test_tc_forward_warp_skip.py
-      grep -E "FAILED|passed|failed" "$out/fold_tests.txt" | tail -n 12
-      fa2_rounds fold_causal 200 --seqlens 512 1024 2048 --headdims 64 128 --causal yes \
-        --variants tc-fold0 tc-fold-only tc-fold1 --repeats 20 --calls 10 --interleave ;;
+    ncu_sdpa_short)
+      if ncu_found; then
+        for who in sdpa ours; do
+          if [ "$who" = sdpa ]; then alg='"algorithm":"sdpa_mem_efficient"'; else alg='"algorithm":"flash2","variant":"tensorcore"'; fi
+          ncu_full "ncu_${who}_causal_fwd_d128_n512" "{$alg,\"pass\":\"forward\",\"batch\":32,\"nheads\":16,\"N\":512,\"d\":128,\"causal\":true}" 240
+          grep -E "^  [a-zA-Z_].*\(|Duration|Registers Per Thread|Block Size|Grid Size|Shared Memory Configuration Size|Dynamic Shared Memory Per Block|Static Shared Memory Per Block|Achieved Occupancy|Theoretical Occupancy|Issue Slots Busy|Executed Ipc Active|Block Limit" \
+            "$out/ncu_${who}_causal_fwd_d128_n512.txt" | head -n 40
+        done
+      fi ;;
     nan_reach)
       step nan_reach.txt timeout 300 python3 -m bench.nan_reach
       cat "$out/nan_reach.txt" ;;

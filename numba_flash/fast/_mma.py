@@ -627,15 +627,12 @@ def make_half_ops(kind: str, simulator: bool | None = None):
 
 
 @functools.cache
-def make_fragment_steps(MW: int, NB: int, BC: int, CAUSAL: bool, TILE_ROW=None):
+def make_fragment_steps(MW: int, NB: int, BC: int, CAUSAL: bool):
     """``(mask_s, lane_row_max)``: steps on a warp's ``S`` tile held as m16n8 accumulator fragments.
 
     Both tensor-core forwards (:mod:`~numba_flash.fast.fa2_forward_tc`, :mod:`~numba_flash.fast.fa2_forward_half`)
     keep ``S_i^(j)`` as ``MW x NB`` fragments in ``rS``: fragment ``(mt, nt)`` is ``rS[(mt NB + nt) 4 + c]``,
     lane ``(g, t)`` holding row ``16 mt + 8 (c // 2) + g`` and column ``8 nt + 2t + c % 2`` of the warp's tile.
-    ``TILE_ROW`` (a device function ``(mt, wrow) -> row``; the 3xTF32 forward's ``FOLD``): the block row of m16 tile
-    ``mt``'s first row, ``mask_s``'s ``wrow`` then being what it takes (there the warp); None: ``wrow + 16 mt`` (the
-    warp's ``16 MW`` rows in a run from its first, ``wrow``).
 
     * ``mask_s(rS, row0, wrow, g, t, col0, s_k, causal_offset)``: ``-inf`` at the columns past ``s_k`` and
       (``CAUSAL``) above the diagonal, on the key blocks where any can occur (the ragged last block, the
@@ -651,10 +648,7 @@ def make_fragment_steps(MW: int, NB: int, BC: int, CAUSAL: bool, TILE_ROW=None):
             for mt in range(MW):
                 for nt in range(NB):
                     for c in range(4):
-                        if TILE_ROW is None:
-                            row = row0 + int(wrow) + 16 * mt + 8 * (c // 2) + int(g)
-                        else:
-                            row = row0 + int(TILE_ROW(mt, wrow)) + 8 * (c // 2) + int(g)
+                        row = row0 + int(wrow) + 16 * mt + 8 * (c // 2) + int(g)
                         col = col0 + 8 * nt + 2 * int(t) + c % 2
                         if col >= s_k or (CAUSAL and col > row + causal_offset):
                             rS[(mt * NB + nt) * 4 + c] = NEG_INF

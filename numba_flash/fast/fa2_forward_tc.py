@@ -258,8 +258,7 @@ def cp_async_ok(d: int) -> bool:
 @_plan.cache_by_signature
 def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROPOUT: bool, PREFETCH: bool, SIM: bool, STAGE_S: bool = True, STAGE_O: bool = True,
                           CP_ASYNC: bool = False, STAGE_O_STEP: bool = False, WIDE: bool = False, HEAVY_FIRST: bool = False,
-                          Q_ASYNC: bool = False, WARP_SKIP: bool = False, SPLIT_KV: bool = False, SPLIT_K: bool = True,
-                          FOLD: bool = False, TILE_SKIP: bool = False):
+                          Q_ASYNC: bool = False, WARP_SKIP: bool = False, SPLIT_KV: bool = False, SPLIT_K: bool = True):
     """The 3xTF32 FA2 forward kernel for one specialization (see the module docstring).
 
     ``CP_ASYNC`` (d a multiple of 4): K_j, V_j go HBM -> SRAM by ``cp.async`` into two SRAM stages, the
@@ -320,19 +319,6 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
     same values, so the same bits. ``SPLIT_K`` (with ``SPLIT_KV``; the default True): False leaves ``K_j`` to the NaN
     pass and the warps' split, as without ``SPLIT_KV``, and splits ``V_j`` alone (``smem_floats``' ``split_k``).
 
-    ``FOLD`` (causal, ``MW = 2``): the block's ``2 NW`` m16 tiles are dealt to its warps folded, warp ``w`` taking tiles
-    ``w`` and ``2 NW - 1 - w`` (:func:`folded_tiles`), not ``2 w`` and ``2 w + 1``. Every
-    row is computed as before, by other lanes, so O, L, m, l keep their bits. On its own it changes only who computes
-    what; with ``TILE_SKIP`` it evens out the diagonal. ``TILE_SKIP`` (causal, GPU only): a warp skips line 8's and
-    line 10's ``mma`` for each of its m16 tiles whose 16 rows see no key of key block ``j``
-    (:func:`numba_flash.fast._tiles.make_warp_horizon` of 16 rows); line 9 sees its S as the mask leaves it, all
-    ``-inf``, so ``m`` stays, ``e^(m_old - m_new)`` is 1, ``P~`` is 0 and O keeps its bits, as with ``WARP_SKIP``.
-    At 4 x 2 x 16 (Br = 128, Bc = 16) the diagonal's 8 key blocks need 36 of a block's 64 tile-steps. Dealt in runs,
-    warp 3 (tiles 6, 7) computes both tiles in 15 of the 8 steps' 16, and each step's barrier waits for it: 16
-    tile-steps on the block's critical path. Folded, each warp needs 9, and the slowest warp of each step has 2 tiles
-    in steps 0-3 and 1 in steps 4-7: 12. ``TILE_SKIP`` without ``FOLD`` would save 1. The simulator's ``mma`` exchanges
-    through block barriers, so there ``TILE_SKIP`` cannot be compiled; ``FOLD`` runs on both backends.
-
     ``HEAVY_FIRST`` (causal): the blocks start in query-block-major order, every head's last (heaviest) query block
     first (:func:`numba_flash.fast._tiles.make_query_block_order`); without it each head's blocks start heaviest
     first, one head after another. The same blocks and the same bits either way.
@@ -361,10 +347,6 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
         raise ValueError("WARP_SKIP needs CAUSAL and a GPU (the simulator's mma exchanges through block barriers)")
     if SPLIT_KV and not WIDE:
         raise ValueError("SPLIT_KV needs WIDE (and so CP_ASYNC)")
-    if FOLD and (not CAUSAL or MW != 2 or WARP_SKIP):
-        raise ValueError("FOLD needs CAUSAL and MW = 2, and replaces WARP_SKIP (its warps' rows are not one run)")
-    if TILE_SKIP and (SIM or not CAUSAL):
-        raise ValueError("TILE_SKIP needs CAUSAL and a GPU (the simulator's mma exchanges through block barriers)")
     KS = SPLIT_KV and SPLIT_K  # K_j's parts from SRAM (else each warp splits what it loads)
     NT = 32 * NW
     BR = 16 * MW * NW
@@ -420,33 +402,15 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
     n_key_blocks, _ = _tiles.make_block_counts(BR, BC, CAUSAL)
     query_block = _tiles.make_query_block_order(HEAVY_FIRST)
     warp_sees_no_key = _tiles.make_warp_horizon(16 * MW)
-    tile_sees_no_key = _tiles.make_warp_horizon(16)  # TILE_SKIP: one m16 tile's rows
-
-    # FOLD: warp w's tiles are block tiles T0 + w and T1 + w (T1_UP) or T1 - w: the table of folded_tiles
-    T0, T1 = folded_tiles(NW, 2, 0, True) if FOLD else (0, 1)
-    T1_UP = folded_tiles(NW, 2, 1, True)[1] > T1 if FOLD else True
-
-    @cuda.jit(device=True, inline="always")
-    def tile_off(mt, warp):
-        """``FOLD``: the block row of the first row of the warp's m16 tile ``mt`` (block tile ``warp`` for ``mt = 0``,
-        ``2 NW - 1 - warp`` for 1: :func:`folded_tiles`). Without it the kernel writes ``wrow + 16 mt`` in place."""
-        if mt == 0:
-            return U(16 * T0) + U(16) * warp
-        if T1_UP:
-            return U(16 * T1) + U(16) * warp
-        return U(16 * T1) - U(16) * warp
 
     split, mma3, quad_max, quad_sum = _mma.make_warp_ops(SIM)
     natural_stats = _regtile.make_natural_stats()
-    mask_s, lane_row_max = _mma.make_fragment_steps(MW, NB, BC, CAUSAL, tile_off if FOLD else None)
+    mask_s, lane_row_max = _mma.make_fragment_steps(MW, NB, BC, CAUSAL)
 
     @cuda.jit(device=True, inline="always")
-    def s_tile_step(rS, rAb, rAs, nt, bb0, bb1, bs0, bs1, sx, wbase, lane, live):
-        """One 8-wide k step of S's key tile ``nt`` for the warp's MW m16 tiles (A in rAb/rAs, B in bb*/bs*; TILE_SKIP:
-        only the tiles whose bit is set in ``live``)."""
+    def s_tile_step(rS, rAb, rAs, nt, bb0, bb1, bs0, bs1, sx, wbase, lane):
+        """One 8-wide k step of S's key tile ``nt`` for the warp's MW m16 tiles (A in rAb/rAs, B in bb*/bs*)."""
         for mt in range(MW):
-            if TILE_SKIP and (live >> U(mt)) & U(1) == U(0):
-                continue  # Dev: TILE_SKIP: a tile whose rows see none of these keys; the mask makes its S -inf
             f = (mt * NB + nt) * 4
             acc = (rS[f], rS[f + 1], rS[f + 2], rS[f + 3])
             if STAGE_S:  # Dev: this k step into a zeroed accumulator, added to S with IEEE float32 adds
@@ -457,12 +421,9 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
                 rS[f + c] = rS[f + c] + acc[c] if STAGE_S else acc[c]
 
     @cuda.jit(device=True, inline="always")
-    def o_tile_step(rO, rT, rAb, rAs, dn, bb0, bb1, bs0, bs1, sx, wbase, lane, live):
-        """One 8-key step of O's column tile ``dn`` for the warp's MW m16 tiles (A in rAb/rAs, B in bb*/bs*; TILE_SKIP:
-        only the tiles whose bit is set in ``live``)."""
+    def o_tile_step(rO, rT, rAb, rAs, dn, bb0, bb1, bs0, bs1, sx, wbase, lane):
+        """One 8-key step of O's column tile ``dn`` for the warp's MW m16 tiles (A in rAb/rAs, B in bb*/bs*)."""
         for mt in range(MW):
-            if TILE_SKIP and (live >> U(mt)) & U(1) == U(0):
-                continue  # Dev: TILE_SKIP: its P~ is 0 (and so is this step's P~ V_j), its alpha 1: O as it is
             f = (mt * ND + dn) * 4
             acc = (rO[f], rO[f + 1], rO[f + 2], rO[f + 3])
             if STAGE_O_STEP:  # Dev: this 8-key step into a zeroed accumulator, added to O_i below
@@ -524,8 +485,7 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
             return  # Dev: past b*h (HEAVY_FIRST: past Tr) in the last z slab of the fold
         ub, uh, uhk = U(b), U(h), U(h // group)
         row0 = i * BR
-        wrow = U(16 * MW) * U(warp)  # this warp's first row within the block (FOLD: its tiles' rows are tile_off's)
-        uwarp = U(warp)
+        wrow = U(16 * MW) * U(warp)  # this warp's first row within the block
 
         # FA2.1 L4: load Q_i (times tau log2 e: exp2 later) from HBM to SRAM; rows past N_q and columns past d are zero
         if not Q_ASYNC:  # Dev: Q_ASYNC: by cp.async with K_1, V_1 below
@@ -538,7 +498,7 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
             rl[r] = float32(0.0)
             rkey[r] = uint64(0)
             if DROPOUT:  # row of slot r: m16 tile r // 2, half r % 2
-                rkey[r] = row_key(head_key(seed, b * nheads + h), row0 + (int(tile_off(r // 2, uwarp)) if FOLD else int(wrow) + 16 * (r // 2)) + 8 * (r % 2) + int(g))
+                rkey[r] = row_key(head_key(seed, b * nheads + h), row0 + int(wrow) + 16 * (r // 2) + 8 * (r % 2) + int(g))
 
         # Dev: causal block skipping: key blocks past the last row's horizon are never visited
         n_blocks = n_key_blocks(row0 + BR, s_k, causal_offset)
@@ -593,11 +553,6 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
                     load_kv(gK, gV, ub, uhk, col0 + BC, s_k, d, tid, rKn, rVn)  # HBM read: 2 Bc*d (tile j+1)
             if WARP_SKIP and warp_sees_no_key(row0 + int(wrow), col0, causal_offset):
                 continue  # Dev: every score of this warp's rows is masked: L8-L10 would leave m, l, O as they are
-            live = U(0)  # TILE_SKIP: bit mt set where the warp's m16 tile mt sees a key of this block
-            if TILE_SKIP:
-                for mt in range(MW):
-                    if not tile_sees_no_key(row0 + (int(tile_off(mt, uwarp)) if FOLD else int(wrow) + 16 * mt), col0, causal_offset):
-                        live |= U(1) << U(mt)
 
             # [doc:fa2-tc-inner-loop]
             # FA2.1 L8: S_i^(j) = Q_i K_j^T: per 8-wide k step, A = Q rows (16 x 8 per m tile),
@@ -607,7 +562,7 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
             for kp in range(KD // 2 if WIDE else 0):  # Dev: WIDE: k steps 2 kp, 2 kp + 1 from one 16-byte load per row
                 csw = _tiles.swizzle16(U(16 * kp), g) + U(4) * t  # SRAM column of columns 16 kp + 4 t .. + 3 in rows g, g + 8, 8 nt + g
                 for mt in range(MW):  # columns 16 kp + 4 t .. + 3 of this lane's rows g, g + 8
-                    q0 = OFF_Q + ((tile_off(mt, uwarp) if FOLD else wrow + U(16 * mt)) + g) * uSQ + csw
+                    q0 = OFF_Q + (wrow + U(16 * mt) + g) * uSQ + csw
                     for e in range(4):
                         rQw[mt * 8 + e] = smem[q0 + U(e)]
                         rQw[mt * 8 + 4 + e] = smem[q0 + U(8) * uSQ + U(e)]
@@ -630,19 +585,19 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
                         else:
                             bb0, bs0 = split(rKw[nt * 4 + h2])  # b = (K[g, c], K[g, c+1])
                             bb1, bs1 = split(rKw[nt * 4 + h2 + 1])
-                        s_tile_step(rS, rAb, rAs, nt, bb0, bb1, bs0, bs1, sx, wbase, lane, live)
+                        s_tile_step(rS, rAb, rAs, nt, bb0, bb1, bs0, bs1, sx, wbase, lane)
             for ks in range(0 if WIDE else KD):
                 for mt in range(MW):
-                    q0 = OFF_Q + ((tile_off(mt, uwarp) if FOLD else wrow + U(16 * mt)) + g) * uSQ + U(8 * ks) + t
+                    q0 = OFF_Q + (wrow + U(16 * mt) + g) * uSQ + U(8 * ks) + t
                     for c in range(4):  # a = (Q[g, t], Q[g+8, t], Q[g, t+4], Q[g+8, t+4])
                         rAb[mt * 4 + c], rAs[mt * 4 + c] = split(smem[q0 + U(8 * (c % 2)) * uSQ + U(4 * (c // 2))])
                 for nt in range(NB):
                     k0 = kbase + (U(8 * nt) + g) * uSQ + U(8 * ks) + t  # b = (K[g, t], K[g, t+4])
                     bb0, bs0 = split(smem[k0])
                     bb1, bs1 = split(smem[k0 + U(4)])
-                    s_tile_step(rS, rAb, rAs, nt, bb0, bb1, bs0, bs1, sx, wbase, lane, live)
+                    s_tile_step(rS, rAb, rAs, nt, bb0, bb1, bs0, bs1, sx, wbase, lane)
             # Dev: the elementwise mask only on blocks the diagonal crosses, or the ragged last block
-            mask_s(rS, row0, uwarp if FOLD else wrow, g, t, col0, s_k, causal_offset)
+            mask_s(rS, row0, wrow, g, t, col0, s_k, causal_offset)
 
             # FA2.1 L9: m_new = max(m_old, rowmax S) (this lane's 2 Bc/8 values, then its quad); P~ = exp2(S - m_new)
             for r in range(NR):
@@ -661,8 +616,7 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
                         if DROPOUT:  # Dev: as FA1 Alg.2 L14; the 1/(1-p) is applied once, at L12
                             if not keep(rkey[r], col0 + 8 * nt + 2 * int(t) + cc, threshold):
                                 p = float32(0.0)
-                        pr = tile_off(mt, uwarp) + U(8 * hf) + g if FOLD else wrow + U(16 * mt + 8 * hf) + g  # Dev: P~'s row
-                        smem[OFF_P + pr * uSP + U(8 * nt + cc) + U(2) * t] = p
+                        smem[OFF_P + (wrow + U(16 * mt + 8 * hf) + g) * uSP + U(8 * nt + cc) + U(2) * t] = p
                 # Dev: l_i = e^(m_old - m_new) l_i + rowsum P~, kept per lane; the quad is summed once, after L11
                 rl[r] = ralpha[r] * rl[r] + psum
 
@@ -681,7 +635,7 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
                             rO[(mt * ND + dn) * 4 + c] *= ralpha[mt * 2 + c // 2]
             for kt in range(NB):  # 8 keys per step; a = (P[g, t], P[g+8, t], P[g, t+4], P[g+8, t+4])
                 for mt in range(MW):
-                    p0 = OFF_P + ((tile_off(mt, uwarp) if FOLD else wrow + U(16 * mt)) + g) * uSP + U(8 * kt) + t
+                    p0 = OFF_P + (wrow + U(16 * mt) + g) * uSP + U(8 * kt) + t
                     for c in range(4):
                         rAb[mt * 4 + c], rAs[mt * 4 + c] = split(smem[p0 + U(8 * (c % 2)) * uSP + U(4 * (c // 2))])
                 if WIDE and not SPLIT_KV:  # Dev: tile dn = 4 a + e's column g is O's column 32 a + 4 g + e: V's rows t, t + 4 by 16-byte loads
@@ -695,7 +649,7 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
                         rVb[w] = words[v0 + U(32 * (w // 4) + w % 4)]
                         rVs[w] = words[v0 + VPART + U(32 * (w // 4) + w % 4)]
                     for e in range(4):  # b = (V[t, c], V[t+4, c]), c = 32 a + 4 g + e
-                        o_tile_step(rO, rT, rAb, rAs, 4 * a + e, rVb[2 * e], rVb[2 * e + 1], rVs[2 * e], rVs[2 * e + 1], sx, wbase, lane, live)
+                        o_tile_step(rO, rT, rAb, rAs, 4 * a + e, rVb[2 * e], rVb[2 * e + 1], rVs[2 * e], rVs[2 * e + 1], sx, wbase, lane)
                 for dn in range(0 if SPLIT_KV else ND):
                     if WIDE:
                         bb0, bs0 = split(rVw[dn])  # b = (V[t, c], V[t+4, c]), c = 32 (dn // 4) + 4 g + dn % 4
@@ -704,7 +658,7 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
                         v0 = vbase + (U(8 * kt) + t) * uSV + U(8 * dn) + g  # b = (V[t, g], V[t+4, g])
                         bb0, bs0 = split(smem[v0])
                         bb1, bs1 = split(smem[v0 + U(4) * uSV])
-                    o_tile_step(rO, rT, rAb, rAs, dn, bb0, bb1, bs0, bs1, sx, wbase, lane, live)
+                    o_tile_step(rO, rT, rAb, rAs, dn, bb0, bb1, bs0, bs1, sx, wbase, lane)
             if STAGE_O and not STAGE_O_STEP:  # Dev: O_i = e^(m_old - m_new) O_i + (P~ V_j), one IEEE float32 FMA per element
                 for mt in range(MW):
                     for dn in range(ND):
@@ -719,7 +673,7 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
             mt, hf = r // 2, r % 2
             # Dev: the per-lane row sums l_i are added across the 4 lanes of the quad, once
             l_i = quad_sum(rl[r], sx, wbase, lane)
-            row = row0 + (int(tile_off(mt, uwarp)) if FOLD else int(wrow) + 16 * mt) + 8 * hf + int(g)
+            row = row0 + int(wrow) + 16 * mt + 8 * hf + int(g)
             if row < s_q:
                 # FA2.1 L12: O_i = diag(l_i)^-1 O_i, the only division (times 1/(1-p) with dropout)
                 inv_l = float32(0.0)
@@ -738,8 +692,7 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
                         if WIDE:  # Dev: O's renamed column, staged in this warp's own rows of Q_i (written below)
                             lr = U(16 * mt + 8 * hf) + g
                             x = U(32 * (dn // 4) + dn % 4) + U(4) * (U(2) * t + U(cc))
-                            br = tile_off(mt, uwarp) + U(8 * hf) + g if FOLD else wrow + lr  # Dev: the block row
-                            smem[OFF_Q + br * uSQ + (x ^ (lr & U(7)))] = rO[(mt * ND + dn) * 4 + 2 * hf + cc] * inv_l
+                            smem[OFF_Q + (wrow + lr) * uSQ + (x ^ (lr & U(7)))] = rO[(mt * ND + dn) * 4 + 2 * hf + cc] * inv_l
                         elif 8 * dn + 2 * int(t) + cc < d:
                             gO[ub, U(row), uh, U(8 * dn + cc) + U(2) * t] = rO[(mt * ND + dn) * 4 + 2 * hf + cc] * inv_l  # HBM write: Br*d
                 # FA2.1 L15: write L_i to HBM (one lane per row)
@@ -755,12 +708,11 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
             # Dev: WIDE, the rest of line 14: the warp's rows of O_i to HBM a row at a time, lane l at columns l, l + 32, ...
             # (coalesced, 128 bytes a store); the column swizzle x ^ (row % 8) kept the staging stores conflict-free
             for lr in range(16 * MW):
-                br = tile_off(lr // 16, uwarp) + U(lr % 16) if FOLD else wrow + U(lr)  # Dev: the block row of its row lr
-                row = row0 + int(br) if FOLD else row0 + int(wrow) + lr
+                row = row0 + int(wrow) + lr
                 for jx in range(DP // 32):
                     x = U(lane + 32 * jx)
                     if row < s_q and x < U(d):
-                        gO[ub, U(row), uh, x] = smem[OFF_Q + br * uSQ + (x ^ U(lr % 8))]  # HBM write: Br*d
+                        gO[ub, U(row), uh, x] = smem[OFF_Q + (wrow + U(lr)) * uSQ + (x ^ U(lr % 8))]  # HBM write: Br*d
 
     # [/doc:fa2-tc-kernel]
     return kernel
@@ -803,12 +755,9 @@ def default_features() -> dict:
     only ``V_j`` (False). H100, d = 128, interleaved, V alone against K and V: causal at 8 x 2 x 16 0.98-0.99x at N 4k and
     16k, so True stays; without causal V alone ran 1.003-1.028x of ``SPLIT_KV`` off and 1.02x of K and V, when the split
     passes stored 4 bytes at a time (``docs/results/sweeps/split_v_h100_9aaa8da_*.json``); with 16-byte stores K and V ran
-    0.997-1.01x of V alone without causal and 1.02-1.03x with (``split_stores_h100_3f4e199_*.json``, one round).
-    ``FOLD``, ``TILE_SKIP``: with causal, the warps' m16 tiles dealt folded, and each tile's ``mma`` skipped on the key
-    blocks its rows do not see (:func:`fa2_forward_tc_kernel`; the same bits); off: together 0.82-0.83x (:func:`fold_on`)."""
+    0.997-1.01x of V alone without causal and 1.02-1.03x with (``split_stores_h100_3f4e199_*.json``, one round)."""
     return {"PREFETCH": None, "STAGE_S": True, "STAGE_O": True, "CP_ASYNC": True, "STAGE_O_STEP": None, "WIDE": None,
-            "HEAVY_FIRST": True, "Q_ASYNC": None, "WARP_SKIP": None, "SPLIT_KV": None, "SPLIT_K": True, "FOLD": False,
-            "TILE_SKIP": False}
+            "HEAVY_FIRST": True, "Q_ASYNC": None, "WARP_SKIP": None, "SPLIT_KV": None, "SPLIT_K": True}
 
 
 def warp_skip_on(feature, causal: bool, sim: bool, DP: int) -> bool:
@@ -821,43 +770,6 @@ def warp_skip_on(feature, causal: bool, sim: bool, DP: int) -> bool:
     if not causal or sim:
         return False
     return bool(feature) if feature is not None else DP <= 64
-
-
-def folded_tiles(NW: int, MW: int, warp: int, fold: bool) -> list[int]:
-    """The block's m16 tiles (tile ``T`` holds rows ``16 T .. 16 T + 15``) that ``warp`` computes: ``MW warp ..
-    MW warp + MW - 1``, or with ``fold`` (``FOLD``) ``NW mt + warp`` for even ``mt`` and ``NW (mt + 1) - 1 - warp`` for
-    odd (the kernel's ``tile_off`` over 16)."""
-    if not fold:
-        return [MW * warp + mt for mt in range(MW)]
-    return [NW * mt + warp if mt % 2 == 0 else NW * (mt + 1) - 1 - warp for mt in range(MW)]
-
-
-def diagonal_tile_steps(NW: int, MW: int, BC: int, fold: bool, skip: bool) -> tuple[int, int]:
-    """``(needed, critical)`` m16 tile-steps of a causal block's diagonal (causal offset 0, its ``Br / Bc`` last key
-    blocks): ``needed`` counts (tile, key block) pairs in which some row of the tile sees a key; ``critical`` sums,
-    over the key blocks, the most tiles any one warp computes in it, the work between two of the block's barriers.
-    Without ``skip`` a warp computes all its ``MW`` tiles in every key block; with it (``TILE_SKIP``) only those that
-    see a key. At 4 x 2 x 16: 36 needed; critical 16 in runs, 15 in runs with ``skip``, 12 folded with ``skip``
-    (:func:`fa2_forward_tc_kernel`'s ``FOLD``)."""
-    steps, tiles = 16 * MW * NW // BC, [folded_tiles(NW, MW, w, fold) for w in range(NW)]
-    live = [[j * BC <= 16 * T + 15 for j in range(steps)] for T in range(MW * NW)]  # key block j's first key <= last row
-    needed = sum(sum(row) for row in live)
-    critical = sum(max(sum(live[T][j] for T in ts) if skip else MW for ts in tiles) for j in range(steps))
-    return needed, critical
-
-
-def fold_on(feature, causal: bool, MW: int) -> bool:
-    """``FOLD`` resolved: only with ``causal`` and ``MW = 2`` (:func:`fa2_forward_tc_kernel`); there ``bool(feature)``.
-    Off by default: written for the causal d = 128 cells at N 512 / 1k (0.93 / 0.96x SDPA memory-efficient with the
-    host's time hidden, H200, ``docs/results/sweeps/short_queued_h200_d63396b_*.json``); with ``TILE_SKIP`` it ran
-    0.83 / 0.82x the default there (``fold_quick_h200_35b0cb0.json``, one run of 10 timings; alone not yet timed)."""
-    return bool(feature) and causal and MW == 2
-
-
-def tile_skip_on(feature, causal: bool, sim: bool) -> bool:
-    """``TILE_SKIP`` resolved: only with ``causal`` on a GPU (:func:`fa2_forward_tc_kernel`); there ``bool(feature)``
-    (off by default, with :func:`fold_on`)."""
-    return bool(feature) and causal and not sim
 
 
 def split_kv_on(feature, wide: bool, tiling) -> bool:
@@ -960,12 +872,10 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None):
         split_kv = False  # Dev: by default only where it fits (not with the simulator's exchange scratch at 8 x 2 x 16)
         nbytes = 4 * smem_floats(NW, MW, Bc, DP, sim, 2 if cp_async else 1, wide)
     _plan.check_sram(nbytes, Br, Bc, d)
-    fold = fold_on(feats["FOLD"], prob.causal, MW)
     kernel = fa2_forward_tc_kernel(NW, MW, Bc, DP, prob.causal, prob.dropout_p > 0, prefetch, sim, bool(feats["STAGE_S"]), bool(feats["STAGE_O"]),
                                    cp_async, stage_o_step(feats["STAGE_O_STEP"], MW, DP), wide, prob.causal and bool(feats["HEAVY_FIRST"]),
-                                   _plan.async_on(feats["Q_ASYNC"], cp_async),
-                                   warp_skip_on(feats["WARP_SKIP"], prob.causal, sim, DP) and not fold,  # Dev: FOLD replaces it
-                                   split_kv, split_k or not split_kv, fold, tile_skip_on(feats["TILE_SKIP"], prob.causal, sim))
+                                   _plan.async_on(feats["Q_ASYNC"], cp_async), warp_skip_on(feats["WARP_SKIP"], prob.causal, sim, DP),
+                                   split_kv, split_k or not split_kv)
     grid = bh_grid(ceil_div(prob.seqlen_q, Br), prob.batch * prob.nheads)
     return kernel, grid, 32 * NW, nbytes
 
