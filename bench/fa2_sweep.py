@@ -56,6 +56,9 @@ Q_BATCH = {f"fast-qb{n}": (None, {"Q_BATCH": n}) for n in (1, 8)}
 SPLIT_KV = {f"tc-skv{int(a)}": (("tc", None), {"SPLIT_KV": a}) for a in (False, True)}
 #: ... and V_j alone split once per block (SPLIT_K False: K_j split by each warp, as without SPLIT_KV; 2026-11-27)
 SPLIT_KV["tc-skv1-v"] = (("tc", None), {"SPLIT_KV": True, "SPLIT_K": False})
+#: the default tiling with line 10's rescale of O as its own FMUL or in the first 8-key step's add, one FFMA (RESCALE_FMA,
+#: 2026-11-28; it acts only where STAGE_O_STEP is on: MW = 2 at d > 64)
+RESCALE_FMA = {f"tc-fma{int(a)}": (("tc", None), {"RESCALE_FMA": a}) for a in (False, True)}
 VARIANTS_D64 = {
     "readable": ("readable", {}),
     "fast": (None, {}),  # Br 128 x Bc 64, TM 8, 128 threads
@@ -149,6 +152,7 @@ VARIANTS_D128 = {
     **WARP_SKIP,
     **Q_BATCH,
     **SPLIT_KV,
+    **RESCALE_FMA,
 }
 
 

@@ -192,6 +192,10 @@
 #                tests of test_mma.py, test_edge_values.py and test_tf32_backward_split_qdo.py, bench.nan_reach, then the
 #                same three tests with the split's clamp taken out (a GPU mutant: they must fail)
 #                -> OUTDIR/nan_split_tests.txt, nan_reach.txt, nan_split_mutant.txt
+#   rescale_fma  the 3xTF32 forward's RESCALE_FMA (line 10's rescale of O in the first 8-key step's add, one FFMA): its GPU
+#                tests and STAGE_O_STEP's, then the d = 128 default tilings with it off and on, N 512 / 1k / 2k / 4k, causal
+#                and not, 10 back-to-back calls a timing, 15 timings interleaved with SDPA, twice (fa2_sweep tc-fma0 tc-fma1)
+#                -> OUTDIR/rescale_fma_tests.txt, rescale_fma_{1,2}.json/.log
 #   ncu_sdpa_short Nsight Compute's full set on torch SDPA's memory-efficient forward and on ours (the 3xTF32 forward's
 #                default tiling, 4 x 2 x 16) at the grid's causal d = 128 cell N 512 (b 32, h 16), in one call, so that the
 #                two kernels' launch statistics (grid, block, registers, SRAM), occupancy, issue slots and warp stalls
@@ -651,6 +655,12 @@ for s in "${steps[@]}"; do
         tests/test_edge_values.py tests/kernels/test_tf32_backward_split_qdo.py'
       cp "$out/_mma.py.orig" numba_flash/fast/_mma.py && rm "$out/_mma.py.orig"
       grep -E "FAILED|passed|failed" "$out/nan_split_mutant.txt" | tail -n 8 ;;
+    rescale_fma)
+      step rescale_fma_tests.txt timeout 300 python3 -m pytest -v -p no:cacheprovider -rfE --tb=short -n 8 \
+        tests/kernels/test_tc_rescale_fma.py tests/kernels/test_tc_stage_o_step.py
+      grep -E "FAILED|passed|failed" "$out/rescale_fma_tests.txt" | tail -n 12
+      fa2_rounds rescale_fma 200 --seqlens 512 1024 2048 4096 --headdims 128 --causal both \
+        --variants tc-fma0 tc-fma1 --repeats 15 --calls 10 --interleave ;;
     ncu_sdpa_short)
       if ncu_found; then
         for who in sdpa ours; do

@@ -258,7 +258,8 @@ def cp_async_ok(d: int) -> bool:
 @_plan.cache_by_signature
 def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROPOUT: bool, PREFETCH: bool, SIM: bool, STAGE_S: bool = True, STAGE_O: bool = True,
                           CP_ASYNC: bool = False, STAGE_O_STEP: bool = False, WIDE: bool = False, HEAVY_FIRST: bool = False,
-                          Q_ASYNC: bool = False, WARP_SKIP: bool = False, SPLIT_KV: bool = False, SPLIT_K: bool = True):
+                          Q_ASYNC: bool = False, WARP_SKIP: bool = False, SPLIT_KV: bool = False, SPLIT_K: bool = True,
+                          RESCALE_FMA: bool = False):
     """The 3xTF32 FA2 forward kernel for one specialization (see the module docstring).
 
     ``CP_ASYNC`` (d a multiple of 4): K_j, V_j go HBM -> SRAM by ``cp.async`` into two SRAM stages, the
@@ -272,6 +273,11 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
     float32 adds. Not the default's bits (one more rounded add per 8 keys, not one per key block), and no staged
     ``rT`` (``MW d / 8`` fragments): the registers that ``MW = 2`` needs at d = 128 (offline sm_90, the performance
     log's section "3xTF32 forward: O staged per key step"). Overrides ``STAGE_O``.
+
+    ``RESCALE_FMA`` (only with ``STAGE_O_STEP``): line 10's rescale of O rides on the first 8-key step's add, one
+    FFMA ``O = e^(m_old - m_new) O + (P~ V_j)_0`` per element where ``STAGE_O_STEP`` multiplies O first and adds after
+    (an FMUL and an FADD). 128 instructions fewer per warp and key block at d = 128, ``MW = 2``; one rounding fewer
+    per key block, so other bits of O (L, m, l are line 9's and keep theirs).
 
     ``WIDE`` (:func:`wide_ok`): every K, Q and V fragment comes from 16-byte SRAM loads, one for four floats where
     the default takes four 4-byte loads. The order of the terms of a dot product is free, so the kernel picks it:
@@ -374,6 +380,7 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
     NR = MW * 2  # query rows per lane (rows g and g + 8 of each m16 tile)
     NA = MW * 4  # registers of one A operand (4 per m16 tile), for its tf32 big and small parts
     NT_ = NO if STAGE_O and not STAGE_O_STEP else 1  # registers of rT (the staged P~ V_j of a whole key block)
+    FMA_FIRST = STAGE_O_STEP and RESCALE_FMA  # line 10's rescale in the first 8-key step's add (RESCALE_FMA)
     NQW = MW * 8 if WIDE else 1  # WIDE: this lane's 4 columns of its 2 MW rows of Q_i for a pair of k steps
     NKW = NB * 4 if WIDE else 1  # WIDE: the same 4 columns of its key row of each 8-key tile of K_j
     NVW = 2 * ND if WIDE else 1  # WIDE: V_j rows t, t + 4 at this lane's ND columns (an 8-key step's B fragments)
@@ -421,8 +428,9 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
                 rS[f + c] = rS[f + c] + acc[c] if STAGE_S else acc[c]
 
     @cuda.jit(device=True, inline="always")
-    def o_tile_step(rO, rT, rAb, rAs, dn, bb0, bb1, bs0, bs1, sx, wbase, lane):
-        """One 8-key step of O's column tile ``dn`` for the warp's MW m16 tiles (A in rAb/rAs, B in bb*/bs*)."""
+    def o_tile_step(rO, rT, rAb, rAs, dn, bb0, bb1, bs0, bs1, sx, wbase, lane, ralpha):
+        """One 8-key step of O's column tile ``dn`` for the warp's MW m16 tiles (A in rAb/rAs, B in bb*/bs*); with
+        ``RESCALE_FMA`` O is multiplied by ``ralpha`` in the step's add (1 after the key block's first step)."""
         for mt in range(MW):
             f = (mt * ND + dn) * 4
             acc = (rO[f], rO[f + 1], rO[f + 2], rO[f + 3])
@@ -434,7 +442,9 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
                        (rAs[mt * 4], rAs[mt * 4 + 1], rAs[mt * 4 + 2], rAs[mt * 4 + 3]), (bb0, bb1), (bs0, bs1), acc,
                        sx, wbase, lane)
             for c in range(4):
-                if STAGE_O_STEP:
+                if FMA_FIRST:  # Dev: O_i = e^(m_old - m_new) O_i + this step's P~ V_j, one FFMA (fma(O, 1, x) = O + x later)
+                    rO[f + c] = cuda.fma(rO[f + c], ralpha[mt * 2 + c // 2], acc[c])
+                elif STAGE_O_STEP:
                     rO[f + c] = rO[f + c] + acc[c]
                 elif STAGE_O:
                     rT[f + c] = acc[c]
@@ -628,7 +638,7 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
             if STAGE_O and not STAGE_O_STEP:
                 for a in range(NO):
                     rT[a] = float32(0.0)
-            else:
+            elif not FMA_FIRST:  # Dev: RESCALE_FMA: the key block's first 8-key step rescales O (o_tile_step)
                 for mt in range(MW):
                     for dn in range(ND):
                         for c in range(4):
@@ -649,7 +659,8 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
                         rVb[w] = words[v0 + U(32 * (w // 4) + w % 4)]
                         rVs[w] = words[v0 + VPART + U(32 * (w // 4) + w % 4)]
                     for e in range(4):  # b = (V[t, c], V[t+4, c]), c = 32 a + 4 g + e
-                        o_tile_step(rO, rT, rAb, rAs, 4 * a + e, rVb[2 * e], rVb[2 * e + 1], rVs[2 * e], rVs[2 * e + 1], sx, wbase, lane)
+                        o_tile_step(rO, rT, rAb, rAs, 4 * a + e, rVb[2 * e], rVb[2 * e + 1], rVs[2 * e], rVs[2 * e + 1], sx, wbase, lane,
+                                    ralpha)
                 for dn in range(0 if SPLIT_KV else ND):
                     if WIDE:
                         bb0, bs0 = split(rVw[dn])  # b = (V[t, c], V[t+4, c]), c = 32 (dn // 4) + 4 g + dn % 4
@@ -658,7 +669,9 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
                         v0 = vbase + (U(8 * kt) + t) * uSV + U(8 * dn) + g  # b = (V[t, g], V[t+4, g])
                         bb0, bs0 = split(smem[v0])
                         bb1, bs1 = split(smem[v0 + U(4) * uSV])
-                    o_tile_step(rO, rT, rAb, rAs, dn, bb0, bb1, bs0, bs1, sx, wbase, lane)
+                    o_tile_step(rO, rT, rAb, rAs, dn, bb0, bb1, bs0, bs1, sx, wbase, lane, ralpha)
+                for r in range(NR if FMA_FIRST else 0):  # Dev: O is rescaled once, in the first 8-key step
+                    ralpha[r] = float32(1.0)
             if STAGE_O and not STAGE_O_STEP:  # Dev: O_i = e^(m_old - m_new) O_i + (P~ V_j), one IEEE float32 FMA per element
                 for mt in range(MW):
                     for dn in range(ND):
@@ -755,9 +768,11 @@ def default_features() -> dict:
     only ``V_j`` (False). H100, d = 128, interleaved, V alone against K and V: causal at 8 x 2 x 16 0.98-0.99x at N 4k and
     16k, so True stays; without causal V alone ran 1.003-1.028x of ``SPLIT_KV`` off and 1.02x of K and V, when the split
     passes stored 4 bytes at a time (``docs/results/sweeps/split_v_h100_9aaa8da_*.json``); with 16-byte stores K and V ran
-    0.997-1.01x of V alone without causal and 1.02-1.03x with (``split_stores_h100_3f4e199_*.json``, one round)."""
+    0.997-1.01x of V alone without causal and 1.02-1.03x with (``split_stores_h100_3f4e199_*.json``, one round).
+    ``RESCALE_FMA``: with ``STAGE_O_STEP``, line 10's rescale of O in one FFMA with the key block's first 8-key step
+    (:func:`fa2_forward_tc_kernel`, :func:`rescale_fma_on`); off until timed."""
     return {"PREFETCH": None, "STAGE_S": True, "STAGE_O": True, "CP_ASYNC": True, "STAGE_O_STEP": None, "WIDE": None,
-            "HEAVY_FIRST": True, "Q_ASYNC": None, "WARP_SKIP": None, "SPLIT_KV": None, "SPLIT_K": True}
+            "HEAVY_FIRST": True, "Q_ASYNC": None, "WARP_SKIP": None, "SPLIT_KV": None, "SPLIT_K": True, "RESCALE_FMA": False}
 
 
 def warp_skip_on(feature, causal: bool, sim: bool, DP: int) -> bool:
@@ -823,6 +838,12 @@ def stage_o_step(feature, MW: int, DP: int) -> bool:
     return bool(feature) if feature is not None else (MW >= 2 and DP > 64)
 
 
+def rescale_fma_on(feature, stage_o_step_on: bool) -> bool:
+    """``RESCALE_FMA`` resolved: only with ``STAGE_O_STEP`` (``stage_o_step_on``, as :func:`stage_o_step` resolved it),
+    whose separate rescale it folds into the first 8-key step's add; there ``bool(feature)`` (None: off)."""
+    return stage_o_step_on and bool(feature)
+
+
 def _ffma_fallback(prob: Problem, config=None) -> bool:
     """Whether this module runs the FFMA kernel for ``prob`` (head dims past :data:`TC_MAX_HEADDIM`)."""
     return config is None and prob.headdim > TC_MAX_HEADDIM and not takes_words(prob)
@@ -875,7 +896,8 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None):
     kernel = fa2_forward_tc_kernel(NW, MW, Bc, DP, prob.causal, prob.dropout_p > 0, prefetch, sim, bool(feats["STAGE_S"]), bool(feats["STAGE_O"]),
                                    cp_async, stage_o_step(feats["STAGE_O_STEP"], MW, DP), wide, prob.causal and bool(feats["HEAVY_FIRST"]),
                                    _plan.async_on(feats["Q_ASYNC"], cp_async), warp_skip_on(feats["WARP_SKIP"], prob.causal, sim, DP),
-                                   split_kv, split_k or not split_kv)
+                                   split_kv, split_k or not split_kv,
+                                   rescale_fma_on(feats["RESCALE_FMA"], stage_o_step(feats["STAGE_O_STEP"], MW, DP)))
     grid = bh_grid(ceil_div(prob.seqlen_q, Br), prob.batch * prob.nheads)
     return kernel, grid, 32 * NW, nbytes
 

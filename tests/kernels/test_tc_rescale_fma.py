@@ -1,0 +1,73 @@
+"""The 3xTF32 forward's ``RESCALE_FMA`` (:mod:`numba_flash.fast.fa2_forward_tc`): line 10's rescale of O in one FFMA.
+
+FA2's line 10 is ``O_i = diag(e^(m_old - m_new)) O_i + P~ V_j``. With ``STAGE_O_STEP`` (the d = 128 default where a warp has
+two m16 tiles) the kernel multiplies O by ``e^(m_old - m_new)`` first, then adds each 8-key step's staged product. With
+``RESCALE_FMA`` the first 8-key step's add does the multiply too, ``O = fma(O, alpha, (P~ V_j)_0)``: an FMUL fewer per
+element of O and key block (128 instructions per warp and key block at d = 128), and one rounding fewer.
+
+Claims checked:
+
+* O follows the error rule against float64 (2x naive float32's error) with it on, and L, m, l (line 9's, which line 10 does
+  not touch) are bitwise those without it; the plan compiles another kernel (it did not ignore the feature). Shapes: ragged,
+  GQA, causal (blocks whose rows see no key included), dropout and ``MW = 2``, each over several key blocks, so that
+  rows whose max grows in a later block are rescaled by alpha < 1.
+* It acts only with ``STAGE_O_STEP``, whose separate rescale it replaces (:func:`~numba_flash.fast.fa2_forward_tc.rescale_fma_on`).
+* On a GPU (marker ``gpu``): the same at realistic shapes and the d = 128 default tilings (8 x 2 x 16; causal 4 x 2 x 16 and
+  8 x 2 x 16), where the GPU's FFMA rounds once.
+
+In the simulator ``fma(a, b, c)`` is ``a * b + c`` in float32, two roundings, so its O is the bits without the feature; the
+claims there are the error rule, the statistics and that the kernel with it is a kernel of its own.
+Simulator shapes stay tiny (N <= 45, d <= 24): each ``mma`` is a lane exchange with two block barriers there.
+"""
+
+from __future__ import annotations
+
+from numba_flash._launch import check_attention_args
+from numba_flash.fast import fa2_forward_tc
+from numba_flash_reference.alg0_standard import standard_attention
+
+import pytest
+from attn_testing import (
+    assert_error_rule,
+    assert_same_bits,
+    make_qkv,
+    naive_attention_float32,
+    run_tc_forward,
+    tc_forward_sram_params,
+)
+
+CASES = tc_forward_sram_params()
+
+
+def _check(rng, b, s_q, s_k, h, h_k, d, causal, p, bs, stage_o_step=True):
+    q, k, v = make_qkv(rng, b, s_q, s_k, h, h_k, d)
+    seed = int(rng.integers(0, 2**32))
+    feats = [{"STAGE_O_STEP": stage_o_step, "RESCALE_FMA": on} for on in (True, False)]
+    prob = check_attention_args(q, k, v, p, None, causal, seed)
+    plans = [fa2_forward_tc.plan(prob, bs, None, f)[0] for f in feats]
+    assert plans[0] is not plans[1], "the plan ignored RESCALE_FMA: the comparison below would be of one kernel"
+    (fma, _), (sep, _) = (run_tc_forward(q, k, v, causal, p, seed, bs, f) for f in feats)
+    assert_same_bits(fma[1:], sep[1:], "RESCALE_FMA on and off (L, m, l)", names=("L", "m", "l"))
+    ref = standard_attention(q, k, v, causal=causal, dropout_p=p, seed=seed).O  # the same dropout mask as the kernel
+    assert_error_rule(fma[0], ref, naive_attention_float32(q, k, v, causal=causal, dropout_p=p, seed=seed), what="O")
+
+
+@pytest.mark.parametrize(("b", "s_q", "s_k", "h", "h_k", "d", "causal", "p", "bs"), CASES)
+def test_rescale_in_the_first_steps_fma_follows_the_error_rule_and_keeps_the_statistics(rng, b, s_q, s_k, h, h_k, d,
+                                                                                        causal, p, bs):
+    _check(rng, b, s_q, s_k, h, h_k, d, causal, p, bs)
+
+
+def test_rescale_fma_acts_only_with_o_staged_per_key_step():
+    assert fa2_forward_tc.rescale_fma_on(True, True)
+    assert not fa2_forward_tc.rescale_fma_on(True, False), "without STAGE_O_STEP there is no separate rescale to fold"
+    assert not fa2_forward_tc.rescale_fma_on(None, True) and not fa2_forward_tc.rescale_fma_on(False, True)
+    assert fa2_forward_tc.default_features()["RESCALE_FMA"] is False
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("n", "causal", "p", "bs"), [(1000, False, 0.0, None), (1000, True, 0.0, (128, 16)),
+                                                       (1000, True, 0.0, (256, 16)), (777, True, 0.1, (128, 16)),
+                                                       (2048, False, 0.0, None)])
+def test_rescale_fma_on_gpu_shapes(rng, n, causal, p, bs):
+    _check(rng, 2, n, n, 4, 2, 128, causal, p, bs, stage_o_step=None)
