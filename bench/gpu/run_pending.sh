@@ -193,7 +193,7 @@
 #                same three tests with the split's clamp taken out (a GPU mutant: they must fail)
 #                -> OUTDIR/nan_split_tests.txt, nan_reach.txt, nan_split_mutant.txt
 #   rescale_fma  the 3xTF32 forward's RESCALE_FMA (line 10's rescale of O in the first 8-key step's add, one FFMA): its GPU
-#                tests and STAGE_O_STEP's, then the d = 128 default tilings with it off and on, N 512 / 1k / 2k / 4k, causal
+#                tests and STAGE_O_STEP's, then the d = 128 default tilings with it off and on, N 512 / 1k / 4k, causal
 #                and not, 10 back-to-back calls a timing, 15 timings interleaved with SDPA, twice (fa2_sweep tc-fma0 tc-fma1)
 #                -> OUTDIR/rescale_fma_tests.txt, rescale_fma_{1,2}.json/.log
 #   ncu_sdpa_short Nsight Compute's full set on torch SDPA's memory-efficient forward and on ours (the 3xTF32 forward's
@@ -659,7 +659,7 @@ for s in "${steps[@]}"; do
       step rescale_fma_tests.txt timeout 300 python3 -m pytest -v -p no:cacheprovider -rfE --tb=short -n 8 \
         tests/kernels/test_tc_rescale_fma.py tests/kernels/test_tc_stage_o_step.py
       grep -E "FAILED|passed|failed" "$out/rescale_fma_tests.txt" | tail -n 12
-      fa2_rounds rescale_fma 200 --seqlens 512 1024 2048 4096 --headdims 128 --causal both \
+      fa2_rounds rescale_fma 200 --seqlens 512 1024 4096 --headdims 128 --causal both \
         --variants tc-fma0 tc-fma1 --repeats 15 --calls 10 --interleave ;;
     ncu_sdpa_short)
       if ncu_found; then
