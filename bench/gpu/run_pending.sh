@@ -196,6 +196,9 @@
 #                tests and STAGE_O_STEP's, then the d = 128 default tilings with it off and on, N 512 / 1k / 4k, causal
 #                and not, 10 back-to-back calls a timing, 15 timings interleaved with SDPA, twice (fa2_sweep tc-fma0 tc-fma1)
 #                -> OUTDIR/rescale_fma_tests.txt, rescale_fma_{1,2}.json/.log
+#   rescale_fma_long RESCALE_FMA off and on at the causal d = 128 tiling from 2k (8 x 2 x 16), N 2k / 8k / 16k, 3 back-to-back
+#                calls a timing, 8 timings interleaved, no baselines or accuracy check (the GPU tests of rescale_fma check it), one run
+#                -> OUTDIR/rescale_fma_long.json/.log
 #   ncu_sdpa_short Nsight Compute's full set on torch SDPA's memory-efficient forward and on ours (the 3xTF32 forward's
 #                default tiling, 4 x 2 x 16) at the grid's causal d = 128 cell N 512 (b 32, h 16), in one call, so that the
 #                two kernels' launch statistics (grid, block, registers, SRAM), occupancy, issue slots and warp stalls
@@ -661,6 +664,10 @@ for s in "${steps[@]}"; do
       grep -E "FAILED|passed|failed" "$out/rescale_fma_tests.txt" | tail -n 12
       fa2_rounds rescale_fma 200 --seqlens 512 1024 4096 --headdims 128 --causal both \
         --variants tc-fma0 tc-fma1 --repeats 15 --calls 10 --interleave ;;
+    rescale_fma_long)
+      step rescale_fma_long.log timeout 300 python3 -m bench.fa2_sweep --seqlens 2048 8192 16384 --headdims 128 --causal yes \
+        --variants tc-fma0 tc-fma1 --repeats 8 --calls 3 --interleave --no-baselines --no-check --out "$out/rescale_fma_long.json"
+      grep "^forward" "$out/rescale_fma_long.log" ;;
     ncu_sdpa_short)
       if ncu_found; then
         for who in sdpa ours; do
