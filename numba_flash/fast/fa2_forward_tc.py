@@ -770,9 +770,10 @@ def default_features() -> dict:
     passes stored 4 bytes at a time (``docs/results/sweeps/split_v_h100_9aaa8da_*.json``); with 16-byte stores K and V ran
     0.997-1.01x of V alone without causal and 1.02-1.03x with (``split_stores_h100_3f4e199_*.json``, one round).
     ``RESCALE_FMA``: with ``STAGE_O_STEP``, line 10's rescale of O in one FFMA with the key block's first 8-key step
-    (:func:`fa2_forward_tc_kernel`, :func:`rescale_fma_on`); off until timed."""
+    (:func:`fa2_forward_tc_kernel`); None: on for the causal 8 x 2 x 16 tiling only (:func:`rescale_fma_on` has the
+    timings)."""
     return {"PREFETCH": None, "STAGE_S": True, "STAGE_O": True, "CP_ASYNC": True, "STAGE_O_STEP": None, "WIDE": None,
-            "HEAVY_FIRST": True, "Q_ASYNC": None, "WARP_SKIP": None, "SPLIT_KV": None, "SPLIT_K": True, "RESCALE_FMA": False}
+            "HEAVY_FIRST": True, "Q_ASYNC": None, "WARP_SKIP": None, "SPLIT_KV": None, "SPLIT_K": True, "RESCALE_FMA": None}
 
 
 def warp_skip_on(feature, causal: bool, sim: bool, DP: int) -> bool:
@@ -838,10 +839,25 @@ def stage_o_step(feature, MW: int, DP: int) -> bool:
     return bool(feature) if feature is not None else (MW >= 2 and DP > 64)
 
 
-def rescale_fma_on(feature, stage_o_step_on: bool) -> bool:
+#: The ``(NW, MW, Bc)`` tiling at which ``RESCALE_FMA`` is on by default, with causal only (:func:`rescale_fma_on`)
+RESCALE_FMA_TILING = (8, 2, 16)
+
+
+def rescale_fma_on(feature, stage_o_step_on: bool, causal: bool = False, tiling=None) -> bool:
     """``RESCALE_FMA`` resolved: only with ``STAGE_O_STEP`` (``stage_o_step_on``, as :func:`stage_o_step` resolved it),
-    whose separate rescale it folds into the first 8-key step's add; there ``bool(feature)`` (None: off)."""
-    return stage_o_step_on and bool(feature)
+    whose separate rescale it folds into the first 8-key step's add; there ``bool(feature)``, None: on with ``causal``
+    at the ``(NW, MW, Bc)`` tiling :data:`RESCALE_FMA_TILING` (8 x 2 x 16, the causal d > 64 default from 2k).
+
+    H200, d = 128, on against off with the host hidden (10 or 3 back-to-back calls a timing, interleaved): causal at
+    8 x 2 x 16 N 4k 1.039 / 1.041x in two runs, N 2k / 8k / 16k 1.041 / 1.037 / 1.038x in one
+    (``docs/results/sweeps/rescale_fma_h200_c474003_{1,2}.json``, ``rescale_fma_long_h200_321544a.json``). Elsewhere it
+    did not pay: causal 4 x 2 x 16 N 512 / 1k 1.009-1.014 / 1.002x, non-causal 8 x 2 x 16 N 512 / 1k / 4k 1.005-1.008 /
+    0.999 / 0.997x, whose build keeps 8 bytes a thread in local memory with it (none without)."""
+    if not stage_o_step_on:
+        return False
+    if feature is not None:
+        return bool(feature)
+    return causal and tiling is not None and tuple(tiling) == RESCALE_FMA_TILING
 
 
 def _ffma_fallback(prob: Problem, config=None) -> bool:
@@ -897,7 +913,8 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None):
                                    cp_async, stage_o_step(feats["STAGE_O_STEP"], MW, DP), wide, prob.causal and bool(feats["HEAVY_FIRST"]),
                                    _plan.async_on(feats["Q_ASYNC"], cp_async), warp_skip_on(feats["WARP_SKIP"], prob.causal, sim, DP),
                                    split_kv, split_k or not split_kv,
-                                   rescale_fma_on(feats["RESCALE_FMA"], stage_o_step(feats["STAGE_O_STEP"], MW, DP)))
+                                   rescale_fma_on(feats["RESCALE_FMA"], stage_o_step(feats["STAGE_O_STEP"], MW, DP), prob.causal,
+                                                  (NW, MW, Bc)))
     grid = bh_grid(ceil_div(prob.seqlen_q, Br), prob.batch * prob.nheads)
     return kernel, grid, 32 * NW, nbytes
 

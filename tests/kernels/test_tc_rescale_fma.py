@@ -11,7 +11,9 @@ Claims checked:
   not touch) are bitwise those without it; the plan compiles another kernel (it did not ignore the feature). Shapes: ragged,
   GQA, causal (blocks whose rows see no key included), dropout and ``MW = 2``, each over several key blocks, so that
   rows whose max grows in a later block are rescaled by alpha < 1.
-* It acts only with ``STAGE_O_STEP``, whose separate rescale it replaces (:func:`~numba_flash.fast.fa2_forward_tc.rescale_fma_on`).
+* It acts only with ``STAGE_O_STEP``, whose separate rescale it replaces, and is on by default for the causal 8 x 2 x 16
+  tiling only, where it paid (:func:`~numba_flash.fast.fa2_forward_tc.rescale_fma_on`): a default call's plan at causal
+  N 4k, d 128 takes it, the same call without causal does not.
 * On a GPU (marker ``gpu``): the same at realistic shapes and the d = 128 default tilings (8 x 2 x 16; causal 4 x 2 x 16 and
   8 x 2 x 16), where the GPU's FFMA rounds once.
 
@@ -26,6 +28,7 @@ from numba_flash._launch import check_attention_args
 from numba_flash.fast import fa2_forward_tc
 from numba_flash_reference.alg0_standard import standard_attention
 
+import numpy as np
 import pytest
 from attn_testing import (
     assert_error_rule,
@@ -58,11 +61,20 @@ def test_rescale_in_the_first_steps_fma_follows_the_error_rule_and_keeps_the_sta
     _check(rng, b, s_q, s_k, h, h_k, d, causal, p, bs)
 
 
-def test_rescale_fma_acts_only_with_o_staged_per_key_step():
-    assert fa2_forward_tc.rescale_fma_on(True, True)
-    assert not fa2_forward_tc.rescale_fma_on(True, False), "without STAGE_O_STEP there is no separate rescale to fold"
-    assert not fa2_forward_tc.rescale_fma_on(None, True) and not fa2_forward_tc.rescale_fma_on(False, True)
-    assert fa2_forward_tc.default_features()["RESCALE_FMA"] is False
+def test_rescale_fma_acts_only_with_o_staged_per_key_step_and_is_on_by_default_for_causal_8x2x16():
+    on = fa2_forward_tc.rescale_fma_on
+    assert on(True, True) and not on(False, True, True, (8, 2, 16))
+    assert not on(True, False, True, (8, 2, 16)), "without STAGE_O_STEP there is no separate rescale to fold"
+    assert fa2_forward_tc.default_features()["RESCALE_FMA"] is None
+    assert on(None, True, True, (8, 2, 16)), "the causal 8 x 2 x 16 default: 1.04x on an H200 at N 2k-16k"
+    assert not on(None, True, False, (8, 2, 16)), "non-causal 8 x 2 x 16: 0.997-1.008x"
+    assert not on(None, True, True, (4, 2, 16)), "causal 4 x 2 x 16: 1.002-1.014x"
+    q, k, v = make_qkv(np.random.default_rng(0), 1, 4096, 4096, 1, 1, 128)
+    for causal, want in ((True, True), (False, False)):  # Dev: the plan of a default call at N 4k, d 128 (8 x 2 x 16)
+        prob = check_attention_args(q, k, v, 0.0, None, causal, 0)
+        got = fa2_forward_tc.plan(prob)[0]
+        assert (got is fa2_forward_tc.plan(prob, None, None, {"RESCALE_FMA": True})[0]) is want
+        assert (got is fa2_forward_tc.plan(prob, None, None, {"RESCALE_FMA": False})[0]) is not want
 
 
 @pytest.mark.gpu
