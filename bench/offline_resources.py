@@ -211,13 +211,12 @@ def _kernel(name: str, d: int, causal: bool, tiling=None):
         return F2.fa2_forward_fast_kernel(*F2.config_for(d), causal, False, f["SHFL"], f["VEC"], f["REVERSE"], f["PREFETCH"], f["MAXREG"], f["Q_BATCH"])
     if name == "fa2_forward_tc":
         NW, MW, BC, DP, f, prefetch, cp_async = _forward_tiling(TC, d, tiling)
+        o_step, wide = TC.stage_o_step(f["STAGE_O_STEP"], MW, DP), TC.wide_on(f["WIDE"], DP, cp_async)
         return TC.fa2_forward_tc_kernel(NW, MW, BC, DP, causal, False, prefetch, False, f["STAGE_S"], f["STAGE_O"], cp_async,
-                                        TC.stage_o_step(f["STAGE_O_STEP"], MW, DP), TC.wide_on(f["WIDE"], DP, cp_async),
+                                        o_step, wide,
                                         causal and bool(f["HEAVY_FIRST"]), _plan.async_on(f["Q_ASYNC"], cp_async),
-                                        TC.warp_skip_on(f["WARP_SKIP"], causal, False, DP), TC.split_kv_on(f["SPLIT_KV"], TC.wide_on(f["WIDE"], DP, cp_async),
-                                                                                            (NW, MW, BC)), f["SPLIT_K"],
-                                        TC.rescale_fma_on(f["RESCALE_FMA"], TC.stage_o_step(f["STAGE_O_STEP"], MW, DP), causal,
-                                                          (NW, MW, BC)))
+                                        TC.warp_skip_on(f["WARP_SKIP"], causal, False, DP), TC.split_kv_on(f["SPLIT_KV"], wide, (NW, MW, BC)),
+                                        f["SPLIT_K"], TC.rescale_fma_on(f["RESCALE_FMA"], o_step, causal, (NW, MW, BC)))
     if name.startswith("fa2_forward_half_"):
         NW, MW, BC, DP, f, prefetch, cp_async = _forward_tiling(H, d, tiling)
         return H.fa2_forward_half_kernel(NW, MW, BC, DP, causal, False, prefetch, False, name.rsplit("_", 1)[1], cp_async,

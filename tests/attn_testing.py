@@ -400,18 +400,25 @@ def run_tc_forward(q, k, v, causal, p, seed, block_sizes, features, words=None):
     return run_module_forward(fa2_forward_tc, q, k, v, causal, p, seed, block_sizes, features, words)
 
 
-def assert_causal_tc_feature_keeps_the_bits(rng, b, s_q, s_k, h, h_k, d, p, bs, on, off, what):
-    """The causal 3xTF32 forward with the features ``on`` and with ``off`` at one shape (random inputs from ``rng``):
-    the plan compiles two kernels (it did not ignore ``on``), and O, L, m, l are the same bits."""
+def run_tc_feature_pair(q, k, v, causal, p, seed, bs, on, off, what):
+    """The 3xTF32 forward with the features ``on`` and with ``off``: ``(outputs on, outputs off)``, each (O, L, m, l) as
+    NumPy arrays, after checking that the plan compiles two kernels (it did not ignore ``what``)."""
     from numba_flash._launch import check_attention_args
     from numba_flash.fast import fa2_forward_tc
 
-    q, k, v = make_qkv(rng, b, s_q, s_k, h, h_k, d)
-    seed = int(rng.integers(0, 2**32))
-    prob = check_attention_args(q, k, v, p, None, True, seed)
+    prob = check_attention_args(q, k, v, p, None, causal, seed)
     plans = [fa2_forward_tc.plan(prob, bs, None, f)[0] for f in (on, off)]
     assert plans[0] is not plans[1], f"the plan ignored {what}: the comparison below would be of one kernel"
-    (got_on, _), (got_off, _) = (run_tc_forward(q, k, v, True, p, seed, bs, f) for f in (on, off))
+    (got_on, _), (got_off, _) = (run_tc_forward(q, k, v, causal, p, seed, bs, f) for f in (on, off))
+    return got_on, got_off
+
+
+def assert_causal_tc_feature_keeps_the_bits(rng, b, s_q, s_k, h, h_k, d, p, bs, on, off, what):
+    """The causal 3xTF32 forward with the features ``on`` and with ``off`` at one shape (random inputs from ``rng``):
+    the plan compiles two kernels (it did not ignore ``on``), and O, L, m, l are the same bits."""
+    q, k, v = make_qkv(rng, b, s_q, s_k, h, h_k, d)
+    seed = int(rng.integers(0, 2**32))
+    got_on, got_off = run_tc_feature_pair(q, k, v, True, p, seed, bs, on, off, what)
     assert_same_bits(got_on, got_off, f"{what} on and off")
 
 

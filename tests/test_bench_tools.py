@@ -352,7 +352,7 @@ def test_ncu_takes_features_for_the_tensor_core_forward_only():
     assert tuple(out.shape) == (1, 16, 1, 16) and bool((out == out).all())
 
 
-def test_ncu_profiles_sdpa_forward_only_and_names_no_tiling_of_ours():
+def test_ncu_sdpa_case_runs_sdpa_forward_and_refuses_a_backward():
     """A ``bench.ncu`` case of ``algorithm`` ``sdpa_mem_efficient`` (``run_pending.sh ncu_sdpa_short``) goes to
     ``sdpa_forward`` (torch SDPA's memory-efficient forward: GPU only), which refuses a backward case before it builds
     any input."""

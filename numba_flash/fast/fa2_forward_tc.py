@@ -911,12 +911,12 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None):
         split_kv = False  # Dev: by default only where it fits (not with the simulator's exchange scratch at 8 x 2 x 16)
         nbytes = 4 * smem_floats(NW, MW, Bc, DP, sim, 2 if cp_async else 1, wide)
     _plan.check_sram(nbytes, Br, Bc, d)
+    o_step = stage_o_step(feats["STAGE_O_STEP"], MW, DP)
     kernel = fa2_forward_tc_kernel(NW, MW, Bc, DP, prob.causal, prob.dropout_p > 0, prefetch, sim, bool(feats["STAGE_S"]), bool(feats["STAGE_O"]),
-                                   cp_async, stage_o_step(feats["STAGE_O_STEP"], MW, DP), wide, prob.causal and bool(feats["HEAVY_FIRST"]),
+                                   cp_async, o_step, wide, prob.causal and bool(feats["HEAVY_FIRST"]),
                                    _plan.async_on(feats["Q_ASYNC"], cp_async), warp_skip_on(feats["WARP_SKIP"], prob.causal, sim, DP),
                                    split_kv, split_k or not split_kv,
-                                   rescale_fma_on(feats["RESCALE_FMA"], stage_o_step(feats["STAGE_O_STEP"], MW, DP), prob.causal,
-                                                  (NW, MW, Bc)))
+                                   rescale_fma_on(feats["RESCALE_FMA"], o_step, prob.causal, (NW, MW, Bc)))
     grid = bh_grid(ceil_div(prob.seqlen_q, Br), prob.batch * prob.nheads)
     return kernel, grid, 32 * NW, nbytes
 

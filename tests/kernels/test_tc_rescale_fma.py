@@ -35,7 +35,7 @@ from attn_testing import (
     assert_same_bits,
     make_qkv,
     naive_attention_float32,
-    run_tc_forward,
+    run_tc_feature_pair,
     tc_forward_sram_params,
 )
 
@@ -45,11 +45,8 @@ CASES = tc_forward_sram_params()
 def _check(rng, b, s_q, s_k, h, h_k, d, causal, p, bs, stage_o_step=True):
     q, k, v = make_qkv(rng, b, s_q, s_k, h, h_k, d)
     seed = int(rng.integers(0, 2**32))
-    feats = [{"STAGE_O_STEP": stage_o_step, "RESCALE_FMA": on} for on in (True, False)]
-    prob = check_attention_args(q, k, v, p, None, causal, seed)
-    plans = [fa2_forward_tc.plan(prob, bs, None, f)[0] for f in feats]
-    assert plans[0] is not plans[1], "the plan ignored RESCALE_FMA: the comparison below would be of one kernel"
-    (fma, _), (sep, _) = (run_tc_forward(q, k, v, causal, p, seed, bs, f) for f in feats)
+    on, off = ({"STAGE_O_STEP": stage_o_step, "RESCALE_FMA": a} for a in (True, False))
+    fma, sep = run_tc_feature_pair(q, k, v, causal, p, seed, bs, on, off, "RESCALE_FMA")
     assert_same_bits(fma[1:], sep[1:], "RESCALE_FMA on and off (L, m, l)", names=("L", "m", "l"))
     ref = standard_attention(q, k, v, causal=causal, dropout_p=p, seed=seed).O  # the same dropout mask as the kernel
     assert_error_rule(fma[0], ref, naive_attention_float32(q, k, v, causal=causal, dropout_p=p, seed=seed), what="O")
