@@ -36,7 +36,7 @@ import traceback
 from numba_flash import _inspect, fa2_forward
 from numba_flash._launch import Allocator, check_attention_args, poison_outputs
 from numba_flash.fast import fa2_forward as fa2_forward_fast
-from numba_flash.fast import fa2_forward_tc
+from numba_flash.fast import fa2_forward_tc, fa2_forward_tc_dsplit
 
 import numpy as np
 
@@ -59,6 +59,9 @@ SPLIT_KV["tc-skv1-v"] = (("tc", None), {"SPLIT_KV": True, "SPLIT_K": False})
 #: the default tiling with line 10's rescale of O as its own FMUL or in the first 8-key step's add, one FFMA (RESCALE_FMA,
 #: 2026-11-28; it acts only where STAGE_O_STEP is on: MW = 2 at d > 64)
 RESCALE_FMA = {f"tc-fma{int(a)}": (("tc", None), {"RESCALE_FMA": a}) for a in (False, True)}
+#: the row-owning default against the kernel whose warps share a block's keys (line 8) and O's columns (line 10): DSPLIT,
+#: numba_flash.fast.fa2_forward_tc_dsplit, 4 x 2 warps, Br 128, Bc 64 (2026-11-29; only with WIDE, the default above d = 64)
+DSPLIT = {f"tc-ds{int(a)}": (("tc", None), {"DSPLIT": a}) for a in (False, True)}
 VARIANTS_D64 = {
     "readable": ("readable", {}),
     "fast": (None, {}),  # Br 128 x Bc 64, TM 8, 128 threads
@@ -153,6 +156,7 @@ VARIANTS_D128 = {
     **Q_BATCH,
     **SPLIT_KV,
     **RESCALE_FMA,
+    **DSPLIT,
 }
 
 
@@ -181,6 +185,9 @@ def plan_variant(cfg, feats, prob):
     if _is_tc(cfg):
         kernel, grid, NT, nbytes = fa2_forward_tc.plan(prob, config=_tc_config(cfg, d), features=feats)
         NW, MW, Bc, _ = _tc_config(cfg, d) or fa2_forward_tc.config_for(d, None, None, prob.causal, prob.seqlen_q)
+        WM, MWd, WN, Bcd, _ = fa2_forward_tc_dsplit.tiling_for(d)
+        if cfg[1] is None and kernel is fa2_forward_tc.plan(prob, features={**feats, "DSPLIT": True})[0]:
+            MW, NW, Bc = MWd, WM, Bcd  # Dev: DSPLIT's kernel ran: its tiling (WN warps share each row group)
         return kernel, f"{16 * MW * NW}x{Bc}", NT, nbytes
     kernel, grid, NT, nbytes = fa2_forward_fast.plan(prob, config=_config(cfg, d), features=feats)
     c = _config(cfg, d) or fa2_forward_fast.config_for(d)

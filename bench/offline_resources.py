@@ -202,6 +202,7 @@ def _kernel(name: str, d: int, causal: bool, tiling=None):
     from numba_flash.fast import fa2_forward as F2
     from numba_flash.fast import fa2_forward_half as H
     from numba_flash.fast import fa2_forward_tc as TC
+    from numba_flash.fast import fa2_forward_tc_dsplit as DS
 
     if name == "alg1_forward_fast":
         f = A1.default_features()
@@ -212,6 +213,10 @@ def _kernel(name: str, d: int, causal: bool, tiling=None):
     if name == "fa2_forward_tc":
         NW, MW, BC, DP, f, prefetch, cp_async = _forward_tiling(TC, d, tiling)
         o_step, wide = TC.stage_o_step(f["STAGE_O_STEP"], MW, DP), TC.wide_on(f["WIDE"], DP, cp_async)
+        if DS.dsplit_on(f["DSPLIT"], wide):  # Dev: DSPLIT (NUMBA_FLASH_OFFLINE_FEATURES): its own kernel at its default tiling
+            WM, MW, WN, BC, DP = DS.tiling_for(d)
+            return DS.fa2_forward_tc_dsplit_kernel(WM, MW, WN, BC, DP, causal, False, False, causal and bool(f["HEAVY_FIRST"]),
+                                                   _plan.async_on(f["Q_ASYNC"], cp_async))
         return TC.fa2_forward_tc_kernel(NW, MW, BC, DP, causal, False, prefetch, False, f["STAGE_S"], f["STAGE_O"], cp_async,
                                         o_step, wide,
                                         causal and bool(f["HEAVY_FIRST"]), _plan.async_on(f["Q_ASYNC"], cp_async),

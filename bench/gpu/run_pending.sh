@@ -203,6 +203,10 @@
 #                default tiling, 4 x 2 x 16) at the grid's causal d = 128 cell N 512 (b 32, h 16), in one call, so that the
 #                two kernels' launch statistics (grid, block, registers, SRAM), occupancy, issue slots and warp stalls
 #                sit side by side -> OUTDIR/ncu_sdpa_causal_fwd_d128_n512.txt, ncu_ours_causal_fwd_d128_n512.txt (and _meta.json)
+#   dsplit       the 3xTF32 forward whose warps share a block's keys and O's columns (DSPLIT, fa2_forward_tc_dsplit): its
+#                GPU tests, then the d = 128 default against it, N 512 / 1k / 2k / 4k, causal and not, 10 back-to-back calls a
+#                timing, 15 timings interleaved with SDPA, twice (fa2_sweep tc-ds0 tc-ds1), and N 8k / 16k once (3 calls a
+#                timing, 8 timings) -> OUTDIR/dsplit_tests.txt, dsplit_{1,2}.json/.log, dsplit_long.json/.log
 #   nan_reach    where a NaN in Q goes in the 3xTF32 backward, build by build (bench/nan_reach.py) -> OUTDIR/nan_reach.txt
 #   half_bwd_cp  the half backward's tilings with and without cp.async for Q_i, dO_i (half_sweep --backward; the log's
 #                section "FA2 backward in fp16 / bf16: cp.async for Q_i, dO_i") -> OUTDIR/half_bwd_cp.json/.log
@@ -668,6 +672,14 @@ for s in "${steps[@]}"; do
       step rescale_fma_long.log timeout 300 python3 -m bench.fa2_sweep --seqlens 2048 8192 16384 --headdims 128 --causal yes \
         --variants tc-fma0 tc-fma1 --repeats 8 --calls 3 --interleave --no-baselines --no-check --out "$out/rescale_fma_long.json"
       grep "^forward" "$out/rescale_fma_long.log" ;;
+    dsplit)
+      step dsplit_tests.txt timeout 300 python3 -m pytest -v -p no:cacheprovider -rfE --tb=short -n 8 tests/kernels/test_tc_forward_dsplit.py
+      grep -E "FAILED|passed|failed" "$out/dsplit_tests.txt" | tail -n 12
+      fa2_rounds dsplit 200 --seqlens 512 1024 2048 4096 --headdims 128 --causal both \
+        --variants tc-ds0 tc-ds1 --repeats 15 --calls 10 --interleave
+      step dsplit_long.log timeout 200 python3 -m bench.fa2_sweep --seqlens 8192 16384 --headdims 128 --causal both \
+        --variants tc-ds0 tc-ds1 --repeats 8 --calls 3 --interleave --out "$out/dsplit_long.json"
+      grep "^forward" "$out/dsplit_long.log" ;;
     ncu_sdpa_short)
       if ncu_found; then
         for who in sdpa ours; do

@@ -70,7 +70,7 @@ from numba import cuda, float32, int32, uint32, uint64
 
 from .. import _backend
 from .._constants import U
-from .._dropout import head_key, keep, row_key
+from .._dropout import keep
 from .._launch import KernelLaunch, Problem, bh_grid, ceil_div
 from . import _mma, _plan, _regtile, _tiles
 from ._plan import aligned16  # Dev: this module's name for it, kept for its callers
@@ -192,6 +192,8 @@ def fa2_forward_half_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DR
     _split, _mma3, quad_max, quad_sum = _mma.make_warp_ops(SIM)
     exp2 = _mma.make_exp2(EX2_FTZ, SIM)  # EX2_FTZ: one MUFU.EX2 instead of four instructions (see default_features)
     natural_stats = _regtile.make_natural_stats()
+    inverse_row_sum = _regtile.make_inverse_row_sum(DROPOUT)
+    init_rows = _regtile.make_fragment_rows_init(NO, NR, DROPOUT)
     mask_s, lane_row_max = _mma.make_fragment_steps(MW, NB, BC, CAUSAL)
 
     # [doc:fa2-half-kernel]
@@ -241,15 +243,8 @@ def fa2_forward_half_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DR
         if not CP_ASYNC:
             load_q(gQ, ub, uh, row0, s_q, dw, tid, rQn)  # HBM read: Br*d halves
             store_q(smem, OFF_Q, tid, rQn)
-        # FA2.1 L5: on chip, O_i = 0, l_i = 0, m_i = -inf
-        for a in range(NO):
-            rO[a] = float32(0.0)
-        for r in range(NR):
-            rm[r] = NEG_INF
-            rl[r] = float32(0.0)
-            rkey[r] = uint64(0)
-            if DROPOUT:  # row of slot r: m16 tile r // 2, half r % 2
-                rkey[r] = row_key(head_key(seed, b * nheads + h), row0 + int(wrow) + 16 * (r // 2) + 8 * (r % 2) + int(g))
+        # FA2.1 L5: on chip, O_i = 0, l_i = 0, m_i = -inf (and each row's dropout key)
+        init_rows(rO, rm, rl, rkey, seed, b * nheads + h, row0 + int(wrow), g)
 
         # Dev: causal block skipping: key blocks past the last row's horizon are never visited
         n_blocks = n_key_blocks(row0 + BR, s_k, causal_offset)
@@ -375,14 +370,8 @@ def fa2_forward_half_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DR
             l_i = quad_sum(rl[r], sx, wbase, lane)
             row = row0 + int(wrow) + 16 * mt + 8 * hf + int(g)
             if row < s_q:
-                # FA2.1 L12: O_i = diag(l_i)^-1 O_i, the only division (times 1/(1-p) with dropout)
-                inv_l = float32(0.0)
-                if l_i != l_i:
-                    inv_l = l_i  # Dev: a NaN score made l NaN: the row is NaN
-                if l_i > 0:
-                    inv_l = float32(1.0) / l_i
-                    if DROPOUT:
-                        inv_l *= dropout_scale
+                # FA2.1 L12: O_i = diag(l_i)^-1 O_i, the only division (times 1/(1-p) with dropout; NaN for a NaN l)
+                inv_l = inverse_row_sum(l_i, dropout_scale)
                 # FA2.1 L13: L_i = m_i + log(l_i), m_i in base 2: L = m ln 2 + ln l (+inf for a row with no key);
                 # Dev: m_i (natural units) and l_i are saved too, apart, for the backward's P (make_natural_stats)
                 m_nat, l_m, L_i = natural_stats(rm[r], l_i)

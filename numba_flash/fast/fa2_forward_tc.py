@@ -116,9 +116,9 @@ from numba import cuda, float32, uint32, uint64
 
 from .. import _backend
 from .._constants import U
-from .._dropout import head_key, keep, row_key
+from .._dropout import keep
 from .._launch import ForwardOutput, KernelLaunch, Problem, bh_grid, ceil_div
-from . import _mma, _plan, _regtile, _smem, _tiles, fa2_forward_half
+from . import _mma, _plan, _regtile, _smem, _tiles, fa2_forward_half, fa2_forward_tc_dsplit
 from . import fa2_forward as fa2_forward_fast
 
 #: Largest head dim the tensor-core kernel runs. Its lane holds 2 x 4 (d / 8) floats of O (O and the staged
@@ -414,6 +414,8 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
 
     split, mma3, quad_max, quad_sum = _mma.make_warp_ops(SIM)
     natural_stats = _regtile.make_natural_stats()
+    inverse_row_sum = _regtile.make_inverse_row_sum(DROPOUT)
+    init_rows = _regtile.make_fragment_rows_init(NO, NR, DROPOUT)
     mask_s, lane_row_max = _mma.make_fragment_steps(MW, NB, BC, CAUSAL)
 
     @cuda.jit(device=True, inline="always")
@@ -502,15 +504,8 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
         # FA2.1 L4: load Q_i (times tau log2 e: exp2 later) from HBM to SRAM; rows past N_q and columns past d are zero
         if not Q_ASYNC:  # Dev: Q_ASYNC: by cp.async with K_1, V_1 below
             load_q(gQ, smem, OFF_Q, ub, uh, row0, s_q, d, tid, scale_log2)  # HBM read: Br*d
-        # FA2.1 L5: on chip, O_i = 0, l_i = 0, m_i = -inf
-        for a in range(NO):
-            rO[a] = float32(0.0)
-        for r in range(NR):
-            rm[r] = NEG_INF
-            rl[r] = float32(0.0)
-            rkey[r] = uint64(0)
-            if DROPOUT:  # row of slot r: m16 tile r // 2, half r % 2
-                rkey[r] = row_key(head_key(seed, b * nheads + h), row0 + int(wrow) + 16 * (r // 2) + 8 * (r % 2) + int(g))
+        # FA2.1 L5: on chip, O_i = 0, l_i = 0, m_i = -inf (and each row's dropout key)
+        init_rows(rO, rm, rl, rkey, seed, b * nheads + h, row0 + int(wrow), g)
 
         # Dev: causal block skipping: key blocks past the last row's horizon are never visited
         n_blocks = n_key_blocks(row0 + BR, s_k, causal_offset)
@@ -690,14 +685,8 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
             l_i = quad_sum(rl[r], sx, wbase, lane)
             row = row0 + int(wrow) + 16 * mt + 8 * hf + int(g)
             if row < s_q:
-                # FA2.1 L12: O_i = diag(l_i)^-1 O_i, the only division (times 1/(1-p) with dropout)
-                inv_l = float32(0.0)
-                if l_i != l_i:
-                    inv_l = l_i  # Dev: a NaN score made l NaN: the row is NaN (P~ V may have lost it in the split)
-                if l_i > 0:
-                    inv_l = float32(1.0) / l_i
-                    if DROPOUT:
-                        inv_l *= dropout_scale
+                # FA2.1 L12: O_i = diag(l_i)^-1 O_i, the only division (times 1/(1-p) with dropout; NaN for a NaN l)
+                inv_l = inverse_row_sum(l_i, dropout_scale)
                 # FA2.1 L13: L_i = m_i + log(l_i), m_i in base 2: L = m ln 2 + ln l (+inf for a row with no key);
                 # Dev: m_i (natural units) and l_i are saved too, apart, for the backward's P (make_natural_stats)
                 m_nat, l_m, L_i = natural_stats(rm[r], l_i)
@@ -773,9 +762,13 @@ def default_features() -> dict:
     0.997-1.01x of V alone without causal and 1.02-1.03x with (``split_stores_h100_3f4e199_*.json``, one round).
     ``RESCALE_FMA``: with ``STAGE_O_STEP``, line 10's rescale of O in one FFMA with the key block's first 8-key step
     (:func:`fa2_forward_tc_kernel`); None: on for the causal 8 x 2 x 16 tiling only (:func:`rescale_fma_on` has the
-    timings)."""
+    timings).
+    ``DSPLIT``: the kernel of :mod:`numba_flash.fast.fa2_forward_tc_dsplit` instead, whose warps share a block's keys (line 8)
+    and O's columns (line 10) and exchange the row maxima and ``P~`` through SRAM; only where ``WIDE`` would run
+    (:func:`~numba_flash.fast.fa2_forward_tc_dsplit.dsplit_on`). Off: not timed on a GPU yet."""
     return {"PREFETCH": None, "STAGE_S": True, "STAGE_O": True, "CP_ASYNC": True, "STAGE_O_STEP": None, "WIDE": None,
-            "HEAVY_FIRST": True, "Q_ASYNC": None, "WARP_SKIP": None, "SPLIT_KV": None, "SPLIT_K": True, "RESCALE_FMA": None}
+            "HEAVY_FIRST": True, "Q_ASYNC": None, "WARP_SKIP": None, "SPLIT_KV": None, "SPLIT_K": True, "RESCALE_FMA": None,
+            "DSPLIT": False}
 
 
 def warp_skip_on(feature, causal: bool, sim: bool, DP: int) -> bool:
@@ -904,6 +897,8 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None):
     sim = _backend.is_simulator()
     Br = 16 * MW * NW
     wide = wide_on(feats["WIDE"], DP, cp_async)  # Dev: the swizzled K_j arrives by cp.async only
+    if config is None and fa2_forward_tc_dsplit.dsplit_on(feats["DSPLIT"], wide):
+        return _plan_dsplit(prob, block_sizes, feats, cp_async, sim)
     split_kv = split_kv_on(feats["SPLIT_KV"], wide, (NW, MW, Bc))
     split_k = bool(feats["SPLIT_K"])
     nbytes = 4 * smem_floats(NW, MW, Bc, DP, sim, 2 if cp_async else 1, wide, split_kv, split_k)
@@ -919,6 +914,19 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None):
                                    rescale_fma_on(feats["RESCALE_FMA"], o_step, prob.causal, (NW, MW, Bc)))
     grid = bh_grid(ceil_div(prob.seqlen_q, Br), prob.batch * prob.nheads)
     return kernel, grid, 32 * NW, nbytes
+
+
+def _plan_dsplit(prob: Problem, block_sizes, feats: dict, cp_async: bool, sim: bool):
+    """:func:`plan` for ``DSPLIT`` (:mod:`numba_flash.fast.fa2_forward_tc_dsplit`): its tiling ``(WM, MW, WN, Bc, DP)``
+    of the head dim and ``block_sizes``, the same grid of query blocks, ``32 WM WN`` threads."""
+    WM, MW, WN, Bc, DP = fa2_forward_tc_dsplit.tiling_for(prob.headdim, block_sizes)
+    Br = 16 * MW * WM
+    nbytes = 4 * fa2_forward_tc_dsplit.smem_floats(WM, MW, WN, Bc, DP, sim)
+    _plan.check_sram(nbytes, Br, Bc, prob.headdim)
+    kernel = fa2_forward_tc_dsplit.fa2_forward_tc_dsplit_kernel(WM, MW, WN, Bc, DP, prob.causal, prob.dropout_p > 0, sim,
+                                                                prob.causal and bool(feats["HEAVY_FIRST"]),
+                                                                _plan.async_on(feats["Q_ASYNC"], cp_async))
+    return kernel, bh_grid(ceil_div(prob.seqlen_q, Br), prob.batch * prob.nheads), 32 * WM * WN, nbytes
 
 
 def choose_block_sizes(prob: Problem, block_sizes=None) -> tuple[int, int]:
