@@ -207,6 +207,8 @@
 #                GPU tests, then the d = 128 default against it, N 512 / 1k / 2k / 4k, causal and not, 10 back-to-back calls a
 #                timing, 15 timings interleaved with SDPA, twice (fa2_sweep tc-ds0 tc-ds1), and N 8k / 16k once (3 calls a
 #                timing, 8 timings) -> OUTDIR/dsplit_tests.txt, dsplit_{1,2}.json/.log, dsplit_long.json/.log
+#   ncu_dsplit   Nsight Compute's full set on the DSPLIT forward at the grid's causal d = 128 cell N 512 (b 32, h 16), to set
+#                beside ncu_sdpa_short's two profiles -> OUTDIR/ncu_dsplit_causal_fwd_d128_n512.txt (and _meta.json)
 #   nan_reach    where a NaN in Q goes in the 3xTF32 backward, build by build (bench/nan_reach.py) -> OUTDIR/nan_reach.txt
 #   half_bwd_cp  the half backward's tilings with and without cp.async for Q_i, dO_i (half_sweep --backward; the log's
 #                section "FA2 backward in fp16 / bf16: cp.async for Q_i, dO_i") -> OUTDIR/half_bwd_cp.json/.log
@@ -680,6 +682,13 @@ for s in "${steps[@]}"; do
       step dsplit_long.log timeout 200 python3 -m bench.fa2_sweep --seqlens 8192 16384 --headdims 128 --causal both \
         --variants tc-ds0 tc-ds1 --repeats 8 --calls 3 --interleave --out "$out/dsplit_long.json"
       grep "^forward" "$out/dsplit_long.log" ;;
+    ncu_dsplit)
+      if ncu_found; then
+        ncu_full ncu_dsplit_causal_fwd_d128_n512 \
+          '{"algorithm":"flash2","variant":"tensorcore","pass":"forward","batch":32,"nheads":16,"N":512,"d":128,"causal":true,"features":{"DSPLIT":true}}' 240
+        grep -E "^  [a-zA-Z_].*\(|Duration|Registers Per Thread|Block Size|Grid Size|Dynamic Shared Memory Per Block|Achieved Occupancy|Issue Slots Busy|Executed Ipc Active" \
+          "$out/ncu_dsplit_causal_fwd_d128_n512.txt" | head -n 20
+      fi ;;
     ncu_sdpa_short)
       if ncu_found; then
         for who in sdpa ours; do
