@@ -322,6 +322,7 @@ def make_fragment_rows_init(NO: int, NR: int, DROPOUT: bool):
     return init_rows
 
 
+@functools.cache
 def make_inverse_row_sum(DROPOUT: bool):
     """``inverse_row_sum(l, dropout_scale) -> 1 / l``: the factor of FA2's line 12 (``O_i = diag(l_i)^-1 O_i``) in the
     tensor-core forwards, times ``dropout_scale`` (``1 / (1 - p)``) with ``DROPOUT``. 0 for a row that saw no key
@@ -342,6 +343,7 @@ def make_inverse_row_sum(DROPOUT: bool):
     return inverse_row_sum
 
 
+@functools.cache
 def make_natural_stats():
     """``natural_stats(m2, l) -> (m, l_m, L)``: a forward's base-2 row statistics as the kernels save them.
 
