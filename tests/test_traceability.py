@@ -500,7 +500,7 @@ def rule(says, *alternatives):
 _S_QK = rule("S = (tau) Q K^T: a product of Q_i and K_j", (_Q, _K, _PRODUCT), r"\bqkt_tile\(", r"\bs_dp_p_ds\(")
 _SPLIT = rule("split into blocks: Tr, Tc or the row/column blocks", r"\bT[rc]\b|seq_blocks|row_blocks|col_blocks")
 _LOOP = rule("a loop (or the thread block's index)", r"\bfor\b|\bblockIdx\b|\bkey_block\(|\bquery_block\(")
-_LOAD_KV = rule("K_j and V_j read from HBM", (r"\bgK\[", r"\bgV\["), r"\bload_kv?\(")
+_LOAD_KV = rule("K_j and V_j read from HBM", (r"\bgK\[", r"\bgV\["), r"\bload_kv?\(", (r"\bload_k_async\(", r"\bload_v_async\("))
 _BLOCK_SIZES = rule("block sizes Br, Bc", r"\bB[rcRC]\b|block_sizes|\bBCC?\b")
 _INIT_O_L_M = rule("O = 0, l = 0 and m = -inf", (_ZERO, _NEG_INF))
 _LOAD_Q_O_L_M = rule("Q_i, O_i, l_i, m_i read from HBM", (r"\bgQ\[", r"\bgO\[", r"\bgl\[", r"\bgm\["))

@@ -44,11 +44,11 @@ from __future__ import annotations
 import functools
 import math
 
-from numba import cuda, float32, uint64
+from numba import cuda, float32
 
 from .._constants import FULL_MASK as _FULL_MASK
 from .._constants import LN2, LOG2E, U
-from .._dropout import head_key, keep, row_key
+from .._dropout import keep
 
 U1, U2, U3, U4 = U(1), U(2), U(3), U(4)
 
@@ -298,28 +298,6 @@ def make_pv_tile(TM: int, DV: int, NC4: int, RG: int, TPR: int, SQ: int, SPS: in
                         rO[o + 3] += pv * v3
 
     return pv_tile
-
-
-@functools.cache
-def make_fragment_rows_init(NO: int, NR: int, DROPOUT: bool):
-    """``init_rows(rO, rm, rl, rkey, seed, bh, first_row, g)``: FA2's line 5 (``O_i = 0, l_i = 0, m_i = -inf``) for a lane
-    of the tensor-core forwards, whose ``NR`` row slots are rows ``g`` and ``g + 8`` of each m16 tile (slot ``r``: tile
-    ``r // 2``, half ``r % 2``) of a warp's rows from ``first_row``, and whose ``NO`` floats of O are m16n8 fragments.
-    With ``DROPOUT`` each slot gets its row's dropout key (head ``bh``, :mod:`numba_flash._dropout`), else 0."""
-    NEG_INF = float32(-math.inf)
-
-    @cuda.jit(device=True, inline="always")
-    def init_rows(rO, rm, rl, rkey, seed, bh, first_row, g):
-        for a in range(NO):
-            rO[a] = float32(0.0)
-        for r in range(NR):
-            rm[r] = NEG_INF
-            rl[r] = float32(0.0)
-            rkey[r] = uint64(0)
-            if DROPOUT:
-                rkey[r] = row_key(head_key(seed, bh), first_row + 16 * (r // 2) + 8 * (r % 2) + int(g))
-
-    return init_rows
 
 
 @functools.cache

@@ -70,7 +70,7 @@ from numba import cuda, float32, int32, uint32, uint64
 
 from .. import _backend
 from .._constants import U
-from .._dropout import keep
+from .._dropout import head_key, keep, row_key
 from .._launch import KernelLaunch, Problem, bh_grid, ceil_div
 from . import _mma, _plan, _regtile, _tiles
 from ._plan import aligned16  # Dev: this module's name for it, kept for its callers
@@ -193,7 +193,6 @@ def fa2_forward_half_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DR
     exp2 = _mma.make_exp2(EX2_FTZ, SIM)  # EX2_FTZ: one MUFU.EX2 instead of four instructions (see default_features)
     natural_stats = _regtile.make_natural_stats()
     inverse_row_sum = _regtile.make_inverse_row_sum(DROPOUT)
-    init_rows = _regtile.make_fragment_rows_init(NO, NR, DROPOUT)
     mask_s, lane_row_max = _mma.make_fragment_steps(MW, NB, BC, CAUSAL)
 
     # [doc:fa2-half-kernel]
@@ -243,8 +242,15 @@ def fa2_forward_half_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DR
         if not CP_ASYNC:
             load_q(gQ, ub, uh, row0, s_q, dw, tid, rQn)  # HBM read: Br*d halves
             store_q(smem, OFF_Q, tid, rQn)
-        # FA2.1 L5: on chip, O_i = 0, l_i = 0, m_i = -inf (and each row's dropout key)
-        init_rows(rO, rm, rl, rkey, seed, b * nheads + h, row0 + int(wrow), g)
+        # FA2.1 L5: on chip, O_i = 0, l_i = 0, m_i = -inf
+        for a in range(NO):
+            rO[a] = float32(0.0)
+        for r in range(NR):
+            rm[r] = NEG_INF
+            rl[r] = float32(0.0)
+            rkey[r] = uint64(0)
+            if DROPOUT:  # row of slot r: m16 tile r // 2, half r % 2
+                rkey[r] = row_key(head_key(seed, b * nheads + h), row0 + int(wrow) + 16 * (r // 2) + 8 * (r % 2) + int(g))
 
         # Dev: causal block skipping: key blocks past the last row's horizon are never visited
         n_blocks = n_key_blocks(row0 + BR, s_k, causal_offset)

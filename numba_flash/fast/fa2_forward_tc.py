@@ -116,7 +116,7 @@ from numba import cuda, float32, uint32, uint64
 
 from .. import _backend
 from .._constants import U
-from .._dropout import keep
+from .._dropout import head_key, keep, row_key
 from .._launch import ForwardOutput, KernelLaunch, Problem, bh_grid, ceil_div
 from . import _mma, _plan, _regtile, _smem, _tiles, fa2_forward_half, fa2_forward_tc_dsplit
 from . import fa2_forward as fa2_forward_fast
@@ -415,7 +415,6 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
     split, mma3, quad_max, quad_sum = _mma.make_warp_ops(SIM)
     natural_stats = _regtile.make_natural_stats()
     inverse_row_sum = _regtile.make_inverse_row_sum(DROPOUT)
-    init_rows = _regtile.make_fragment_rows_init(NO, NR, DROPOUT)
     mask_s, lane_row_max = _mma.make_fragment_steps(MW, NB, BC, CAUSAL)
 
     @cuda.jit(device=True, inline="always")
@@ -504,8 +503,15 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
         # FA2.1 L4: load Q_i (times tau log2 e: exp2 later) from HBM to SRAM; rows past N_q and columns past d are zero
         if not Q_ASYNC:  # Dev: Q_ASYNC: by cp.async with K_1, V_1 below
             load_q(gQ, smem, OFF_Q, ub, uh, row0, s_q, d, tid, scale_log2)  # HBM read: Br*d
-        # FA2.1 L5: on chip, O_i = 0, l_i = 0, m_i = -inf (and each row's dropout key)
-        init_rows(rO, rm, rl, rkey, seed, b * nheads + h, row0 + int(wrow), g)
+        # FA2.1 L5: on chip, O_i = 0, l_i = 0, m_i = -inf
+        for a in range(NO):
+            rO[a] = float32(0.0)
+        for r in range(NR):
+            rm[r] = NEG_INF
+            rl[r] = float32(0.0)
+            rkey[r] = uint64(0)
+            if DROPOUT:  # row of slot r: m16 tile r // 2, half r % 2
+                rkey[r] = row_key(head_key(seed, b * nheads + h), row0 + int(wrow) + 16 * (r // 2) + 8 * (r % 2) + int(g))
 
         # Dev: causal block skipping: key blocks past the last row's horizon are never visited
         n_blocks = n_key_blocks(row0 + BR, s_k, causal_offset)
