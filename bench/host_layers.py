@@ -41,7 +41,7 @@ SDPA memory-efficient's, event by event (the host's launches, allocations and sy
 from the call's start). Run on a GPU machine from the repository root::
 
     source bench/gpu/setup_env.sh
-    python3 -m bench.host_layers [--calls 300] [--repeats 7] [--profile [--dtype float32 --headdim 128] | --kernels | --timeline]
+    python3 -m bench.host_layers [--calls 300] [--repeats 7] [--profile [--dtype float32 --headdim 128] | --kernels | --timeline [--dtype float32]]
 """
 
 from __future__ import annotations
@@ -193,12 +193,14 @@ def profile(torch, calls: int, top: int = 30, dtype_name: str = "bfloat16", d: i
         pstats.Stats(prof).sort_stats("tottime").print_stats(top)
 
 
-def _training_steps(torch, b: int, n: int, h: int, d: int, causal: bool):
-    """``(ours, sdpa)``: one bf16 training step's attention each (forward and ``backward(dout)``), on the same data."""
+def _training_steps(torch, b: int, n: int, h: int, d: int, causal: bool, dtype=None):
+    """``(ours, sdpa)``: one training step's attention each (forward and ``backward(dout)``), on the same data, in
+    ``dtype`` (None: bf16)."""
     from numba_flash import flash_attn_func
 
     gen = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v = (torch.randn(b, n, h, d, device="cuda", generator=gen).to(torch.bfloat16).requires_grad_(True) for _ in range(3))
+    q, k, v = (torch.randn(b, n, h, d, device="cuda", generator=gen).to(dtype or torch.bfloat16).requires_grad_(True)
+               for _ in range(3))
     dout = torch.randn_like(q)
     qt, kt, vt = (x.detach().transpose(1, 2).requires_grad_(True) for x in (q, k, v))
 
@@ -300,13 +302,13 @@ def _timeline_events(torch, step, steps: int):
     return sorted(rows), t1 - t0
 
 
-def _forward_calls(torch, b: int, n: int, h: int, d: int, causal: bool):
-    """``(ours, sdpa)``: one bf16 forward call each without grad (the half grid's forward cells: ours through
-    ``flash_attn_func``, SDPA memory-efficient as ``bench._utils.torch_sdpa`` calls it)."""
+def _forward_calls(torch, b: int, n: int, h: int, d: int, causal: bool, dtype=None):
+    """``(ours, sdpa)``: one forward call each without grad, in ``dtype`` (None: bf16; the grids' forward cells: ours
+    through ``flash_attn_func``, SDPA memory-efficient as ``bench._utils.torch_sdpa`` calls it)."""
     from numba_flash import flash_attn_func
 
     gen = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v = (torch.randn(b, n, h, d, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(3))
+    q, k, v = (torch.randn(b, n, h, d, device="cuda", generator=gen).to(dtype or torch.bfloat16) for _ in range(3))
     return (lambda: flash_attn_func(q, k, v, causal=causal)), (lambda: bu.torch_sdpa(q, k, v, causal, "efficient"))
 
 
@@ -348,10 +350,11 @@ def _marked_functions():
     return patched()
 
 
-def timeline(torch, steps: int = 8) -> None:
-    """The ``--timeline`` output: the half grid's cells nearest 1.0x SDPA memory-efficient, one synchronized call
-    event by event, ours (replay on, the default) and SDPA memory-efficient's: a bf16 training step at causal
-    d = 128, N = 1k (b 16, h 16) and the causal forward at N = 512 (b 32, d = 64 and 128, no grad). For each: the
+def timeline(torch, steps: int = 8, dtype=None) -> None:
+    """The ``--timeline`` output: the grid cells nearest 1.0x SDPA memory-efficient, one synchronized call
+    event by event, ours (replay on, the default) and SDPA memory-efficient's, in ``dtype`` (None: bf16, the half
+    grid's; float32: the fa2 grid's, whose causal d = 128 forward at N 512 is its cell furthest below): a training
+    step at causal d = 128, N = 1k (b 16, h 16) and the causal forward at N = 512 (b 32, d = 64 and 128, no grad). For each: the
     median synchronized wall time of 20 unprofiled calls, then when the host launched each kernel and when the GPU
     ran it, so that the GPU's idle time is placed (before the first kernel, between two, after the last); our host
     functions of :data:`_MARKED` appear as ``nf::`` ranges (in the profiled calls only)."""
@@ -360,7 +363,7 @@ def timeline(torch, steps: int = 8) -> None:
 
     def sdpa_train(b, n, h, d, causal):
         gen = torch.Generator(device="cuda").manual_seed(0)
-        q, k, v = (torch.randn(b, n, h, d, device="cuda", generator=gen).to(torch.bfloat16).requires_grad_(True)
+        q, k, v = (torch.randn(b, n, h, d, device="cuda", generator=gen).to(dtype or torch.bfloat16).requires_grad_(True)
                    for _ in range(3))
         dout = torch.randn_like(q)
 
@@ -373,10 +376,10 @@ def timeline(torch, steps: int = 8) -> None:
     cases = [("train", 16, 1024, 16, 128, True), ("forward", 32, 512, 32, 64, True), ("forward", 32, 512, 16, 128, True)]
     for what, b, n, h, d, causal in cases:
         if what == "train":
-            ours, _ = _training_steps(torch, b, n, h, d, causal)
+            ours, _ = _training_steps(torch, b, n, h, d, causal, dtype)
             sdpa = sdpa_train(b, n, h, d, causal)
         else:
-            ours, sdpa = _forward_calls(torch, b, n, h, d, causal)
+            ours, sdpa = _forward_calls(torch, b, n, h, d, causal, dtype)
         for name, step in (("ours", ours), ("sdpa-mem-eff", sdpa)):
             for _ in range(3):
                 step()
@@ -390,7 +393,7 @@ def timeline(torch, steps: int = 8) -> None:
             with _marked_functions():
                 rows, span = _timeline_events(torch, step, steps)
             busy_until, idle, gpu = 0.0, 0.0, 0.0
-            print(f"## {what} b={b} N={n} h={h} d={d} causal={int(causal)} {name}: wall {statistics.median(walls):.1f} us "
+            print(f"## {what} {str(dtype or torch.bfloat16)[6:]} b={b} N={n} h={h} d={d} causal={int(causal)} {name}: wall {statistics.median(walls):.1f} us "
                   f"unprofiled (median of 20); the profiled call, us from its start:", flush=True)
             for start, dur, kind, ev in rows:
                 gap = ""
@@ -412,7 +415,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--repeats", type=int, default=7, help="timed loops; the median is printed")
     ap.add_argument("--profile", action="store_true", help="a cProfile of flash_attn_func instead of the layer table")
     ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"),
-                    help="--profile: the inputs' dtype (default bfloat16)")
+                    help="--profile, --timeline: the inputs' dtype (default bfloat16)")
     ap.add_argument("--headdim", type=int, default=64, help="--profile: the head dim (default 64)")
     ap.add_argument("--kernels", action="store_true",
                     help="per training step: the kernels' GPU time against the synchronized wall time, replay off and on")
@@ -436,7 +439,7 @@ def main(argv=None) -> int:
         kernel_time(torch)
         return 0
     if args.timeline:
-        timeline(torch)
+        timeline(torch, dtype=getattr(torch, args.dtype))
         return 0
     for dtype in (torch.bfloat16, torch.float32):
         for d in (64, 128):

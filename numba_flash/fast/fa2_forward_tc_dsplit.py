@@ -29,8 +29,11 @@ This kernel does the same with ``WM x WN`` warps (default 4 x 2, Br = 128, Bc = 
 
 Per unit of work (32 rows x 64 keys x d = 128) a warp issues about 1000 fewer instructions of splits and rescale than
 the 4 x 2 x 16 layout (the performance log's section on ``DSPLIT`` has the count) for three block barriers a key block
-(the row-owning kernel has one and a warp barrier). Whether that pays is a GPU question: 8 warps in one block of 199 KB
-(one block an SM, as the 8 x 2 x 16 default), with the barriers.
+(the row-owning kernel has one and a warp barrier), 8 warps in one block of 199 KB (one block an SM, as the 8 x 2 x 16
+default). On an H200 it did not pay (2026-11-29, commit 50079fe, ``docs/results/sweeps/dsplit_h200_50079fe_{1,2}.json``):
+0.999-1.005x the default at causal N 512 / 1k, 0.91-0.95x elsewhere. Nsight Compute at causal 512 counted SDPA's number
+of instructions (442.6 M against 447.4 M; the default 558.4 M), each waiting 4.48 cycles to issue against SDPA's 3.99:
+the exchanges' barriers and bank conflicts. So it stays off, FA2 section 3.3's "split-K" measured.
 
 SRAM (float32, :func:`smem_floats`): ``Q_i`` Br x DP (unpadded, :func:`~numba_flash.fast._tiles.swizzle16`), ``K_j``
 Bc x DP (one stage: block j+1's copies are issued after the barrier that ends every warp's reads of ``K_j``), ``V_j``
@@ -90,7 +93,7 @@ def smem_floats(WM: int, MW: int, WN: int, BC: int, DP: int, simulator: bool = F
 
 def dsplit_on(feature, wide: bool) -> bool:
     """``DSPLIT`` resolved: only where the row-owning kernel would take ``WIDE`` (the ``cp.async`` path, ``DP % 32 == 0``),
-    whose order of the k steps it keeps; there ``bool(feature)``, off by default (not timed on a GPU yet)."""
+    whose order of the k steps it keeps; there ``bool(feature)``, off by default (slower on an H200: the module's docstring)."""
     return wide and bool(feature)
 
 

@@ -147,7 +147,7 @@ def _committed_rows(name: str, algorithms: tuple[str, ...]) -> list[dict]:
 
 @pytest.mark.parametrize(("results", "algorithm", "module"), [
     ("forward_h200.json", "flash1", fa1_fast),
-    # the H200 grid at d63396b, after the causal d = 128 tiling at N 512 changed (4 x 2 x 16, fd90960); fa2_h100.json ran before
+    # the H200 grid at 50079fe (the causal d = 128 tiling at N 512 is 4 x 2 x 16 since fd90960); fa2_h100.json ran before that change
     ("fa2_h200.json", "flash2", fa2_tc),
     ("fa2_h200.json", "flash2_ffma", fa2_ffma),
 ])
