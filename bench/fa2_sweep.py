@@ -36,7 +36,7 @@ import traceback
 from numba_flash import _inspect, fa2_forward
 from numba_flash._launch import Allocator, check_attention_args, poison_outputs
 from numba_flash.fast import fa2_forward as fa2_forward_fast
-from numba_flash.fast import fa2_forward_tc, fa2_forward_tc_dsplit
+from numba_flash.fast import fa2_forward_tc
 
 import numpy as np
 
@@ -183,12 +183,10 @@ def plan_variant(cfg, feats, prob):
         Br, Bc = fa2_forward.choose_block_sizes(prob)
         return launch.dispatcher, f"{Br}x{Bc}", launch.threads, 0
     if _is_tc(cfg):
-        kernel, grid, NT, nbytes = fa2_forward_tc.plan(prob, config=_tc_config(cfg, d), features=feats)
-        NW, MW, Bc, _ = _tc_config(cfg, d) or fa2_forward_tc.config_for(d, None, None, prob.causal, prob.seqlen_q)
-        WM, MWd, WN, Bcd, _ = fa2_forward_tc_dsplit.tiling_for(d)
-        if cfg[1] is None and kernel is fa2_forward_tc.plan(prob, features={**feats, "DSPLIT": True})[0]:
-            MW, NW, Bc = MWd, WM, Bcd  # Dev: DSPLIT's kernel ran: its tiling (WN warps share each row group)
-        return kernel, f"{16 * MW * NW}x{Bc}", NT, nbytes
+        config = _tc_config(cfg, d)
+        kernel, grid, NT, nbytes = fa2_forward_tc.plan(prob, config=config, features=feats)
+        t = config or fa2_forward_tc.tiling(prob, None, feats)  # (NW, MW, Bc, DP), or DSPLIT's (WM, MW, WN, Bc, DP)
+        return kernel, f"{16 * t[1] * t[0]}x{t[-2]}", NT, nbytes
     kernel, grid, NT, nbytes = fa2_forward_fast.plan(prob, config=_config(cfg, d), features=feats)
     c = _config(cfg, d) or fa2_forward_fast.config_for(d)
     return kernel, f"{(c[0] // c[2]) * c[1]}x{c[3]}", NT, nbytes

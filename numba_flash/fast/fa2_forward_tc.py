@@ -875,14 +875,26 @@ def takes_words(prob: Problem) -> bool:
 
 def tiling(prob: Problem, block_sizes=None, features=None) -> tuple:
     """The tiling :func:`plan` launches for ``prob`` (``features`` over the defaults): this kernel's ``(NW, MW, Bc, DP)``
-    (:func:`config_for` of the problem's head dim, mask and query length), the FFMA kernel's above d = 128, the half
-    kernel's for the float16/bfloat16 inputs it handles."""
+    (:func:`config_for` of the problem's head dim, mask and query length), ``DSPLIT``'s ``(WM, MW, WN, Bc, DP)``
+    (:func:`numba_flash.fast.fa2_forward_tc_dsplit.tiling_for`; five entries, WN warps sharing each row group) where
+    :func:`_dsplit_runs` says its kernel runs, the FFMA kernel's above d = 128, the half kernel's for the float16/bfloat16
+    inputs it handles. In every case but the FFMA kernel's, ``Br = 16 x [1] x [0]`` and ``Bc = [-2]``."""
     if _ffma_fallback(prob):
         return fa2_forward_fast.tiling(prob, block_sizes)
     if takes_words(prob):
         return fa2_forward_half.tiling(prob, block_sizes, features)
     feats = {**default_features(), **(features or {})}
+    if _dsplit_runs(prob.headdim, feats):
+        return fa2_forward_tc_dsplit.tiling_for(prob.headdim, block_sizes)
     return config_for(prob.headdim, block_sizes, _cp_async(prob.headdim, feats), prob.causal, prob.seqlen_q)
+
+
+def _dsplit_runs(d: int, feats: dict) -> bool:
+    """Whether :func:`plan` (without an explicit ``config``) launches ``DSPLIT``'s kernel for head dim ``d`` under ``feats``
+    (all keys present): only where the row-owning kernel would take ``WIDE`` (:func:`wide_on`, which the tiling does not
+    change: it reads the padded head dim and the ``cp.async`` path)."""
+    cp_async = _cp_async(d, feats)
+    return fa2_forward_tc_dsplit.dsplit_on(feats["DSPLIT"], wide_on(feats["WIDE"], 8 * ((d + 7) // 8), cp_async))
 
 
 def plan(prob: Problem, block_sizes=None, config=None, features=None):
@@ -898,14 +910,14 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None):
     feats = default_features()
     feats.update(features or {})
     cp_async = _cp_async(d, feats)
+    sim = _backend.is_simulator()
+    if config is None and _dsplit_runs(d, feats):
+        return _plan_dsplit(prob, block_sizes, feats, cp_async, sim)
     NW, MW, Bc, DP = config if config is not None else tiling(prob, block_sizes, feats)
     prefetch = feats["PREFETCH"] if feats["PREFETCH"] is not None else DP <= 64
     prefetch = bool(prefetch) and not cp_async  # unused by the cp.async path: one compiled kernel, not two
-    sim = _backend.is_simulator()
     Br = 16 * MW * NW
     wide = wide_on(feats["WIDE"], DP, cp_async)  # Dev: the swizzled K_j arrives by cp.async only
-    if config is None and fa2_forward_tc_dsplit.dsplit_on(feats["DSPLIT"], wide):
-        return _plan_dsplit(prob, block_sizes, feats, cp_async, sim)
     split_kv = split_kv_on(feats["SPLIT_KV"], wide, (NW, MW, Bc))
     split_k = bool(feats["SPLIT_K"])
     nbytes = 4 * smem_floats(NW, MW, Bc, DP, sim, 2 if cp_async else 1, wide, split_kv, split_k)
@@ -926,7 +938,7 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None):
 def _plan_dsplit(prob: Problem, block_sizes, feats: dict, cp_async: bool, sim: bool):
     """:func:`plan` for ``DSPLIT`` (:mod:`numba_flash.fast.fa2_forward_tc_dsplit`): its tiling ``(WM, MW, WN, Bc, DP)``
     of the head dim and ``block_sizes``, the same grid of query blocks, ``32 WM WN`` threads."""
-    WM, MW, WN, Bc, DP = fa2_forward_tc_dsplit.tiling_for(prob.headdim, block_sizes)
+    WM, MW, WN, Bc, DP = tiling(prob, block_sizes, feats)
     Br = 16 * MW * WM
     nbytes = 4 * fa2_forward_tc_dsplit.smem_floats(WM, MW, WN, Bc, DP, sim)
     _plan.check_sram(nbytes, Br, Bc, prob.headdim)

@@ -12,7 +12,8 @@ Claims checked:
 * A NaN in K makes every row that sees it NaN, and one in V the column it is in: the NaN pass finds the swizzled chunks
   of the one-stage K_j and the two-stage V_j.
 * It runs only with ``WIDE`` (the ``cp.async`` path and ``DP % 32 == 0``) and is off by default; elsewhere the plan is
-  the row-owning kernel's. Its plan launches ``32 WM WN`` threads with the SRAM of :func:`smem_floats`.
+  the row-owning kernel's. Its plan launches ``32 WM WN`` threads with the SRAM of :func:`smem_floats`, and
+  ``fa2_forward_tc.tiling`` reports the tiling of the kernel the plan launches (``bench.fa2_sweep`` labels rows by it).
 * On a GPU (marker ``gpu``): the same at realistic shapes and its default tiling (4 x 2 warps, Br 128, Bc 64).
 
 Simulator shapes stay tiny (N <= 50, d = 28 or 32): each ``mma`` is a lane exchange with two block barriers there.
@@ -29,6 +30,8 @@ from numba_flash_reference.alg0_standard import standard_attention
 import numpy as np
 import pytest
 from attn_testing import assert_error_rule, assert_lse_rule, make_qkv, naive_attention_float32, naive_lse_float32, run_tc_forward
+
+from bench import fa2_sweep
 
 DSPLIT = {"DSPLIT": True, "WIDE": True}
 ROW_OWNING = {"WIDE": True}
@@ -95,6 +98,9 @@ def test_dsplit_runs_only_with_wide_and_is_off_by_default():
         is_ds = DP % 32 == 0 and kernel is ds.fa2_forward_tc_dsplit_kernel(WM, MW, WN, Bc, DP, True, False, sim, True, True)
         assert is_ds is want, (d, feats)
         assert not want or (threads, nbytes) == (32 * WM * WN, 4 * ds.smem_floats(WM, MW, WN, Bc, DP, sim))
+        assert (fa2_forward_tc.tiling(prob, bs, feats) == (WM, MW, WN, Bc, DP)) is want, "tiling: not the launched kernel's"
+        if bs is None:  # Dev: the sweep's tile label comes from tiling(), not from a second plan
+            assert fa2_sweep.plan_variant(("tc", None), feats, prob)[1] == f"{16 * MW * WM}x{Bc}"
     with pytest.raises(ValueError, match="DSPLIT needs DP % 32 == 0"):
         ds.fa2_forward_tc_dsplit_kernel(1, 1, 2, 16, 40, False, False, sim)
 
