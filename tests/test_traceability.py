@@ -497,7 +497,8 @@ def rule(says, *alternatives):
     return ContentRule(says, tuple(a if isinstance(a, tuple) else (a,) for a in alternatives))
 
 
-_S_QK = rule("S = (tau) Q K^T: a product of Q_i and K_j", (_Q, _K, _PRODUCT), r"\bqkt_tile\(", r"\bs_dp_p_ds\(")
+_S_QK = rule("S = (tau) Q K^T: a product of Q_i and K_j", (_Q, _K, _PRODUCT), (_Q, _K, r"\bs_tile_step\("), r"\bqkt_tile\(",
+             r"\bs_dp_p_ds\(")  # Dev: s_tile_step: the 3xTF32 forwards' mma step of S (_mma.make_s_steps)
 _SPLIT = rule("split into blocks: Tr, Tc or the row/column blocks", r"\bT[rc]\b|seq_blocks|row_blocks|col_blocks")
 _LOOP = rule("a loop (or the thread block's index)", r"\bfor\b|\bblockIdx\b|\bkey_block\(|\bquery_block\(")
 _LOAD_KV = rule("K_j and V_j read from HBM", (r"\bgK\[", r"\bgV\["), r"\bload_kv?\(", (r"\bload_k_async\(", r"\bload_v_async\("))

@@ -32,6 +32,7 @@ from numba.core.extending import intrinsic
 
 from .. import _backend
 from .._constants import FULL_MASK as _FULL_MASK
+from .._constants import U
 from ._regtile import min_keep_nan
 
 _LLVM = {"f64": ir.DoubleType(), "f32": ir.FloatType(), "b32": ir.IntType(32)}
@@ -663,6 +664,51 @@ def make_fragment_steps(MW: int, NB: int, BC: int, CAUSAL: bool):
         return mx
 
     return mask_s, lane_row_max
+
+
+def make_s_steps(MW: int, NB: int, STAGE_S: bool, SIM: bool):
+    """``(load_q_pair, split_a_pair, s_tile_step)``: line 8's steps of the 3xTF32 forwards, one source for the row-owning
+    kernel (:mod:`~numba_flash.fast.fa2_forward_tc`) and ``DSPLIT`` (:mod:`~numba_flash.fast.fa2_forward_tc_dsplit`), whose
+    scores must keep the same bits (the 3xTF32 backward recomputes them in this order). ``S`` is held as in
+    :func:`make_fragment_steps` (``MW x NB`` m16n8 fragments in ``rS``).
+
+    * ``load_q_pair(smem, rQw, OFF_Q, wrow, g, uSQ, csw)`` (``WIDE``): this lane's 4 columns ``csw ..`` (one 16-byte
+      chunk of a swizzled row) of rows ``g`` and ``g + 8`` of each m16 tile of ``Q_i`` into ``rQw`` (8 a tile): two
+      8-wide k steps' A operands.
+    * ``split_a_pair(rQw, rAb, rAs, h2)`` (``WIDE``): the tf32 parts of the A fragments of the pair's k step ``h2 / 2``
+      (``a = (Q[g, c], Q[g + 8, c], Q[g, c + 1], Q[g + 8, c + 1])``, c the lane's column ``h2`` of the chunk).
+    * ``s_tile_step(rS, rAb, rAs, nt, bb0, bb1, bs0, bs1, sx, wbase, lane)``: one 8-wide k step of key tile ``nt`` for the
+      warp's ``MW`` m16 tiles (3xTF32); with ``STAGE_S`` into a zeroed accumulator, added to ``S`` with IEEE float32 adds.
+    """
+    split, mma3, _, _ = make_warp_ops(SIM)
+
+    @cuda.jit(device=True, inline="always")
+    def load_q_pair(smem, rQw, OFF_Q, wrow, g, uSQ, csw):
+        for mt in range(MW):
+            q0 = OFF_Q + (wrow + U(16 * mt) + g) * uSQ + csw
+            for e in range(4):
+                rQw[mt * 8 + e] = smem[q0 + U(e)]
+                rQw[mt * 8 + 4 + e] = smem[q0 + U(8) * uSQ + U(e)]
+
+    @cuda.jit(device=True, inline="always")
+    def split_a_pair(rQw, rAb, rAs, h2):
+        for mt in range(MW):
+            for c in range(4):
+                rAb[mt * 4 + c], rAs[mt * 4 + c] = split(rQw[mt * 8 + 4 * (c % 2) + h2 + c // 2])
+
+    @cuda.jit(device=True, inline="always")
+    def s_tile_step(rS, rAb, rAs, nt, bb0, bb1, bs0, bs1, sx, wbase, lane):
+        for mt in range(MW):
+            f = (mt * NB + nt) * 4
+            acc = (rS[f], rS[f + 1], rS[f + 2], rS[f + 3])
+            if STAGE_S:  # Dev: this k step into a zeroed accumulator, added to S with IEEE float32 adds
+                acc = (float32(0.0), float32(0.0), float32(0.0), float32(0.0))
+            acc = mma3((rAb[mt * 4], rAb[mt * 4 + 1], rAb[mt * 4 + 2], rAb[mt * 4 + 3]),
+                       (rAs[mt * 4], rAs[mt * 4 + 1], rAs[mt * 4 + 2], rAs[mt * 4 + 3]), (bb0, bb1), (bs0, bs1), acc, sx, wbase, lane)
+            for c in range(4):
+                rS[f + c] = rS[f + c] + acc[c] if STAGE_S else acc[c]
+
+    return load_q_pair, split_a_pair, s_tile_step
 
 
 # ---------------------------------------------------------------------------------------------

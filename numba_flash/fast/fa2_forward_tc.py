@@ -416,19 +416,7 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
     natural_stats = _regtile.make_natural_stats()
     inverse_row_sum = _regtile.make_inverse_row_sum(DROPOUT)
     mask_s, lane_row_max = _mma.make_fragment_steps(MW, NB, BC, CAUSAL)
-
-    @cuda.jit(device=True, inline="always")
-    def s_tile_step(rS, rAb, rAs, nt, bb0, bb1, bs0, bs1, sx, wbase, lane):
-        """One 8-wide k step of S's key tile ``nt`` for the warp's MW m16 tiles (A in rAb/rAs, B in bb*/bs*)."""
-        for mt in range(MW):
-            f = (mt * NB + nt) * 4
-            acc = (rS[f], rS[f + 1], rS[f + 2], rS[f + 3])
-            if STAGE_S:  # Dev: this k step into a zeroed accumulator, added to S with IEEE float32 adds
-                acc = (float32(0.0), float32(0.0), float32(0.0), float32(0.0))
-            acc = mma3((rAb[mt * 4], rAb[mt * 4 + 1], rAb[mt * 4 + 2], rAb[mt * 4 + 3]),
-                       (rAs[mt * 4], rAs[mt * 4 + 1], rAs[mt * 4 + 2], rAs[mt * 4 + 3]), (bb0, bb1), (bs0, bs1), acc, sx, wbase, lane)
-            for c in range(4):
-                rS[f + c] = rS[f + c] + acc[c] if STAGE_S else acc[c]
+    load_q_pair, split_a_pair, s_tile_step = _mma.make_s_steps(MW, NB, STAGE_S, SIM)  # Dev: line 8, shared with DSPLIT
 
     @cuda.jit(device=True, inline="always")
     def o_tile_step(rO, rT, rAb, rAs, dn, bb0, bb1, bs0, bs1, sx, wbase, lane, ralpha):
@@ -574,11 +562,7 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
                 rS[a] = float32(0.0)
             for kp in range(KD // 2 if WIDE else 0):  # Dev: WIDE: k steps 2 kp, 2 kp + 1 from one 16-byte load per row
                 csw = _tiles.swizzle16(U(16 * kp), g) + U(4) * t  # SRAM column of columns 16 kp + 4 t .. + 3 in rows g, g + 8, 8 nt + g
-                for mt in range(MW):  # columns 16 kp + 4 t .. + 3 of this lane's rows g, g + 8
-                    q0 = OFF_Q + (wrow + U(16 * mt) + g) * uSQ + csw
-                    for e in range(4):
-                        rQw[mt * 8 + e] = smem[q0 + U(e)]
-                        rQw[mt * 8 + 4 + e] = smem[q0 + U(8) * uSQ + U(e)]
+                load_q_pair(smem, rQw, OFF_Q, wrow, g, uSQ, csw)  # columns 16 kp + 4 t .. + 3 of this lane's rows g, g + 8
                 for nt in range(NB):  # the same columns of key row g of each 8-key tile
                     k0 = kbase + (U(8 * nt) + g) * uSQ + csw
                     for e in range(4):
@@ -588,9 +572,7 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
                         else:
                             rKw[nt * 4 + e] = smem[k0 + U(e)]
                 for h2 in range(0, 4, 2):  # this k step's two columns of the four: c = 16 kp + 4 t + h2, c + 1
-                    for mt in range(MW):  # a = (Q[g, c], Q[g+8, c], Q[g, c+1], Q[g+8, c+1])
-                        for c in range(4):
-                            rAb[mt * 4 + c], rAs[mt * 4 + c] = split(rQw[mt * 8 + 4 * (c % 2) + h2 + c // 2])
+                    split_a_pair(rQw, rAb, rAs, h2)  # a = (Q[g, c], Q[g+8, c], Q[g, c+1], Q[g+8, c+1])
                     for nt in range(NB):
                         if KS:
                             bb0, bs0 = rKb[nt * 4 + h2], rKs[nt * 4 + h2]

@@ -163,6 +163,7 @@ def fa2_forward_tc_dsplit_kernel(WM: int, MW: int, WN: int, BC: int, DP: int, CA
     natural_stats = _regtile.make_natural_stats()
     inverse_row_sum = _regtile.make_inverse_row_sum(DROPOUT)
     mask_s, lane_row_max = _mma.make_fragment_steps(MW, NBW, BCW, CAUSAL)
+    load_q_pair, split_a_pair, s_tile_step = _mma.make_s_steps(MW, NBW, True, SIM)  # Dev: line 8 as the row-owning kernel's
 
     # [doc:fa2-tc-dsplit-kernel]
     @cuda.jit(fastmath=False)
@@ -247,30 +248,17 @@ def fa2_forward_tc_dsplit_kernel(WM: int, MW: int, WN: int, BC: int, DP: int, CA
                 rS[a] = float32(0.0)
             for kp in range(KD // 2):
                 csw = _tiles.swizzle16(U(16 * kp), g) + U(4) * t  # columns 16 kp + 4 t .. + 3 of rows g, g + 8 (key row g)
-                for mt in range(MW):
-                    q0 = OFF_Q + (wrow + U(16 * mt) + g) * uSQ + csw
-                    for e in range(4):
-                        rQw[mt * 8 + e] = smem[q0 + U(e)]
-                        rQw[mt * 8 + 4 + e] = smem[q0 + U(8) * uSQ + U(e)]
+                load_q_pair(smem, rQw, OFF_Q, wrow, g, uSQ, csw)
                 for nt in range(NBW):
                     k0 = OFF_K + (kw0 + U(8 * nt) + g) * uSQ + csw
                     for e in range(4):
                         rKw[nt * 4 + e] = smem[k0 + U(e)]
                 for h2 in range(0, 4, 2):  # k step 2 kp + h2 / 2: columns c = 16 kp + 4 t + h2, c + 1
-                    for mt in range(MW):
-                        for c in range(4):
-                            rAb[mt * 4 + c], rAs[mt * 4 + c] = split(rQw[mt * 8 + 4 * (c % 2) + h2 + c // 2])
+                    split_a_pair(rQw, rAb, rAs, h2)
                     for nt in range(NBW):
                         bb0, bs0 = split(rKw[nt * 4 + h2])
                         bb1, bs1 = split(rKw[nt * 4 + h2 + 1])
-                        for mt in range(MW):
-                            f = (mt * NBW + nt) * 4
-                            acc = (float32(0.0), float32(0.0), float32(0.0), float32(0.0))  # Dev: staged k step (STAGE_S)
-                            acc = mma3((rAb[mt * 4], rAb[mt * 4 + 1], rAb[mt * 4 + 2], rAb[mt * 4 + 3]),
-                                       (rAs[mt * 4], rAs[mt * 4 + 1], rAs[mt * 4 + 2], rAs[mt * 4 + 3]), (bb0, bb1), (bs0, bs1), acc,
-                                       sx, wbase, lane)
-                            for c in range(4):
-                                rS[f + c] = rS[f + c] + acc[c]
+                        s_tile_step(rS, rAb, rAs, nt, bb0, bb1, bs0, bs1, sx, wbase, lane)  # 3xTF32 mma3, staged (STAGE_S)
             mask_s(rS, row0, wrow, g, t, col0 + int(kw0), s_k, causal_offset)
             # [/doc:fa2-tc-dsplit-s]
 
