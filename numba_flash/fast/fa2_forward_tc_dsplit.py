@@ -32,8 +32,9 @@ the 4 x 2 x 16 layout (the performance log's section on ``DSPLIT`` has the count
 (the row-owning kernel has one and a warp barrier), 8 warps in one block of 199 KB (one block an SM, as the 8 x 2 x 16
 default). On an H200 it did not pay (2026-11-29, commit 50079fe, ``docs/results/sweeps/dsplit_h200_50079fe_{1,2}.json``):
 0.999-1.005x the default at causal N 512 / 1k, 0.91-0.95x elsewhere. Nsight Compute at causal 512 counted SDPA's number
-of instructions (442.6 M against 447.4 M; the default 558.4 M), each waiting 4.48 cycles to issue against SDPA's 3.99:
-the exchanges' barriers and bank conflicts. So it stays off, FA2 section 3.3's "split-K" measured.
+of instructions (442.6 M against 447.4 M; the default 558.4 M), each waiting 4.48 cycles to issue against SDPA's 3.99
+(suspects: the exchanges' block barriers, and twice SDPA's bank-conflict wavefronts). So it stays off, FA2 section 3.3's
+"split-K" measured.
 
 SRAM (float32, :func:`smem_floats`): ``Q_i`` Br x DP (unpadded, :func:`~numba_flash.fast._tiles.swizzle16`), ``K_j``
 Bc x DP (one stage: block j+1's copies are issued after the barrier that ends every warp's reads of ``K_j``), ``V_j``
