@@ -209,6 +209,14 @@
 #                timing, 8 timings) -> OUTDIR/dsplit_tests.txt, dsplit_{1,2}.json/.log, dsplit_long.json/.log
 #   ncu_dsplit   Nsight Compute's full set on the DSPLIT forward at the grid's causal d = 128 cell N 512 (b 32, h 16), to set
 #                beside ncu_sdpa_short's two profiles -> OUTDIR/ncu_dsplit_causal_fwd_d128_n512.txt (and _meta.json)
+#   timeline_f32 python -m bench.host_layers --timeline --dtype float32 (the fa2 grid's causal forward at N 512, d = 64 and
+#                128, and a causal d = 128 training step at N 1k: one synchronized call event by event, ours and SDPA
+#                memory-efficient's), then --profile --dtype float32 --headdim 128 (a cProfile by own time)
+#                -> OUTDIR/timeline_f32.txt, host_profile_f32_d128.txt
+#   ncu_src      Nsight Compute's source counters on the 3xTF32 forward's default at the grid's causal d = 128 cell N 512
+#                (b 32, h 16): warp-state samples and executed instructions per SASS instruction, to place the kernel's
+#                waits (SourceCounters, WarpStateStats, SchedulerStats) -> OUTDIR/ncu_src_causal_fwd_d128_n512.csv (the
+#                source page, SASS), .txt (the sections), _meta.json
 #   nan_reach    where a NaN in Q goes in the 3xTF32 backward, build by build (bench/nan_reach.py) -> OUTDIR/nan_reach.txt
 #   half_bwd_cp  the half backward's tilings with and without cp.async for Q_i, dO_i (half_sweep --backward; the log's
 #                section "FA2 backward in fp16 / bf16: cp.async for Q_i, dO_i") -> OUTDIR/half_bwd_cp.json/.log
@@ -697,6 +705,22 @@ for s in "${steps[@]}"; do
           grep -E "^  [a-zA-Z_].*\(|Duration|Registers Per Thread|Block Size|Grid Size|Shared Memory Configuration Size|Dynamic Shared Memory Per Block|Static Shared Memory Per Block|Achieved Occupancy|Theoretical Occupancy|Issue Slots Busy|Executed Ipc Active|Block Limit" \
             "$out/ncu_${who}_causal_fwd_d128_n512.txt" | head -n 40
         done
+      fi ;;
+    timeline_f32)
+      step timeline_f32.txt timeout 300 python3 -m bench.host_layers --timeline --dtype float32
+      step host_profile_f32_d128.txt timeout 200 python3 -m bench.host_layers --profile --dtype float32 --headdim 128
+      grep "^##\|profiled call" "$out/timeline_f32.txt" ;;
+    ncu_src)
+      if ncu_found; then
+        stem=ncu_src_causal_fwd_d128_n512
+        spec='{"algorithm":"flash2","variant":"tensorcore","pass":"forward","batch":32,"nheads":16,"N":512,"d":128,"causal":true}'
+        step "$stem.txt" timeout 300 "$ncu_bin" --section SourceCounters --section WarpStateStats --section SchedulerStats \
+          --section LaunchStats --nvtx --nvtx-include "numba_flash_measure/" --print-units base -o "/tmp/$stem" -f \
+          python3 -m bench.ncu --child "$spec" --meta-out "$out/${stem}_meta.json"
+        "$ncu_bin" --import "/tmp/$stem.ncu-rep" --page source --csv --print-source sass > "$out/$stem.csv" 2>> "$out/$stem.txt" \
+          || { echo "run_pending: the source page export failed (see $stem.txt)" >&2; rc=1; }
+        "$ncu_bin" --import "/tmp/$stem.ncu-rep" --print-units base >> "$out/$stem.txt" 2>&1
+        wc -l "$out/$stem.csv"; grep -E "Duration|Registers Per Thread|Issue Slots Busy|No Eligible" "$out/$stem.txt" | head -n 8
       fi ;;
     nan_reach)
       step nan_reach.txt timeout 300 python3 -m bench.nan_reach

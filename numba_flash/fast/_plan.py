@@ -19,6 +19,15 @@ from .._constants import LOG2E
 from .._launch import ForwardOutput, KernelLaunch, Problem
 from . import _smem
 
+#: The k step of the tensor cores' ``m16n8k8`` products: the tensor-core kernels pad the head dim to a multiple of it.
+MMA_K = 8
+
+
+def padded_headdim(d: int) -> int:
+    """``DP``: the head dim ``d`` rounded up to a multiple of :data:`MMA_K` (8), the width the tensor-core kernels' tiles
+    of Q, K, V and O take in SRAM and registers (the padding columns are zeros)."""
+    return MMA_K * ((d + MMA_K - 1) // MMA_K)
+
 
 def check_sram(nbytes: int, Br: int, Bc: int, d: int) -> None:
     """Raise ValueError (naming the tiles) when ``nbytes`` of dynamic SRAM exceed the device's opt-in limit."""

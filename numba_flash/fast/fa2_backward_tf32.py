@@ -96,7 +96,7 @@ def config_for(d: int, block_sizes=None, causal: bool = False):
     4 x 64, 1 x 16 that it can. ``block_sizes=(Br, Bc)`` is rounded up to multiples of 16; ``Bc / 16`` m16
     tiles go to as many warps (up to 8) as the dQ split allows, the rest to ``MW``.
     """
-    DP = 8 * ((d + 7) // 8)
+    DP = _plan.padded_headdim(d)
     if block_sizes is None:
         first = (8, 32) if DP > 64 else (4, 32) if causal else (8, 64)
         for NW, BR in (first, (4, 32), (4, 64), (1, 16)):
@@ -139,7 +139,7 @@ def dq_config(d: int):
 
     Its ``S`` is the forward's whatever the tiling (the same k loop per element), so it need not take the
     forward's ``MW = 2``: one m16 tile per warp keeps ``S, dP, dQ_i`` in registers at d = 128."""
-    return 4, 1, 64, 8 * ((d + 7) // 8)
+    return 4, 1, 64, _plan.padded_headdim(d)
 
 
 def _allocate_grads(prob: Problem, alloc, deterministic: bool):
@@ -1090,7 +1090,7 @@ def features_for(d: int, features=None, forward_wide: bool = False) -> dict:
     32; ``CP_ASYNC=None`` on at d <= 64 and with ``WIDE``; ``KV_ASYNC`` as :func:`kv_async_for` on that ``cp.async`` path
     (so :func:`backward` reads K and V's alignment only where ``KV_ASYNC`` would run)."""
     f = {**default_features(), **(features or {})}
-    DP = 8 * ((d + 7) // 8)
+    DP = _plan.padded_headdim(d)
     f["WIDE"] = bool(forward_wide if f["WIDE"] is None else f["WIDE"]) and fa2_forward_tc.wide_ok(DP)
     if f["CP_ASYNC"] is None:
         f["CP_ASYNC"] = DP <= 64 or f["WIDE"]

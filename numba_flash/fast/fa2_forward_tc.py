@@ -176,7 +176,7 @@ def config_for(d: int, block_sizes=None, cp_async=None, causal: bool = False, se
     Br = 64 the block has ``Br / 16`` warps of one m16 tile, up to Br = 128 4 warps of two, above it 8 warps of
     ``MW = Br / 128``, so the defaults' ``(Br, Bc)`` give back their tilings).
     """
-    DP = 8 * ((d + 7) // 8)
+    DP = _plan.padded_headdim(d)
     if block_sizes is None:
         cp = cp_async_ok(d) if cp_async is None else cp_async
         if d > 64:
@@ -810,7 +810,7 @@ def wide_for(prob: Problem, *kv, features=None) -> bool:
     if takes_words(prob) or _ffma_fallback(prob):
         return False
     feats = {**default_features(), **(fa2_forward_half.register_path_if_unaligned(features, default_features(), *kv) or {})}
-    return wide_on(feats["WIDE"], 8 * ((prob.headdim + 7) // 8), _cp_async(prob.headdim, feats))
+    return wide_on(feats["WIDE"], _plan.padded_headdim(prob.headdim), _cp_async(prob.headdim, feats))
 
 
 def _cp_async(d: int, feats: dict) -> bool:
@@ -876,7 +876,7 @@ def _dsplit_runs(d: int, feats: dict) -> bool:
     (all keys present): only where the row-owning kernel would take ``WIDE`` (:func:`wide_on`, which the tiling does not
     change: it reads the padded head dim and the ``cp.async`` path)."""
     cp_async = _cp_async(d, feats)
-    return fa2_forward_tc_dsplit.dsplit_on(feats["DSPLIT"], wide_on(feats["WIDE"], 8 * ((d + 7) // 8), cp_async))
+    return fa2_forward_tc_dsplit.dsplit_on(feats["DSPLIT"], wide_on(feats["WIDE"], _plan.padded_headdim(d), cp_async))
 
 
 def plan(prob: Problem, block_sizes=None, config=None, features=None):
@@ -920,7 +920,7 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None):
 def _plan_dsplit(prob: Problem, block_sizes, feats: dict, cp_async: bool, sim: bool):
     """:func:`plan` for ``DSPLIT`` (:mod:`numba_flash.fast.fa2_forward_tc_dsplit`): its tiling ``(WM, MW, WN, Bc, DP)``
     of the head dim and ``block_sizes``, the same grid of query blocks, ``32 WM WN`` threads."""
-    WM, MW, WN, Bc, DP = tiling(prob, block_sizes, feats)
+    WM, MW, WN, Bc, DP = fa2_forward_tc_dsplit.tiling_for(prob.headdim, block_sizes)  # Dev: what tiling() gives here
     Br = 16 * MW * WM
     nbytes = 4 * fa2_forward_tc_dsplit.smem_floats(WM, MW, WN, Bc, DP, sim)
     _plan.check_sram(nbytes, Br, Bc, prob.headdim)

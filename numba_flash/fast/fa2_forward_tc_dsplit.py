@@ -73,7 +73,7 @@ def tiling_for(d: int, block_sizes=None) -> tuple:
 
     ``block_sizes=(Br, Bc)``: Br rounded up to 16, then ``WM = Br / 32`` warps of ``MW = 2`` (``WM`` at most 4, one warp of
     ``MW = 1`` for Br = 16); Bc rounded up to a multiple of ``8 WN``."""
-    DP = 8 * ((d + 7) // 8)
+    DP = _plan.padded_headdim(d)
     WM, WN, BC = DEFAULT_TILING
     MW = 2
     if block_sizes is not None:
