@@ -150,6 +150,10 @@
 #   warp_skip_ab the causal d = 128 forward's WARP_SKIP off and on, 30 interleaved rounds, twice, N 512 to 4k (the decision of
 #                2026-11-27 was timed one variant after the other; run 2026-11-28 at 484abb0 as this loop, then written here)
 #                -> OUTDIR/warp_skip_ab_d128_{1,2}.json/.log
+#   warp_skip_h200  WARP_SKIP off and on at the two causal d = 128 cells below SDPA (N 512 / 1k, both 4 x 2 x 16), 10
+#                back-to-back calls a timing, 15 timings interleaved with SDPA, twice -> OUTDIR/warp_skip_h200_{1,2}.json/.log
+#   suite_rest   the GPU suite's files that the cut runs at 50079fe did not reach (9 of tests/kernels) or reached last
+#                (test_torch_compile, test_traceability, test_tutorials), 12 workers -> OUTDIR/gpu_suite_rest.log
 #   ncu_split_kv Nsight Compute (--set full) of the d = 128 forward at N = 4k, b 4, h 16, with SPLIT_KV off and on, causal
 #                and not (the default tiling there, 8 x 2 x 16; bench.ncu's spec "features") -> OUTDIR/ncu_split_kv{0,1}_{causal,
 #                noncausal}_fwd_d128.txt: why it gains with causal and not without (the performance log's SPLIT_KV outcome)
@@ -448,6 +452,17 @@ for s in "${steps[@]}"; do
           --variants tc-ws0 tc-ws1 --repeats 30 --interleave --no-check $([ "$r" = 2 ] && echo --no-baselines) --out "$out/warp_skip_ab_d128_$r.json"
       done
       grep -h "^forward" "$out"/warp_skip_ab_d128_*.log ;;
+    warp_skip_h200)
+      fa2_rounds warp_skip_h200 150 --seqlens 512 1024 --headdims 128 --causal yes --variants tc-ws0 tc-ws1 \
+        --repeats 15 --calls 10 --interleave ;;
+    suite_rest)
+      step gpu_suite_rest.log timeout "${NUMBA_FLASH_SUITE_REST_S:-400}" python3 -m pytest -n "${NUMBA_FLASH_SUITE_WORKERS:-12}" -v -rfEX \
+        -p no:cacheprovider --durations=10 tests/kernels/test_fa2_kernels.py tests/kernels/test_half_ex2_ftz.py \
+        tests/kernels/test_half_red2.py tests/kernels/test_tf32_backward.py tests/kernels/test_tf32_backward_cp_async.py \
+        tests/kernels/test_tf32_backward_dq_unroll.py tests/kernels/test_tf32_backward_kv_async.py \
+        tests/kernels/test_tf32_backward_split_qdo.py tests/kernels/test_tf32_backward_wide.py tests/test_torch_compile.py \
+        tests/test_traceability.py tests/test_tutorials.py
+      tail -n 15 "$out/gpu_suite_rest.log" ;;
     split_qdo)
       step split_qdo_tests.txt timeout 240 python3 -m pytest -q -p no:cacheprovider -rfE -n 4 -m gpu tests/kernels/test_tf32_backward_split_qdo.py
       step split_qdo.log timeout 330 python3 -m bench.tf32_bwd_sweep --seqlens 1024 4096 16384 --headdims 128 \
