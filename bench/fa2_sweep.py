@@ -62,6 +62,9 @@ RESCALE_FMA = {f"tc-fma{int(a)}": (("tc", None), {"RESCALE_FMA": a}) for a in (F
 #: the row-owning default against the kernel whose warps share a block's keys (line 8) and O's columns (line 10): DSPLIT,
 #: numba_flash.fast.fa2_forward_tc_dsplit, 4 x 2 warps, Br 128, Bc 64 (2026-11-29; only with WIDE, the default above d = 64)
 DSPLIT = {f"tc-ds{int(a)}": (("tc", None), {"DSPLIT": a}) for a in (False, True)}
+#: the default tiling with line 10 as 8-key steps over all of O's tiles or with O's tiles outer and the steps inner, STAGE_O's
+#: bits without its staged registers (O_OUTER, 2026-11-29; not with SPLIT_KV, the 8 x 2 x 16 default where it fits)
+O_OUTER = {f"tc-oo{int(a)}": (("tc", None), {"O_OUTER": a}) for a in (False, True)}
 VARIANTS_D64 = {
     "readable": ("readable", {}),
     "fast": (None, {}),  # Br 128 x Bc 64, TM 8, 128 threads
@@ -157,6 +160,7 @@ VARIANTS_D128 = {
     **SPLIT_KV,
     **RESCALE_FMA,
     **DSPLIT,
+    **O_OUTER,
 }
 
 

@@ -221,7 +221,9 @@ def _kernel(name: str, d: int, causal: bool, tiling=None):
                                         o_step, wide,
                                         causal and bool(f["HEAVY_FIRST"]), _plan.async_on(f["Q_ASYNC"], cp_async),
                                         TC.warp_skip_on(f["WARP_SKIP"], causal, False, DP), TC.split_kv_on(f["SPLIT_KV"], wide, (NW, MW, BC)),
-                                        f["SPLIT_K"], TC.rescale_fma_on(f["RESCALE_FMA"], o_step, causal, (NW, MW, BC)))
+                                        f["SPLIT_K"], TC.rescale_fma_on(f["RESCALE_FMA"], o_step, causal, (NW, MW, BC)),
+                                        TC.o_outer_on(f["O_OUTER"], bool(f["STAGE_O"]),
+                                                      TC.split_kv_on(f["SPLIT_KV"], wide, (NW, MW, BC))))
     if name.startswith("fa2_forward_half_"):
         NW, MW, BC, DP, f, prefetch, cp_async = _forward_tiling(H, d, tiling)
         return H.fa2_forward_half_kernel(NW, MW, BC, DP, causal, False, prefetch, False, name.rsplit("_", 1)[1], cp_async,

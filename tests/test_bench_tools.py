@@ -270,6 +270,30 @@ def test_ratios_read_the_committed_grids(capsys):
     assert "## bfloat16 fwd+bwd: sdpa_mem_efficient time / flash2 time" in out and "cells below 1.0x" in out
 
 
+def test_ncu_source_sums_samples_by_reason_opcode_and_region(tmp_path):
+    """Nsight Compute's source page (a kernel line, the header, a row per SASS instruction): the samples by stall reason,
+    by opcode (predicate and modifiers dropped) and by region (consecutive rows that executed equally often)."""
+    import gzip
+
+    from bench import ncu_source
+
+    head = ["Address", "Source", ncu_source.SAMPLES, ncu_source.EXECUTED, "stall_wait", "stall_math", "stall_wait (Not Issued)"]
+    rows = [("00", "HMMA.1688.F32.TF32 R4, R8, R12, R4", 6, 8, 4, 2, 99), ("10", "@P0 FADD R1, R2, R3", 2, 8, 2, 0, 99),
+            ("20", "FADD R5, R1, R5", 1, 8, 0, 1, 99), ("30", "BRA 0x0", 1, 1, 1, 0, 99)]
+    text = "\n".join(['"Kernel Name","k(float*)"', ",".join(f'"{h}"' for h in head)]
+                     + [",".join(f'"{v:,}"' if isinstance(v, int) else f'"{v}"' for v in r) for r in rows])
+    path = tmp_path / "src.csv.gz"
+    with gzip.open(path, "wt") as fh:
+        fh.write(text)
+    got = ncu_source.summarize(ncu_source.read_rows(str(path)), min_share=0.2)
+    assert got["samples"] == 10 and got["executed"] == 25
+    assert got["reasons"] == [("wait", 0.7), ("math", 0.3)], "the (Not Issued) columns are not counted again"
+    assert [(op, s, e) for op, s, e, _ in got["opcodes"]] == [("HMMA", 0.6, 8 / 25), ("FADD", 0.3, 16 / 25), ("BRA", 0.1, 1 / 25)]
+    assert got["opcodes"][0][3] == [("wait", 4 / 6), ("math", 2 / 6)]
+    assert [r[:4] for r in got["regions"]] == [(0, 2, 8, 0.9)], "rows 0-2 ran 8 times each; the BRA's 10 % is below 0.2"
+    assert "HMMA" in ncu_source.report(got) and ncu_source.opcode("@!PT LDS RZ, [RZ]") == "LDS"
+
+
 @pytest.mark.parametrize("path", ["tests/benchmarks/test_bench_fa2.py", "tests/benchmarks/test_bench_half.py"])
 def test_a_grid_cells_implementations_run_back_to_back(path):
     """In the FA2 grids the implementation is the outermost parametrize decorator, the one pytest varies fastest: a

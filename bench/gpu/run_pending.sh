@@ -152,6 +152,10 @@
 #                -> OUTDIR/warp_skip_ab_d128_{1,2}.json/.log
 #   warp_skip_h200  WARP_SKIP off and on at the two causal d = 128 cells below SDPA (N 512 / 1k, both 4 x 2 x 16), 10
 #                back-to-back calls a timing, 15 timings interleaved with SDPA, twice -> OUTDIR/warp_skip_h200_{1,2}.json/.log
+#   o_outer      the 3xTF32 forward's O_OUTER (line 10 with O's tiles outer): its GPU tests, then off and on at N 512 / 1k,
+#                d = 64 and 128, causal and not (non-causal d = 128 is 8 x 2 x 16 with SPLIT_KV, where it does not apply: the
+#                two variants are one kernel there), 10 calls a timing, 15 timings interleaved with SDPA, twice
+#                -> OUTDIR/o_outer_tests.txt, o_outer_{1,2}.json/.log
 #   suite_rest   the GPU suite's files that the cut runs at 50079fe did not reach (9 of tests/kernels) or reached last
 #                (test_torch_compile, test_traceability, test_tutorials), 12 workers -> OUTDIR/gpu_suite_rest.log
 #   ncu_split_kv Nsight Compute (--set full) of the d = 128 forward at N = 4k, b 4, h 16, with SPLIT_KV off and on, causal
@@ -454,6 +458,11 @@ for s in "${steps[@]}"; do
       grep -h "^forward" "$out"/warp_skip_ab_d128_*.log ;;
     warp_skip_h200)
       fa2_rounds warp_skip_h200 150 --seqlens 512 1024 --headdims 128 --causal yes --variants tc-ws0 tc-ws1 \
+        --repeats 15 --calls 10 --interleave ;;
+    o_outer)
+      step o_outer_tests.txt timeout 240 python3 -m pytest -v -p no:cacheprovider -rfE --tb=short -n 8 tests/kernels/test_tc_o_outer.py
+      grep -E "FAILED|passed|failed" "$out/o_outer_tests.txt" | tail -n 8
+      fa2_rounds o_outer 170 --seqlens 512 1024 --headdims 64 128 --causal both --variants tc-oo0 tc-oo1 \
         --repeats 15 --calls 10 --interleave ;;
     suite_rest)
       step gpu_suite_rest.log timeout "${NUMBA_FLASH_SUITE_REST_S:-400}" python3 -m pytest -n "${NUMBA_FLASH_SUITE_WORKERS:-12}" -v -rfEX \

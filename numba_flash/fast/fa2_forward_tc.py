@@ -261,7 +261,7 @@ def cp_async_ok(d: int) -> bool:
 def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROPOUT: bool, PREFETCH: bool, SIM: bool, STAGE_S: bool = True, STAGE_O: bool = True,
                           CP_ASYNC: bool = False, STAGE_O_STEP: bool = False, WIDE: bool = False, HEAVY_FIRST: bool = False,
                           Q_ASYNC: bool = False, WARP_SKIP: bool = False, SPLIT_KV: bool = False, SPLIT_K: bool = True,
-                          RESCALE_FMA: bool = False):
+                          RESCALE_FMA: bool = False, O_OUTER: bool = False):
     """The 3xTF32 FA2 forward kernel for one specialization (see the module docstring).
 
     ``CP_ASYNC`` (d a multiple of 4): K_j, V_j go HBM -> SRAM by ``cp.async`` into two SRAM stages, the
@@ -280,6 +280,13 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
     FFMA ``O = e^(m_old - m_new) O + (P~ V_j)_0`` per element where ``STAGE_O_STEP`` multiplies O first and adds after
     (an FMUL and an FADD). 128 instructions fewer per warp and key block at d = 128, ``MW = 2``; one rounding fewer
     per key block, so other bits of O (L, m, l are line 9's and keep theirs).
+
+    ``O_OUTER`` (needs ``STAGE_O``, not ``SPLIT_KV``): line 10 with its loops interchanged, O's tiles outer and the key
+    block's 8-key steps inner. Each tile's ``P~ V_j`` runs through the block's steps into one zeroed accumulator, then
+    ``O = e^(m_old - m_new) O + (P~ V_j)`` once per element: ``STAGE_O``'s products, adds and bits, without its staged
+    ``rT`` (``MW d / 8`` registers), whose place takes ``P~``'s A fragments of every step of the block (``8 MW Bc / 8``
+    registers). Overrides ``STAGE_O_STEP`` and ``RESCALE_FMA``: at d = 128, ``MW = 2``, ``Bc = 16`` a warp and key block
+    executes 128 FFMA where ``STAGE_O_STEP`` takes 128 FMUL and 256 FADD (128 FFMA and 128 FADD with ``RESCALE_FMA``).
 
     ``WIDE`` (:func:`wide_ok`): every K, Q and V fragment comes from 16-byte SRAM loads, one for four floats where
     the default takes four 4-byte loads. The order of the terms of a dot product is free, so the kernel picks it:
@@ -355,6 +362,8 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
         raise ValueError("WARP_SKIP needs CAUSAL and a GPU (the simulator's mma exchanges through block barriers)")
     if SPLIT_KV and not WIDE:
         raise ValueError("SPLIT_KV needs WIDE (and so CP_ASYNC)")
+    if O_OUTER and (SPLIT_KV or not STAGE_O):
+        raise ValueError("O_OUTER needs STAGE_O and not SPLIT_KV")
     KS = SPLIT_KV and SPLIT_K  # K_j's parts from SRAM (else each warp splits what it loads)
     NT = 32 * NW
     BR = 16 * MW * NW
@@ -381,11 +390,18 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
     NO = MW * ND * 4  # registers of rO (and rT): MW x ND fragments
     NR = MW * 2  # query rows per lane (rows g and g + 8 of each m16 tile)
     NA = MW * 4  # registers of one A operand (4 per m16 tile), for its tf32 big and small parts
-    NT_ = NO if STAGE_O and not STAGE_O_STEP else 1  # registers of rT (the staged P~ V_j of a whole key block)
+    O_STEPS = not O_OUTER  # line 10 as 8-key steps over all of O's tiles (else O_OUTER: tiles outer, the steps inner)
+    STAGE_O_STEP = STAGE_O_STEP and O_STEPS
+    NT_ = NO if STAGE_O and not STAGE_O_STEP and O_STEPS else 1  # registers of rT (the staged P~ V_j of a whole key block)
     FMA_FIRST = STAGE_O_STEP and RESCALE_FMA  # line 10's rescale in the first 8-key step's add (RESCALE_FMA)
+    NPO = MW * NB * 4 if O_OUTER else 1  # O_OUTER: P~'s A fragments of every 8-key step of the block
+    NVO = 2 * NB if O_OUTER else 1  # O_OUTER: one O tile's B fragments of every 8-key step
+    OQ = (ND + 3) // 4  # O_OUTER: O's tiles in four loops of up to OQ; the loops' bounds (none without O_OUTER):
+    OB0, OB1, OB2, OB3, OB4 = (min(i * OQ, ND) if O_OUTER else 0 for i in range(5))
     NQW = MW * 8 if WIDE else 1  # WIDE: this lane's 4 columns of its 2 MW rows of Q_i for a pair of k steps
     NKW = NB * 4 if WIDE else 1  # WIDE: the same 4 columns of its key row of each 8-key tile of K_j
-    NVW = 2 * ND if WIDE else 1  # WIDE: V_j rows t, t + 4 at this lane's ND columns (an 8-key step's B fragments)
+    NVW = max(2 * ND, 8 * NB if O_OUTER else 0) if WIDE else 1  # WIDE: V_j rows t, t + 4 at this lane's ND columns (an
+    # 8-key step's B fragments); O_OUTER: at 4 of them, of every step
     NKS = NKW if KS else 1  # SPLIT_KV and SPLIT_K: rKw's values as big / small tf32 parts
     NVS = 8 if SPLIT_KV else 1  # SPLIT_KV: the 4 pairs of one group of 4 O tiles, big / small parts
     NEG_INF = float32(-math.inf)
@@ -442,6 +458,34 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
                 else:
                     rO[f + c] = acc[c]
 
+    @cuda.jit(device=True, inline="always")
+    def o_outer_tile(rO, rPb, rPs, rVw, rVob, rVos, dn, smem, vbase, t, g, ralpha, sx, wbase, lane):
+        """``O_OUTER``: O's column tile ``dn`` for the warp's MW m16 tiles, all the block's 8-key steps (P~'s A fragments of
+        every step in rPb/rPs): into one zeroed accumulator per m16 tile, then ``O = e^(m_old - m_new) O + (P~ V_j)``."""
+        if WIDE and dn % 4 == 0:  # V's rows 8 kt + t, + 4 at columns 32 a + 4 g .. + 3 of every step: tiles 4 a .. + 3
+            for kt in range(NB):
+                v0 = vbase + (U(8 * kt) + t) * uSV + U(4) * g + U(32 * (dn // 4))
+                for e in range(4):
+                    rVw[kt * 8 + e] = smem[v0 + U(e)]
+                    rVw[kt * 8 + 4 + e] = smem[v0 + U(4) * uSV + U(e)]
+        for kt in range(NB):  # b = (V[t, c], V[t+4, c]) of step kt, c this lane's column of tile dn
+            if WIDE:
+                x0, x1 = rVw[kt * 8 + dn % 4], rVw[kt * 8 + 4 + dn % 4]
+            else:
+                v0 = vbase + (U(8 * kt) + t) * uSV + U(8 * dn) + g
+                x0, x1 = smem[v0], smem[v0 + U(4) * uSV]
+            rVob[2 * kt], rVos[2 * kt] = split(x0)
+            rVob[2 * kt + 1], rVos[2 * kt + 1] = split(x1)
+        for mt in range(MW):
+            acc = (float32(0.0), float32(0.0), float32(0.0), float32(0.0))
+            for kt in range(NB):
+                q4 = (kt * MW + mt) * 4
+                acc = mma3((rPb[q4], rPb[q4 + 1], rPb[q4 + 2], rPb[q4 + 3]), (rPs[q4], rPs[q4 + 1], rPs[q4 + 2], rPs[q4 + 3]),
+                           (rVob[2 * kt], rVob[2 * kt + 1]), (rVos[2 * kt], rVos[2 * kt + 1]), acc, sx, wbase, lane)
+            f = (mt * ND + dn) * 4
+            for c in range(4):
+                rO[f + c] = rO[f + c] * ralpha[mt * 2 + c // 2] + acc[c]
+
     # [doc:fa2-tc-kernel]
     @cuda.jit(fastmath=False)
     def kernel(gQ, gK, gV, gO, gL, gm, gl, scale_log2, group, causal_offset, seed, threshold, dropout_scale):
@@ -465,6 +509,10 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
         rKs = cuda.local.array(NKS, uint32)  # SPLIT_KV and SPLIT_K: rKw as tf32 small parts
         rVb = cuda.local.array(NVS, uint32)  # SPLIT_KV: B-fragment pairs of V_j (big parts) for 4 O tiles
         rVs = cuda.local.array(NVS, uint32)  # SPLIT_KV: their small parts
+        rPb = cuda.local.array(NPO, uint32)  # O_OUTER: P~'s A fragments of the block's 8-key steps (tf32 big parts)
+        rPs = cuda.local.array(NPO, uint32)  # ... and small parts
+        rVob = cuda.local.array(NVO, uint32)  # O_OUTER: one O tile's B fragments of the block's steps (big parts)
+        rVos = cuda.local.array(NVO, uint32)  # ... and small parts
         rKn = cuda.local.array(RK, float32)  # K_j / K_{j+1} in flight (registers; register path)
         rVn = cuda.local.array(RK, float32)
 
@@ -620,15 +668,31 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
             else:
                 cuda.syncwarp(0xFFFFFFFF)  # Sync: P~ rows in SRAM before L10; written and read by the lanes of one warp only
             # FA2.1 L10: O_i = diag(e^(m_old - m_new)) O_i + P~ V_j (A = this warp's rows of P~, B = V_j)
-            if STAGE_O and not STAGE_O_STEP:
+            if STAGE_O and not STAGE_O_STEP and O_STEPS:
                 for a in range(NO):
                     rT[a] = float32(0.0)
-            elif not FMA_FIRST:  # Dev: RESCALE_FMA: the key block's first 8-key step rescales O (o_tile_step)
+            elif not FMA_FIRST and O_STEPS:  # Dev: RESCALE_FMA: the key block's first 8-key step rescales O (o_tile_step)
                 for mt in range(MW):
                     for dn in range(ND):
                         for c in range(4):
                             rO[(mt * ND + dn) * 4 + c] *= ralpha[mt * 2 + c // 2]
-            for kt in range(NB):  # 8 keys per step; a = (P[g, t], P[g+8, t], P[g, t+4], P[g+8, t+4])
+            for kt in range(NB if O_OUTER else 0):  # Dev: O_OUTER: P~'s A fragments of every 8-key step first
+                for mt in range(MW):
+                    p0 = OFF_P + (wrow + U(16 * mt) + g) * uSP + U(8 * kt) + t
+                    for c in range(4):
+                        q4 = (kt * MW + mt) * 4 + c
+                        rPb[q4], rPs[q4] = split(smem[p0 + U(8 * (c % 2)) * uSP + U(4 * (c // 2))])
+            # Dev: O_OUTER: O's tiles outer, the block's 8-key steps inner; four loops of ND / 4 tiles, each unrolled by
+            # itself (one loop over all ND kept rO in local memory: too long for the compiler's full unroll)
+            for dn in range(OB0, OB1):
+                o_outer_tile(rO, rPb, rPs, rVw, rVob, rVos, dn, smem, vbase, t, g, ralpha, sx, wbase, lane)
+            for dn in range(OB1, OB2):
+                o_outer_tile(rO, rPb, rPs, rVw, rVob, rVos, dn, smem, vbase, t, g, ralpha, sx, wbase, lane)
+            for dn in range(OB2, OB3):
+                o_outer_tile(rO, rPb, rPs, rVw, rVob, rVos, dn, smem, vbase, t, g, ralpha, sx, wbase, lane)
+            for dn in range(OB3, OB4):
+                o_outer_tile(rO, rPb, rPs, rVw, rVob, rVos, dn, smem, vbase, t, g, ralpha, sx, wbase, lane)
+            for kt in range(NB if O_STEPS else 0):  # 8 keys per step; a = (P[g, t], P[g+8, t], P[g, t+4], P[g+8, t+4])
                 for mt in range(MW):
                     p0 = OFF_P + (wrow + U(16 * mt) + g) * uSP + U(8 * kt) + t
                     for c in range(4):
@@ -657,7 +721,7 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
                     o_tile_step(rO, rT, rAb, rAs, dn, bb0, bb1, bs0, bs1, sx, wbase, lane, ralpha)
                 for r in range(NR if FMA_FIRST else 0):  # Dev: O is rescaled once, in the first 8-key step
                     ralpha[r] = float32(1.0)
-            if STAGE_O and not STAGE_O_STEP:  # Dev: O_i = e^(m_old - m_new) O_i + (P~ V_j), one IEEE float32 FMA per element
+            if STAGE_O and not STAGE_O_STEP and O_STEPS:  # Dev: O_i = e^(m_old - m_new) O_i + (P~ V_j), one IEEE float32 FMA per element
                 for mt in range(MW):
                     for dn in range(ND):
                         for c in range(4):
@@ -754,10 +818,13 @@ def default_features() -> dict:
     ``DSPLIT``: the kernel of :mod:`numba_flash.fast.fa2_forward_tc_dsplit` instead, whose warps share a block's keys (line 8)
     and O's columns (line 10) and exchange the row maxima and ``P~`` through SRAM; only where ``WIDE`` would run
     (:func:`~numba_flash.fast.fa2_forward_tc_dsplit.dsplit_on`). Off: on an H200 it ran 0.999-1.005x the default at causal
-    d = 128, N 512 / 1k, and 0.91-0.95x elsewhere (``docs/results/sweeps/dsplit_h200_50079fe_{1,2}.json``)."""
+    d = 128, N 512 / 1k, and 0.91-0.95x elsewhere (``docs/results/sweeps/dsplit_h200_50079fe_{1,2}.json``).
+    ``O_OUTER``: line 10 with O's tiles outer and the key block's 8-key steps inner (:func:`fa2_forward_tc_kernel`):
+    ``STAGE_O``'s bits without its staged registers; only with ``STAGE_O`` and without ``SPLIT_KV``
+    (:func:`o_outer_on`); None: off."""
     return {"PREFETCH": None, "STAGE_S": True, "STAGE_O": True, "CP_ASYNC": True, "STAGE_O_STEP": None, "WIDE": None,
             "HEAVY_FIRST": True, "Q_ASYNC": None, "WARP_SKIP": None, "SPLIT_KV": None, "SPLIT_K": True, "RESCALE_FMA": None,
-            "DSPLIT": False}
+            "DSPLIT": False, "O_OUTER": None}
 
 
 def warp_skip_on(feature, causal: bool, sim: bool, DP: int) -> bool:
@@ -844,6 +911,14 @@ def rescale_fma_on(feature, stage_o_step_on: bool, causal: bool = False, tiling=
     return causal and tiling is not None and tuple(tiling) == RESCALE_FMA_TILING
 
 
+def o_outer_on(feature, stage_o: bool, split_kv: bool) -> bool:
+    """``O_OUTER`` resolved: only with ``STAGE_O`` (whose bits it keeps) and without ``SPLIT_KV`` (whose V_j pairs it does
+    not read); there ``bool(feature)``, None: off."""
+    if not stage_o or split_kv:
+        return False
+    return bool(feature)
+
+
 def _ffma_fallback(prob: Problem, config=None) -> bool:
     """Whether this module runs the FFMA kernel for ``prob`` (head dims past :data:`TC_MAX_HEADDIM`)."""
     return config is None and prob.headdim > TC_MAX_HEADDIM and not takes_words(prob)
@@ -912,7 +987,8 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None):
                                    cp_async, o_step, wide, prob.causal and bool(feats["HEAVY_FIRST"]),
                                    _plan.async_on(feats["Q_ASYNC"], cp_async), warp_skip_on(feats["WARP_SKIP"], prob.causal, sim, DP),
                                    split_kv, split_k or not split_kv,
-                                   rescale_fma_on(feats["RESCALE_FMA"], o_step, prob.causal, (NW, MW, Bc)))
+                                   rescale_fma_on(feats["RESCALE_FMA"], o_step, prob.causal, (NW, MW, Bc)),
+                                   o_outer_on(feats["O_OUTER"], bool(feats["STAGE_O"]), split_kv))
     grid = bh_grid(ceil_div(prob.seqlen_q, Br), prob.batch * prob.nheads)
     return kernel, grid, 32 * NW, nbytes
 
