@@ -105,6 +105,7 @@ VARIANTS_D64 = {
     "tc-cp-perhead": (("tc", None), {"CP_ASYNC": True, "HEAVY_FIRST": False}),
     **Q_ASYNC,
     **WARP_SKIP,
+    **O_OUTER,
     **Q_BATCH,
 }
 VARIANTS_D128 = {
