@@ -821,7 +821,7 @@ def default_features() -> dict:
     d = 128, N 512 / 1k, and 0.91-0.95x elsewhere (``docs/results/sweeps/dsplit_h200_50079fe_{1,2}.json``).
     ``O_OUTER``: line 10 with O's tiles outer and the key block's 8-key steps inner (:func:`fa2_forward_tc_kernel`):
     ``STAGE_O``'s bits without its staged registers; only with ``STAGE_O`` and without ``SPLIT_KV``
-    (:func:`o_outer_on`); None: off."""
+    (:func:`o_outer_on`); None: off (:func:`o_outer_on` has the timings)."""
     return {"PREFETCH": None, "STAGE_S": True, "STAGE_O": True, "CP_ASYNC": True, "STAGE_O_STEP": None, "WIDE": None,
             "HEAVY_FIRST": True, "Q_ASYNC": None, "WARP_SKIP": None, "SPLIT_KV": None, "SPLIT_K": True, "RESCALE_FMA": None,
             "DSPLIT": False, "O_OUTER": None}
@@ -913,7 +913,10 @@ def rescale_fma_on(feature, stage_o_step_on: bool, causal: bool = False, tiling=
 
 def o_outer_on(feature, stage_o: bool, split_kv: bool) -> bool:
     """``O_OUTER`` resolved: only with ``STAGE_O`` (whose bits it keeps) and without ``SPLIT_KV`` (whose V_j pairs it does
-    not read); there ``bool(feature)``, None: off."""
+    not read); there ``bool(feature)``, None: off. H200, on against off, 10 calls a timing, two interleaved rounds: causal
+    d = 128 (4 x 2 x 16) N 512 1.016 / 1.025x, 1k 1.015 / 1.016x; the same kernel twice in those rounds (non-causal
+    d = 128, ``SPLIT_KV``) 1.004-1.009x; d = 64 0.995-1.016x (``docs/results/sweeps/o_outer_h200_96a3163_{1,2}.json``).
+    Under 1.02x in both rounds, so off."""
     if not stage_o or split_kv:
         return False
     return bool(feature)
