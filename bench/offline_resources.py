@@ -213,6 +213,7 @@ def _kernel(name: str, d: int, causal: bool, tiling=None):
     if name == "fa2_forward_tc":
         NW, MW, BC, DP, f, prefetch, cp_async = _forward_tiling(TC, d, tiling)
         o_step, wide = TC.stage_o_step(f["STAGE_O_STEP"], MW, DP), TC.wide_on(f["WIDE"], DP, cp_async)
+        split_kv = TC.split_kv_on(f["SPLIT_KV"], wide, (NW, MW, BC))
         if DS.dsplit_on(f["DSPLIT"], wide):  # Dev: DSPLIT (NUMBA_FLASH_OFFLINE_FEATURES): its own kernel at its default tiling
             WM, MW, WN, BC, DP = DS.tiling_for(d)
             return DS.fa2_forward_tc_dsplit_kernel(WM, MW, WN, BC, DP, causal, False, False, causal and bool(f["HEAVY_FIRST"]),
@@ -220,10 +221,9 @@ def _kernel(name: str, d: int, causal: bool, tiling=None):
         return TC.fa2_forward_tc_kernel(NW, MW, BC, DP, causal, False, prefetch, False, f["STAGE_S"], f["STAGE_O"], cp_async,
                                         o_step, wide,
                                         causal and bool(f["HEAVY_FIRST"]), _plan.async_on(f["Q_ASYNC"], cp_async),
-                                        TC.warp_skip_on(f["WARP_SKIP"], causal, False, DP), TC.split_kv_on(f["SPLIT_KV"], wide, (NW, MW, BC)),
+                                        TC.warp_skip_on(f["WARP_SKIP"], causal, False, DP), split_kv,
                                         f["SPLIT_K"], TC.rescale_fma_on(f["RESCALE_FMA"], o_step, causal, (NW, MW, BC)),
-                                        TC.o_outer_on(f["O_OUTER"], bool(f["STAGE_O"]),
-                                                      TC.split_kv_on(f["SPLIT_KV"], wide, (NW, MW, BC))))
+                                        TC.o_outer_on(f["O_OUTER"], bool(f["STAGE_O"]), split_kv))
     if name.startswith("fa2_forward_half_"):
         NW, MW, BC, DP, f, prefetch, cp_async = _forward_tiling(H, d, tiling)
         return H.fa2_forward_half_kernel(NW, MW, BC, DP, causal, False, prefetch, False, name.rsplit("_", 1)[1], cp_async,

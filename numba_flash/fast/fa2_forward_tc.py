@@ -392,7 +392,8 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
     NA = MW * 4  # registers of one A operand (4 per m16 tile), for its tf32 big and small parts
     O_STEPS = not O_OUTER  # line 10 as 8-key steps over all of O's tiles (else O_OUTER: tiles outer, the steps inner)
     STAGE_O_STEP = STAGE_O_STEP and O_STEPS
-    NT_ = NO if STAGE_O and not STAGE_O_STEP and O_STEPS else 1  # registers of rT (the staged P~ V_j of a whole key block)
+    STAGED_RT = STAGE_O and not STAGE_O_STEP and O_STEPS  # STAGE_O's path: the block's P~ V_j staged in rT
+    NT_ = NO if STAGED_RT else 1  # registers of rT (the staged P~ V_j of a whole key block)
     FMA_FIRST = STAGE_O_STEP and RESCALE_FMA  # line 10's rescale in the first 8-key step's add (RESCALE_FMA)
     NPO = MW * NB * 4 if O_OUTER else 1  # O_OUTER: P~'s A fragments of every 8-key step of the block
     NVO = 2 * NB if O_OUTER else 1  # O_OUTER: one O tile's B fragments of every 8-key step
@@ -457,6 +458,15 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
                     rT[f + c] = acc[c]
                 else:
                     rO[f + c] = acc[c]
+
+    @cuda.jit(device=True, inline="always")
+    def split_p_step(smem, rXb, rXs, base, kt, wrow, g, t):
+        """P~'s A fragments of 8-key step ``kt`` for the warp's MW m16 tiles, split into tf32 parts at ``rXb[base ..]``,
+        ``rXs[base ..]`` (4 a tile): ``a = (P[g, t], P[g+8, t], P[g, t+4], P[g+8, t+4])``."""
+        for mt in range(MW):
+            p0 = OFF_P + (wrow + U(16 * mt) + g) * uSP + U(8 * kt) + t
+            for c in range(4):
+                rXb[base + mt * 4 + c], rXs[base + mt * 4 + c] = split(smem[p0 + U(8 * (c % 2)) * uSP + U(4 * (c // 2))])
 
     @cuda.jit(device=True, inline="always")
     def o_outer_tile(rO, rPb, rPs, rVw, rVob, rVos, dn, smem, vbase, t, g, ralpha, sx, wbase, lane):
@@ -668,7 +678,7 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
             else:
                 cuda.syncwarp(0xFFFFFFFF)  # Sync: P~ rows in SRAM before L10; written and read by the lanes of one warp only
             # FA2.1 L10: O_i = diag(e^(m_old - m_new)) O_i + P~ V_j (A = this warp's rows of P~, B = V_j)
-            if STAGE_O and not STAGE_O_STEP and O_STEPS:
+            if STAGED_RT:
                 for a in range(NO):
                     rT[a] = float32(0.0)
             elif not FMA_FIRST and O_STEPS:  # Dev: RESCALE_FMA: the key block's first 8-key step rescales O (o_tile_step)
@@ -677,11 +687,7 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
                         for c in range(4):
                             rO[(mt * ND + dn) * 4 + c] *= ralpha[mt * 2 + c // 2]
             for kt in range(NB if O_OUTER else 0):  # Dev: O_OUTER: P~'s A fragments of every 8-key step first
-                for mt in range(MW):
-                    p0 = OFF_P + (wrow + U(16 * mt) + g) * uSP + U(8 * kt) + t
-                    for c in range(4):
-                        q4 = (kt * MW + mt) * 4 + c
-                        rPb[q4], rPs[q4] = split(smem[p0 + U(8 * (c % 2)) * uSP + U(4 * (c // 2))])
+                split_p_step(smem, rPb, rPs, kt * MW * 4, kt, wrow, g, t)
             # Dev: O_OUTER: O's tiles outer, the block's 8-key steps inner; four loops of ND / 4 tiles, each unrolled by
             # itself (one loop over all ND kept rO in local memory: too long for the compiler's full unroll)
             for dn in range(OB0, OB1):
@@ -693,10 +699,7 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
             for dn in range(OB3, OB4):
                 o_outer_tile(rO, rPb, rPs, rVw, rVob, rVos, dn, smem, vbase, t, g, ralpha, sx, wbase, lane)
             for kt in range(NB if O_STEPS else 0):  # 8 keys per step; a = (P[g, t], P[g+8, t], P[g, t+4], P[g+8, t+4])
-                for mt in range(MW):
-                    p0 = OFF_P + (wrow + U(16 * mt) + g) * uSP + U(8 * kt) + t
-                    for c in range(4):
-                        rAb[mt * 4 + c], rAs[mt * 4 + c] = split(smem[p0 + U(8 * (c % 2)) * uSP + U(4 * (c // 2))])
+                split_p_step(smem, rAb, rAs, 0, kt, wrow, g, t)
                 if WIDE and not SPLIT_KV:  # Dev: tile dn = 4 a + e's column g is O's column 32 a + 4 g + e: V's rows t, t + 4 by 16-byte loads
                     v0 = vbase + (U(8 * kt) + t) * uSV + U(4) * g
                     for e in range(ND):
@@ -721,7 +724,7 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
                     o_tile_step(rO, rT, rAb, rAs, dn, bb0, bb1, bs0, bs1, sx, wbase, lane, ralpha)
                 for r in range(NR if FMA_FIRST else 0):  # Dev: O is rescaled once, in the first 8-key step
                     ralpha[r] = float32(1.0)
-            if STAGE_O and not STAGE_O_STEP and O_STEPS:  # Dev: O_i = e^(m_old - m_new) O_i + (P~ V_j), one IEEE float32 FMA per element
+            if STAGED_RT:  # Dev: O_i = e^(m_old - m_new) O_i + (P~ V_j), one IEEE float32 FMA per element
                 for mt in range(MW):
                     for dn in range(ND):
                         for c in range(4):
