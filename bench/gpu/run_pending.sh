@@ -225,6 +225,10 @@
 #                (b 32, h 16): warp-state samples and executed instructions per SASS instruction, to place the kernel's
 #                waits (SourceCounters, WarpStateStats, SchedulerStats) -> OUTDIR/ncu_src_causal_fwd_d128_n512.csv (the
 #                source page, SASS), .txt (the sections), _meta.json
+#   dsplit_nan   the GPU mutation check of DSPLIT's two NaN passes over K_j and V_j (fa2_forward_tc_dsplit): its NaN test
+#                as it is (must pass), then with quiet_k's call taken out and with quiet_v's (each must fail: on a GPU the
+#                3xTF32 split wraps the canonical NaN 0x7fffffff to -0.0 where the pass missed it; the simulator's keeps it)
+#                -> OUTDIR/dsplit_nan_tests.txt, dsplit_nan_mutant_k.txt, dsplit_nan_mutant_v.txt
 #   nan_reach    where a NaN in Q goes in the 3xTF32 backward, build by build (bench/nan_reach.py) -> OUTDIR/nan_reach.txt
 #   half_bwd_cp  the half backward's tilings with and without cp.async for Q_i, dO_i (half_sweep --backward; the log's
 #                section "FA2 backward in fp16 / bf16: cp.async for Q_i, dO_i") -> OUTDIR/half_bwd_cp.json/.log
@@ -696,6 +700,19 @@ for s in "${steps[@]}"; do
         tests/test_edge_values.py tests/kernels/test_tf32_backward_split_qdo.py'
       cp "$out/_mma.py.orig" numba_flash/fast/_mma.py && rm "$out/_mma.py.orig"
       grep -E "FAILED|passed|failed" "$out/nan_split_mutant.txt" | tail -n 8 ;;
+    dsplit_nan)
+      local_test=(python3 -m pytest -v -p no:cacheprovider -rfE --tb=line -k dsplit_nans tests/kernels/test_tc_forward_dsplit.py)
+      step dsplit_nan_tests.txt timeout 150 "${local_test[@]}"
+      src=numba_flash/fast/fa2_forward_tc_dsplit.py
+      cp "$src" "$out/dsplit.py.orig"
+      for part in k v; do  # Dev: each mutant drops one pass's call; the NaN test must fail
+        sed -i "s/^\( *\)quiet_${part}(smem, /\1pass  # mutant: quiet_${part}(smem, /" "$src"
+        grep -q "mutant: quiet_${part}(smem, " "$src" || { echo "run_pending: mutant $part not applied" >&2; rc=1; }
+        step "dsplit_nan_mutant_${part}.txt" timeout 150 bash -c '! "$@"' _ "${local_test[@]}"
+        cp "$out/dsplit.py.orig" "$src"
+      done
+      rm "$out/dsplit.py.orig"
+      grep -hE "FAILED|passed|failed" "$out"/dsplit_nan_*.txt | tail -n 12 ;;
     rescale_fma)
       step rescale_fma_tests.txt timeout 300 python3 -m pytest -v -p no:cacheprovider -rfE --tb=short -n 8 \
         tests/kernels/test_tc_rescale_fma.py tests/kernels/test_tc_stage_o_step.py
