@@ -387,3 +387,26 @@ def test_ncu_sdpa_case_runs_sdpa_forward_and_refuses_a_backward():
         ncu.sdpa_forward(spec)
     with pytest.raises(ValueError, match="only the forward pass"):
         ncu.run_child(spec)  # Dev: not flash_attn_func's path, which takes no algorithm named so
+
+
+def test_suite_account_names_the_collected_tests_no_log_reports(tmp_path, capsys):
+    """pytest -v lines with and without pytest-xdist (ids with spaces, a trailing blank), a test rerun in a later log
+    (its last report counts), a collected test that no log reports and one reported but not collected."""
+    from bench import suite_account
+
+    a = tmp_path / "a.log"
+    a.write_text("tests/x.py::t[a b] \n[gw3] [ 42%] PASSED tests/x.py::t[a b] \n[gw1] [ 50%] FAILED tests/x.py::u \n"
+                 "tests/y.py::v SKIPPED (why)                     [ 60%]\n")
+    b = tmp_path / "b.log"
+    b.write_text("tests/x.py::u PASSED                            [100%]\ntests/z.py::w XFAIL  [ 99%]")
+    got = suite_account.account(suite_account.outcomes(a.read_text().splitlines()))
+    assert got["counts"] == {"PASSED": 1, "FAILED": 1, "SKIPPED": 1} and got["failed"] == ["tests/x.py::u"]
+    coll = tmp_path / "c.txt"
+    coll.write_text("tests/x.py::t[a b]\ntests/x.py::u\ntests/y.py::v\ntests/q.py::never\n\n4 tests collected in 0.1s\n")
+    assert suite_account.main([str(a), str(b), "--collected", str(coll)]) == 1
+    out = capsys.readouterr().out
+    assert "reported: 4 tests in 2 logs: 2 passed, 1 skipped, 1 xfail" in out and "  failed:" not in out, "the rerun wins"
+    assert "collected: 4; no outcome in any log: 1; reported but not collected: 1" in out
+    assert "  unrun: tests/q.py::never\n" in out and "  not collected: tests/z.py::w\n" in out
+    coll.write_text("tests/x.py::t[a b]\ntests/x.py::u\ntests/y.py::v\ntests/z.py::w\n")
+    assert suite_account.main([str(a), str(b), "--collected", str(coll)]) == 0
