@@ -42,8 +42,8 @@ def outcomes(lines) -> dict:
 
 
 def account(reported: dict, collected=None) -> dict:
-    """Counts by final outcome (a test's last report), the failed ids, and, given the ``collected`` ids, those no log
-    reports and those reported but not collected."""
+    """Counts by final outcome (a test's last report), the failed ids (FAILED, ERROR, and XPASS: an expected failure
+    that passed), and, given the ``collected`` ids, those no log reports and those reported but not collected."""
     final = {k: v[-1] for k, v in reported.items()}
     out = {"counts": Counter(final.values()), "failed": sorted(k for k, v in final.items() if v in ("FAILED", "ERROR", "XPASS"))}
     if collected is not None:
