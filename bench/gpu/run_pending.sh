@@ -252,6 +252,20 @@ step() {  # step FILE COMMAND...: run, log to OUTDIR/FILE, note a failure and go
   echo "+ $*" | tee "$out/$name"
   "$@" >> "$out/$name" 2>&1 || { echo "run_pending: '$*' failed (see $name)" >&2; rc=1; }
 }
+mutant() {  # mutant FILE SED_EXPR LOG TIMEOUT COMMAND...: a GPU mutation check: FILE edited by SED_EXPR (unchanged: noted
+  # as a failure), COMMAND under TIMEOUT must fail (logged to OUTDIR/LOG by step), then FILE restored
+  local file="$1" expr="$2" log="$3" limit="$4"
+  shift 4
+  cp "$file" "$out/mutant.orig"
+  sed -i "$expr" "$file"
+  if cmp -s "$file" "$out/mutant.orig"; then
+    echo "run_pending: mutant '$expr' not applied to $file" >&2
+    rc=1
+  else
+    step "$log" timeout "$limit" bash -c '! "$@"' _ "$@"
+  fi
+  cp "$out/mutant.orig" "$file" && rm "$out/mutant.orig"
+}
 ncu_found() {  # ncu_found: set ncu_bin to Nsight Compute's path (bench.ncu.find_ncu); none: note the failure, return 1
   ncu_bin="$(python3 -c 'from bench.ncu import find_ncu; print(find_ncu() or "")')"
   [ -n "$ncu_bin" ] || { echo "run_pending: no ncu" >&2; rc=1; return 1; }
@@ -693,25 +707,18 @@ for s in "${steps[@]}"; do
       step nan_reach.txt timeout 150 python3 -m bench.nan_reach
       grep -v -i warn "$out/nan_reach.txt" | tail -n 30
       # the GPU mutation check: the clamp taken out of the NaN-keeping split, its three tests must fail
-      cp numba_flash/fast/_mma.py "$out/_mma.py.orig"
-      sed -i 's/clamp = "min.s32 r, r, 2147479551; " if keep_nan else ""/clamp = ""/' numba_flash/fast/_mma.py
-      step nan_split_mutant.txt timeout 200 bash -c '! python3 -m pytest -q -p no:cacheprovider -rfE --tb=no -n 8 -k \
+      mutant numba_flash/fast/_mma.py 's/clamp = "min.s32 r, r, 2147479551; " if keep_nan else ""/clamp = ""/' \
+        nan_split_mutant.txt 200 python3 -m pytest -q -p no:cacheprovider -rfE --tb=no -n 8 -k \
         "keeping_split or nan_in_one_query_row_makes_that_row_of_dq or nans_in_q_and_do" tests/kernels/test_mma.py \
-        tests/test_edge_values.py tests/kernels/test_tf32_backward_split_qdo.py'
-      cp "$out/_mma.py.orig" numba_flash/fast/_mma.py && rm "$out/_mma.py.orig"
+        tests/test_edge_values.py tests/kernels/test_tf32_backward_split_qdo.py
       grep -E "FAILED|passed|failed" "$out/nan_split_mutant.txt" | tail -n 8 ;;
     dsplit_nan)
       local_test=(python3 -m pytest -v -p no:cacheprovider -rfE --tb=line -k dsplit_nans tests/kernels/test_tc_forward_dsplit.py)
       step dsplit_nan_tests.txt timeout 150 "${local_test[@]}"
-      src=numba_flash/fast/fa2_forward_tc_dsplit.py
-      cp "$src" "$out/dsplit.py.orig"
       for part in k v; do  # Dev: each mutant drops one pass's call; the NaN test must fail
-        sed -i "s/^\( *\)quiet_${part}(smem, /\1pass  # mutant: quiet_${part}(smem, /" "$src"
-        grep -q "mutant: quiet_${part}(smem, " "$src" || { echo "run_pending: mutant $part not applied" >&2; rc=1; }
-        step "dsplit_nan_mutant_${part}.txt" timeout 150 bash -c '! "$@"' _ "${local_test[@]}"
-        cp "$out/dsplit.py.orig" "$src"
+        mutant numba_flash/fast/fa2_forward_tc_dsplit.py "s/^\( *\)quiet_${part}(smem, /\1pass  # mutant: quiet_${part}(smem, /" \
+          "dsplit_nan_mutant_${part}.txt" 150 "${local_test[@]}"
       done
-      rm "$out/dsplit.py.orig"
       grep -hE "FAILED|passed|failed" "$out"/dsplit_nan_*.txt | tail -n 12 ;;
     rescale_fma)
       step rescale_fma_tests.txt timeout 300 python3 -m pytest -v -p no:cacheprovider -rfE --tb=short -n 8 \
