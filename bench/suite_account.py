@@ -53,6 +53,13 @@ def account(reported: dict, collected=None) -> dict:
     return out
 
 
+def _lines(paths):
+    """The lines of the files ``paths``, one file after another."""
+    for path in paths:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            yield from fh
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("logs", nargs="+", help="pytest -v logs, in the order they ran (a later report of a test wins)")
@@ -62,11 +69,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
-    reported: dict = {}
-    for path in args.logs:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            for k, v in outcomes(fh).items():
-                reported.setdefault(k, []).extend(v)
+    reported = outcomes(_lines(args.logs))
     collected = None
     if args.collected:
         collected = []
