@@ -12,11 +12,11 @@ Run each tool as a module from the repository root (the root is then on ``sys.pa
 ``bench/README.md`` says what each tool is and maps every measured row of the fast kernels'
 "What it bought" tables to the command that reproduces it; ``bench/gpu/`` holds the shell scripts
 for a GPU machine (environment, whole suite, committed benchmarks). The pytest-benchmark suites stay
-in ``tests/benchmarks/`` and share :mod:`bench._utils` (timing, FLOP counts, provenance) with these
-tools.
+in ``tests/benchmarks/`` and share :mod:`bench.common` with these tools.
 
-* :mod:`bench.common`: provenance, timing, the kernel calls each (algorithm, variant) makes, the tiles
-  they use and the IO model's count for them.
+* :mod:`bench.common`: the one helper module: provenance, inputs, timing, FLOP counts, memory, the
+  torch baselines, the kernel calls each (algorithm, variant) makes, the tiles they use and the IO
+  model's count for them.
 * :mod:`bench.ncu`: running one measured call under ``ncu`` and summing the DRAM bytes of every
   kernel launched inside its NVTX range.
 * :mod:`bench.measure_io`: the ``io --measure`` command.

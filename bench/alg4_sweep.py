@@ -12,7 +12,8 @@ and times, in the same process, the other pieces of a training step: the readabl
 standard forward and backward, and torch's naive attention and SDPA memory-efficient (fp32) forward +
 backward. Prints a table and writes it as JSON (``--json``). The committed benchmark is
 ``tests/benchmarks/test_bench_backward.py``; this is the block-size sweep behind the readable
-kernel's defaults (llm.c style). Its committed output: ``docs/results/sweeps/alg4_sweep_h200.log``.
+kernel's defaults (llm.c style). Its output of one H200 run was ``docs/results/sweeps/alg4_sweep_h200.log``, last in
+the tree at e0e5a9b (``git show e0e5a9b:docs/results/sweeps/alg4_sweep_h200.log``).
 
 Run on a GPU machine, from the repository root::
 
@@ -29,10 +30,11 @@ import json
 import sys
 import time
 
-from numba_flash import _inspect, alg0_standard, alg1_forward, alg3_backward, alg4_backward
+from numba_flash import alg0_standard, alg1_forward, alg3_backward, alg4_backward
 from numba_flash._launch import STATIC_SMEM_BYTES, Allocator, check_attention_args
+from numba_flash.runtime import resources as _inspect
 
-from bench import _utils as bu
+from bench import common as bu
 
 #: (Br, Bc, threads) candidates of the readable Algorithm 4 kernel per head dimension.
 D64 = [(32, 32, 256), (16, 48, 256), (32, 32, 512)]

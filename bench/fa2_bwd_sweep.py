@@ -37,12 +37,13 @@ import sys
 import time
 import traceback
 
-from numba_flash import _inspect, fa2_backward
+from numba_flash import fa2_backward
 from numba_flash._launch import Allocator, check_attention_args, poison_outputs
 from numba_flash.fast import fa2_backward as fa2_backward_fast
 from numba_flash.fast import fa2_forward as fa2_forward_fast
+from numba_flash.runtime import resources as _inspect
 
-from bench import _utils as bu
+from bench import common as bu
 
 # Names describe today's code: in run B1 the d <= 64 default was 64 x 64, so B1's "fast", "fast-det",
 # "fast-r128" are "fast-64x64", "fast-64x64-det", "fast-64x64-r128" here, and B1's "fast-Bc128" is
@@ -195,7 +196,7 @@ def check(variants, d, log):
 
 def time_backward(variants, n, d, causals, repeats, sgemm, rows, log, interleave=False):
     """Time each variant's backward at ``n`` (the causal rows for :data:`CAUSAL_TOO`); append the rows. ``interleave``: all
-    of one mask's variants in rounds of one call each (:func:`bench._utils.cuda_time_ms_interleaved`), not one after
+    of one mask's variants in rounds of one call each (:func:`bench.common.cuda_time_ms_interleaved`), not one after
     another (where a variant's place in the list weighed on its time: ``docs/notes/performance-log.md``, ``SPLIT_KV``)."""
     import torch
 

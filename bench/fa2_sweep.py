@@ -1,7 +1,7 @@
 """FA2 forward variant sweep for one GPU call: build, check and time kernel variants and sizes, print a table.
 
 For each variant of the FA2 forward (the readable kernel, tilings / features of the fast FFMA kernel
-:mod:`numba_flash.fast.fa2_forward` and of the tensor-core kernel :mod:`numba_flash.fast.fa2_forward_tc`)
+:mod:`numba_flash.fast.fa2_forward` and of the tensor-core kernel :mod:`numba_flash.tensorcore.fa2_forward_tf32`)
 it
 
 1. checks correctness on a few ragged shapes against torch float64 (the error rule: at most 2x the
@@ -19,8 +19,8 @@ Run on a GPU machine from the repository root::
 
 The JSON holds every row plus provenance; the table printed last is the summary. ``--dry-run``
 lists each variant's tiling, threads and shared memory without running anything (works in the
-simulator). The committed sweeps are ``docs/results/sweeps/fa2_sweep_h200_*.json`` and
-``sweep_tc*_h200.json``; ``bench/README.md`` says which variant produced which documented number.
+simulator). The sweeps behind the defaults were ``docs/results/sweeps/fa2_sweep_h200_*.json`` and
+``sweep_tc*_h200.json``, last in the tree at e0e5a9b; ``bench/README.md`` says which variant produced which documented number.
 """
 
 from __future__ import annotations
@@ -33,16 +33,17 @@ import sys
 import time
 import traceback
 
-from numba_flash import _inspect, fa2_forward
+from numba_flash import fa2_forward
 from numba_flash._launch import Allocator, check_attention_args, poison_outputs
 from numba_flash.fast import fa2_forward as fa2_forward_fast
-from numba_flash.fast import fa2_forward_tc
+from numba_flash.runtime import resources as _inspect
+from numba_flash.tensorcore import fa2_forward_tf32
 
 import numpy as np
 
-from bench import _utils as bu
+from bench import common as bu
 
-# Variant names describe today's code: the defaults changed between the committed sweeps, and a
+# Variant names describe today's code: the defaults changed between the sweeps (last in the tree at e0e5a9b), and a
 # name there meant "the default at the time" (e.g. ``fast`` was 64 x 64 in fa2_sweep_h200_run1/2.json,
 # ``tc`` staged only O in sweep_tc2_h200.json). bench/README.md maps those rows to the names below.
 #: name -> (config (NT, TM, TPR, Bc) or None for the default / "readable", features)
@@ -59,12 +60,6 @@ SPLIT_KV["tc-skv1-v"] = (("tc", None), {"SPLIT_KV": True, "SPLIT_K": False})
 #: the default tiling with line 10's rescale of O as its own FMUL or in the first 8-key step's add, one FFMA (RESCALE_FMA,
 #: 2026-11-28; it acts only where STAGE_O_STEP is on: MW = 2 at d > 64)
 RESCALE_FMA = {f"tc-fma{int(a)}": (("tc", None), {"RESCALE_FMA": a}) for a in (False, True)}
-#: the row-owning default against the kernel whose warps share a block's keys (line 8) and O's columns (line 10): DSPLIT,
-#: numba_flash.fast.fa2_forward_tc_dsplit, 4 x 2 warps, Br 128, Bc 64 (2026-11-29; only with WIDE, the default above d = 64)
-DSPLIT = {f"tc-ds{int(a)}": (("tc", None), {"DSPLIT": a}) for a in (False, True)}
-#: the default tiling with line 10 as 8-key steps over all of O's tiles or with O's tiles outer and the steps inner, STAGE_O's
-#: bits without its staged registers (O_OUTER, 2026-11-29; not with SPLIT_KV, the 8 x 2 x 16 default where it fits)
-O_OUTER = {f"tc-oo{int(a)}": (("tc", None), {"O_OUTER": a}) for a in (False, True)}
 VARIANTS_D64 = {
     "readable": ("readable", {}),
     "fast": (None, {}),  # Br 128 x Bc 64, TM 8, 128 threads
@@ -82,7 +77,7 @@ VARIANTS_D64 = {
     "fast-nt128-r168": ((128, 4, 8, 64), {"MAXREG": 168}),
     "fast-Br128-Bc32-r128": ((256, 4, 8, 32), {"MAXREG": 128}),
     "fast-TM8-Br128": ((128, 8, 8, 64), {}),
-    # tensor cores (3xTF32, numba_flash.fast.fa2_forward_tc): ("tc", (NW, MW, Bc)) or ("tc", None) = its default
+    # tensor cores (3xTF32, numba_flash.tensorcore.fa2_forward_tf32): ("tc", (NW, MW, Bc)) or ("tc", None) = its default
     "tc": (("tc", None), {}),  # S and O staged (the default; "tc-stageS" of sweep_tc2)
     "tc-stageO": (("tc", None), {"STAGE_S": False}),  # O staged only ("tc" of sweep_tc2)
     "tc-unstaged": (("tc", None), {"STAGE_S": False, "STAGE_O": False}),  # accumulate in the mma ("tc-nostageO" of sweep_tc2)
@@ -105,7 +100,6 @@ VARIANTS_D64 = {
     "tc-cp-perhead": (("tc", None), {"CP_ASYNC": True, "HEAVY_FIRST": False}),
     **Q_ASYNC,
     **WARP_SKIP,
-    **O_OUTER,
     **Q_BATCH,
 }
 VARIANTS_D128 = {
@@ -160,8 +154,6 @@ VARIANTS_D128 = {
     **Q_BATCH,
     **SPLIT_KV,
     **RESCALE_FMA,
-    **DSPLIT,
-    **O_OUTER,
 }
 
 
@@ -170,7 +162,7 @@ def _is_tc(cfg):
 
 
 def _tc_config(cfg, d):
-    return None if cfg[1] is None else (*cfg[1], fa2_forward_tc.config_for(d)[3])
+    return None if cfg[1] is None else (*cfg[1], fa2_forward_tf32.config_for(d)[3])
 
 
 def _config(cfg, d):
@@ -189,8 +181,8 @@ def plan_variant(cfg, feats, prob):
         return launch.dispatcher, f"{Br}x{Bc}", launch.threads, 0
     if _is_tc(cfg):
         config = _tc_config(cfg, d)
-        kernel, grid, NT, nbytes = fa2_forward_tc.plan(prob, config=config, features=feats)
-        t = config or fa2_forward_tc.tiling(prob, None, feats)  # (NW, MW, Bc, DP), or DSPLIT's (WM, MW, WN, Bc, DP)
+        kernel, grid, NT, nbytes = fa2_forward_tf32.plan(prob, config=config, features=feats)
+        t = config or fa2_forward_tf32.tiling(prob, None, feats)  # (NW, MW, Bc, DP)
         return kernel, f"{16 * t[1] * t[0]}x{t[-2]}", NT, nbytes
     kernel, grid, NT, nbytes = fa2_forward_fast.plan(prob, config=_config(cfg, d), features=feats)
     c = _config(cfg, d) or fa2_forward_fast.config_for(d)
@@ -205,7 +197,7 @@ def run_variant(name, cfg, feats, q, k, v, causal=False, dropout_p=0.0, seed=0):
     if cfg == "readable":
         fwd = fa2_forward.forward(kq, kk, kv, prob, alloc)
     elif _is_tc(cfg):
-        fwd = fa2_forward_tc.forward(kq, kk, kv, prob, alloc, config=_tc_config(cfg, prob.headdim), features=feats)
+        fwd = fa2_forward_tf32.forward(kq, kk, kv, prob, alloc, config=_tc_config(cfg, prob.headdim), features=feats)
     else:
         fwd = fa2_forward_fast.forward(kq, kk, kv, prob, alloc, config=_config(cfg, prob.headdim), features=feats)
     return alloc.result(fwd.out), alloc.result(fwd.lse)
@@ -317,7 +309,7 @@ def time_forward(variants, seqlens, d, causals, repeats, sgemm, rows, log, basel
 
 def _time_forward_one(variants, q, k, v, causal, repeats, sgemm, rows, log, baselines, interleave=False, calls=1):
     """Time every variant (and the torch baselines) on one input and one mask; append the rows. ``interleave``: in
-    rounds (:func:`bench._utils.cuda_time_ms_interleaved`) instead of one after another. ``calls``: each timing spans
+    rounds (:func:`bench.common.cuda_time_ms_interleaved`) instead of one after another. ``calls``: each timing spans
     that many back-to-back calls (the kernels' time, the host's work hidden behind the queue; 1: one call, host work
     included)."""
     import torch

@@ -64,22 +64,24 @@ class Runner:
         self.tiny = tiny
         self.repeats = 1 if tiny else repeats
         self.warmup = 0 if tiny else 2  # the simulator compiles nothing
-        self.ncu = ncu_mod.find_ncu() if (use_ncu and not tiny and common.on_gpu()) else None
+        self.ncu = ncu_mod.find_ncu() if (use_ncu and not tiny and common.ON_GPU) else None
         self.why_not_measured = None if self.ncu else (
-            "tiny run (simulator sizes)" if tiny else "no GPU" if not common.on_gpu() else
+            "tiny run (simulator sizes)" if tiny else "no GPU" if not common.ON_GPU else
             "ncu not found" if use_ncu else "--no-ncu")
         self._ncu_mod = ncu_mod
 
     def time(self, algorithm, variant, pass_, shape, **kw) -> dict:
         try:
             fn = common.prepare(algorithm, variant, pass_, **shape, **kw)
-            return common.time_ms(fn, warmup=self.warmup, repeats=self.repeats)
+            if common.ON_GPU:  # CUDA-event time; a tiny simulator run has only the wall clock (functional only)
+                return {"median_ms": common.cuda_time_ms(fn, warmup=self.warmup, repeats=self.repeats)[0]}
+            return {"median_ms": 1e3 * common.time_median(fn, warmup=self.warmup, repeats=self.repeats)}
         except Exception as exc:  # e.g. tiles that do not fit the SRAM: recorded, the figure goes on
             return {"error": f"{type(exc).__name__}: {exc}"}
         finally:
             fn = None
             gc.collect()
-            if common.on_gpu():
+            if common.ON_GPU:
                 import torch
 
                 torch.cuda.empty_cache()
@@ -280,7 +282,7 @@ def main(argv=None) -> int:
     bad = set(panels) - {"left", "middle", "right"}
     if bad:
         ap.error(f"unknown panel(s): {sorted(bad)}")
-    if not args.tiny and not common.on_gpu():
+    if not args.tiny and not common.ON_GPU:
         print("bench.figure2 needs a CUDA GPU (this is Numba's CUDA simulator); use --tiny for a functional run")
         return 2
     out = Path(args.out)

@@ -1,5 +1,5 @@
-"""Tiling sweep of the fp16/bf16 FA2 forward (:mod:`numba_flash.fast.fa2_forward_half`) or, with ``--backward``,
-backward (:mod:`numba_flash.fast.fa2_backward_half`) for one GPU call.
+"""Tiling sweep of the fp16/bf16 FA2 forward (:mod:`numba_flash.tensorcore.fa2_forward_half`) or, with ``--backward``,
+backward (:mod:`numba_flash.tensorcore.fa2_backward_half`) for one GPU call.
 
 For each tiling ``(NW, MW, Bc, PREFETCH)`` (backward: ``(NW, MW, Br, PREFETCH, RED2, CP_ASYNC)``, ``Bc = 16 MW NW``) at each
 head dim (forward: the tilings of :data:`TILINGS` with the default cp.async pipeline, then those of
@@ -28,12 +28,12 @@ from __future__ import annotations
 import argparse
 import json
 
-from numba_flash import _inspect
 from numba_flash._launch import Allocator, check_attention_args, poison_outputs
-from numba_flash.fast import fa2_backward_half as HB
-from numba_flash.fast import fa2_forward_half as H
+from numba_flash.runtime import resources as _inspect
+from numba_flash.tensorcore import fa2_backward_half as HB
+from numba_flash.tensorcore import fa2_forward_half as H
 
-from bench import _utils as bu
+from bench import common as bu
 
 #: head dim -> tilings (NW, MW, Bc, PREFETCH) run with the module's default features (the cp.async pipeline at
 #: d % 8 == 0, where PREFETCH does nothing: the two stages prefetch); the first is the module's default tiling.
@@ -56,11 +56,12 @@ def forward_tilings(d: int) -> list[tuple]:
     return [(*t, True) for t in TILINGS[d]] + [(*t, False) for t in REGISTER_TILINGS[d]]
 
 #: head dim -> backward tilings (NW, MW, Br, PREFETCH, RED2, CP_ASYNC); the first is the module's default
-#: (:func:`numba_flash.fast.fa2_backward_half.default_features`: cp.async, RED2 None = its policy, on sm_90 off only for
+#: (:func:`numba_flash.tensorcore.fa2_backward_half.default_features`: cp.async, RED2 None = its policy, on sm_90 off only for
 #: causal at d = 128), which ``--default-only`` runs. The register-path rows (CP_ASYNC False) were the default before
 #: the cp.async rows, which offline (sm_90) drop the spills (d = 64: 28/36 B -> 0, d = 128: 72/84 B -> 12/12 B
 #: non-causal, 44/76 -> 4/4 causal) and 8-10 % of the SASS instructions; until 2026-11-26 a register-path row stood
-#: first, so ``--default-only`` ran it (the first LSE_P pairs, ``docs/results/sweeps/lse_p_h100_5d25ee7_*``).
+#: first, so ``--default-only`` ran it (the first LSE_P pairs, ``docs/results/sweeps/lse_p_h100_5d25ee7_*``,
+#: last in the tree at e0e5a9b).
 BWD_TILINGS = {
     64: [(8, 1, 64, True, None, True), (8, 1, 64, True, True, False), (8, 1, 64, True, False, False), (8, 1, 32, True, True, False),
          (4, 1, 64, True, True, False), (8, 1, 64, True, False, True), (4, 1, 64, True, True, True)],
@@ -174,7 +175,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--headdims", type=int, nargs="+", default=[64, 128])
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--repeats", type=int, default=20)
-    ap.add_argument("--calls", type=int, default=1, help="back-to-back calls per timing (bench._utils.cuda_time_ms): with "
+    ap.add_argument("--calls", type=int, default=1, help="back-to-back calls per timing (bench.common.cuda_time_ms): with "
                     "10 or so, short sequences time the kernels rather than one call's host work")
     ap.add_argument("--backward", action="store_true", help="sweep the backward's tilings (forward + backward timed)")
     ap.add_argument("--features", metavar="JSON", help="features over every row's, e.g. '{\"EX2_FTZ\": true}' (in each row)")

@@ -5,7 +5,7 @@ group's sum in HBM at the head's last block instead of summing the whole group i
 read-modify-writes of the block's ``Bc x d`` tiles more per block. For each head dim, group size and causal flag at
 the grid's 16k tokens (b N = 16384, 2048 / d query heads), the backward alone (pre-pass and main kernel, after the
 FFMA forward), off and on, alternating twice; each timing the median of 10, each of 5 back-to-back calls
-(:func:`bench._utils.cuda_time_ms`). Prints one line per (shape, setting) and the ratio off / on.
+(:func:`bench.common.cuda_time_ms`). Prints one line per (shape, setting) and the ratio off / on.
 
     python -m bench.head_sums_probe [--seqlens 1024 4096] [--headdims 64 128] [--groups 4 8]
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 
-from . import _utils as bu
+from . import common as bu
 
 
 def _backward(torch, n, d, group, causal, head_sums):

@@ -12,9 +12,9 @@ back-to-back calls measures the host alone, and it peels the call one layer at a
   ``api-fwd+bwd``: that forward and ``out.backward(dout)`` (a training step's attention); ``backward``:
   ``torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)`` on one saved forward (the backward pass alone,
   nothing accumulated); ``api-replay`` and ``api-grad-replay``: ``api`` and ``api-grad`` with the forward's launches
-  replayed (:mod:`numba_flash.fast._replay`, ``NUMBA_FLASH_REPLAY=1``); ``api-replay-core`` / ``api-replay-packed``
+  replayed (:mod:`numba_flash.runtime.replay`, ``NUMBA_FLASH_REPLAY=1``); ``api-replay-core`` / ``api-replay-packed``
   (and ``api-fwd+bwd-replay-core`` / ``-packed``): replayed with cuda.core's launch or with packed launches
-  (:class:`numba_flash.fast._direct.PackedLaunch`), the recipes made anew at each switch;
+  (:class:`numba_flash.runtime.direct.PackedLaunch`), the recipes made anew at each switch;
 * ``op``: ``torch.ops.numba_flash.attention_forward`` called directly (no argument checks above it);
 * ``run``: the op's body: ``check_attention_args``, ``registry.resolve``, an ``Allocator``, ``_run.forward``, the results;
 * ``module``: the kernel module's ``forward`` on kernel arrays converted once (plan, outputs, launch);
@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import argparse
 
-from bench import _utils as bu
+from bench import common as bu
 
 
 def layers(torch, dtype, d: int, calls: int, repeats: int) -> list[tuple[str, float]]:
@@ -56,7 +56,10 @@ def layers(torch, dtype, d: int, calls: int, repeats: int) -> list[tuple[str, fl
     from numba_flash import _run, flash_attn_func, registry
     from numba_flash._launch import Allocator, _check_attention_args, check_attention_args
     from numba_flash._torch_ops import attention_forward
-    from numba_flash.fast import _direct, _plan, _replay, _smem
+    from numba_flash.fast import _plan
+    from numba_flash.runtime import direct as _direct
+    from numba_flash.runtime import replay as _replay
+    from numba_flash.runtime import smem as _smem
 
     from numba import cuda
 
@@ -67,7 +70,7 @@ def layers(torch, dtype, d: int, calls: int, repeats: int) -> list[tuple[str, fl
     sync = torch.cuda.synchronize
     scale = d ** -0.5
     prob = check_attention_args(q, k, v, 0.0, None, False, 0)
-    kernel = registry.resolve("flash2", "forward", "auto")
+    kernel = registry.resolve("flash2", "forward", "auto", prob)
     module = kernel.module
     alloc = Allocator(q)
     to_kernel = _run._converter(kernel, prob, alloc)
@@ -87,7 +90,7 @@ def layers(torch, dtype, d: int, calls: int, repeats: int) -> list[tuple[str, fl
     qgt, kgt, vgt = (x.detach().clone().requires_grad_(True) for x in (qt, kt, vt))
     dout = torch.randn_like(q)
 
-    def replay(on, fn):  # fn with numba_flash.fast._replay on or off, whatever the default
+    def replay(on, fn):  # fn with numba_flash.runtime.replay on or off, whatever the default
         def call():
             was, _replay.ENABLED = _replay.ENABLED, on
             try:
@@ -114,7 +117,7 @@ def layers(torch, dtype, d: int, calls: int, repeats: int) -> list[tuple[str, fl
 
     def run_body():
         p = check_attention_args(q, k, v, 0.0, scale, False, 0)
-        kern = registry.resolve("flash2", "forward", "auto")
+        kern = registry.resolve("flash2", "forward", "auto", p)
         a = Allocator(q)
         f = _run.forward(q, k, v, p, kern, None, a)
         return a.result(f.out, q.dtype), a.result(f.lse), a.result(f.m), a.result(f.l)
@@ -248,7 +251,7 @@ def kernel_time(torch, steps: int = 20) -> None:
     """The ``--kernels`` output of the module docstring: per training step (forward and ``backward(dout)``, bf16), the
     kernels' GPU time (torch.profiler's CUDA activity: numba's launches are in it too), the synchronized wall time of
     one step (median of ``steps``), and their difference (the time the GPU waited on the host), replay off and on."""
-    from numba_flash.fast import _replay
+    from numba_flash.runtime import replay as _replay
 
     was = _replay.ENABLED
     for b, n, h, d, causal in ((8, 256, 16, 64, False), (16, 1024, 16, 128, True), (16, 1024, 16, 128, False),
@@ -304,7 +307,7 @@ def _timeline_events(torch, step, steps: int):
 
 def _forward_calls(torch, b: int, n: int, h: int, d: int, causal: bool, dtype=None):
     """``(ours, sdpa)``: one forward call each without grad, in ``dtype`` (None: bf16; the grids' forward cells: ours
-    through ``flash_attn_func``, SDPA memory-efficient as ``bench._utils.torch_sdpa`` calls it)."""
+    through ``flash_attn_func``, SDPA memory-efficient as ``bench.common.torch_sdpa`` calls it)."""
     from numba_flash import flash_attn_func
 
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -318,7 +321,7 @@ _MARKED = (("numba_flash.api", "check_attention_args"), ("numba_flash._torch_ops
            ("numba_flash._torch_ops", "_forward"), ("numba_flash._torch_ops", "_backward_checked"),
            ("numba_flash._torch_ops", "check_backward_args"), ("numba_flash._torch_ops", "_replay_key"),
            ("numba_flash._torch_ops", "streams_to_join"), ("numba_flash.registry", "resolve"),
-           ("numba_flash.fast._replay", "replay"), ("numba_flash.fast._replay", "call_key"))
+           ("numba_flash.runtime.replay", "replay"), ("numba_flash.runtime.replay", "call_key"))
 
 
 def _marked_functions():

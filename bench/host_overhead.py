@@ -2,7 +2,7 @@
 
 Why it exists: at N = 1k on an H100 the bf16 forward kernel takes 0.70 ms, but one ``flash_attn_func`` call
 costs 1.15-1.32 ms of host time, against 0.44-0.58 ms for the kernel module's own ``forward`` on arrays
-converted once (``docs/results/sweeps/short_seq_probe_h100.txt``). This tool splits the layers above the
+converted once (``docs/results/sweeps/short_seq_probe_h100.txt``, last in the tree at e0e5a9b). This tool splits the layers above the
 module, which are plain Python and torch and so can be measured on any machine, without a GPU:
 
 * ``dispatch``: one call of a torch custom operator with ``flash_attn_func``'s signature (13 arguments, 4
@@ -27,7 +27,7 @@ import argparse
 import os
 import platform
 
-from bench import _utils as bu
+from bench import common as bu
 
 
 def _per_call_us(fn, calls: int, repeats: int) -> float:

@@ -21,7 +21,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from numba_flash import _backend, attention_backward_numpy, attention_numpy, registry
+from numba_flash import attention_backward_numpy, attention_numpy, registry
+from numba_flash.runtime import backend as _backend
 from numba_flash_reference.alg3_backward import standard_backward
 
 import numpy as np

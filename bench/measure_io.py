@@ -163,7 +163,7 @@ def run(args) -> int:
             print(f"  {c['part']:<6} {c['algorithm']:<12} {str(c.get('variant') or '-'):<10} {c['pass']:<8} "
                   f"b={c['batch']} h={c['nheads']} N={c['N']} d={c['d']}{mask}")
         return 0
-    if not common.on_gpu():
+    if not common.ON_GPU:
         print("io --measure needs a CUDA GPU and Nsight Compute (ncu); this is Numba's CUDA simulator: nothing measured "
               "(try --dry-run to list the cases)")
         return 2

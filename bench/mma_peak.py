@@ -1,11 +1,11 @@
 """Peak rates of the arithmetic a fast fp32 attention kernel could use, measured on this GPU.
 
 Before writing a tensor-core attention kernel, measure what each instruction can give from Numba:
-``mma.sync`` through inline PTX (:mod:`numba_flash.fast._mma`) for the FP64 tensor-core shapes and TF32,
+``mma.sync`` through inline PTX (:mod:`numba_flash.tensorcore.ptx`) for the FP64 tensor-core shapes and TF32,
 against plain FP32 FFMA. Each warp runs 2 to 8 independent accumulator chains (so the loop is
 throughput-bound, not latency-bound) for ``ITERS`` iterations; 8 warps per block, 8 blocks per SM.
 Prints one JSON line per instruction (TFLOP/s counting 2 FLOPs per multiply-add), with the device.
-The committed output of one H200 run is ``docs/results/sweeps/mma_peak_h200.jsonl``.
+The output of one H200 run was ``docs/results/sweeps/mma_peak_h200.jsonl``, last in the tree at e0e5a9b.
 
     python3 -m bench.mma_peak > mma_peak.jsonl            # GPU only, from the repository root
 """
@@ -16,8 +16,8 @@ import argparse
 import json
 import sys
 
-from numba_flash import _backend
-from numba_flash.fast import _mma
+from numba_flash.runtime import backend as _backend
+from numba_flash.tensorcore import ptx
 
 import numpy as np
 from numba import cuda, float32, float64, uint32
@@ -31,10 +31,10 @@ def k_dmma884(x, out, n):
     a = x[cuda.threadIdx.x]
     c0 = (a, a); c1 = (a, a); c2 = (a, a); c3 = (a, a)
     for _ in range(n):
-        c0 = _mma.dmma_m8n8k4_asm((a,), (a,), c0)
-        c1 = _mma.dmma_m8n8k4_asm((a,), (a,), c1)
-        c2 = _mma.dmma_m8n8k4_asm((a,), (a,), c2)
-        c3 = _mma.dmma_m8n8k4_asm((a,), (a,), c3)
+        c0 = ptx.dmma_m8n8k4_asm((a,), (a,), c0)
+        c1 = ptx.dmma_m8n8k4_asm((a,), (a,), c1)
+        c2 = ptx.dmma_m8n8k4_asm((a,), (a,), c2)
+        c3 = ptx.dmma_m8n8k4_asm((a,), (a,), c3)
     out[cuda.grid(1)] = c0[0] + c1[0] + c2[0] + c3[0] + c0[1] + c1[1] + c2[1] + c3[1]
 
 
@@ -43,10 +43,10 @@ def k_dmma1688(x, out, n):
     a = x[cuda.threadIdx.x]
     c0 = (a, a, a, a); c1 = (a, a, a, a); c2 = (a, a, a, a); c3 = (a, a, a, a)
     for _ in range(n):
-        c0 = _mma.dmma_m16n8k8_asm((a, a, a, a), (a, a), c0)
-        c1 = _mma.dmma_m16n8k8_asm((a, a, a, a), (a, a), c1)
-        c2 = _mma.dmma_m16n8k8_asm((a, a, a, a), (a, a), c2)
-        c3 = _mma.dmma_m16n8k8_asm((a, a, a, a), (a, a), c3)
+        c0 = ptx.dmma_m16n8k8_asm((a, a, a, a), (a, a), c0)
+        c1 = ptx.dmma_m16n8k8_asm((a, a, a, a), (a, a), c1)
+        c2 = ptx.dmma_m16n8k8_asm((a, a, a, a), (a, a), c2)
+        c3 = ptx.dmma_m16n8k8_asm((a, a, a, a), (a, a), c3)
     out[cuda.grid(1)] = c0[0] + c1[1] + c2[2] + c3[3]
 
 
@@ -55,8 +55,8 @@ def k_dmma16816(x, out, n):
     a = x[cuda.threadIdx.x]
     c0 = (a, a, a, a); c1 = (a, a, a, a)
     for _ in range(n):
-        c0 = _mma.dmma_m16n8k16_asm((a, a, a, a, a, a, a, a), (a, a, a, a), c0)
-        c1 = _mma.dmma_m16n8k16_asm((a, a, a, a, a, a, a, a), (a, a, a, a), c1)
+        c0 = ptx.dmma_m16n8k16_asm((a, a, a, a, a, a, a, a), (a, a, a, a), c0)
+        c1 = ptx.dmma_m16n8k16_asm((a, a, a, a, a, a, a, a), (a, a, a, a), c1)
     out[cuda.grid(1)] = c0[0] + c1[1]
 
 
@@ -66,10 +66,10 @@ def k_tf32(x, out, n):
     u = uint32(cuda.threadIdx.x)
     c0 = (a, a, a, a); c1 = (a, a, a, a); c2 = (a, a, a, a); c3 = (a, a, a, a)
     for _ in range(n):
-        c0 = _mma.tf32_m16n8k8_asm((u, u, u, u), (u, u), c0)
-        c1 = _mma.tf32_m16n8k8_asm((u, u, u, u), (u, u), c1)
-        c2 = _mma.tf32_m16n8k8_asm((u, u, u, u), (u, u), c2)
-        c3 = _mma.tf32_m16n8k8_asm((u, u, u, u), (u, u), c3)
+        c0 = ptx.tf32_m16n8k8_asm((u, u, u, u), (u, u), c0)
+        c1 = ptx.tf32_m16n8k8_asm((u, u, u, u), (u, u), c1)
+        c2 = ptx.tf32_m16n8k8_asm((u, u, u, u), (u, u), c2)
+        c3 = ptx.tf32_m16n8k8_asm((u, u, u, u), (u, u), c3)
     out[cuda.grid(1)] = float64(c0[0] + c1[1] + c2[2] + c3[3])
 
 

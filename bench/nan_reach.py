@@ -1,4 +1,4 @@
-"""Where a NaN in ``Q`` goes in the 3xTF32 backward (:mod:`numba_flash.fast.fa2_backward_tf32`), build by build.
+"""Where a NaN in ``Q`` goes in the 3xTF32 backward (:mod:`numba_flash.tensorcore.fa2_backward_tf32`), build by build.
 
 For one query row made NaN (``Q[0, row, 0, 5]``) it prints, per gradient, how many elements are NaN and in which rows,
 with ``SPLIT_QDO`` off, on, and on with ``QDO_PAIRS``, on a sharp (scores of standard deviation 16) and a plain softmax,
@@ -9,10 +9,10 @@ and on a small ragged shape::
 Until 2026-11-28 Q's NaN reached all of dV on the simulator and not on a GPU. The forward saves the row as one that
 sees no key (``l = 0``, printed per case), so ``row_stats`` gives it ``1/l = 0``; the cap ``min(S' - M, 64)`` was the
 builtin ``min``, ``fminf`` on a GPU, which drops the NaN, so the row's ``P`` was ``2^64 * 0 = 0``
-(``docs/results/gpu_runs/nan_reach_h200_5cae1b0.txt``; the performance log's section on ``QDO_PAIRS`` at 8k / 16k).
+(``docs/results/gpu_runs/nan_reach_h200_5cae1b0.txt``, last in the tree at e0e5a9b; the performance log's section on ``QDO_PAIRS`` at 8k / 16k).
 The cap now keeps the NaN on both backends (``fast._regtile.min_keep_nan``; in this backward its PTX twin
 ``fast._mma.min_nan_asm``): with ``SPLIT_QDO`` ``P`` is NaN and so is all of dV, as in torch
-(``gpu_runs/nan_reach_h200_51ae00a.txt``). Without it, on a GPU, the per-warp split of ``Q_i tau log2 e`` turned the
+(``gpu_runs/nan_reach_h200_51ae00a.txt``, last in the tree at e0e5a9b). Without it, on a GPU, the per-warp split of ``Q_i tau log2 e`` turned the
 row's NaN (the product's ``0x7fffffff``) into -0.0, so S was finite, ``P`` 0 again and dV clean. That split is now
 ``fast._mma.make_split_keep_nan`` (its bits clamped below the carry first), and every build should show dV all NaN.
 """
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import argparse
 
-from numba_flash import _backend
+from numba_flash.runtime import backend as _backend
 
 import numpy as np
 
@@ -31,10 +31,10 @@ from tests.attn_testing import make_qkv, run_tf32_backward, sharp_problem
 def forward_stats(q, k, v, row):
     """The 3xTF32 forward's saved (m, l, L) of query row ``row`` (head 0): what the backward's ``row_stats`` reads."""
     from numba_flash._launch import Allocator, check_attention_args
-    from numba_flash.fast import fa2_forward_tc
+    from numba_flash.tensorcore import fa2_forward_tf32
 
     alloc = Allocator(q)
-    fwd = fa2_forward_tc.forward(*(alloc.to_kernel(x) for x in (q, k, v)), check_attention_args(q, k, v, 0.0, None, False, 0),
+    fwd = fa2_forward_tf32.forward(*(alloc.to_kernel(x) for x in (q, k, v)), check_attention_args(q, k, v, 0.0, None, False, 0),
                                  alloc, (16, 16))
     return tuple(float(alloc.result(x)[0, 0, row]) for x in (fwd.m, fwd.l, fwd.lse))
 

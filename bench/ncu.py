@@ -134,13 +134,13 @@ def tc_forward_with_features(spec: dict):
     if (spec["algorithm"], spec.get("variant"), spec["pass"]) != ("flash2", "tensorcore", "forward"):
         raise ValueError("features: only the flash2 tensorcore forward takes them, got "
                          f"{spec['algorithm']!r} / {spec.get('variant')!r} / {spec['pass']!r}")
-    from numba_flash.fast import fa2_forward_tc
+    from numba_flash.tensorcore import fa2_forward_tf32
 
     from bench.fa2_sweep import run_variant
 
-    q, k, v, _ = common.make_inputs(spec["batch"], spec["nheads"], spec["N"], spec["d"])
+    q, k, v = common.make_inputs(spec["batch"], spec["nheads"], spec["N"], spec["d"], as_torch=True)
     bs = spec.get("block_sizes")  # Dev: (Br, Bc) as flash_attn_func takes them; fa2_sweep's tc variants name (NW, MW, Bc)
-    cfg = ("tc", None) if bs is None else ("tc", fa2_forward_tc.config_for(spec["d"], tuple(bs))[:3])
+    cfg = ("tc", None) if bs is None else ("tc", fa2_forward_tf32.config_for(spec["d"], tuple(bs))[:3])
     feats, causal = dict(spec["features"]), bool(spec.get("causal", False))
     return lambda: run_variant("ncu", cfg, feats, q, k, v, causal)
 
@@ -152,20 +152,18 @@ SDPA = "sdpa_mem_efficient"
 
 def sdpa_forward(spec: dict):
     """The call of a case whose ``algorithm`` is :data:`SDPA`: torch SDPA's memory-efficient forward on the case's inputs
-    (``bench._utils.torch_sdpa_mem_efficient``, as the grid and ``bench.fa2_sweep`` time it), without grad. Its tiling is
+    (``bench.common.torch_sdpa_mem_efficient``, as the grid and ``bench.fa2_sweep`` time it), without grad. Its tiling is
     torch's: ncu's launch statistics report it. Only the forward (ValueError for another ``pass``)."""
     if spec["pass"] != "forward":
         raise ValueError(f"{SDPA}: only the forward pass is profiled, got pass {spec['pass']!r}")
     import torch
 
-    from . import _utils as bu
-
-    q, k, v, _ = common.make_inputs(spec["batch"], spec["nheads"], spec["N"], spec["d"], dtype=spec.get("dtype", "float32"))
+    q, k, v = common.make_inputs(spec["batch"], spec["nheads"], spec["N"], spec["d"], dtype=spec.get("dtype", "float32"), as_torch=True)
     causal = bool(spec.get("causal", False))
 
     def fn():
         with torch.no_grad():
-            return bu.torch_sdpa_mem_efficient(q, k, v, causal=causal)
+            return common.torch_sdpa_mem_efficient(q, k, v, causal=causal)
     return fn
 
 

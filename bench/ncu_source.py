@@ -15,7 +15,11 @@ S loop takes 39 % of the samples" comes from a command, not from reading 4000 ro
 
 Run from the repository root::
 
-    python -m bench.ncu_source docs/results/ncu/ncu_src_causal_fwd_d128_n512_h200_f203c6f.csv.gz [--min-share 0.01]
+    python -m bench.ncu_source REPORT.csv.gz [--min-share 0.01]
+
+(e.g. ``run_pending.sh ncu_src``'s report of the causal d = 128 forward at N = 512 on an H200,
+``docs/results/ncu/ncu_src_causal_fwd_d128_n512_h200_f203c6f.csv.gz``, last in the tree at e0e5a9b:
+``git show e0e5a9b:docs/results/ncu/ncu_src_causal_fwd_d128_n512_h200_f203c6f.csv.gz > REPORT.csv.gz``)
 """
 
 from __future__ import annotations

@@ -84,7 +84,7 @@ TAKES_TILING = ("fa2_forward_tc", "fa2_forward_half_f16", "fa2_forward_half_bf16
 
 
 def _gpu_backend() -> None:
-    """Compile for the GPU even without one: set before anything imports ``numba.cuda`` (see numba_flash._backend)."""
+    """Compile for the GPU even without one: set before anything imports ``numba.cuda`` (see numba_flash.runtime.backend)."""
     os.environ.setdefault("NUMBA_FLASH_BACKEND", "gpu")
     os.environ["NUMBA_ENABLE_CUDASIM"] = "0"
 
@@ -197,12 +197,11 @@ def _kernel(name: str, d: int, causal: bool, tiling=None):
     from numba_flash.fast import alg1_forward as A1
     from numba_flash.fast import alg4_backward as A4
     from numba_flash.fast import fa2_backward as B2
-    from numba_flash.fast import fa2_backward_half as HB
-    from numba_flash.fast import fa2_backward_tf32 as TB
     from numba_flash.fast import fa2_forward as F2
-    from numba_flash.fast import fa2_forward_half as H
-    from numba_flash.fast import fa2_forward_tc as TC
-    from numba_flash.fast import fa2_forward_tc_dsplit as DS
+    from numba_flash.tensorcore import fa2_backward_half as HB
+    from numba_flash.tensorcore import fa2_backward_tf32 as TB
+    from numba_flash.tensorcore import fa2_forward_half as H
+    from numba_flash.tensorcore import fa2_forward_tf32 as TC
 
     if name == "alg1_forward_fast":
         f = A1.default_features()
@@ -214,16 +213,11 @@ def _kernel(name: str, d: int, causal: bool, tiling=None):
         NW, MW, BC, DP, f, prefetch, cp_async = _forward_tiling(TC, d, tiling)
         o_step, wide = TC.stage_o_step(f["STAGE_O_STEP"], MW, DP), TC.wide_on(f["WIDE"], DP, cp_async)
         split_kv = TC.split_kv_on(f["SPLIT_KV"], wide, (NW, MW, BC))
-        if DS.dsplit_on(f["DSPLIT"], wide):  # Dev: DSPLIT (NUMBA_FLASH_OFFLINE_FEATURES): its own kernel at its default tiling
-            WM, MW, WN, BC, DP = DS.tiling_for(d)
-            return DS.fa2_forward_tc_dsplit_kernel(WM, MW, WN, BC, DP, causal, False, False, causal and bool(f["HEAVY_FIRST"]),
-                                                   _plan.async_on(f["Q_ASYNC"], cp_async))
         return TC.fa2_forward_tc_kernel(NW, MW, BC, DP, causal, False, prefetch, False, f["STAGE_S"], f["STAGE_O"], cp_async,
                                         o_step, wide,
                                         causal and bool(f["HEAVY_FIRST"]), _plan.async_on(f["Q_ASYNC"], cp_async),
                                         TC.warp_skip_on(f["WARP_SKIP"], causal, False, DP), split_kv,
-                                        f["SPLIT_K"], TC.rescale_fma_on(f["RESCALE_FMA"], o_step, causal, (NW, MW, BC)),
-                                        TC.o_outer_on(f["O_OUTER"], bool(f["STAGE_O"]), split_kv))
+                                        f["SPLIT_K"], TC.rescale_fma_on(f["RESCALE_FMA"], o_step, causal, (NW, MW, BC)))
     if name.startswith("fa2_forward_half_"):
         NW, MW, BC, DP, f, prefetch, cp_async = _forward_tiling(H, d, tiling)
         return H.fa2_forward_half_kernel(NW, MW, BC, DP, causal, False, prefetch, False, name.rsplit("_", 1)[1], cp_async,

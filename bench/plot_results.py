@@ -31,7 +31,7 @@ STYLE = {
 def load(paths):
     rows, machine = [], {}
     for p in paths:
-        if str(p).endswith(".jsonl"):  # the incremental record of bench._utils.record_jsonl
+        if str(p).endswith(".jsonl"):  # the incremental record of bench.common.record_jsonl
             lines = [json.loads(line) for line in Path(p).read_text().splitlines() if line.strip()]
             for rec in lines:
                 if "provenance" in rec:

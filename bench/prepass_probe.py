@@ -3,7 +3,7 @@
 For each dtype and head dim at the grid's 16k tokens (b N = 16384, h d = 2048): the pre-pass with the dQ zeros
 fused, for ``rows_per_group`` 1, 2, 4 and 8; the pre-pass alone plus torch's fill of dQ (``zero_``), the layout
 before the fusion; and the fill alone. Each timing is the median of 10, each of 10 back-to-back calls
-(:func:`bench._utils.cuda_time_ms`), so it is the kernels' time, not the host's. Prints one line per row, with the
+(:func:`bench.common.cuda_time_ms`), so it is the kernels' time, not the host's. Prints one line per row, with the
 bytes moved and the rate.
 
     python -m bench.prepass_probe [--seqlens 1024 4096] [--headdims 64 128]
@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import argparse
 
-from . import _utils as bu
+from . import common as bu
 
 
 def _time_shape(torch, name, d, n):
     """[(layout, MB moved, ms)] of the pre-pass at 16k tokens, head dim ``d``, sequence length ``n``."""
     from numba_flash._launch import Allocator, check_attention_args
-    from numba_flash.fast import _mma, _prepass
+    from numba_flash.fast import _prepass
+    from numba_flash.tensorcore import ptx
 
     dt = getattr(torch, name)
     h, b = 2048 // d, 16384 // n
@@ -29,7 +30,7 @@ def _time_shape(torch, name, d, n):
     alloc = Allocator(o)
     half = dt != torch.float32
     ko, kdo = (alloc.to_words(x) for x in (o, do)) if half else (alloc.to_kernel(x) for x in (o, do))
-    kind = _mma.HALF_KINDS[name] if half else None
+    kind = ptx.HALF_KINDS[name] if half else None
     dq = torch.empty(b, n, h, d, device="cuda")
     in_mb = 2 * o.numel() * o.element_size() / 1e6
     dq_mb = dq.numel() * 4 / 1e6

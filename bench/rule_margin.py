@@ -94,7 +94,7 @@ def main(argv=None) -> int:
     args = parser().parse_args(argv)
     import torch
 
-    from bench import _utils as bu
+    from bench import common as bu
 
     print(bu.header_line(torch), flush=True)
     case = CASE if args.case is None else _parse_case(args.case)

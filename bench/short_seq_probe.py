@@ -86,7 +86,7 @@ def _passes(torch, flash_attn_func, q, k, v, dout, causal) -> dict:
 def probe(torch):
     """The table of the module docstring, one line per (d, causal, N)."""
     from numba_flash import flash_attn_func
-    from numba_flash.fast import fa2_forward_half as H
+    from numba_flash.tensorcore import fa2_forward_half as H
 
     real = H.default_features
     for d in (64, 128):
@@ -116,7 +116,7 @@ def profile(torch):
 
     from numba_flash import flash_attn_func
     from numba_flash._launch import Allocator, check_attention_args
-    from numba_flash.fast import fa2_forward_half
+    from numba_flash.tensorcore import fa2_forward_half
 
     N, d, b, h = 1024, 64, 16, 32
     q, k, v = (torch.randn(b, N, h, d, device="cuda", dtype=torch.bfloat16).requires_grad_() for _ in range(3))
@@ -183,12 +183,12 @@ def host(torch):
 
     from numba_flash import flash_attn_func
     from numba_flash._launch import Allocator, check_attention_args
-    from numba_flash.fast import fa2_forward_half, fa2_forward_tc
+    from numba_flash.tensorcore import fa2_forward_half, fa2_forward_tf32
 
     from numba import cuda
 
     print("NUMBA_CUDA_ARRAY_INTERFACE_SYNC =", os.environ.get("NUMBA_CUDA_ARRAY_INTERFACE_SYNC", "(default)"), flush=True)
-    for dt, mod, conv in ((torch.bfloat16, fa2_forward_half, "to_words"), (torch.float32, fa2_forward_tc, "to_kernel")):
+    for dt, mod, conv in ((torch.bfloat16, fa2_forward_half, "to_words"), (torch.float32, fa2_forward_tf32, "to_kernel")):
         for d in (64, 128):
             N, b, h = 1024, 16, 2048 // d
             q, k, v = (torch.randn(b, N, h, d, device="cuda", dtype=dt) for _ in range(3))
@@ -220,7 +220,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
-    from bench import _utils as bu
+    from bench import common as bu
 
     if not bu.ON_GPU:
         print("short_seq_probe needs a GPU")

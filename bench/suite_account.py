@@ -7,7 +7,11 @@ outcome. So "the suite ran at commit X" is a count from a command, and the tests
 
 Run from the repository root::
 
-    python -m bench.suite_account docs/results/gpu_runs/gpu_suite_kernels_*_h200_3c239e5*.log --collected docs/results/gpu_runs/gpu_collect_kernels_h200_3c239e5.txt
+    python -m bench.suite_account OUTDIR/gpu_suite_kernels_a.log OUTDIR/gpu_suite_kernels_b.log --collected collected.txt
+
+(``collected.txt``: ``pytest --collect-only -q tests/kernels``; the run at 3c239e5 read
+``docs/results/gpu_runs/gpu_suite_kernels_*_h200_3c239e5*.log`` and ``gpu_collect_kernels_h200_3c239e5.txt``, last in
+the tree at e0e5a9b)
 
 Exit status: 0 when every collected test has an outcome and none failed, 1 otherwise.
 """

@@ -21,11 +21,12 @@ import argparse
 import json
 import sys
 
-from numba_flash import _inspect, alg1_forward
+from numba_flash import alg1_forward
 from numba_flash._launch import Allocator, check_attention_args
 from numba_flash.fast import alg1_forward as alg1_forward_fast
+from numba_flash.runtime import resources as _inspect
 
-from bench import _utils as bu
+from bench import common as bu
 
 #: (label, config (NW, WS, TM, TPR, BCC, NCH) without DP, MAXREG); None config = the default.
 CANDIDATES = {

@@ -22,11 +22,12 @@ import json
 import sys
 from pathlib import Path
 
-from numba_flash import _inspect, alg0_standard, alg1_forward
+from numba_flash import alg0_standard, alg1_forward
 from numba_flash._launch import Allocator, check_attention_args
 from numba_flash._matmul import MatmulTiles, matmul, matmul_kernel
+from numba_flash.runtime import resources as _inspect
 
-from bench import _utils as bu
+from bench import common as bu
 
 #: (Br, Bc, (TY, TX), shuffles) candidates per head dim; the default rule's choice comes first.
 CANDIDATES = {

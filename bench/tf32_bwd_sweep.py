@@ -1,4 +1,4 @@
-"""3xTF32 backward sweep for one GPU call: check and time tilings of :mod:`numba_flash.fast.fa2_backward_tf32`.
+"""3xTF32 backward sweep for one GPU call: check and time tilings of :mod:`numba_flash.tensorcore.fa2_backward_tf32`.
 
 For each tiling ``(NW, MW, Br)`` (warps of 16 keys, key tiles per warp, query rows per step) and feature set,
 at d = 64 and 128:
@@ -32,19 +32,19 @@ import sys
 import time
 import traceback
 
-from numba_flash import _inspect
 from numba_flash._launch import Allocator, check_attention_args
 from numba_flash.fast import fa2_backward as fa2_backward_fast
-from numba_flash.fast import fa2_backward_tf32 as T
-from numba_flash.fast import fa2_forward_tc
+from numba_flash.runtime import resources as _inspect
+from numba_flash.tensorcore import fa2_backward_tf32 as T
+from numba_flash.tensorcore import fa2_forward_tf32
 
-from bench import _utils as bu
+from bench import common as bu
 from bench.fa2_bwd_sweep import check_backward, emit, failed
 
 #: d -> name -> ((NW, MW, Br) or None for the default, features); "ffma" is the FFMA backward's default.
 #: The ``-cp`` rows load Q_i, dO_i by ``cp.async`` into two SRAM stages (``CP_ASYNC``); at d = 128 the default
 #: 8 x 1 x 32 does not fit two stages (236 KB), so its candidates are 8 x 1 x 16 and 4 x 1 x 32 (offline sm_90:
-#: no spill, 16/20 B; ``docs/results/sweeps/offline_tf32_bwd_cp_async.txt``).
+#: no spill, 16/20 B; ``docs/results/sweeps/offline_tf32_bwd_cp_async.txt``, last in the tree at e0e5a9b).
 CP = {"CP_ASYNC": True}
 #: The default tiling with the causal blocks in their launch order (``HEAVY_FIRST`` off), beside the default.
 DEFAULT_ORDER = {"default": (None, {}), "default-hf0": (None, {"HEAVY_FIRST": False}), "default-hf1": (None, {"HEAVY_FIRST": True})}
@@ -80,7 +80,7 @@ def run_backward(cfg, feats, q, k, v, dout, causal):
     prob = check_attention_args(q, k, v, 0.0, None, causal, 0)
     alloc = Allocator(q)
     kq, kk, kv, kdo = (alloc.to_kernel(x) for x in (q, k, v, dout))
-    fwd = fa2_forward_tc.forward(kq, kk, kv, prob, alloc, features={"WIDE": feats["WIDE"]} if "WIDE" in feats else None)
+    fwd = fa2_forward_tf32.forward(kq, kk, kv, prob, alloc, features={"WIDE": feats["WIDE"]} if "WIDE" in feats else None)
 
     def bwd():
         if cfg == "ffma":

@@ -14,12 +14,13 @@ from pathlib import Path
 
 # The docs build in Numba's CUDA simulator unless told otherwise, so that they build the same on
 # every machine. ``import numba_flash`` must come before anything imports numba.cuda: it is what
-# sets NUMBA_ENABLE_CUDASIM (see numba_flash/_backend.py).
+# sets NUMBA_ENABLE_CUDASIM (see numba_flash/runtime/backend.py).
 os.environ.setdefault("NUMBA_FLASH_BACKEND", "simulator")
 import numba_flash
 
 DOCS = Path(__file__).resolve().parent
 sys.path.insert(0, str(DOCS / "_ext"))
+sys.path.insert(1, str(DOCS.parent))  # the checkout's tools/ (the bug gallery page reads tools/bugs.py)
 
 project = "numba-flash"
 author = "numba-flash developers"

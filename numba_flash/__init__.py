@@ -1,16 +1,16 @@
 """numba-flash: FlashAttention and FlashAttention-2 as readable Numba CUDA kernels.
 
 Importing this package first chooses the backend (a real GPU if one is present, else Numba's CUDA
-simulator on the CPU); see :mod:`numba_flash._backend`. That must happen before ``numba.cuda`` is
+simulator on the CPU); see :mod:`numba_flash.runtime.backend`. That must happen before ``numba.cuda`` is
 imported anywhere, which is why this import comes first.
 
 The public API is loaded lazily, so ``import numba_flash`` stays cheap.
 """
 
-from . import _backend  # noqa: F401  (must run before numba.cuda is imported)
-from ._backend import BACKEND, describe, is_simulator
-from ._cost import SimulatorSlowWarning  # (no numba import: cheap)
 from ._version import __version__  # noqa: F401  (the one place the version is written)
+from .runtime import backend as _backend  # noqa: F401  (must run before numba.cuda is imported)
+from .runtime.backend import BACKEND, describe, is_simulator
+from .runtime.cost import SimulatorSlowWarning  # (no numba import: cheap)
 
 _LAZY = {
     "variants": ("numba_flash.api", "variants"),

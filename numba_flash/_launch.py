@@ -7,7 +7,7 @@
 * :class:`Allocator`: turns the caller's arrays (NumPy arrays, torch CPU or CUDA tensors) into arrays a
   kernel can take, allocates outputs in the same world, and hands results back in the caller's type
   and dtype. CUDA tensors are the kernel arrays themselves (numba takes them through
-  ``__cuda_array_interface__``, :mod:`numba_flash.fast._direct` without numba's per-launch work); NumPy
+  ``__cuda_array_interface__``, :mod:`numba_flash.runtime.direct` without numba's per-launch work); NumPy
   arrays run as they are in the simulator and are copied to and from the device on a GPU.
 * Output poisoning: with :func:`poison_outputs` (or ``NUMBA_FLASH_POISON=1``) every output a kernel
   must write is allocated full of NaN, so an element a kernel forgets to write fails the tests.
@@ -35,8 +35,8 @@ from numba_flash_reference.common import dropout_threshold
 import numpy as np
 from numba import cuda
 
-from . import _backend
-from .fast import _replay
+from .runtime import backend as _backend
+from .runtime import replay as _replay
 
 #: Largest supported head dimension (flash-attn's: 256; the kernels keep a d-long row per thread block tile).
 MAX_HEADDIM = 256
@@ -101,7 +101,7 @@ class Problem:
     dropout_p: float
     seed: int
     #: the inputs' dtype name ("float16", "bfloat16", "float32", "float64"): the half-precision kernels
-    #: (:mod:`numba_flash.fast.fa2_forward_half`) run float16/bfloat16 without converting them
+    #: (:mod:`numba_flash.tensorcore.fa2_forward_half`) run float16/bfloat16 without converting them
     dtype: str = "float32"
 
     @property
@@ -252,6 +252,12 @@ def _check_attention_args(q, k, v, dropout_p, softmax_scale, causal, seed) -> Pr
                             f"or None, got {_describe_scalar(softmax_scale)}")
         if not math.isfinite(tau) or tau <= 0:
             raise ValueError(f"softmax_scale must be finite and positive, got {softmax_scale!r}")
+        with np.errstate(over="ignore"):  # the overflow is the case this checks
+            tau32 = float(np.float32(tau))  # the kernels scale in float32: a finite float64 may be inf or 0 there
+        if not math.isfinite(tau32) or tau32 == 0.0:
+            what = "overflows to inf" if not math.isfinite(tau32) else "underflows to 0"
+            raise ValueError(f"softmax_scale must be a positive float32 number (the kernels compute in float32); "
+                             f"{softmax_scale!r} {what} in float32")
     if not isinstance(causal, (bool, np.bool_)):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     seed_ = real_scalar(seed, integral=True)
@@ -368,7 +374,7 @@ class Allocator:
         shape = tuple(int(n) for n in shape)
         if self.kind == "torch-cuda":
             t = _torch().full(shape, value, dtype=_torch_dtype(dtype), device=self.torch_device)
-            _replay.allocation(t, value)  # Dev: where a pass is being recorded (fast/_replay)
+            _replay.allocation(t, value)  # Dev: where a pass is being recorded (runtime/replay)
             return self._import(t)
         if self.on_device:
             arr = cuda.device_array(shape, dtype=dtype)
@@ -385,7 +391,7 @@ class Allocator:
         shape = tuple(map(int, shape))
         if self.kind == "torch-cuda":
             t = _torch().empty(shape, dtype=_torch_dtype(dtype), device=self.torch_device)
-            _replay.allocation(t, None)  # Dev: where a pass is being recorded (fast/_replay)
+            _replay.allocation(t, None)  # Dev: where a pass is being recorded (runtime/replay)
             return self._import(t)
         if self.on_device:
             return cuda.device_array(shape, dtype=dtype)
@@ -420,7 +426,7 @@ class Allocator:
         interface), with the launch stream first made to wait for the caller's stream (when they differ): what torch
         queued there for ``t`` (its producer, a conversion or a fill, the last use of its memory) is done before any
         kernel reads or writes it. (Until 2026-11-26 it was converted by ``cuda.as_cuda_array``, 13 us a tensor on an
-        H200's host, seven a forward: ``docs/results/sweeps/host_layers_h200_1c20667.txt``.)"""
+        H200's host, seven a forward, by ``python -m bench.host_layers``.)"""
         if self._caller_stream is not None:
             self._launch_stream.wait_stream(self._caller_stream)
         return t
@@ -490,7 +496,7 @@ def _as_dtype(t, like_dtype):
     if t.dtype == _torch().int32:
         return t.contiguous().view(like_dtype)
     converted = t.to(like_dtype)
-    _replay.conversion(t, converted)  # Dev: where a pass is being recorded (fast/_replay)
+    _replay.conversion(t, converted)  # Dev: where a pass is being recorded (runtime/replay)
     return converted
 
 
@@ -543,7 +549,7 @@ def bh_grid(n_x: int, bh: int) -> tuple[int, int, int]:
 # The kernel-module contract
 # ----------------------------------------------------------------------------------------------
 class KernelLaunch(NamedTuple):
-    """One launch of a kernel module, for inspection (:mod:`numba_flash._inspect`) and benchmarks."""
+    """One launch of a kernel module, for inspection (:mod:`numba_flash.runtime.resources`) and benchmarks."""
 
     name: str  # what it computes, with its tiles
     dispatcher: Any  # the compiled ``@cuda.jit`` kernel
@@ -590,5 +596,5 @@ class BackwardKernelModule(KernelModule, Protocol):
 #
 # The dropout scale 1/(1-p) has one name, :attr:`Problem.dropout_scale`; the module-level function
 # ``available()`` is optional (default: available) and says whether the variant can run here, and so is
-# ``takes_words(prob)`` (default: False): True when ``forward`` takes q, k, v as half words
-# (:meth:`Allocator.to_words`) rather than float32 kernel arrays (:mod:`numba_flash._run` asks it).
+# the constant ``TAKES_WORDS`` (default: False): True when ``forward`` takes q, k, v as half words
+# (:meth:`Allocator.to_words`) rather than float32 kernel arrays (:mod:`numba_flash._run` reads it).

@@ -90,9 +90,9 @@ from numba_flash_reference.common import dropout_threshold
 import numpy as np
 from numba import cuda, float32, uint64
 
-from . import _backend
-from ._dropout import head_key, keep, row_key
 from ._launch import bh_grid, ceil_div
+from .device.dropout import head_key, keep, row_key
+from .runtime import backend as _backend
 
 LAYOUTS = ("bshd", "bhst")
 

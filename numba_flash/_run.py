@@ -2,7 +2,7 @@
 
 :func:`forward` and :func:`backward` turn the caller's arrays into kernel arrays (through the call's
 :class:`~numba_flash._launch.Allocator`), warn in the simulator when the pass will take minutes
-(:func:`numba_flash._cost.warn_if_slow`), and call the kernel module inside
+(:func:`numba_flash.runtime.cost.warn_if_slow`), and call the kernel module inside
 :meth:`~numba_flash._launch.Allocator.launching`: on the tensors' GPU, with the caller's torch stream ordered
 after its launches. :mod:`numba_flash.api` (NumPy
 level) and :mod:`numba_flash._torch_ops` (the torch custom operators behind ``flash_attn_func``) both
@@ -11,16 +11,15 @@ launch through here, so a test that replaces these two functions sees every laun
 
 from __future__ import annotations
 
-from . import _cost
 from ._launch import Allocator, ForwardOutput, Problem
 from .registry import Kernel
+from .runtime import cost as _cost
 
 
 def _converter(kernel: Kernel, prob: Problem, alloc: Allocator):
     """How the caller's arrays become kernel arrays: words of two halves for a module that runs half inputs
-    natively (its optional ``takes_words(prob)``), float32 otherwise."""
-    takes_words = getattr(kernel.module, "takes_words", None)
-    return alloc.to_words if takes_words is not None and takes_words(prob) else alloc.to_kernel
+    natively (:attr:`~numba_flash.registry.Kernel.takes_words`), float32 otherwise."""
+    return alloc.to_words if kernel.takes_words else alloc.to_kernel
 
 
 def forward(q, k, v, prob: Problem, kernel: Kernel, block_sizes, alloc: Allocator) -> ForwardOutput:

@@ -40,7 +40,7 @@ from torch import Tensor
 
 from . import _run, registry
 from ._launch import Allocator, ForwardOutput, check_attention_args, check_backward_args, poisoning, streams_to_join
-from .fast import _replay
+from .runtime import replay as _replay
 
 
 def _block_sizes(br: int, bc: int):
@@ -57,7 +57,7 @@ def forward_pass(q: Tensor, k: Tensor, v: Tensor, dropout_p: float, softmax_scal
 
 
 def _replay_key(replayable, pass_name, prob, inputs, kernel, *options):
-    """The :mod:`numba_flash.fast._replay` key of an eager pass (``replayable``), or None where the normal path runs."""
+    """The :mod:`numba_flash.runtime.replay` key of an eager pass (``replayable``), or None where the normal path runs."""
     if not replayable or poisoning():
         return None
     key = _replay.call_key(pass_name, prob, inputs, kernel, *options)
@@ -80,8 +80,8 @@ def _replayed_or_run(key, inputs, run):
 
 def _forward(prob, q, k, v, algorithm, forward_variant, br, bc, replayable=False):
     """:func:`forward_pass` on arguments already checked into ``prob`` (an eager call's, checked by ``flash_attn_func``).
-    ``replayable``: an eager call, which :mod:`numba_flash.fast._replay` may record and replay."""
-    kernel = registry.resolve(algorithm, "forward", forward_variant)
+    ``replayable``: an eager call, which :mod:`numba_flash.runtime.replay` may record and replay."""
+    kernel = registry.resolve(algorithm, "forward", forward_variant, prob)
 
     def run():
         alloc = Allocator(q)
@@ -119,9 +119,9 @@ def backward_pass(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, ls
 def _backward_checked(prob, dout, q, k, v, out, lse, m, l, algorithm, backward_variant, br, bc, deterministic,
                       replayable=False):
     """:func:`backward_pass` with q, k, v and the options already checked into ``prob`` (by the forward).
-    ``replayable``: an eager call's backward, which :mod:`numba_flash.fast._replay` may record and replay."""
+    ``replayable``: an eager call's backward, which :mod:`numba_flash.runtime.replay` may record and replay."""
     check_backward_args(dout, out, prob, q)
-    kernel = registry.resolve(algorithm, "backward", backward_variant)
+    kernel = registry.resolve(algorithm, "backward", backward_variant, prob)
 
     def run():
         alloc = Allocator(q)
@@ -157,7 +157,16 @@ def _input_gradients(dq, dk, dv):
     return dq, dk, dv, None, None, None, None, None, None, None, None, None, None
 
 
+def _refuse_double_backward() -> None:
+    """At the first backward with ``create_graph=True`` (grad mode on inside it): a double backward would need the
+    backward's own derivative, which no kernel computes. Saying so here beats torch's error at the second one."""
+    if torch.is_grad_enabled():
+        raise RuntimeError("flash_attn_func: double backward is not supported (backward with create_graph=True, "
+                           "e.g. for a gradient penalty or a Hessian-vector product); its backward is not differentiable")
+
+
 def _backward(ctx, dout, _dlse, _dm, _dl):
+    _refuse_double_backward()
     return _input_gradients(*attention_backward(dout, *ctx.saved_tensors, *ctx.options))
 
 
@@ -190,8 +199,8 @@ class EagerAttention(torch.autograd.Function):
         return outputs
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, dout, _dlse, _dm, _dl):
+        _refuse_double_backward()  # (instead of once_differentiable, whose error comes only at the second backward)
         if dout is None:  # Dev: no gradient reached out (set_materialize_grads(False)): q, k, v get none from it
             return None, *_input_gradients(None, None, None)
         *_, algorithm, backward_variant, br, bc, deterministic = ctx.options

@@ -41,9 +41,9 @@ import math
 
 from numba import cuda, float32
 
-from . import _backend
 from ._launch import ForwardOutput, KernelLaunch, Problem, bh_grid
 from ._matmul import default_tiles, matmul, matmul_kernel
+from .runtime import backend as _backend
 
 #: Softmax block: SOFTMAX_THREADS threads along a row x SOFTMAX_ROWS rows. The simulator runs each
 #: thread as a Python thread, so it gets few threads per row.
@@ -147,7 +147,7 @@ def sram_bytes(prob: Problem, block_sizes=None) -> int:
 def compiled_kernels(prob: Problem, block_sizes=None) -> list[KernelLaunch]:
     """(name, dispatcher, threads per block, blocks in the grid) of each launch of :func:`forward`.
 
-    For inspection (:mod:`numba_flash._inspect`) after a call with the same problem.
+    For inspection (:mod:`numba_flash.runtime.resources`) after a call with the same problem.
     """
     t = default_tiles()
     b, s_q, s_k, h, d = prob.batch, prob.seqlen_q, prob.seqlen_k, prob.nheads, prob.headdim

@@ -84,9 +84,9 @@ import math
 
 from numba import cuda, float32, uint64
 
-from . import _backend
-from ._dropout import head_key, keep, row_key
 from ._launch import STATIC_SMEM_BYTES, ForwardOutput, KernelLaunch, Problem, ceil_div
+from .device.dropout import head_key, keep, row_key
+from .runtime import backend as _backend
 
 #: Largest Bc the default rule picks (the register tile of S_ij grows with Bc / TX).
 MAX_BC = 128
@@ -131,7 +131,7 @@ def prng_state(prob: Problem):
     """R = (seed, threshold, 1/(1-p)): the counter hash needs no per-element state, only the seed.
 
     The keep-mask of entry (row, col) of head ``bh`` is ``hash(seed, bh, row, col) >= threshold``
-    (:mod:`numba_flash._dropout`), so the backward pass regenerates it from the same three numbers.
+    (:mod:`numba_flash.device.dropout`), so the backward pass regenerates it from the same three numbers.
     """
     return prob.seed, prob.threshold, prob.dropout_scale
 

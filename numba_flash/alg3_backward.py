@@ -55,10 +55,10 @@ import math
 import numpy as np
 from numba import cuda, float32
 
-from . import _backend
-from ._dropout import head_key, keep, row_key
 from ._launch import KernelLaunch, bh_grid
 from ._matmul import default_tiles, matmul, matmul_kernel
+from .device.dropout import head_key, keep, row_key
+from .runtime import backend as _backend
 
 
 def row_threads() -> int:

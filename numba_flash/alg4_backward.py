@@ -8,7 +8,7 @@ What a reader learns
 * The backward pass never needs the N x N matrices ``S``, ``P`` or the dropout mask: each tile
   ``S_ij`` is recomputed on chip from ``Q_i, K_j`` (line 11), ``P_ij`` from the forward's *final*
   row statistics ``m_i, l_i`` (line 13, the exact softmax, no online rescaling), and ``Z_ij`` from the
-  seed (line 14, the same counter hash as the forward: :mod:`numba_flash._dropout`). Extra memory is
+  seed (line 14, the same counter hash as the forward: :mod:`numba_flash.device.dropout`). Extra memory is
   O(N) per head; HBM traffic Theta(N^2 d^2 / M) instead of Algorithm 3's Theta(N d + N^2).
 * The D trick (line 19): ``D_i = rowsum(dO_i o O_i)``, a length-d dot product per row, replaces the
   length-N ``rowsum(P_i o dP_i)`` of Algorithm 3 line 3.
@@ -51,7 +51,7 @@ so that column reads across rows hit distinct banks); ``P~_ij, dS_ij``: 2 Br Bc;
 ``O_i`` never enters SRAM: it is only needed for line 19's dot products, formed while loading.
 At d = 64 with Br = Bc = 32: 41.8 KB, under numba-cuda's 48 KB static limit (:func:`tile_sram_bytes`);
 at d = 128 the default is Br = 16, Bc = 24 (44.4 KB). With one block per SM an SM could give a block
-up to 227 KB, but only through dynamic shared memory with a driver opt-in (:mod:`numba_flash.fast._smem`);
+up to 227 KB, but only through dynamic shared memory with a driver opt-in (:mod:`numba_flash.runtime.smem`);
 this readable kernel keeps the paper's named, statically sized tiles.
 
 What it costs (measured in an earlier run; ``docs/results/backward_d64_h200.json`` now holds the fast twin's)
@@ -95,10 +95,10 @@ from dataclasses import dataclass
 import numpy as np
 from numba import cuda, float32
 
-from . import _backend
-from ._dropout import head_key, keep, row_key
-from ._gqa import group_sum, per_head_grads
 from ._launch import STATIC_SMEM_BYTES, KernelLaunch, Problem, ceil_div
+from .device.dropout import head_key, keep, row_key
+from .device.gqa import group_sum, per_head_grads
+from .runtime import backend as _backend
 
 #: Largest number of threads per block :func:`default_threads` picks.
 MAX_THREADS = 256
@@ -571,7 +571,7 @@ def backward(dout, q, k, v, out, fwd, prob, alloc, block_sizes=None, determinist
     dk = alloc.empty((b, s_k, h_k, d))
     dv = alloc.empty((b, s_k, h_k, d))
     # Dev: under GQA/MQA each query head's block writes its partial dK, dV to an O(N)-per-head scratch
-    # array and numba_flash._gqa.group_sum adds the group (grid b*h, not b*h_k; see the module
+    # array and numba_flash.device.gqa.group_sum adds the group (grid b*h, not b*h_k; see the module
     # docstring). With G = 1 the kernel writes dk, dv directly.
     dk_h, dv_h = per_head_grads(dk, dv, prob, alloc)
     m, l = (fwd.lse, fwd.lse) if from_lse else (fwd.m, fwd.l)

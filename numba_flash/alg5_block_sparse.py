@@ -80,12 +80,12 @@ from dataclasses import dataclass
 import numpy as np
 from numba import cuda, float32, uint64
 
-from . import _backend
-from ._dropout import head_key, keep, row_key
-from ._gqa import group_sum, per_head_grads
 from ._launch import STATIC_SMEM_BYTES, ForwardOutput, Problem, ceil_div
 from .alg1_forward import sram_elements, sram_footprint, thread_layout, use_shuffles
 from .alg4_backward import Alg4Config, default_threads
+from .device.dropout import head_key, keep, row_key
+from .device.gqa import group_sum, per_head_grads
+from .runtime import backend as _backend
 
 #: block_size (Br, Bc) when none is given: fits both kernels' 48 KB SRAM at every d <= 128.
 DEFAULT_BLOCK_SIZE = (16, 16)
@@ -198,7 +198,7 @@ def check_block_size(block_size, d: int) -> tuple[int, int]:
 
 # Alg.5 L1: initialize the pseudo-random number generator state R and save it to HBM
 def prng_state(prob: Problem):
-    """R = (seed, threshold, 1/(1-p)): the counter hash of :mod:`numba_flash._dropout` needs no more."""
+    """R = (seed, threshold, 1/(1-p)): the counter hash of :mod:`numba_flash.device.dropout` needs no more."""
     return prob.seed, prob.threshold, prob.dropout_scale
 
 
@@ -799,7 +799,7 @@ def backward(dout, q, k, v, out, fwd: ForwardOutput, mask: BlockMask, prob: Prob
 
     ``fwd`` holds the forward's ``m, l`` (b, h, s_q); ``mask`` the same :class:`BlockMask` the
     forward ran. Under GQA/MQA each query head's block writes its partial ``dK, dV`` to scratch and
-    :func:`numba_flash._gqa.group_sum` adds each group (as in Algorithm 4's kernel).
+    :func:`numba_flash.device.gqa.group_sum` adds each group (as in Algorithm 4's kernel).
     """
     b, s_q, s_k, h, h_k, d = prob.batch, prob.seqlen_q, prob.seqlen_k, prob.nheads, prob.nheads_k, prob.headdim
     Br, Bc = mask.block_size

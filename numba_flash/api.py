@@ -15,15 +15,16 @@ name          forward                                          backward
 ============  ===============================================  =============================
 
 Which kernel of the algorithm runs (``variant=``): ``"auto"`` (the default: the fastest for this
-device), ``"readable"`` (the kernel that follows the paper line by line), ``"fast"``, ``"tensorcore"``;
+device; in the simulator the readable kernels, see :func:`numba_flash.registry.auto_order`),
+``"readable"`` (the kernel that follows the paper line by line), ``"fast"``, ``"tensorcore"``;
 :func:`numba_flash.variants` lists them. :mod:`numba_flash.registry` maps (algorithm, pass, variant) to
 a kernel module; every module follows the contract of :class:`numba_flash._launch.KernelModule` on
 kernel arrays, and this module does the checking, conversion and dispatch once for all of them.
 
 Precision: the kernels compute in float32 whatever the inputs' floating dtype (float16, bfloat16,
 float32, float64), except FA2's tensor-core kernels, which run float16/bfloat16 natively (half inputs,
-float32 accumulation and softmax, :mod:`numba_flash.fast.fa2_forward_half` and
-:mod:`numba_flash.fast.fa2_backward_half`); outputs and gradients
+float32 accumulation and softmax, :mod:`numba_flash.tensorcore.fa2_forward_half` and
+:mod:`numba_flash.tensorcore.fa2_backward_half`); outputs and gradients
 come back in the input's dtype. float64 inputs therefore
 get float32 accuracy (about 1e-7 relative), and ``torch.autograd.gradcheck`` needs a step and
 tolerances sized for float32 (see :func:`flash_attn_func`).
@@ -70,9 +71,9 @@ def variants(algorithm=None) -> list[dict]:
         registry.check_algorithm(algorithm)
     rows = []
     for k in registry.variants(algorithm):
-        auto = registry.resolve(k.algorithm, k.pass_, "auto")
+        auto = registry.auto_variant(k.algorithm, k.pass_)
         rows.append({"algorithm": k.algorithm, "pass": k.pass_, "variant": k.variant, "paper": k.paper,
-                     "module": k.module.__name__, "available": k.available(), "auto": auto.variant == k.variant})
+                     "module": k.module.__name__, "when": k.when, "available": k.available(), "auto": auto == k.variant})
     return rows
 
 
@@ -182,7 +183,7 @@ def attention_numpy(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, *,
     are fine: nothing is written into the inputs.
     """
     prob = check_attention_args(q, k, v, dropout_p, softmax_scale, causal, _seed_or_random(seed, dropout_p))
-    fwd_kernel, bwd_kernel = registry.resolve_pair(algorithm, variant)
+    fwd_kernel, bwd_kernel = registry.resolve_pair(algorithm, variant, prob)
     block_sizes = _check_block_sizes(block_sizes)
     alloc = Allocator(q)
     fwd = _run.forward(q, k, v, prob, fwd_kernel, block_sizes, alloc)
@@ -286,6 +287,11 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, re
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor (use attention_numpy for NumPy arrays), got {type(x).__name__}")
+    if q.is_meta and k.is_meta and v.is_meta:  # (one meta among others is the device check's mismatch)
+        raise ValueError("q is a meta tensor (a shape without data): flash_attn_func needs tensors on the CPU "
+                         "or a CUDA device")
+    if not isinstance(return_attn_probs, bool):
+        raise TypeError(f"return_attn_probs must be a bool, got {type(return_attn_probs).__name__}")
     if seed is None:
         seed = int(torch.randint(0, 2**32, (1,), dtype=torch.int64).item()) if _positive_number(dropout_p) else 0
     prob = check_attention_args(q, k, v, dropout_p, softmax_scale, causal, seed)

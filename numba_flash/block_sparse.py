@@ -23,7 +23,7 @@ query with no key block to attend to is almost always a bug in the mask, so it i
 ``causal=True`` row that sees no key because ``seqlen_q > seqlen_k`` still outputs 0, as in
 flash-attn). ``causal`` and ``dropout_p`` act inside the non-zero tiles exactly as in
 :func:`numba_flash.flash_attn_func`; the dropout mask is the project's counter hash
-(:mod:`numba_flash._dropout`), so results compare bit for bit with the references.
+(:mod:`numba_flash.device.dropout`), so results compare bit for bit with the references.
 
 Everything is checked before anything is launched; errors name the argument.
 

@@ -8,7 +8,10 @@
 * ``info``: say which backend runs and with which versions.
 * ``variants``: list every kernel (algorithm, pass, variant), its module, and what ``auto`` picks here.
 * ``handout``: write the course's student handout (:mod:`numba_flash.handout`).
-* ``bugs``: the bug gallery (:mod:`numba_flash.bugs`): list it, or plant a bug in a copy and run its tests.
+* ``bugs``: the bug gallery (``tools/bugs.py`` of a source checkout): list it, or plant a bug in a copy and
+  run its tests.
+
+Every usage error is one line on stderr and exit status 2 (argparse's ``error:``), never a traceback.
 """
 
 from __future__ import annotations
@@ -110,10 +113,43 @@ def _cmd_handout(args) -> int:
     return handout.main(args)
 
 
-def _cmd_bugs(args) -> int:
-    from . import bugs
+def checkout_tool(name: str):
+    """``tools/<name>.py`` of the source checkout this package was imported from, or None when there is none.
 
-    return bugs.main(args)
+    The bug gallery lives in ``tools/`` (it runs the tests of ``tests/``, which the wheel does not ship); an
+    editable install or a clone on ``PYTHONPATH`` has it next to ``numba_flash/``.
+    """
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    path = root / "tools" / f"{name}.py"
+    if not (path.is_file() and (root / "tests").is_dir()):
+        return None
+    spec = importlib.util.spec_from_file_location(f"tools.{name}", path)
+    if spec.name not in sys.modules:  # the tests import it as tools.bugs: one module object either way
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # before exec: its dataclasses look their module up there
+        spec.loader.exec_module(module)
+    return sys.modules[spec.name]
+
+
+def _cmd_bugs(args) -> int:
+    if args.gpu and not args.run_all:
+        args.parser.error("--gpu only applies with --run-all (the GPU-only bugs are run as a set)")
+    if args.jobs is not None and not args.run_all:
+        args.parser.error("--jobs only applies with --run-all (one bug runs alone)")
+    if args.jobs is not None and args.jobs < 1:
+        args.parser.error(f"--jobs must be at least 1, got {args.jobs}")
+    args.jobs = 2 if args.jobs is None else args.jobs
+    bugs = checkout_tool("bugs")
+    if bugs is None:
+        args.parser.error("the bug gallery needs a source checkout of numba-flash (it plants bugs in a copy of the "
+                          "kernels and runs tests/): clone it, `pip install -e .`, and run this from there")
+    try:
+        return bugs.main(args)
+    except bugs.UnknownBug as exc:
+        args.parser.error(str(exc))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -166,18 +202,25 @@ def build_parser() -> argparse.ArgumentParser:
 
     bg = sub.add_parser("bugs", help="the bug gallery: classic bugs planted in a copy of the kernels, and the tests that catch them")
     act = bg.add_mutually_exclusive_group()
-    act.add_argument("--show", metavar="NAME", help="the lesson and the diff of one bug")
-    act.add_argument("--run", metavar="NAME", help="plant one bug in a temporary copy and run the tests that should catch it")
+    act.add_argument("--show", metavar="NAME", help="the lesson and the diff of one bug (NAME or its number in the list)")
+    act.add_argument("--run", metavar="NAME",
+                     help="plant one bug (NAME or its number) in a temporary copy and run the tests that should catch it")
     act.add_argument("--run-all", action="store_true", help="every bug of one backend, plus a control run on the unmutated copy")
     bg.add_argument("--gpu", action="store_true", help="with --run-all: the GPU-only bugs, run on the GPU")
-    bg.add_argument("--jobs", type=int, default=2, help="with --run-all: bugs run at a time (default 2)")
-    bg.set_defaults(func=_cmd_bugs)
+    bg.add_argument("--jobs", type=int, default=None, help="with --run-all: bugs run at a time (default 2)")
+    bg.set_defaults(func=_cmd_bugs, parser=bg)
     return p
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except BrokenPipeError:  # `python -m numba_flash bugs | head`: the reader left; no traceback
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's own flush at exit would raise again
+        return 1
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -22,8 +22,10 @@ from numba_flash_reference.alg0_standard import standard_attention
 
 import numpy as np
 
-from . import _backend, _cost, _launch, describe, registry
+from . import _launch, describe, registry
 from ._launch import Allocator, check_attention_args
+from .runtime import backend as _backend
+from .runtime import cost as _cost
 
 SIM_DEFAULTS = dict(batch=1, nheads=2, seqlen=64, headdim=16, repeats=1)
 GPU_DEFAULTS = dict(batch=4, nheads=16, seqlen=2048, headdim=64, repeats=10)
@@ -82,11 +84,11 @@ def _numpy_call(q, k, v, causal, kernel):
     return alloc.result(fwd.out), alloc.bytes
 
 
-def forward_kernel(algorithm: str, variant: str) -> registry.Kernel:
-    """The forward kernel the demo runs: ``variant`` where the algorithm has it, else its ``auto`` kernel."""
+def forward_kernel(algorithm: str, variant: str, prob) -> registry.Kernel:
+    """The forward kernel the demo runs on ``prob``: ``variant`` where the algorithm has it, else its ``auto`` kernel."""
     if variant != "auto" and (algorithm, "forward", variant) not in registry.KERNELS:
         variant = "auto"
-    return registry.resolve(algorithm, "forward", variant)
+    return registry.resolve(algorithm, "forward", variant, prob)
 
 
 def _measure(fn, repeats, torch):
@@ -130,9 +132,10 @@ def run(args) -> int:
     b, h, n, d, reps, causal = sz["batch"], sz["nheads"], sz["seqlen"], sz["headdim"], sz["repeats"], sz["causal"]
     print(f"batch={b} nheads={h} seqlen={n} headdim={d} causal={causal} float32, {reps} timed repeat(s)")
     variant = registry.check_variant(getattr(args, "variant", None))
-    kernels = {alg: forward_kernel(alg, variant) for alg, _ in ALGORITHMS}
     rng = np.random.default_rng(0)
     q, k, v = (rng.standard_normal((b, n, h, d)).astype(np.float32) for _ in range(3))
+    prob = check_attention_args(q, k, v, causal=causal)
+    kernels = {alg: forward_kernel(alg, variant, prob) for alg, _ in ALGORITHMS}
     ref = standard_attention(q, k, v, causal=causal).O
     naive_err = float(np.max(np.abs(_naive32(q, k, v, causal) - ref)))
     torch = _torch_cuda()

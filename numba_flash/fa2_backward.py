@@ -46,9 +46,9 @@ import math
 
 from numba import cuda, float32, uint64
 
-from ._dropout import head_key, keep, row_key
-from ._fa2_prepass import allocate_grads, row_dot
 from ._launch import STATIC_SMEM_BYTES, KernelLaunch, Problem, bh_grid, ceil_div
+from .device.dropout import head_key, keep, row_key
+from .device.prepass import allocate_grads, row_dot
 
 
 def tile_sram_bytes(Br: int, Bc: int, d: int) -> int:
@@ -87,11 +87,11 @@ def _split(prob: Problem, block_sizes):
 
 def _allocate_grads(prob: Problem, alloc, deterministic: bool):
     # FA2.2 L3: dQ = (0) in HBM (the atomic adds need zeros; the deterministic kernel writes every row); dK, dV: Tc blocks
-    return allocate_grads(prob, alloc, deterministic)  # numba_flash._fa2_prepass, shared with the other FA2 backward
+    return allocate_grads(prob, alloc, deterministic)  # numba_flash.device.prepass, shared with the other FA2 backward
 
 
 def _row_dot(out, dout, prob: Problem, alloc):
-    # FA2.2 L4: D_i = rowsum(dO_i o O_i) for every row, by the pre-pass kernel of numba_flash._fa2_prepass
+    # FA2.2 L4: D_i = rowsum(dO_i o O_i) for every row, by the pre-pass kernel of numba_flash.device.prepass
     return row_dot(out, dout, prob, alloc)
 
 

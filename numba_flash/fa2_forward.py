@@ -29,7 +29,7 @@ the 48 KB static limit for the default block sizes of FA1 Algorithm 1 line 1
 (:func:`numba_flash_reference.common.block_sizes`).
 
 This is the *readable* kernel (variant ``"readable"``). Its twins: :mod:`numba_flash.fast.fa2_forward`
-(variant ``"fast"``, register-blocked FFMA) and :mod:`numba_flash.fast.fa2_forward_tc` (variant
+(variant ``"fast"``, register-blocked FFMA) and :mod:`numba_flash.tensorcore.fa2_forward_tf32` (variant
 ``"tensorcore"``, 3xTF32 tensor cores, the default on GPUs of compute capability 8.0+); each docstring
 says what changed and what it bought. Run this one with ``variant="readable"``.
 
@@ -51,8 +51,8 @@ from numba_flash_reference.common import block_sizes as fa1_block_sizes
 
 from numba import cuda, float32, uint64
 
-from ._dropout import head_key, keep, row_key
 from ._launch import STATIC_SMEM_BYTES, ForwardOutput, KernelLaunch, Problem, bh_grid, ceil_div
+from .device.dropout import head_key, keep, row_key
 
 
 def tile_sram_bytes(Br: int, Bc: int, d: int) -> int:

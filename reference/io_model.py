@@ -505,6 +505,17 @@ def sweep_rows(N, d, Ms=None) -> list[dict]:
     return out
 
 
+def _range_remark(N, d, M) -> list[str]:
+    """One line when ``M`` is outside Theorem 2's range ``d <= M <= N d`` (the table still prints, as counted)."""
+    if M < d:
+        return [f"Note: M = {M:,} < d = {d}: below Theorem 2's range d <= M <= N d. Not even one row of K fits in SRAM;",
+                "the block sizes are clamped to 1, and the counts are those of the algorithm run that way, not the theorem's."]
+    if M > N * d:
+        return [f"Note: M = {M:,} > N d = {N * d:,}: beyond Theorem 2's range d <= M <= N d; K and V fit in SRAM whole,",
+                "so Tc is 1 to 3 and the theorem's Theta(N^2 d^2 / M) no longer describes the count."]
+    return []
+
+
 def format_table(N, d, M=None, Br=None, Bc=None, sparsity=0.25) -> str:
     """The comparison printed by ``python -m numba_flash io``: counts per (batch, head), and a sweep over M.
 
@@ -536,6 +547,7 @@ def format_table(N, d, M=None, Br=None, Bc=None, sparsity=0.25) -> str:
         "IO model: HBM accesses per (batch, head), in elements (FA1 Theorems 2 and 5, Proposition 4; FA2 Algorithms 1-2)",
         f"N = {N} (s_q = s_k), d = {d}, M = {M_:,} elements ({M_ * 4 / 1024:g} KB of fp32), "
         f"Br = {Br_}, Bc = {Bc_}, Tr = {Tr}, Tc = {Tc}",
+        *_range_remark(N, d, M_),
         "",
         head,
         "-" * len(head),

@@ -35,7 +35,7 @@ EPS32 = float(np.finfo(np.float32).eps)
 @functools.cache
 def _matmul32_kernel():
     # numba is imported here, not with this module: numba_flash must choose the CUDA backend (GPU or
-    # simulator) before numba is first imported (numba_flash/_backend.py).
+    # simulator) before numba is first imported (numba_flash/runtime/backend.py).
     import numba
 
     @numba.njit(cache=False)
@@ -347,10 +347,10 @@ def half_inputs(rng, dtype, b, s_q, s_k, h, h_k, d, device="cpu"):
 
 
 def run_half_forward(th, causal, p, seed, block_sizes, features, softmax_scale=None):
-    """The half forward (:mod:`numba_flash.fast.fa2_forward_half`) at kernel level on torch q, k, v ``th`` with
+    """The half forward (:mod:`numba_flash.tensorcore.fa2_forward_half`) at kernel level on torch q, k, v ``th`` with
     ``features``, outputs NaN-poisoned: ``((O as half words, L, m, l) as NumPy arrays, the features it planned with)``."""
     from numba_flash._launch import Allocator, check_attention_args
-    from numba_flash.fast import fa2_forward_half
+    from numba_flash.tensorcore import fa2_forward_half
 
     prob = check_attention_args(*th, p, softmax_scale, causal, seed)
     alloc = Allocator(th[0])
@@ -394,20 +394,20 @@ def run_module_forward(module, q, k, v, causal, p, seed, block_sizes, features, 
 
 
 def run_tc_forward(q, k, v, causal, p, seed, block_sizes, features, words=None):
-    """:func:`run_module_forward` of the 3xTF32 forward (:mod:`numba_flash.fast.fa2_forward_tc`)."""
-    from numba_flash.fast import fa2_forward_tc
+    """:func:`run_module_forward` of the 3xTF32 forward (:mod:`numba_flash.tensorcore.fa2_forward_tf32`)."""
+    from numba_flash.tensorcore import fa2_forward_tf32
 
-    return run_module_forward(fa2_forward_tc, q, k, v, causal, p, seed, block_sizes, features, words)
+    return run_module_forward(fa2_forward_tf32, q, k, v, causal, p, seed, block_sizes, features, words)
 
 
 def run_tc_feature_pair(q, k, v, causal, p, seed, bs, on, off, what):
     """The 3xTF32 forward with the features ``on`` and with ``off``: ``(outputs on, outputs off)``, each (O, L, m, l) as
     NumPy arrays, after checking that the plan compiles two kernels (it did not ignore ``what``)."""
     from numba_flash._launch import check_attention_args
-    from numba_flash.fast import fa2_forward_tc
+    from numba_flash.tensorcore import fa2_forward_tf32
 
     prob = check_attention_args(q, k, v, p, None, causal, seed)
-    plans = [fa2_forward_tc.plan(prob, bs, None, f)[0] for f in (on, off)]
+    plans = [fa2_forward_tf32.plan(prob, bs, None, f)[0] for f in (on, off)]
     assert plans[0] is not plans[1], f"the plan ignored {what}: the comparison below would be of one kernel"
     (got_on, _), (got_off, _) = (run_tc_forward(q, k, v, causal, p, seed, bs, f) for f in (on, off))
     return got_on, got_off
@@ -423,18 +423,18 @@ def assert_causal_tc_feature_keeps_the_bits(rng, b, s_q, s_k, h, h_k, d, p, bs, 
 
 
 def run_tf32_backward(q, k, v, dout, causal, p, seed, block_sizes, features, deterministic=False, config=None, words=None):
-    """The 3xTF32 backward (:mod:`numba_flash.fast.fa2_backward_tf32`) at kernel level with ``features``, after the 3xTF32
+    """The 3xTF32 backward (:mod:`numba_flash.tensorcore.fa2_backward_tf32`) at kernel level with ``features``, after the 3xTF32
     forward, outputs NaN-poisoned: ``([dq, dk, dv] as NumPy arrays, the features its plan was given, over the
     defaults)`` (after ``backward``'s own fallbacks, e.g. an unaligned input turning ``CP_ASYNC`` off). ``words``: a dict
     of kernel arrays (keys ``q``, ``k``, ``v``, ``dout``) to pass instead of aligned copies (e.g. :func:`unaligned_copy`)."""
     from numba_flash._launch import Allocator, check_attention_args, poison_outputs
-    from numba_flash.fast import fa2_backward_tf32, fa2_forward_tc
+    from numba_flash.tensorcore import fa2_backward_tf32, fa2_forward_tf32
 
     prob = check_attention_args(q, k, v, p, None, causal, seed)
     alloc = Allocator(q)
     arrays = {name: alloc.to_kernel(x) for name, x in (("q", q), ("k", k), ("v", v), ("dout", dout))}
     arrays.update(words or {})
-    fwd = fa2_forward_tc.forward(alloc.to_kernel(q), arrays["k"], arrays["v"], prob, alloc, block_sizes)
+    fwd = fa2_forward_tf32.forward(alloc.to_kernel(q), arrays["k"], arrays["v"], prob, alloc, block_sizes)
     planned, real_plan = [], fa2_backward_tf32.plan
 
     def plan(*a, **kw):

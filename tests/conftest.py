@@ -10,7 +10,7 @@ import os
 import zlib
 
 import numba_flash  # noqa: F401  (chooses the backend before numba.cuda is imported)
-from numba_flash import _backend
+from numba_flash.runtime import backend as _backend
 
 import numpy as np
 import pytest
@@ -38,6 +38,9 @@ def pytest_collection_modifyitems(config, items):
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (running in Numba's CUDA simulator)")
     skip_slow = pytest.mark.skip(reason="slow in the simulator: use --runslow (always runs on a GPU)")
     skip_sim = pytest.mark.skip(reason="simulator-only check")
+    skip_tier = pytest.mark.skip(reason="exhaustive tier in the simulator (tests/quick_tier.py): use --runslow "
+                                        "(always runs on a GPU)")
+    tier = _quick_tier_cases(config, items)
     for item in items:
         if "gpu" in item.keywords and not on_gpu:
             item.add_marker(skip_gpu)
@@ -45,6 +48,34 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_slow)
         if "simulator_only" in item.keywords and on_gpu:
             item.add_marker(skip_sim)
+        if not runslow and item in tier:
+            item.add_marker(skip_tier)
+
+
+def _quick_tier_cases(config, items) -> set:
+    """The items of ``tests/quick_tier.py``'s tests that are not in its quick tier; a usage error when an entry
+    names a test or a case that no longer exists in a file that was collected."""
+    from quick_tier import QUICK
+
+    by_test, files = {}, set()
+    for item in items:
+        path = item.nodeid.split("::", 1)[0]
+        files.add(path)
+        by_test.setdefault(f"{path}::{item.originalname}", []).append(item)
+    whole_files = not any("::" in str(a) for a in config.args)
+    out, stale = set(), []
+    for test, kept in QUICK.items():
+        if test.split("::", 1)[0] not in files:
+            continue
+        found = by_test.get(test, [])
+        ids = {it.callspec.id for it in found if hasattr(it, "callspec")}
+        missing = [k for k in kept if k not in ids]
+        if (missing or not found) and whole_files:
+            stale.append(f"{test}: {missing or 'no such test'}")
+        out.update(it for it in found if hasattr(it, "callspec") and it.callspec.id not in kept)
+    if stale:
+        raise pytest.UsageError("tests/quick_tier.py names cases that no longer exist (update it):\n  " + "\n  ".join(stale))
+    return out
 
 
 @pytest.fixture

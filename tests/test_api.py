@@ -187,7 +187,8 @@ def test_simulator_warns_with_an_estimate_before_a_call_that_takes_minutes(monke
 
 @pytest.mark.simulator_only
 def test_simulator_estimate_grows_with_the_tiles_a_call_visits():
-    from numba_flash import _cost, registry
+    from numba_flash import registry
+    from numba_flash.runtime import cost as _cost
 
     def estimate(kernel, n, bh=1, d=32):
         return _cost.simulator_seconds(kernel, _launch.check_attention_args(*(np.ones((1, n, bh, d), np.float32),) * 3))

@@ -172,6 +172,37 @@ class TestEveryBadArgumentIsNamed:
         with pytest.raises(TypeError, match=r"^q must be a torch.Tensor"):
             flash_attn_func(q, k, v)
 
+    @pytest.mark.parametrize(("scale", "what"), [(1e300, "overflows to inf"), (1e39, "overflows to inf"),
+                                                 (1e-50, "underflows to 0")])
+    def test_softmax_scale_finite_in_float64_but_not_in_float32_is_refused(self, rng, scale, what):
+        # Before: accepted, and every output was NaN (the kernels scale in float32).
+        q, k, v = qkv(rng)
+        expect(ValueError, rf"^softmax_scale must be a positive float32 number .* {what} in float32$",
+               both_apis(q, k, v, softmax_scale=scale))
+
+    @pytest.mark.parametrize("flag", ["yes", 1, None])
+    def test_return_attn_probs_must_be_a_bool(self, rng, flag):
+        q, k, v = (torch.from_numpy(x) for x in qkv(rng))
+        with pytest.raises(TypeError, match=r"^return_attn_probs must be a bool"):
+            flash_attn_func(q, k, v, return_attn_probs=flag)
+
+    def test_meta_tensors_are_refused_by_name(self, rng):
+        q, k, v = (torch.from_numpy(x).to("meta") for x in qkv(rng))
+        with pytest.raises(ValueError, match=r"^q is a meta tensor"):
+            flash_attn_func(q, k, v)
+
+
+@pytest.mark.parametrize("algorithm", ["standard", "flash2"])
+def test_double_backward_is_refused_at_the_first_backward_with_create_graph(rng, algorithm):
+    q, k, v = (torch.from_numpy(x).requires_grad_() for x in qkv(rng))
+    out = flash_attn_func(q, k, v, algorithm=algorithm, variant="readable")
+    with pytest.raises(RuntimeError, match=r"^flash_attn_func: double backward is not supported"):
+        torch.autograd.grad(out.sum(), (q, k, v), create_graph=True)
+    # the first backward without create_graph still works, and the gradients are not differentiable graphs
+    out = flash_attn_func(q, k, v, algorithm=algorithm, variant="readable")
+    dq, *_ = torch.autograd.grad(out.sum(), (q, k, v))
+    assert dq.shape == q.shape and not dq.requires_grad
+
 
 def test_block_sizes_too_large_for_static_shared_memory_fail_before_the_readable_kernel_is_built(rng, monkeypatch):
     # The readable FA1 kernel declares its tiles statically: 48 KB at most.

@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 import numba_flash
-from numba_flash import _backend
+from numba_flash.runtime import backend as _backend
 
 
 def test_backend_is_chosen_before_numba_cuda_and_reported():
@@ -16,6 +16,21 @@ def test_backend_is_chosen_before_numba_cuda_and_reported():
     text = numba_flash.describe()
     assert ("simulator" in text) == numba_flash.is_simulator()
     assert "numba-cuda" in text
+
+
+def test_describe_says_what_auto_runs_here_as_the_registry_decides():
+    from numba_flash import registry
+
+    text = numba_flash.describe()
+    picks = {(a, p): registry.auto_variant(a, p) for a in ("flash1", "flash2") for p in registry.PASSES}
+    if numba_flash.is_simulator():
+        assert set(picks.values()) == {"readable"} and "variant='auto' runs the readable kernels" in text
+    elif set(picks.values()) == {"fast"}:
+        assert "variant='auto' runs the FFMA kernels" in text
+    else:
+        assert picks[("flash2", "forward")] == picks[("flash2", "backward")] == "tensorcore"
+        assert {picks[("flash1", p)] for p in registry.PASSES} == {"fast"}
+        assert "variant='auto' runs FA2 on the tensor cores, FA1 on the FFMA kernels" in text
 
 
 def test_forcing_the_simulator_through_the_environment_works():

@@ -44,7 +44,8 @@ DOC_FILES = sorted({ROOT / "README.md", ROOT / "CONTRIBUTING.md", *ROOT.glob("be
 
 def test_the_bench_package_has_the_tools():
     assert set(SWEEPS) <= set(TOOLS)
-    assert {"mma_peak", "offline_resources", "plot_fa2", "plot_results", "_utils"} <= set(MODULES)
+    assert {"mma_peak", "offline_resources", "plot_fa2", "plot_results", "common"} <= set(MODULES)
+    assert "_utils" not in MODULES, "bench/common.py is the one helper module"
 
 
 @pytest.mark.parametrize("name", MODULES)
@@ -203,18 +204,18 @@ def test_plot_results_loads_the_committed_benchmark_json():
 
 
 def test_a_jsonl_record_round_trips_through_plot_results(tmp_path, monkeypatch):
-    from bench import _utils, plot_results
+    from bench import common, plot_results
 
     path = tmp_path / "run.jsonl"
     monkeypatch.setenv("NUMBA_FLASH_BENCH_JSONL", str(path))
     rows = [dict(algorithm="flash2", N=1024, d=64, tflops=1.5), dict(algorithm="flash2", N=2048, d=64, tflops=2.5)]
     for row in rows:
-        _utils.record_jsonl(row)
+        common.record_jsonl(row)
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     assert "provenance" in lines[0] and len(lines) == 3
     got, machine = plot_results.load([path])
     assert got == rows
-    assert machine["numba_flash"]["backend"] == _utils.provenance()["backend"]
+    assert machine["numba_flash"]["backend"] == common.provenance()["backend"]
 
 
 @pytest.mark.parametrize(("tool", "results"), [("plot_results", "forward_h200.json"), ("plot_fa2", "fa2_h200.json")])
@@ -227,10 +228,10 @@ def test_the_plots_draw_the_committed_results(tool, results, tmp_path):
 
 
 def test_provenance_names_the_command_that_ran():
-    from bench import _utils
+    from bench import common
 
-    assert _utils.command_line().startswith("python ")
-    assert _utils.provenance()["command"]
+    assert common.command_line().startswith("python ")
+    assert common.provenance()["command"]
 
 
 def test_host_overhead_times_every_layer_and_puts_the_launch_path_back(capsys):
@@ -300,7 +301,7 @@ def test_a_grid_cells_implementations_run_back_to_back(path):
     cell's implementations (ours, SDPA's backends, torch's naive attention) are timed one after another, under the
     same machine state, rather than all of ours first (in the half grid at 805a132 the same causal kernel took 0.38 ms
     as float16 and 0.53 ms as bfloat16, the bfloat16 cells among the run's first), and a grid's rounds come from
-    ``bench._utils.grid_rounds``, the same for every implementation."""
+    ``bench.common.grid_rounds``, the same for every implementation."""
     import ast
 
     tree = ast.parse((ROOT / path).read_text())
@@ -316,12 +317,12 @@ def test_a_grid_cells_implementations_run_back_to_back(path):
 
 
 def test_interleaved_rounds_take_a_variants_place_out_of_its_time(monkeypatch):
-    """``bench._utils.cuda_time_ms_interleaved`` against :func:`bench._utils.cuda_time_ms` on a fake GPU that slows
+    """``bench.common.cuda_time_ms_interleaved`` against :func:`bench.common.cuda_time_ms` on a fake GPU that slows
     down with every call (as an H100's clocks fall under sustained load): two identical functions timed one after
     the other differ by their place, timed in rounds they do not; each round starts from another function."""
     import types
 
-    from bench import _utils as bu
+    from bench import common as bu
 
     clock, calls, order = [0.0], [0], []
 

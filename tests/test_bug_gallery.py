@@ -1,6 +1,6 @@
 """The mutation check: every bug of the gallery, planted in a copy of the kernels, makes the suite fail.
 
-:mod:`numba_flash.bugs` lists classic FlashAttention bugs as small edits of the readable kernels. For
+:mod:`tools.bugs` lists classic FlashAttention bugs as small edits of the readable kernels. For
 each one, this module plants it in a temporary copy of ``numba_flash/`` and ``reference/`` and runs the
 few tests the entry names, in a fresh pytest process that imports the copy (``-x``, single process);
 the bug must make one of them **fail** (exit code 1, a test failure, not a collection or usage error).
@@ -16,9 +16,9 @@ suite, or by hand: ``python -m numba_flash bugs --run-all --gpu``.
 
 from __future__ import annotations
 
-from numba_flash import bugs
-
 import pytest
+
+from tools import bugs
 
 SIM_BUGS = bugs.selected(gpu=False)
 GPU_BUGS = bugs.selected(gpu=True)
@@ -45,6 +45,17 @@ def test_every_bug_applies_to_the_current_source_exactly_once(bug):
     mutated = bugs.mutate(text, bug)
     assert mutated != text
     compile(mutated, bug.file, "exec")
+
+
+def test_every_test_the_gallery_relies_on_runs_in_the_simulators_quick_tier():
+    from quick_tier import QUICK
+
+    tiered_out = []
+    for t in (t for b in bugs.GALLERY for t in b.tests):
+        test, _, case = t.partition("[")
+        if test in QUICK and case[:-1] not in QUICK[test]:
+            tiered_out.append(t)
+    assert not tiered_out, f"skipped in the simulator without --runslow, so a planted bug would survive: {tiered_out}"
 
 
 def test_a_bug_whose_text_is_gone_raises_instead_of_planting_nothing():

@@ -66,3 +66,56 @@ def test_io_with_good_flags_prints_the_table():
     assert res.returncode == 0, res.stderr
     assert "N = 64 (s_q = s_k), d = 16, M = 4,096 elements" in res.stdout
     assert "Br = 8, Bc = 16" in res.stdout
+
+
+#: Usage errors that are not one argument's type: a name not in the gallery, a number out of range, a flag
+#: that does nothing in its combination. Each is one ``error:`` line, exit 2, the close matches named.
+BAD_COMBINATIONS = [
+    (["bugs", "--show", "running_max"], "did you mean running-max-starts-at-zero?"),
+    (["bugs", "--run", "nope"], "no bug named 'nope' in the gallery"),
+    (["bugs", "--show", "0"], "no bug number 0 in the gallery: the numbers are 1 to"),
+    (["bugs", "--show", "999"], "no bug number 999 in the gallery"),
+    (["bugs", "--run-all", "--jobs", "0"], "--jobs must be at least 1, got 0"),
+    (["bugs", "--run-all", "--jobs", "-3"], "--jobs must be at least 1, got -3"),
+    (["bugs", "--gpu"], "--gpu only applies with --run-all"),
+    (["bugs", "--show", "1", "--jobs", "2"], "--jobs only applies with --run-all"),
+]
+
+
+@pytest.mark.parametrize(("argv", "message"), BAD_COMBINATIONS, ids=[" ".join(a) for a, _ in BAD_COMBINATIONS])
+def test_bad_combination_or_name_ends_in_one_error_line_and_exit_status_2(argv, message):
+    res = run_cli(*argv)
+    assert res.returncode == 2, (res.returncode, res.stdout, res.stderr)
+    assert "Traceback" not in res.stderr + res.stdout
+    errors = [line for line in res.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and message in errors[0], res.stderr
+    assert res.stdout == ""
+
+
+def test_a_bug_is_shown_by_its_number_in_the_list():
+    from tools import bugs
+
+    res = run_cli("bugs", "--show", "2")
+    assert res.returncode == 0, res.stderr
+    assert f"[{bugs.GALLERY[1].name}]" in res.stdout.splitlines()[0]
+
+
+def test_bugs_without_a_checkout_says_so_in_one_line(monkeypatch, capsys):
+    monkeypatch.setattr(cli, "checkout_tool", lambda name: None)  # an installed wheel: no tools/ beside it
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["bugs"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "error: the bug gallery needs a source checkout" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(("M", "remark"), [(8, "below Theorem 2's range"), (64 * 64 * 4, "beyond Theorem 2's range"),
+                                           (512, None)])
+def test_io_remarks_when_M_leaves_theorem_2s_range(M, remark):
+    res = run_cli("io", "--N", "64", "--d", "16", "--M", str(M))
+    assert res.returncode == 0, res.stderr
+    notes = [line for line in res.stdout.splitlines() if line.startswith("Note: M =")]
+    if remark is None:
+        assert notes == []
+    else:
+        assert len(notes) == 1 and remark in notes[0], notes

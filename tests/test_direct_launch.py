@@ -1,4 +1,4 @@
-"""Launches on torch CUDA tensors without numba's per-launch host work (:mod:`numba_flash.fast._direct`).
+"""Launches on torch CUDA tensors without numba's per-launch host work (:mod:`numba_flash.runtime.direct`).
 
 A short sequence's forward is host-bound on an H100/H200; numba's typing, argument marshalling and
 ``cuda.as_cuda_array`` imports were most of that host time. The direct path builds numba's kernel arguments
@@ -22,8 +22,8 @@ import ctypes
 import threading
 from types import SimpleNamespace
 
-from numba_flash import _backend
-from numba_flash.fast import _direct
+from numba_flash.runtime import backend as _backend
+from numba_flash.runtime import direct as _direct
 
 import numpy as np
 import pytest

@@ -1,6 +1,6 @@
 """The device's dropout hash reproduces the reference's keep-mask bit for bit."""
 
-from numba_flash._dropout import dropout_keep
+from numba_flash.device.dropout import dropout_keep
 from numba_flash_reference.common import dropout_keep_mask, dropout_threshold
 
 import numpy as np

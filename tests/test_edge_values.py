@@ -23,8 +23,10 @@ marker fails the suite as soon as the fix lands and must then be removed.
 
 from __future__ import annotations
 
-from numba_flash import _backend, api, registry
+from numba_flash import api, registry
 from numba_flash._launch import poison_outputs
+from numba_flash.runtime import backend as _backend
+from numba_flash.runtime.simulator import one_thread_at_a_time
 from numba_flash_reference.alg0_standard import standard_attention
 from numba_flash_reference.alg3_backward import standard_backward
 
@@ -37,10 +39,9 @@ from attn_testing import (
     naive_attention_float32,
     naive_stats_float32,
 )
-from sim_schedule import one_thread_at_a_time
 
-FORWARD = [k for k in registry.variants() if k.pass_ == "forward"]
-BACKWARD = [k for k in registry.variants() if k.pass_ == "backward"]
+FORWARD = [k for k in registry.entries() if k.pass_ == "forward"]
+BACKWARD = [k for k in registry.entries() if k.pass_ == "backward"]
 TILES = (8, 8)
 ISSUE = "issue 'A test suite that catches what students get wrong'"
 
@@ -52,7 +53,7 @@ def _id(k):
 @pytest.fixture(autouse=True)
 def _sequential_schedule():
     """In the simulator, run the kernels one thread at a time between barriers (a schedule a GPU may
-    pick; :mod:`sim_schedule`): deterministic, and 2-10x faster than the simulator's own schedule."""
+    pick; :func:`numba_flash.runtime.simulator.one_thread_at_a_time`): deterministic, and 2-10x faster than the simulator's own schedule."""
     if _backend.is_simulator():
         with one_thread_at_a_time():
             yield
@@ -77,7 +78,7 @@ def _params(kernels, xfail=None, gpu_xfail=None):
 #: Three earlier entries here (the fast FA2 forward's O, the readable FA1 backward's dV and the float32 tensor-core
 #: pair's dV, 1.26-1.7x over) were measured against the BLAS baseline; since the baseline is float32 attention
 #: computed in one fixed order (attn_testing.matmul32, 2026-11-25) all three pass on an H100 (XPASS(strict) at
-#: b7c3ad5, docs/results/gpu_runs/gpu_suite_h100_b7c3ad5.log) and this one, which passed, is over.
+#: b7c3ad5, docs/results/gpu_runs/gpu_suite_h100_b7c3ad5.log, last in the tree at e0e5a9b) and this one, which passed, is over.
 SHARP_FWD_L_GPU_XFAIL = ("found on an H100 (2026-11-25, b7c3ad5), not in the simulator: readable FA2 forward l 4.30e-6 against "
                          "a bound of 3.43e-6 (1.25x; float32 baseline 1.26e-6, floor 9.2e-7) at score std 16")
 
@@ -86,7 +87,7 @@ def run_forward(kernel, q, k, v, **opts):
     with poison_outputs():
         out, stats = api.attention_numpy(q, k, v, algorithm=kernel.algorithm, variant=kernel.variant, block_sizes=TILES,
                                          return_stats=True, **opts)
-    assert stats.forward.module is kernel.module
+    assert stats.forward.variant == kernel.variant
     return out, stats
 
 
@@ -94,7 +95,7 @@ def run_backward(kernel, dout, q, k, v, **opts):
     """Forward of the same variant, then the backward kernel under test (outputs NaN-poisoned)."""
     out, stats = api.attention_numpy(q, k, v, algorithm=kernel.algorithm, variant=kernel.variant, block_sizes=TILES,
                                      return_stats=True, **opts)
-    assert stats.backward.module is kernel.module
+    assert stats.backward.variant == kernel.variant
     with poison_outputs():
         return api.attention_backward_numpy(dout, q, k, v, out, stats)
 
@@ -155,7 +156,7 @@ MINUS_200_BWD_XFAIL = ("found by this test (not in the issue): the fast FA1 back
                        "rule before the m, l fix of #14, dV is now 3.4e-5 against a bound of 3.2e-5 (1.08x)")
 
 
-#: The float32 tensor-core pair (3xTF32 forward, 3xTF32 backward :mod:`numba_flash.fast.fa2_backward_tf32`) with one
+#: The float32 tensor-core pair (3xTF32 forward, 3xTF32 backward :mod:`numba_flash.tensorcore.fa2_backward_tf32`) with one
 #: key: P = 1, so dS = dP - D must cancel to zero. D = rowsum(dO o O) comes from the forward's O, which 3xTF32 gives
 #: as V to ~2^-23 (the split of V drops its last bits), and dP = dO V^T is a 3xTF32 product; the float32 baseline
 #: forms D from P o dP and cancels exactly, so the rule's bound is its ulp floor. Measured in the simulator: dq
@@ -310,7 +311,7 @@ def test_backward_nan_in_one_query_row_makes_that_row_of_dq_and_its_heads_dk_dv_
     dV clean there (found on an H200, 2026-11-28); the cap keeps it now (``fast._regtile.min_keep_nan``). The 3xTF32
     backward at these shapes (no ``SPLIT_QDO``) lost it once more on a GPU, in its per-warp split of ``Q_i tau log2 e``
     (the product's NaN is ``0x7fffffff``, which the split's rounding carried into -0.0); that split now keeps it
-    (``fast._mma.make_split_keep_nan``)."""
+    (``tensorcore.ptx.make_split_keep_nan``)."""
     q, clean, k, v = poisoned_row_inputs(rng, np.nan)
     dout = randn(rng, *q.shape)
     dq, dk, dv = run_backward(kernel, dout, q, k, v)

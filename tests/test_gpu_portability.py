@@ -1,7 +1,7 @@
 """Code that the CUDA simulator runs but a GPU refuses, found by reading the source (no GPU needed).
 
-The simulator does no type checking (``../shared/notes/numba.md``), so a test or kernel can pass on a laptop and fail
-on the first GPU that runs it. Two such failures were found only on an H200 (2026-11-28, the performance log):
+The simulator does no type checking (``docs/backend.rst``, "No type checking, and NaN"), so a test or kernel
+can pass on a laptop and fail on the first GPU that runs it. Two such failures were found only on an H200 (2026-11-28, the performance log):
 18 of a Q loader test whose shared array's shape was an expression, and 2 of a split-pass test that called a device
 function from the host. Claims checked, over ``numba_flash/``, ``tests/``, ``tutorials/`` and ``bench/``:
 
@@ -9,7 +9,7 @@ function from the host. Claims checked, over ``numba_flash/``, ``tests/``, ``tut
   needs a compile-time shape, and an expression such as ``BR * SQ`` is typed as a run-time ``int64``.
 * No source line declares two shared arrays: the simulator keys its arrays by source line, so they would alias (but
   for a line marked ``# DON'T``: tutorial 03's demonstration of that trap).
-* No code calls a module-level device function of :mod:`numba_flash.fast._tiles` or :mod:`numba_flash.fast._mma`
+* No code calls a module-level device function of :mod:`numba_flash.fast._tiles` or :mod:`numba_flash.tensorcore.ptx`
   outside a ``cuda.jit`` function: a GPU device function cannot run on the host (a test needs a host formula, as
   ``sram_pass_testing.swizzle16_host``).
 """
@@ -24,7 +24,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 DIRS = ("numba_flash", "tests", "tutorials", "bench")
-DEVICE_MODULES = {"_tiles": ROOT / "numba_flash/fast/_tiles.py", "_mma": ROOT / "numba_flash/fast/_mma.py"}
+DEVICE_MODULES = {"_tiles": ROOT / "numba_flash/fast/_tiles.py", "_mma": ROOT / "numba_flash/tensorcore/ptx.py"}
 
 
 def _sources():

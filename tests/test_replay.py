@@ -1,4 +1,4 @@
-"""Replaying an eager pass's launches (:mod:`numba_flash.fast._replay`, on unless ``NUMBA_FLASH_REPLAY=0``).
+"""Replaying an eager pass's launches (:mod:`numba_flash.runtime.replay`, on unless ``NUMBA_FLASH_REPLAY=0``).
 
 Claims checked:
 
@@ -20,8 +20,9 @@ from __future__ import annotations
 import contextlib
 from types import SimpleNamespace
 
-from numba_flash import _backend
-from numba_flash.fast import _direct, _replay
+from numba_flash.runtime import backend as _backend
+from numba_flash.runtime import direct as _direct
+from numba_flash.runtime import replay as _replay
 
 import pytest
 import torch

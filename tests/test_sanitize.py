@@ -22,9 +22,9 @@ def test_sanitize_workload_runs_every_registered_kernel_and_checks_its_results()
     res = subprocess.run([sys.executable, "-m", "bench.sanitize", "--check"], cwd=ROOT, capture_output=True, text=True,
                          timeout=600, env=dict(os.environ))
     assert res.returncode == 0, res.stdout + res.stderr
-    assert res.stdout.rstrip().endswith(f"{len(registry.variants())} kernels ran; 0 wrong result(s); kernels that did not run: none")
+    assert res.stdout.rstrip().endswith(f"{len(registry.entries())} kernels ran; 0 wrong result(s); kernels that did not run: none")
     rows = [line for line in res.stdout.splitlines() if line.endswith(" ok")]
-    for k in registry.variants():  # forward and backward of every algorithm and variant
+    for k in registry.entries():  # forward and backward of every algorithm and variant
         tag = f"{k.algorithm:8s} fwd {k.variant}" if k.pass_ == "forward" else f"bwd {k.variant}"
         assert any(k.algorithm in r and tag in r for r in rows), (k, res.stdout)
     assert any("deterministic" in r for r in rows)

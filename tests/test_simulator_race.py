@@ -3,7 +3,7 @@
 numba-cuda 0.30's simulator allocates a static ``cuda.shared.array`` with an unlocked check-then-insert
 on a dict keyed by the declaring source line (``FakeCUDAShared.array``): a thread switch between the
 lookup and the insert gives two threads of one block different arrays for one declaration, and a
-correct kernel computes garbage now and then. :mod:`numba_flash._simfix` replaces that method with a
+correct kernel computes garbage now and then. :mod:`numba_flash.runtime.simulator` replaces that method with a
 locked copy as soon as the simulator is imported. The report with measurements is
 ``docs/notes/numba-cuda-shared-array-race.md``.
 
@@ -24,8 +24,9 @@ import threading
 import time
 import types
 
-from numba_flash import _simfix, attention_backward_numpy, attention_numpy
+from numba_flash import attention_backward_numpy, attention_numpy
 from numba_flash._launch import poison_outputs
+from numba_flash.runtime import simulator as _simfix
 from numba_flash_reference.alg3_backward import standard_backward
 
 import numpy as np
@@ -65,7 +66,7 @@ def test_the_simulator_shared_array_allocation_is_locked():
         pytest.param(
             {"NUMBA_FLASH_BACKEND": "simulator"},
             "import sys, numba_flash\n"
-            "from numba_flash import _simfix\n"
+            "from numba_flash.runtime import simulator as _simfix\n"
             "assert 'numba.cuda' not in sys.modules, 'import numba_flash imported numba.cuda'\n"
             "from numba import cuda\n"
             "print(_simfix.simulator_patch_installed())",
@@ -74,7 +75,7 @@ def test_the_simulator_shared_array_allocation_is_locked():
         pytest.param(
             {"NUMBA_ENABLE_CUDASIM": "1"},
             "import numba.cuda, numba_flash\n"
-            "from numba_flash import _simfix\n"
+            "from numba_flash.runtime import simulator as _simfix\n"
             "print(_simfix.simulator_patch_installed())",
             id="numba.cuda-first",
         ),

@@ -1,4 +1,4 @@
-"""The launch above 48 KB of dynamic SRAM (:mod:`numba_flash.fast._smem`), with a stand-in for numba-cuda's dispatcher.
+"""The launch above 48 KB of dynamic SRAM (:mod:`numba_flash.runtime.smem`), with a stand-in for numba-cuda's dispatcher.
 
 The opt-in only happens on a GPU (the simulator has no limit), so these tests replace the dispatcher, the device
 and the driver call by fakes that behave as the real ones do where it matters: the dispatcher types its arguments
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from numba_flash.fast import _smem
+from numba_flash.runtime import smem as _smem
 
 import pytest
 

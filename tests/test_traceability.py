@@ -37,7 +37,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# Number of numbered lines of each algorithm (paper notes: /work/shared/notes/paper.md and the papers).
+# Number of numbered lines of each algorithm (from the papers: FA1 arXiv 2205.14135, FA2 arXiv 2307.08691).
 N_LINES = {"Alg.0": 4, "Alg.1": 16, "Alg.2": 19, "Alg.3": 6, "Alg.4": 26, "Alg.5": 20, "FA2.1": 17, "FA2.2": 20}
 
 #: (for-line, end-for-line) of each loop of each algorithm. The body is strictly between the two.
@@ -468,6 +468,8 @@ def tag_spans(text: str) -> list[TagSpan]:
 # Operands, by the names the readable kernels, their fast twins and the references give them. A fast
 # kernel's step may be a call to a helper of numba_flash.fast._regtile whose name states the operation
 # (qkt_tile: Q K^T; pv_tile: P~ V; s_dp_p_ds: S, dP, P, dS; dv_dk_update; dq_tile).
+# The tensor-core forwards' steps of numba_flash.tensorcore.forward_steps name theirs likewise (init_o_l_m: line 5;
+# online_softmax: line 9; write_o_l: lines 12-15).
 _Q = r"\b(?:s?Q_i|Q|gQ|OFF_Q|qbase|q0)\b"
 _K = r"\b(?:s?K_j|K|gK|OFF_K|kbase|k0)\b"
 _V = r"\b(?:s?V_j|V|gV|OFF_V|vbase|v0)\b"
@@ -498,12 +500,12 @@ def rule(says, *alternatives):
 
 
 _S_QK = rule("S = (tau) Q K^T: a product of Q_i and K_j", (_Q, _K, _PRODUCT), (_Q, _K, r"\bs_tile_step\("), r"\bqkt_tile\(",
-             r"\bs_dp_p_ds\(")  # Dev: s_tile_step: the 3xTF32 forwards' mma step of S (_mma.make_s_steps)
+             r"\bs_dp_p_ds\(")  # Dev: s_tile_step: the 3xTF32 forwards' mma step of S (fragments.make_s_steps)
 _SPLIT = rule("split into blocks: Tr, Tc or the row/column blocks", r"\bT[rc]\b|seq_blocks|row_blocks|col_blocks")
 _LOOP = rule("a loop (or the thread block's index)", r"\bfor\b|\bblockIdx\b|\bkey_block\(|\bquery_block\(")
 _LOAD_KV = rule("K_j and V_j read from HBM", (r"\bgK\[", r"\bgV\["), r"\bload_kv?\(", (r"\bload_k_async\(", r"\bload_v_async\("))
 _BLOCK_SIZES = rule("block sizes Br, Bc", r"\bB[rcRC]\b|block_sizes|\bBCC?\b")
-_INIT_O_L_M = rule("O = 0, l = 0 and m = -inf", (_ZERO, _NEG_INF))
+_INIT_O_L_M = rule("O = 0, l = 0 and m = -inf", (_ZERO, _NEG_INF), r"\binit_o_l_m\(")
 _LOAD_Q_O_L_M = rule("Q_i, O_i, l_i, m_i read from HBM", (r"\bgQ\[", r"\bgO\[", r"\bgl\[", r"\bgm\["))
 _ROWMAX = rule("the row max of S (the first of line 10's three steps)", _MAX)
 _M_NEW = rule("m_new = max(m_i, m~_ij) and the rescale factors", (r"\bm_new\b", _MAX, r"\bexp2?\(|\brescale\("))
@@ -511,6 +513,7 @@ _O_UPDATE_FA1 = rule("O_i <- diag(l_new)^-1 (... P~ V_j): a product with V_j and
                      ((_V, _PRODUCT, _DIV_L)), (r"\bpv_tile\(", _DIV_L))
 _WRITE_L_M = rule("l and m written to HBM", (r"\bgl\[[^\]]*\]\s*=", r"\bgm\[[^\]]*\]\s*="))
 _RETURN = rule("return", r"\breturn\b")
+_WRITE_O_L = r"\bwrite_o_l\("  # lines 12-15 in one step of the tensor-core forwards (forward_steps.make_write_o_l)
 _PRNG = rule("the PRNG state: the seed", r"\bseed\b|\bhead_key\(")
 _MASK = rule("mask(S): -inf (or P = 0) where a key is hidden", (r"causal|visible|\bmask", _NEG_INF),
              (r"causal|visible", r"<=|>"), r"\bmask_tile\(")
@@ -563,12 +566,12 @@ CONTENT_RULES: dict[tuple[str, int], ContentRule] = {
     ("FA2.1", 3): _LOOP, ("FA2.1", 4): rule("Q_i read from HBM", r"\bgQ\[", r"\bload_q\(\s*gQ\b"), ("FA2.1", 5): _INIT_O_L_M,
     ("FA2.1", 6): _LOOP, ("FA2.1", 7): _LOAD_KV, ("FA2.1", 8): _S_QK,
     ("FA2.1", 9): rule("m_new = max(m, rowmax S); P~ = exp(S - m_new); l = e^(m_old - m_new) l + rowsum P~",
-                       (_MAX, _EXP, r"=\s*\w*alpha\w*(?:\[\w+\])?\s*\*|softmax_p_tile\(")),
+                       (_MAX, _EXP, r"=\s*\w*alpha\w*(?:\[\w+\])?\s*\*|softmax_p_tile\("), r"\bonline_softmax\("),
     ("FA2.1", 10): rule("O = diag(e^(m_old - m_new)) O + P~ V_j", (r"\w*alpha", _V), (r"\w*alpha", r"\bpv_tile\(")),
-    ("FA2.1", 12): rule("O_i = diag(l_i)^-1 O_i: a division by l", _DIV_L),
-    ("FA2.1", 13): rule("L_i = m_i + log(l_i)", r"\blog\(", r"\bnatural_stats\("),
-    ("FA2.1", 14): rule("O_i written to HBM", r"\bgO\[[^\]]*\]\s*="),
-    ("FA2.1", 15): rule("L_i written to HBM", r"\bgL\[[^\]]*\]\s*="),
+    ("FA2.1", 12): rule("O_i = diag(l_i)^-1 O_i: a division by l", _DIV_L, _WRITE_O_L),
+    ("FA2.1", 13): rule("L_i = m_i + log(l_i)", r"\blog\(", r"\bnatural_stats\(", _WRITE_O_L),
+    ("FA2.1", 14): rule("O_i written to HBM", r"\bgO\[[^\]]*\]\s*=", _WRITE_O_L),
+    ("FA2.1", 15): rule("L_i written to HBM", r"\bgL\[[^\]]*\]\s*=", _WRITE_O_L),
     ("FA2.1", 17): _RETURN,
     ("FA2.2", 1): _SPLIT, ("FA2.2", 2): rule("O, dO, L split into Tr blocks", r"\bT[rc]\b|\bg(?:O|dO|L)\b"),
     ("FA2.2", 3): rule("dQ = 0", _ZERO, r"\ballocate_grads\("), ("FA2.2", 4): _D_ROWSUM, ("FA2.2", 5): _LOOP, ("FA2.2", 6): _LOAD_KV,

@@ -355,6 +355,73 @@ def flash_backward(Q, K, V, O, dO, l, m, tau, dQ, dK, dV):
 '''
 
 
+# The red team (issue "The suite and the course a student can trust"): sys, importlib and threading reached
+# through numba's own modules, the tripwire switched off, the import wall taken out of meta_path, the package
+# imported by a computed name. Once it passed a1 (10/10), a3 (10/10) and a4 (9/9); each must now fail.
+RED_TEAM_PREAMBLE = """
+import numba
+import numpy as np
+
+_sys = numba.core.config.sys
+_imp = numba.core.caching.importlib
+_thr = numba.core.compiler_lock.threading
+
+
+def _unguarded(name):
+    _sys.setprofile(None)
+    _thr.setprofile(None)
+    _sys.meta_path[:] = [f for f in _sys.meta_path if "Wall" not in type(f).__name__]
+    return _imp.import_module("numba_" + "flash_reference." + name)
+"""
+RED_TEAM = {
+    "a1_online_softmax": RED_TEAM_PREAMBLE + CHEAT_A1.replace(
+        "from numba_flash_reference.online_softmax import identity_state, merge, softmax_state\n", "").replace(
+        "    s = identity_state(rows, d)", "    s = _unguarded('online_softmax').identity_state(rows, d)").replace(
+        "    b = softmax_state(S_j, V_j)\n    s = merge(",
+        "    ref = _unguarded('online_softmax')\n    b = ref.softmax_state(S_j, V_j)\n    s = ref.merge("),
+    "a3_flash_forward": RED_TEAM_PREAMBLE + """
+BR = 8
+BC = 8
+
+
+def make_kernel(D):
+    return None
+
+
+def flash_forward(Q, K, V, O, l, m, tau):
+    r = _unguarded("alg1_forward").flash_forward_alg1(np.asarray(Q, np.float64)[None, :, None, :],
+                                                     np.asarray(K, np.float64)[None, :, None, :],
+                                                     np.asarray(V, np.float64)[None, :, None, :], softmax_scale=tau)
+    O[...] = r.O[0, :, 0]
+    l[...] = r.l[0, 0]
+    m[...] = r.m[0, 0]
+""",
+    "a4_recompute_backward": RED_TEAM_PREAMBLE + CHEAT_A4.replace("import importlib\n", "").replace(
+        '_alg4 = importlib.import_module("numba_flash_" + "reference.alg4_backward")\n', "").replace(
+        "_alg4.flash_backward(", "_unguarded('alg4_backward').flash_backward("),
+}
+
+
+def test_the_static_check_rejects_the_red_team_gadgets(guard):
+    for name, source in RED_TEAM.items():
+        problems = "\n".join(guard.static_problems(source))
+        for gadget in ("'sys'", "'importlib'", "'threading'", "'setprofile'", "'meta_path'"):
+            assert f"attribute {gadget} is not allowed" in problems, (name, gadget, problems)
+
+
+def test_the_red_team_submissions_fail_every_autograder_test_they_run(tmp_path):
+    folder = tmp_path / "red_team"
+    folder.mkdir()
+    for name, text in RED_TEAM.items():
+        (folder / f"{name}.py").write_text(text)
+    outcomes, log = grade(str(folder), tmp_path, targets=[ASSIGNMENTS / name for name in RED_TEAM])
+    per = by_assignment(outcomes)
+    for name in RED_TEAM:
+        assert len(per[name]) >= 6, f"{name}: {per[name]}\n{log}"
+        passing = [t for t, o in per[name].items() if o not in ("failed", "error")]
+        assert not passing, f"the {name} red-team submission passes {passing}\n{log}"
+
+
 def _round(tmp_path, label, cases, extra_targets=(), extra_files=None):
     folder = tmp_path / label
     folder.mkdir()

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # The GPU measurements the performance log (docs/notes/performance-log.md) asks for next, from the repository root:
 #   bash bench/gpu/run_pending.sh [OUTDIR [STEP ...]]
-# STEP (default: host, about 3 minutes; streams, tc_cp and half_bwd_cp ran on 2026-11-25, their results are in
-# docs/results: streams took 8 minutes on an H100, mostly compiling, tc_cp 3, half_bwd_cp 5):
+# STEP (default: host, about 3 minutes; streams, tc_cp and half_bwd_cp ran on 2026-11-25, their results were in
+# docs/results/sweeps and gpu_runs, last in the tree at e0e5a9b: streams took 8 minutes on an H100, mostly compiling, tc_cp 3, half_bwd_cp 5):
 #   streams      tests/test_streams.py and tests/kernels/test_half_backward_cp_async.py (written without a GPU)
 #                -> OUTDIR/streams_gpu.txt
 #   host         the host probes of a short-sequence call: python -m bench.host_overhead (CUDA tensors; first, with
 #                fewer calls: on 2026-11-25 it was cut before printing), python -m bench.short_seq_probe --host and
-#                --profile (on 2026-11-25 also with _smem.CACHED_OPT_IN, since removed: docs/results/sweeps/*b7c3ad5*)
+#                --profile (on 2026-11-25 also with _smem.CACHED_OPT_IN, since removed: docs/results/sweeps/*b7c3ad5*, last in the tree at e0e5a9b)
 #                -> OUTDIR/host_overhead_gpu.txt, host_probe.txt, profile.txt
 #   tc_cp        the 3xTF32 forward's cp.async sweep that decides CP_ASYNC's default for float32 (fa2_sweep variants
 #                tc-cp*; the log's section "3xTF32 forward: cp.async for K_j, V_j") -> OUTDIR/tc_cp_d64.json/.log, _d128
@@ -53,11 +53,11 @@
 #   host_layers  python -m bench.host_layers (host time of one forward, layer by layer) and its --profile (a cProfile of
 #                flash_attn_func by own time) -> OUTDIR/host_layers.txt, host_profile.txt
 #   short_direct the half grid's short cells (bf16, forward N 512/1k/2k, forward + backward N 1k/2k) with the direct launches
-#                of numba_flash/fast/_direct.py, against SDPA memory-efficient and flash in the same run, and first our cells
+#                of numba_flash/runtime/direct.py, against SDPA memory-efficient and flash in the same run, and first our cells
 #                from the tree NUMBA_FLASH_BASELINE_TREE (an earlier commit's checkout) if set -> OUTDIR/short_direct.json/.log,
 #                short_direct_base.json/.log
 #   short_replay the half grid's short cells (as short_direct) with the launches replayed (NUMBA_FLASH_REPLAY=1, the default
-#                since 2026-11-26, numba_flash/fast/_replay.py) and without, in the same call, after the GPU tests of the replay
+#                since 2026-11-26, numba_flash/runtime/replay.py) and without, in the same call, after the GPU tests of the replay
 #                -> OUTDIR/short_replay_off.json/.log, short_replay_on.json/.log, replay_tests.txt
 #   host_kernels python -m bench.host_layers --kernels: per bf16 training step (b 8 N 256 d 64; N 1k/2k d 128), the kernels'
 #                GPU time (torch.profiler) against the synchronized wall time, replay off and on, SDPA beside
@@ -152,10 +152,6 @@
 #                -> OUTDIR/warp_skip_ab_d128_{1,2}.json/.log
 #   warp_skip_h200  WARP_SKIP off and on at the two causal d = 128 cells below SDPA (N 512 / 1k, both 4 x 2 x 16), 10
 #                back-to-back calls a timing, 15 timings interleaved with SDPA, twice -> OUTDIR/warp_skip_h200_{1,2}.json/.log
-#   o_outer      the 3xTF32 forward's O_OUTER (line 10 with O's tiles outer): its GPU tests, then off and on at N 512 / 1k,
-#                d = 64 and 128, causal and not (non-causal d = 128 is 8 x 2 x 16 with SPLIT_KV, where it does not apply: the
-#                two variants are one kernel there), 10 calls a timing, 15 timings interleaved with SDPA, twice
-#                -> OUTDIR/o_outer_tests.txt, o_outer_{1,2}.json/.log
 #   suite_rest   the GPU suite's files that the cut runs at 50079fe did not reach (9 of tests/kernels) or reached last
 #                (test_torch_compile, test_traceability, test_tutorials), 12 workers -> OUTDIR/gpu_suite_rest.log
 #   ncu_split_kv Nsight Compute (--set full) of the d = 128 forward at N = 4k, b 4, h 16, with SPLIT_KV off and on, causal
@@ -211,12 +207,6 @@
 #                default tiling, 4 x 2 x 16) at the grid's causal d = 128 cell N 512 (b 32, h 16), in one call, so that the
 #                two kernels' launch statistics (grid, block, registers, SRAM), occupancy, issue slots and warp stalls
 #                sit side by side -> OUTDIR/ncu_sdpa_causal_fwd_d128_n512.txt, ncu_ours_causal_fwd_d128_n512.txt (and _meta.json)
-#   dsplit       the 3xTF32 forward whose warps share a block's keys and O's columns (DSPLIT, fa2_forward_tc_dsplit): its
-#                GPU tests, then the d = 128 default against it, N 512 / 1k / 2k / 4k, causal and not, 10 back-to-back calls a
-#                timing, 15 timings interleaved with SDPA, twice (fa2_sweep tc-ds0 tc-ds1), and N 8k / 16k once (3 calls a
-#                timing, 8 timings) -> OUTDIR/dsplit_tests.txt, dsplit_{1,2}.json/.log, dsplit_long.json/.log
-#   ncu_dsplit   Nsight Compute's full set on the DSPLIT forward at the grid's causal d = 128 cell N 512 (b 32, h 16), to set
-#                beside ncu_sdpa_short's two profiles -> OUTDIR/ncu_dsplit_causal_fwd_d128_n512.txt (and _meta.json)
 #   timeline_f32 python -m bench.host_layers --timeline --dtype float32 (the fa2 grid's causal forward at N 512, d = 64 and
 #                128, and a causal d = 128 training step at N 1k: one synchronized call event by event, ours and SDPA
 #                memory-efficient's), then --profile --dtype float32 --headdim 128 (a cProfile by own time)
@@ -225,10 +215,6 @@
 #                (b 32, h 16): warp-state samples and executed instructions per SASS instruction, to place the kernel's
 #                waits (SourceCounters, WarpStateStats, SchedulerStats) -> OUTDIR/ncu_src_causal_fwd_d128_n512.csv (the
 #                source page, SASS), .txt (the sections), _meta.json
-#   dsplit_nan   the GPU mutation check of DSPLIT's two NaN passes over K_j and V_j (fa2_forward_tc_dsplit): its NaN test
-#                as it is (must pass), then with quiet_k's call taken out and with quiet_v's (each must fail: on a GPU the
-#                3xTF32 split wraps the canonical NaN 0x7fffffff to -0.0 where the pass missed it; the simulator's keeps it)
-#                -> OUTDIR/dsplit_nan_tests.txt, dsplit_nan_mutant_k.txt, dsplit_nan_mutant_v.txt
 #   nan_reach    where a NaN in Q goes in the 3xTF32 backward, build by build (bench/nan_reach.py) -> OUTDIR/nan_reach.txt
 #   half_bwd_cp  the half backward's tilings with and without cp.async for Q_i, dO_i (half_sweep --backward; the log's
 #                section "FA2 backward in fp16 / bf16: cp.async for Q_i, dO_i") -> OUTDIR/half_bwd_cp.json/.log
@@ -477,11 +463,6 @@ for s in "${steps[@]}"; do
     warp_skip_h200)
       fa2_rounds warp_skip_h200 150 --seqlens 512 1024 --headdims 128 --causal yes --variants tc-ws0 tc-ws1 \
         --repeats 15 --calls 10 --interleave ;;
-    o_outer)
-      step o_outer_tests.txt timeout 240 python3 -m pytest -v -p no:cacheprovider -rfE --tb=short -n 8 tests/kernels/test_tc_o_outer.py
-      grep -E "FAILED|passed|failed" "$out/o_outer_tests.txt" | tail -n 8
-      fa2_rounds o_outer 170 --seqlens 512 1024 --headdims 64 128 --causal both --variants tc-oo0 tc-oo1 \
-        --repeats 15 --calls 10 --interleave ;;
     suite_rest)
       step gpu_suite_rest.log timeout "${NUMBA_FLASH_SUITE_REST_S:-400}" python3 -m pytest -n "${NUMBA_FLASH_SUITE_WORKERS:-12}" -v -rfEX \
         -p no:cacheprovider --durations=10 tests/kernels/test_fa2_kernels.py tests/kernels/test_half_ex2_ftz.py \
@@ -707,19 +688,11 @@ for s in "${steps[@]}"; do
       step nan_reach.txt timeout 150 python3 -m bench.nan_reach
       grep -v -i warn "$out/nan_reach.txt" | tail -n 30
       # the GPU mutation check: the clamp taken out of the NaN-keeping split, its three tests must fail
-      mutant numba_flash/fast/_mma.py 's/clamp = "min.s32 r, r, 2147479551; " if keep_nan else ""/clamp = ""/' \
+      mutant numba_flash/tensorcore/ptx.py 's/clamp = "min.s32 r, r, 2147479551; " if keep_nan else ""/clamp = ""/' \
         nan_split_mutant.txt 200 python3 -m pytest -q -p no:cacheprovider -rfE --tb=no -n 8 -k \
         "keeping_split or nan_in_one_query_row_makes_that_row_of_dq or nans_in_q_and_do" tests/kernels/test_mma.py \
         tests/test_edge_values.py tests/kernels/test_tf32_backward_split_qdo.py
       grep -E "FAILED|passed|failed" "$out/nan_split_mutant.txt" | tail -n 8 ;;
-    dsplit_nan)
-      local_test=(python3 -m pytest -v -p no:cacheprovider -rfE --tb=line -k dsplit_nans tests/kernels/test_tc_forward_dsplit.py)
-      step dsplit_nan_tests.txt timeout 150 "${local_test[@]}"
-      for part in k v; do  # Dev: each mutant drops one pass's call; the NaN test must fail
-        mutant numba_flash/fast/fa2_forward_tc_dsplit.py "s/^\( *\)quiet_${part}(smem, /\1pass  # mutant: quiet_${part}(smem, /" \
-          "dsplit_nan_mutant_${part}.txt" 150 "${local_test[@]}"
-      done
-      grep -hE "FAILED|passed|failed" "$out"/dsplit_nan_*.txt | tail -n 12 ;;
     rescale_fma)
       step rescale_fma_tests.txt timeout 300 python3 -m pytest -v -p no:cacheprovider -rfE --tb=short -n 8 \
         tests/kernels/test_tc_rescale_fma.py tests/kernels/test_tc_stage_o_step.py
@@ -730,21 +703,6 @@ for s in "${steps[@]}"; do
       step rescale_fma_long.log timeout 300 python3 -m bench.fa2_sweep --seqlens 2048 8192 16384 --headdims 128 --causal yes \
         --variants tc-fma0 tc-fma1 --repeats 8 --calls 3 --interleave --no-baselines --no-check --out "$out/rescale_fma_long.json"
       grep "^forward" "$out/rescale_fma_long.log" ;;
-    dsplit)
-      step dsplit_tests.txt timeout 300 python3 -m pytest -v -p no:cacheprovider -rfE --tb=short -n 8 tests/kernels/test_tc_forward_dsplit.py
-      grep -E "FAILED|passed|failed" "$out/dsplit_tests.txt" | tail -n 12
-      fa2_rounds dsplit 200 --seqlens 512 1024 2048 4096 --headdims 128 --causal both \
-        --variants tc-ds0 tc-ds1 --repeats 15 --calls 10 --interleave
-      step dsplit_long.log timeout 200 python3 -m bench.fa2_sweep --seqlens 8192 16384 --headdims 128 --causal both \
-        --variants tc-ds0 tc-ds1 --repeats 8 --calls 3 --interleave --out "$out/dsplit_long.json"
-      grep "^forward" "$out/dsplit_long.log" ;;
-    ncu_dsplit)
-      if ncu_found; then
-        ncu_full ncu_dsplit_causal_fwd_d128_n512 \
-          '{"algorithm":"flash2","variant":"tensorcore","pass":"forward","batch":32,"nheads":16,"N":512,"d":128,"causal":true,"features":{"DSPLIT":true}}' 240
-        grep -E "^  [a-zA-Z_].*\(|Duration|Registers Per Thread|Block Size|Grid Size|Dynamic Shared Memory Per Block|Achieved Occupancy|Issue Slots Busy|Executed Ipc Active" \
-          "$out/ncu_dsplit_causal_fwd_d128_n512.txt" | head -n 20
-      fi ;;
     ncu_sdpa_short)
       if ncu_found; then
         for who in sdpa ours; do

@@ -1,4 +1,4 @@
-"""``bug-gallery``: the bug gallery of :mod:`numba_flash.bugs`, rendered from its data.
+"""``bug-gallery``: the bug gallery of ``tools/bugs.py``, rendered from its data.
 
 Usage in a page::
 
@@ -42,10 +42,10 @@ class BugGallery(SphinxDirective):
     required_arguments = 0
 
     def run(self):
-        from numba_flash import bugs
+        from tools import bugs
 
         root = bugs.repo_root()
-        for rel in {b.file for b in bugs.GALLERY} | {"numba_flash/bugs.py"}:
+        for rel in {b.file for b in bugs.GALLERY} | {"tools/bugs.py"}:
             self.env.note_dependency(str(root / rel))
         rows = []
         for b in bugs.GALLERY:

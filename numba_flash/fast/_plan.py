@@ -15,9 +15,9 @@ import math
 
 import numpy as np
 
-from .._constants import LOG2E
 from .._launch import ForwardOutput, KernelLaunch, Problem
-from . import _smem
+from ..device.constants import LOG2E
+from ..runtime import smem as _smem
 
 #: The k step of the tensor cores' ``m16n8k8`` products: the tensor-core kernels pad the head dim to a multiple of it.
 MMA_K = 8
@@ -27,6 +27,16 @@ def padded_headdim(d: int) -> int:
     """``DP``: the head dim ``d`` rounded up to a multiple of :data:`MMA_K` (8), the width the tensor-core kernels' tiles
     of Q, K, V and O take in SRAM and registers (the padding columns are zeros)."""
     return MMA_K * ((d + MMA_K - 1) // MMA_K)
+
+
+def checked_features(defaults: dict, features=None) -> dict:
+    """``defaults`` updated with ``features``, after checking that every key of ``features`` is one of ``defaults``'
+    (a misspelt switch would otherwise silently run the default): ValueError naming the unknown keys."""
+    features = dict(features or {})
+    unknown = sorted(set(features) - set(defaults))
+    if unknown:
+        raise ValueError(f"features: unknown switch(es) {unknown}; this kernel has {sorted(defaults)}")
+    return {**defaults, **features}
 
 
 def check_sram(nbytes: int, Br: int, Bc: int, d: int) -> None:
@@ -53,6 +63,15 @@ def async_on(feature, cp_async: bool) -> bool:
     """A block's one-time tile load by ``cp.async`` resolved (the 3xTF32 forward's ``Q_ASYNC``, its backward's
     ``KV_ASYNC``): never off the kernel's ``cp.async`` path; else ``bool(feature)``, None: on."""
     return cp_async and (feature is None or bool(feature))
+
+
+def register_path_if_unaligned(features, defaults: dict, *arrays):
+    """``features``, with ``CP_ASYNC`` turned off where it is on (here or in ``defaults``) but ``arrays`` are not
+    16-byte aligned (:func:`aligned16`): ``cp.async`` of their rows would fault, the register path runs instead.
+    The alignment is only read when the feature is on (the call is on every forward's host path)."""
+    if {**defaults, **(features or {})}["CP_ASYNC"] and not aligned16(*arrays):
+        return {**(features or {}), "CP_ASYNC": False}
+    return features
 
 
 def registers_if_unaligned(features, defaults: dict, name: str, *arrays):

@@ -1,7 +1,7 @@
 """FA2 Algorithm 2 line 4 for the fast backward kernels: ``D = rowsum(dO o O)``, a warp per row.
 
 Paper: Dao, "FlashAttention-2", Algorithm 2 lines 3-4 ([FA2-ICLR] Appendix A). Read the readable pre-pass
-:mod:`numba_flash._fa2_prepass` first: the sum is the same, only the threads that compute it differ.
+:mod:`numba_flash.device.prepass` first: the sum is the same, only the threads that compute it differ.
 
 Why a second pre-pass
 ---------------------
@@ -35,10 +35,11 @@ import functools
 
 from numba import cuda, float32
 
-from .. import _backend
-from .._constants import FULL_MASK
 from .._launch import Problem, bh_grid, ceil_div
-from . import _mma, _smem
+from ..device.constants import FULL_MASK
+from ..runtime import backend as _backend
+from ..runtime import smem as _smem
+from ..tensorcore import ptx
 
 #: (lanes per row, row groups per block) on a GPU and in the simulator.
 GPU_SHAPE = (32, 8)
@@ -65,7 +66,7 @@ def make_prepass(KIND, ZERO_DQ: bool, SIM: bool, RPW: int):
     LANES, GROUPS = block_shape(SIM)
     NT = LANES * GROUPS
     HALF = KIND is not None
-    unpack2 = _mma.make_unpack2(KIND, SIM) if HALF else None
+    unpack2 = ptx.make_unpack2(KIND, SIM) if HALF else None
     ZERO = float32(0.0)
 
     if SIM:

@@ -46,9 +46,9 @@ import math
 
 from numba import cuda, float32
 
-from .._constants import FULL_MASK as _FULL_MASK
-from .._constants import LN2, LOG2E, U
-from .._dropout import keep
+from ..device.constants import FULL_MASK as _FULL_MASK
+from ..device.constants import LN2, LOG2E, U
+from ..device.dropout import keep
 
 U1, U2, U3, U4 = U(1), U(2), U(3), U(4)
 
@@ -62,7 +62,7 @@ def min_keep_nan(x, cap):
     so a NaN row of ``S`` (a NaN in ``Q_i``, whose ``1/l`` the backward reads as 0) gave ``P = 2^64 * 0 = 0`` and no NaN
     in ``dV`` on a GPU, a NaN ``P`` and ``dV`` in the simulator. ``x > cap`` is False for a NaN, so this keeps it on
     both backends, as torch's attention does (``python -m bench.nan_reach`` shows where it goes). LLVM makes it sm_80's
-    ``min.NaN.f32``; the 3xTF32 backward states that instruction as PTX on a GPU (:func:`numba_flash.fast._mma.min_nan_asm`:
+    ``min.NaN.f32``; the 3xTF32 backward states that instruction as PTX on a GPU (:func:`numba_flash.tensorcore.ptx.min_nan_asm`:
     with this select its non-causal d = 64 build lost its unrolling)."""
     return cap if x > cap else x
 

@@ -45,8 +45,8 @@ import math
 
 from numba import cuda, float32, uint32
 
-from .._constants import U
-from . import _mma
+from ..device.constants import U
+from ..tensorcore import ptx
 
 #: The quiet NaN 0x7fc00000, which the 3xTF32 split keeps a NaN (see make_pair_loader's QUIET_NAN).
 QNAN = float32(math.nan)
@@ -111,7 +111,7 @@ def make_pair_loader(NROWS: int, DP: int, NT: int, SA: int, SB: int | None = Non
     kernel pass ``False``: they keep the per-element index form they were measured with.
 
     ``QUIET_NAN`` (the tensor-core kernel): a NaN is stored as the quiet NaN ``0x7fc00000``. The
-    3xTF32 split (:data:`numba_flash.fast._mma.split_tf32_asm`) adds half a tf32 ulp to the bits, which
+    3xTF32 split (:data:`numba_flash.tensorcore.ptx.split_tf32_asm`) adds half a tf32 ulp to the bits, which
     carries the GPU's canonical NaN ``0x7fffffff`` into the sign bit (``-0.0``): without this a NaN in
     K or V vanished from the products. One select per stored element (at the store: a select at the load made the prefetched loads
     wait, 1.5-1.7x slower on an H100); the split stays five instructions.
@@ -418,7 +418,7 @@ def make_word_loader_async(NROWS: int, DW: int, NT: int, SA: int, SIM: bool, SWI
     and ``dw`` then counted in floats (the 3xTF32 forward's K_j, V_j).
 
     The tile of :func:`make_word_loader` without the registers: ``load_async(smem, off, gA, ub, uh, row0,
-    n_rows, dw, tid)`` *issues* 16-byte copies (4 words; :func:`numba_flash.fast._mma.make_cp_async`, the
+    n_rows, dw, tid)`` *issues* 16-byte copies (4 words; :func:`numba_flash.tensorcore.ptx.make_cp_async`, the
     simulator's twin when ``SIM``) of ``gA[b, row0 + r, h, 4c .. 4c + 3]`` to the SRAM tile at ``off`` (row
     stride ``SA`` words), zero-filled for rows ``>= n_rows`` and chunks ``4c >= dw``. Chunk ``e = tid + NT it``
     (``NC`` per thread) is row ``e // (DW / 4)``, chunk ``e % (DW / 4)``: consecutive threads on consecutive
@@ -436,7 +436,7 @@ def make_word_loader_async(NROWS: int, DW: int, NT: int, SA: int, SIM: bool, SWI
     NC, own_chunk, _, chunk_rc, word_at = make_own_chunks(NROWS, DW, NT, SA, SWIZZLE, ROW_PAIRS, PAIR_ROWS)
     u0, u16 = U(0), uint32(16)
     z = uint32(0)
-    copy16, _commit, _wait0 = _mma.make_cp_async(SIM)
+    copy16, _commit, _wait0 = ptx.make_cp_async(SIM)
 
     @cuda.jit(device=True, inline="always")
     def load_async(smem, off, gA, ub, uh, row0, n_rows, dw, tid):
@@ -496,10 +496,10 @@ def make_quiet_nan_pass(NROWS: int, DW: int, NT: int, SA: int, SWIZZLE=None, SCA
 
 @functools.cache
 def make_quiet_split(SIM: bool):
-    """``split(x) -> (big, small)``: :func:`numba_flash.fast._mma.make_warp_ops`' ``split_tf32`` (the simulator's twin when
+    """``split(x) -> (big, small)``: :func:`numba_flash.tensorcore.ptx.make_warp_ops`' ``split_tf32`` (the simulator's twin when
     ``SIM``) of ``x``, a NaN first made the quiet NaN (as :func:`make_quiet_nan_pass` stores it): the parts a warp
     would split from the value that pass leaves in SRAM."""
-    split_tf32 = _mma.make_warp_ops(SIM)[0]
+    split_tf32 = ptx.make_warp_ops(SIM)[0]
 
     @cuda.jit(device=True, inline="always")
     def split(x):
@@ -526,7 +526,7 @@ def make_split_pass(NROWS: int, DW: int, NT: int, SA: int, SIM: bool, SWIZZLE=No
     """``split_pass(smem, words, off, small, tid)``: the chunks of :func:`make_quiet_nan_pass` (same ``NROWS, DW, NT,
     SA, SWIZZLE``) split once for every warp that reads them: each element ``x`` (a NaN first made the quiet NaN, as
     that pass does) becomes the tf32 bit pattern of its big part in place and the small part's at ``small`` words
-    further on (:func:`numba_flash.fast._mma.make_warp_ops`' ``split_tf32``, the simulator's twin when ``SIM``).
+    further on (:func:`numba_flash.tensorcore.ptx.make_warp_ops`' ``split_tf32``, the simulator's twin when ``SIM``).
 
     ``smem`` and ``words`` are the float32 and uint32 views of one dynamic SRAM array. What a warp's fragment loads
     then read are the two parts the warp would have computed from ``x`` itself, bit for bit: the same function of the

@@ -24,7 +24,7 @@ What changed from the readable kernel, and why
   ``TM x TN`` tile of ``S_ij`` and a ``TM x (d / TPR)`` tile of ``O_i`` in registers, so each value
   loaded from SRAM feeds ``TN`` (or ``TM``) multiply-adds. ``O_i`` is loaded from HBM straight into
   that register tile (its latency hides behind the ``S_ij`` product).
-* **Bigger K/V tiles with > 48 KB of SRAM** (:mod:`numba_flash.fast._smem`): ``Bc = 128`` (the
+* **Bigger K/V tiles with > 48 KB of SRAM** (:mod:`numba_flash.runtime.smem`): ``Bc = 128`` (the
   readable kernel: 48 at d = 64, 24 at d = 128), so ``Tc = N / Bc`` (the number of passes that stream
   ``Q, O`` through HBM, Theorem 2) is 2.7x (d = 64) and 5.3x (d = 128) smaller. ``S_ij`` of a
   128-wide block does not fit in registers, so a step computes it in ``Bc / BCC`` column chunks with a
@@ -89,12 +89,13 @@ import math
 
 from numba import cuda, float32, uint64
 
-from .. import _backend
-from .._constants import FULL_MASK as _FULL_MASK
-from .._constants import LOG2E, U
-from .._dropout import head_key, row_key
 from .._launch import ForwardOutput, KernelLaunch, Problem
-from . import _regtile, _smem, _tiles
+from ..device.constants import FULL_MASK as _FULL_MASK
+from ..device.constants import LOG2E, U
+from ..device.dropout import head_key, row_key
+from ..runtime import backend as _backend
+from ..runtime import smem as _smem
+from . import _plan, _regtile, _tiles
 
 
 def _round_up(n: int, m: int) -> int:
@@ -405,8 +406,7 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None):
     """(kernel, grid, threads, dynamic SRAM bytes, config) of one launch, without launching."""
     cfg = config if config is not None else config_for(prob.headdim, None if block_sizes is None else tuple(block_sizes))
     NW, WS, TM, TPR, BCC, NCH, DP = cfg
-    feats = default_features()
-    feats.update(features or {})
+    feats = _plan.checked_features(default_features(), features)
     if feats["SHFL"] and WS != 32:
         raise ValueError("the shuffle path needs workers of 32 lanes (one warp)")
     nbytes = 4 * smem_floats(*cfg, shfl=feats["SHFL"])

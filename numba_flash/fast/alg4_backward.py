@@ -21,7 +21,7 @@ What changed from the readable kernel, and why
   ``dV~_j, dK~_j`` as ``TC x 4 DVX`` register tiles held for the whole inner loop, updated by outer
   products over the query rows; the ``dQ_i`` update (``TM2 x DX2`` per thread) added to the old
   ``dQ_i``, which was loaded into registers at line 10 (its HBM latency overlaps lines 11-20).
-* **Bigger tiles through dynamic SRAM > 48 KB** (:mod:`numba_flash.fast._smem`): ``Br x Bc = 64 x 128``
+* **Bigger tiles through dynamic SRAM > 48 KB** (:mod:`numba_flash.runtime.smem`): ``Br x Bc = 64 x 128``
   at ``d <= 64`` (169 KB), ``64 x 64`` at ``d = 128``; the readable kernel's 32 x 32 (41.8 KB) meant
   ``Tc = N / 32`` read-modify-write passes over ``dQ``, this one ``N / 128``.
 * **Q_i, dO_i, l_i, m_i, D_i prefetched** into registers during the compute of the previous row block.
@@ -95,12 +95,13 @@ import functools
 import numpy as np
 from numba import cuda, float32, uint64
 
-from .. import _backend
-from .._constants import LOG2E, U
-from .._dropout import head_key, row_key
-from .._gqa import group_sum, per_head_grads
 from .._launch import KernelLaunch, Problem
-from . import _plan, _regtile, _smem
+from ..device.constants import LOG2E, U
+from ..device.dropout import head_key, row_key
+from ..device.gqa import group_sum, per_head_grads
+from ..runtime import backend as _backend
+from ..runtime import smem as _smem
+from . import _plan, _regtile
 from . import fa2_backward as fa2_backward_fast
 from .fa2_backward import _device_functions, derived
 
@@ -355,8 +356,7 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None, from_lse=F
     cfg = config if config is not None else config_for(prob.headdim, None if block_sizes is None else tuple(block_sizes))
     NT, BR, BC, DP = cfg
     derived(NT, BR, BC, DP)
-    feats = default_features()
-    feats.update(features or {})
+    feats = _plan.checked_features(default_features(), features)
     maxreg = feats["MAXREG"] if not _backend.is_simulator() else None
     nbytes = 4 * smem_floats(NT, BR, BC, DP)
     _plan.check_sram(nbytes, BR, BC, prob.headdim)
@@ -396,7 +396,7 @@ def backward(dout, q, k, v, out, fwd, prob: Problem, alloc, block_sizes=None, de
     dk = alloc.empty((b, s_k, h_k, d))
     dv = alloc.empty((b, s_k, h_k, d))
     # Dev: under GQA/MQA each query head's block writes its partial dK, dV to an O(N)-per-head scratch
-    # array and numba_flash._gqa.group_sum adds each group (as the readable kernel).
+    # array and numba_flash.device.gqa.group_sum adds each group (as the readable kernel).
     dk_h, dv_h = per_head_grads(dk, dv, prob, alloc)
     delta = alloc.empty((b, h, s_q))  # D_i scratch: O(N) per head
     m, l = (fwd.lse, fwd.lse) if from_lse else (fwd.m, fwd.l)

@@ -29,7 +29,7 @@ What changed from the readable kernel, and why
 * **Q_i, dO_i prefetched.** The loads of ``Q_{i+1}, dO_{i+1}, m_{i+1}, l_{i+1}, D_{i+1}`` are issued into
   registers before the compute on ``Q_i, dO_i`` (double buffering in registers, as the forward's
   K/V prefetch), all loads of a tile unrolled (one memory round trip per tile).
-* **More than 48 KB of SRAM** (:mod:`numba_flash.fast._smem`): ``Q_i, dO_i, K_j, V_j`` and ``P_ij, dS_ij``
+* **More than 48 KB of SRAM** (:mod:`numba_flash.runtime.smem`): ``Q_i, dO_i, K_j, V_j`` and ``P_ij, dS_ij``
   at 64 x 128, ``d = 64`` are 168.5 KB per block.
 * **The deterministic path is fast too.** ``deterministic=True`` leaves the atomics out of the main
   kernel and runs :func:`fa2_backward_fast_dq_kernel`, one block per *query* block (FA2's forward
@@ -99,12 +99,13 @@ import math
 
 from numba import cuda, float32, uint64
 
-from .. import _backend
-from .._constants import LOG2E, U
-from .._dropout import head_key, row_key
-from .._fa2_prepass import allocate_grads
 from .._launch import KernelLaunch, Problem, bh_grid, ceil_div
-from . import _plan, _regtile, _smem, _tiles
+from ..device.constants import LOG2E, U
+from ..device.dropout import head_key, row_key
+from ..device.prepass import allocate_grads
+from ..runtime import backend as _backend
+from ..runtime import smem as _smem
+from . import _plan, _regtile, _tiles
 from . import _prepass as _prepass_kernel
 
 
@@ -174,7 +175,7 @@ def _split(prob: Problem, cfg):
 
 def _allocate_grads(prob: Problem, alloc, deterministic: bool):
     # FA2.2 L3: dQ = (0) in HBM (the atomic adds need zeros; the deterministic kernel writes every row); dK, dV: Tc blocks
-    return allocate_grads(prob, alloc, deterministic)  # numba_flash._fa2_prepass, shared with the other FA2 backward
+    return allocate_grads(prob, alloc, deterministic)  # numba_flash.device.prepass, shared with the other FA2 backward
 
 
 def _prepass(out, dout, prob: Problem, alloc):
@@ -563,8 +564,7 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None, determinis
     cfg = config if config is not None else config_for(prob.headdim, block_sizes)
     NT, BR, BC, DP = cfg
     derived(NT, BR, BC, DP)
-    feats = default_features()
-    feats.update(features or {})
+    feats = _plan.checked_features(default_features(), features)
     maxreg = feats["MAXREG"] if not _backend.is_simulator() else None
     nbytes = 4 * smem_floats(NT, BR, BC, DP)
     _plan.check_sram(nbytes, BR, BC, prob.headdim)
@@ -600,7 +600,7 @@ def compiled_kernels(prob: Problem, block_sizes=None, deterministic=False) -> li
 
 #: :func:`backward` puts nothing on the GPU but the allocator's outputs and launches through ``_smem.launch`` (the
 #: pre-pass, the main kernel, the deterministic dQ kernel): an eager call's backward may be replayed
-#: (:mod:`numba_flash.fast._replay`)
+#: (:mod:`numba_flash.runtime.replay`)
 REPLAYABLE = True
 
 

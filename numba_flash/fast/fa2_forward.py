@@ -23,7 +23,7 @@ What changed from the readable kernel, and why
   lanes that need it with only a warp barrier (``syncwarp``), and the row sum is kept per lane and
   reduced once, after the loop (FA2 section 3.1.1's point: fewer non-matmul operations). The
   simulator has no warp intrinsics: there the same steps go through SRAM and ``syncthreads``.
-* **More than 48 KB of SRAM** (:mod:`numba_flash.fast._smem`): a 64 x 64 block at ``d = 64`` needs
+* **More than 48 KB of SRAM** (:mod:`numba_flash.runtime.smem`): a 64 x 64 block at ``d = 64`` needs
   about 70 KB.
 * **Heaviest query blocks first** under causal masking (block ``x`` of the grid runs query block
   ``Tr - 1 - x``), so the long rows do not start last.
@@ -73,15 +73,15 @@ import math
 
 from numba import cuda, float32, uint64
 
-from .. import _backend
-from .._constants import FULL_MASK as _FULL_MASK
-from .._constants import U
-from .._dropout import head_key, row_key
 from .._launch import ForwardOutput, KernelLaunch, Problem, bh_grid, ceil_div
+from ..device.constants import FULL_MASK as _FULL_MASK
+from ..device.constants import U
+from ..device.dropout import head_key, row_key
+from ..runtime import backend as _backend
 from . import _plan, _regtile, _tiles
 
 #: :func:`forward` puts nothing on the GPU but the allocator's outputs and launches through ``_smem.launch``
-#: (:func:`numba_flash.fast._plan.run_fa2_forward`): an eager call may be replayed (:mod:`numba_flash.fast._replay`)
+#: (:func:`numba_flash.fast._plan.run_fa2_forward`): an eager call may be replayed (:mod:`numba_flash.runtime.replay`)
 REPLAYABLE = True
 
 
@@ -341,8 +341,7 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None):
     """(kernel, grid, threads, dynamic SRAM bytes) of one launch, without launching."""
     d = prob.headdim
     NT, TM, TPR, Bc, DP = config if config is not None else tiling(prob, block_sizes, features)
-    feats = default_features()
-    feats.update(features or {})
+    feats = _plan.checked_features(default_features(), features)
     Br = (NT // TPR) * TM
     nbytes = 4 * smem_floats(NT, TM, TPR, Bc, DP, feats["SHFL"])
     _plan.check_sram(nbytes, Br, Bc, d)

@@ -1,6 +1,6 @@
 """Benchmark fixtures shared by every file here: the SGEMM ceiling and provenance in the JSON.
 
-The helpers come from the repository's ``bench`` package (``bench/_utils.py``, shared with the sweep
+The helpers come from the repository's ``bench`` package (``bench/common.py``, shared with the sweep
 tools in ``bench/``); pytest finds it through ``pythonpath = ["."]`` in ``pyproject.toml``.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench import _utils as bu
+from bench import common as bu
 
 
 @pytest.fixture(scope="session")

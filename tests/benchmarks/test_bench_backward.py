@@ -32,13 +32,14 @@ from __future__ import annotations
 
 import os
 
-from numba_flash import _inspect, registry
+from numba_flash import registry
 from numba_flash._launch import check_attention_args
+from numba_flash.runtime import resources as _inspect
 
 import numpy as np
 import pytest
 
-from bench import _utils as bu
+from bench import common as bu
 
 NUMBA_IMPLS = ("standard", "flash1")
 TORCH_IMPLS = ("torch_naive", "sdpa_mem_efficient") if bu.ON_GPU else ()
@@ -100,7 +101,7 @@ def kernel_info(impl, q, k, v) -> dict:
         return {}
     prob = check_attention_args(q, k, v)
     info = {}
-    for kernel in registry.resolve_pair(impl, "auto"):  # what flash_attn_func(algorithm=impl) runs
+    for kernel in registry.resolve_pair(impl, "auto", prob):  # what flash_attn_func(algorithm=impl) runs
         for name, disp, threads, blocks in kernel.module.compiled_kernels(prob):
             info[name] = _inspect.kernel_report(disp, threads, grid_blocks=blocks)
     return {"kernels": info}

@@ -2,8 +2,8 @@
 
 Implementations (``extra_info["algorithm"]``): ``flash2`` is ``flash_attn_func(..., algorithm="flash2")``
 with its default kernels (on a GPU the tensor-core ones: the 3xTF32 forward,
-:mod:`numba_flash.fast.fa2_forward_tc`, and for forward + backward the 3xTF32 backward,
-:mod:`numba_flash.fast.fa2_backward_tf32`); ``flash2_ffma`` ``variant="fast"``: the register-blocked FFMA
+:mod:`numba_flash.tensorcore.fa2_forward_tf32`, and for forward + backward the 3xTF32 backward,
+:mod:`numba_flash.tensorcore.fa2_backward_tf32`); ``flash2_ffma`` ``variant="fast"``: the register-blocked FFMA
 forward (:mod:`numba_flash.fast.fa2_forward`) and its FFMA backward. (The grids of b7c3ad5 and before have
 ``flash2_tc`` rows, ``variant="tensorcore"``, for the 3xTF32 pair, while ``"auto"`` trained with the FFMA pair.)
 
@@ -17,7 +17,8 @@ their registers, shared memory (static + dynamic) and theoretical occupancy.
 On a GPU torch's naive attention (TF32 off) and SDPA's memory-efficient backend run in the same session
 as anchors. In the simulator one tiny shape runs once: functional only.
 
-Run (GPU, from the repository root; produces docs/results/fa2_<device>.json, .jsonl and .png)::
+Run (GPU, from the repository root; produces docs/results/fa2_<device>.json and .png, committed, and a .jsonl
+record, not committed)::
 
     bash bench/gpu/run_benchmarks.sh docs/results fa2
 
@@ -27,12 +28,13 @@ which runs ``python3 -m pytest tests/benchmarks/test_bench_fa2.py -p no:xdist --
 
 from __future__ import annotations
 
-from numba_flash import _inspect, registry
+from numba_flash import registry
 from numba_flash._launch import check_attention_args
+from numba_flash.runtime import resources as _inspect
 
 import pytest
 
-from bench import _utils as bu
+from bench import common as bu
 
 TORCH_IMPLS = ("torch_naive", "sdpa_mem_efficient") if bu.ON_GPU else ()
 #: the Numba FA2 implementations and the forward kernel variant each one runs
@@ -64,7 +66,7 @@ def fast_kernel_info(q, k, v, causal, impl="flash2") -> dict:
     if not bu.ON_GPU:
         return {}
     prob = check_attention_args(q, k, v, 0.0, None, causal, 0)
-    kernel = registry.resolve("flash2", "forward", NUMBA_IMPLS[impl])
+    kernel = registry.resolve("flash2", "forward", NUMBA_IMPLS[impl], prob)
     module = kernel.module
     label, cfg_key = {"tensorcore": ("FA2 forward (tensor cores, 3xTF32)", "config_NW_MW_Bc_DP"),
                       "fast": ("FA2 forward (fast, FFMA)", "config_NT_TM_TPR_Bc_DP")}[kernel.variant]

@@ -9,18 +9,19 @@ attention and SDPA's memory-efficient backend (both fp32) run in the same sessio
 
 In the simulator one tiny shape runs once per implementation: functional only.
 
-Run (GPU, from the repository root; produces the committed results ``docs/results/forward_<device>.json``,
-``.jsonl`` and ``.png``): ``bash bench/gpu/run_benchmarks.sh docs/results forward``.
+Run (GPU, from the repository root; produces the committed results ``docs/results/forward_<device>.json``
+and ``.png``, and a ``.jsonl`` record that is not committed): ``bash bench/gpu/run_benchmarks.sh docs/results forward``.
 """
 
 from __future__ import annotations
 
-from numba_flash import _inspect, registry
+from numba_flash import registry
 from numba_flash._launch import check_attention_args
+from numba_flash.runtime import resources as _inspect
 
 import pytest
 
-from bench import _utils as bu
+from bench import common as bu
 
 NUMBA_IMPLS = ("standard", "flash1")
 TORCH_IMPLS = ("torch_naive", "sdpa_mem_efficient") if bu.ON_GPU else ()
@@ -49,7 +50,7 @@ def kernel_info(impl, q, k, v) -> dict:
         return {}
     prob = check_attention_args(q, k, v)
     info = {}
-    for name, disp, threads, blocks in registry.resolve(impl, "forward", "auto").module.compiled_kernels(prob):
+    for name, disp, threads, blocks in registry.resolve(impl, "forward", "auto", prob).module.compiled_kernels(prob):
         info[name] = _inspect.kernel_report(disp, threads, grid_blocks=blocks)
     return {"kernels": info}
 

@@ -3,8 +3,8 @@
 Implementations (``extra_info["algorithm"]``), all in the inputs' half dtype and in the same session:
 
 * ``flash2``: ``flash_attn_func(..., algorithm="flash2")`` with its default kernels: on a GPU the half
-  forward of :mod:`numba_flash.fast.fa2_forward_half` and the half backward of
-  :mod:`numba_flash.fast.fa2_backward_half` (both ``mma.sync.m16n8k16``, no upcast);
+  forward of :mod:`numba_flash.tensorcore.fa2_forward_half` and the half backward of
+  :mod:`numba_flash.tensorcore.fa2_backward_half` (both ``mma.sync.m16n8k16``, no upcast);
 * ``sdpa_flash`` (FA2's own CUDA kernels), ``sdpa_cudnn`` (cuDNN's fused attention), ``sdpa_mem_efficient``
   (xformers' CUTLASS kernel): ``scaled_dot_product_attention`` with one backend forced;
 * ``torch_naive``: ``softmax(q k^T * scale) v`` in the half dtype (the N x N matrices in HBM): the
@@ -17,7 +17,8 @@ Figure 2 (left) shape as the paper ran it, fp16 forward + backward at batch 64, 
 causal); forward + backward 3.5x that. ``extra_info`` per row: algorithm, dtype, N, d, batch, nheads,
 causal, pass, time_ms (median), tflops, extra_mem_bytes, device.
 
-Run (GPU, from the repository root; produces docs/results/half_<device>.json, .jsonl and .png)::
+Run (GPU, from the repository root; produces docs/results/half_<device>.json and .png, committed, and a .jsonl
+record, not committed)::
 
     bash bench/gpu/run_benchmarks.sh docs/results half
 
@@ -28,7 +29,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench import _utils as bu
+from bench import common as bu
 
 SDPA_IMPLS = {"sdpa_flash": "flash", "sdpa_cudnn": "cudnn", "sdpa_mem_efficient": "efficient"}
 IMPLS = ("flash2", *SDPA_IMPLS, "torch_naive") if bu.ON_GPU else ("flash2",)

@@ -15,9 +15,10 @@ Every output is NaN-poisoned before the launch, so an element a kernel forgets t
 
 from __future__ import annotations
 
-from numba_flash import alg4_backward, registry
+from numba_flash import alg4_backward, is_simulator, registry
 from numba_flash._launch import Allocator, ForwardOutput, check_attention_args, poison_outputs
-from numba_flash.fast import _mma, _regtile
+from numba_flash.fast import _regtile
+from numba_flash.tensorcore import ptx
 from numba_flash_reference.alg0_standard import standard_attention
 from numba_flash_reference.alg3_backward import standard_backward
 from numba_flash_reference.common import dropout_keep_mask
@@ -62,7 +63,7 @@ def kernel_backward(algo, dout, q, k, v, *, causal=False, dropout_p=0.0, seed=0,
         l=alloc.to_kernel(fwd64.l.astype(f32)),
     )
     args = [alloc.to_kernel(x) for x in (dout, q, k, v, fwd64.O.astype(f32))]
-    module = registry.resolve(algo, "backward", variant or "auto").module
+    module = registry.resolve(algo, "backward", variant or "auto", prob).module
     with poison_outputs():
         grads = module.backward(*args, fwd, prob, alloc, block_sizes=block_sizes)
     return tuple(alloc.result(g) for g in grads)
@@ -241,7 +242,7 @@ def _backward_from_lse(algo, variant, dout, q, k, v, out, lse, causal):
     fwd = ForwardOutput(out=None, lse=alloc.to_kernel(lse))
     args = [alloc.to_kernel(x) for x in (dout, q, k, v, out)]
     with poison_outputs():
-        got = registry.resolve(algo, "backward", variant).module.backward(*args, fwd, prob, alloc, block_sizes=(4, 4))
+        got = registry.resolve(algo, "backward", variant, prob).module.backward(*args, fwd, prob, alloc, block_sizes=(4, 4))
     return tuple(alloc.result(g) for g in got)
 
 
@@ -296,11 +297,12 @@ def test_fast_and_readable_recomputation_backward_follow_the_error_rule(rng, var
     assert_gradients_follow_error_rule(got, dout, q, k, v, causal=causal, dropout_p=p, seed=seed)
 
 
-def test_recomputation_backward_defaults_to_the_fast_twin_and_rejects_unknown_variants(rng):
+def test_recomputation_backward_defaults_to_the_fast_twin_on_a_gpu_and_rejects_unknown_variants(rng):
     assert {k.variant for k in registry.variants("flash1") if k.pass_ == "backward"} == {"fast", "readable"}
-    assert registry.resolve("flash1", "backward").variant == "fast"
+    # auto: the fast twin on a GPU, the readable kernel in the simulator (registry.auto_order)
+    assert registry.auto_variant("flash1", "backward") == ("readable" if is_simulator() else "fast")
     prob = check_attention_args(*make_qkv(rng, 1, 8, 8, 1, 1, 64), 0.0, None, False, 0)
-    assert "fast" in registry.resolve("flash1", "backward").module.compiled_kernels(prob)[0].name
+    assert "fast" in registry.resolve("flash1", "backward", "fast").module.compiled_kernels(prob)[0].name
     assert "fast" not in alg4_backward.compiled_kernels(prob)[0].name
     dout, q, k, v = grad_problem(rng, 1, 4, 4, 1, 1, 4)
     with pytest.raises(ValueError, match="variant"):
@@ -384,8 +386,8 @@ def test_the_fast_backwards_cap_on_s_minus_m_keeps_a_nan(which):
     """``min(S - M, 64)`` keeps ``exp2`` from overflowing on masked entries; the builtin ``min`` is ``fminf`` on a GPU,
     which turns a NaN into 64 (Python's ``min`` in the simulator keeps it). The caps of the fast backwards keep it on
     both backends, and are ``min`` on everything else: ``_regtile.min_keep_nan`` (a select; the FFMA and half ones) and
-    ``_mma.make_min_keep_nan()`` (``min.NaN.f32`` on a GPU; the 3xTF32 one)."""
-    fn = _regtile.min_keep_nan if which == "select" else _mma.make_min_keep_nan()
+    ``ptx.make_min_keep_nan()`` (``min.NaN.f32`` on a GPU; the 3xTF32 one)."""
+    fn = _regtile.min_keep_nan if which == "select" else ptx.make_min_keep_nan()
     xs = np.array([np.nan, 100.0, 64.0, 3.0, -np.inf, np.inf, -0.0], np.float32)
     out = np.full_like(xs, 7.0)
 

@@ -1,7 +1,7 @@
 """Every kernel's barriers are where they must be: the result holds when threads run one at a time.
 
 A missing ``cuda.syncthreads()`` is a race: on a GPU and in the simulator's default schedule it gives a
-wrong result only now and then. :func:`sim_schedule.one_thread_at_a_time` runs every block's threads
+wrong result only now and then. :func:`numba_flash.runtime.simulator.one_thread_at_a_time` runs every block's threads
 strictly one after the other between barriers (thread 0 first), with every shared array full of NaN
 when it is allocated, so that a thread reading a tile element that another thread has not written yet
 reads NaN (or the previous tile), on every run. A kernel with all its barriers is schedule-independent
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from numba_flash import api, registry
 from numba_flash._launch import poison_outputs
+from numba_flash.runtime.simulator import one_thread_at_a_time
 from numba_flash_reference.alg0_standard import standard_attention
 from numba_flash_reference.alg3_backward import standard_backward
 
@@ -21,9 +22,8 @@ import numpy as np
 import pytest
 from attn_testing import assert_error_rule, make_qkv, naive_attention_backward_float32, naive_attention_float32
 from numba import cuda, float32  # a kernel's module must hold `cuda` as a global (the simulator swaps it)
-from sim_schedule import one_thread_at_a_time
 
-ENTRIES = registry.variants()
+ENTRIES = registry.entries()
 #: (batch, s_q, s_k, nheads, nheads_k, d): ragged, s_q != s_k, GQA, several tiles each way at (8, 8).
 SHAPE = (1, 19, 21, 2, 1, 8)
 TILES = (8, 8)
@@ -46,7 +46,7 @@ def test_kernel_result_holds_when_threads_run_one_at_a_time_between_barriers(rng
                           what=f"O ({_id(kernel)}, one thread at a time)")
         return
     out, stats = api.attention_numpy(q, k, v, return_stats=True, **opts)
-    assert stats.backward.module is kernel.module
+    assert stats.backward.variant == kernel.variant
     with one_thread_at_a_time(), poison_outputs():
         grads = api.attention_backward_numpy(dout, q, k, v, out, stats)
     ref = standard_backward(dout, q, k, v, causal=True)

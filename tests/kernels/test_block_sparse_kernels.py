@@ -515,7 +515,7 @@ def test_block_sparse_attn_func_on_cuda_tensors_matches_the_numpy_path_on_gpu(rn
 
 @pytest.mark.gpu
 def test_block_sparse_kernels_fit_48kb_shared_memory_and_do_not_spill_on_gpu(rng):
-    from numba_flash import _inspect
+    from numba_flash.runtime import resources as _inspect
 
     for d, bs in ((64, (32, 32)), (128, DEFAULT_BLOCK_SIZE)):
         q, k, v = make_qkv(rng, 1, 64, 64, 1, 1, d)

@@ -162,14 +162,18 @@ def test_fa2_kernels_reject_tiles_that_do_not_fit_in_sram(rng, variant, tiles):
 
 
 def test_flash2_is_the_default_algorithm_and_auto_picks_the_fastest_kernel():
-    from numba_flash import _backend
+    from numba_flash.runtime import backend as _backend
 
     assert api.DEFAULT_ALGORITHM == "flash2"
-    fwd, bwd = registry.resolve_pair(None, "auto")
+    q = np.ones((1, 8, 1, 16), np.float32)
+    fwd, bwd = registry.resolve_pair(None, "auto", api.check_attention_args(q, q, q))
     assert fwd.algorithm == bwd.algorithm == "flash2"
-    assert fwd.variant == ("fast" if _backend.is_simulator() else "tensorcore")
-    # On a GPU the tensor-core backward module: the half kernel for float16/bfloat16, the FFMA kernel for float32
-    assert bwd.variant == ("fast" if _backend.is_simulator() else "tensorcore")
+    assert fwd.variant == ("readable" if _backend.is_simulator() else "tensorcore")  # registry.auto_order
+    # On a GPU the tensor-core pair, routed by dtype and head dim: the 3xTF32 kernels for float32 at d = 16
+    assert bwd.variant == ("readable" if _backend.is_simulator() else "tensorcore")
+    if not _backend.is_simulator():
+        assert (fwd.module.__name__, bwd.module.__name__) == ("numba_flash.tensorcore.fa2_forward_tf32",
+                                                             "numba_flash.tensorcore.fa2_backward_tf32")
 
 
 # ------------------------------------------------------------------------------------------------

@@ -18,7 +18,8 @@ Claims checked:
 from __future__ import annotations
 
 from numba_flash._launch import Allocator, check_attention_args, poison_outputs
-from numba_flash.fast import _mma, _prepass
+from numba_flash.fast import _prepass
+from numba_flash.tensorcore import ptx
 
 import numpy as np
 import pytest
@@ -47,7 +48,7 @@ def _run(o, do, zero_dq, rpw):
     with poison_outputs():
         dq = alloc.empty(tuple(o.shape))
         delta = _prepass.row_dot(ko, kdo, prob, alloc, dq=dq if zero_dq else None,
-                                 kind=_mma.HALF_KINDS[prob.dtype] if half else None, rows_per_group=rpw)
+                                 kind=ptx.HALF_KINDS[prob.dtype] if half else None, rows_per_group=rpw)
     return to_host(delta), to_host(dq)
 
 

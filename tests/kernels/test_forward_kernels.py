@@ -161,7 +161,8 @@ def test_forward_kernel_matches_float64_reference_at_real_sizes_on_gpu(rng, algo
 @pytest.mark.gpu
 @pytest.mark.parametrize("d", [32, 64, 128])
 def test_flash1_kernel_fits_48kb_shared_memory_and_does_not_spill_on_gpu(rng, d):
-    from numba_flash import _inspect, alg1_forward
+    from numba_flash import alg1_forward
+    from numba_flash.runtime import resources as _inspect
 
     q, k, v = make_qkv(rng, 1, 64, 64, 1, 1, d)
     alg1_forward.forward(q, k, v, _launch.check_attention_args(q, k, v), _launch.Allocator(q))
@@ -262,8 +263,8 @@ def test_flash1_fast_and_readable_kernels_match_float64_reference_at_real_sizes_
 @pytest.mark.parametrize("d", [64, 128])
 def test_fast_flash1_kernel_fits_one_block_per_sm_on_gpu(rng, d):
     # One block per (batch, head) and one block per SM: 8 warps of <= 255 registers and the opt-in SRAM.
-    from numba_flash import _inspect
     from numba_flash.fast import alg1_forward as fast
+    from numba_flash.runtime import resources as _inspect
 
     q, k, v = make_qkv(rng, 1, 64, 64, 1, 1, d)
     attention_numpy(q, k, v, algorithm="flash1", variant="fast")

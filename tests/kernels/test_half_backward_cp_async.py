@@ -1,4 +1,4 @@
-"""The half backward's two load paths for Q_i, dO_i (:mod:`numba_flash.fast.fa2_backward_half`, ``CP_ASYNC``).
+"""The half backward's two load paths for Q_i, dO_i (:mod:`numba_flash.tensorcore.fa2_backward_half`, ``CP_ASYNC``).
 
 Claims checked:
 
@@ -24,7 +24,8 @@ from __future__ import annotations
 
 from numba_flash import api
 from numba_flash._launch import Allocator, poison_outputs
-from numba_flash.fast import fa2_backward_half, fa2_forward_half
+from numba_flash.fast import _plan
+from numba_flash.tensorcore import fa2_backward_half, fa2_forward_half
 
 import numpy as np
 import pytest
@@ -124,7 +125,7 @@ def test_head_dims_not_a_multiple_of_8_and_unaligned_inputs_take_the_register_pa
     kq, kk, kv, kdo = (alloc.to_words(x) for x in (*xs, dout))
     fwd = fa2_forward_half.forward(kq, kk, kv, prob, alloc)
     sq, sdo = (unaligned_copy(to_host(a)) for a in (kq, kdo))
-    assert not fa2_forward_half.aligned16(sq) and not fa2_forward_half.aligned16(sdo)
+    assert not _plan.aligned16(sq) and not _plan.aligned16(sdo)
     runs, planned, real_plan = [], [], fa2_backward_half.plan
     monkeypatch.setattr(fa2_backward_half, "plan", lambda *a, **kw: planned.append(a[3]) or real_plan(*a, **kw))
     for q_, do_ in ((sq, sdo), (kq, kdo)):

@@ -1,9 +1,9 @@
-"""The half kernels' ``P = 2^(S' - m)`` by ``ex2.approx.ftz.f32`` (``EX2_FTZ`` of :mod:`numba_flash.fast.fa2_forward_half`
-and :mod:`numba_flash.fast.fa2_backward_half`).
+"""The half kernels' ``P = 2^(S' - m)`` by ``ex2.approx.ftz.f32`` (``EX2_FTZ`` of :mod:`numba_flash.tensorcore.fa2_forward_half`
+and :mod:`numba_flash.tensorcore.fa2_backward_half`).
 
 Claims checked:
 
-* ``exp2`` of :func:`numba_flash.fast._mma.make_exp2` with ``ftz`` is ``2^x`` for ``x >= -126`` and 0 below (where
+* ``exp2`` of :func:`numba_flash.tensorcore.ptx.make_exp2` with ``ftz`` is ``2^x`` for ``x >= -126`` and 0 below (where
   ``2^x`` is subnormal); without it the subnormals stay; both give 0 at ``-inf`` and NaN at NaN.
 * With ``EX2_FTZ`` the forward gives bitwise equal O, L, m, l to the forward without it on ragged, causal, GQA,
   dropout and ``MW = 2`` shapes (no probability there is below 2^-126 of its row's largest), in fp16 and bf16.
@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import math
 
-from numba_flash import _backend
 from numba_flash._launch import Allocator, check_attention_args, poison_outputs
-from numba_flash.fast import _mma, fa2_backward_half, fa2_forward_half
+from numba_flash.runtime import backend as _backend
+from numba_flash.tensorcore import fa2_backward_half, fa2_forward_half, ptx
 
 import numpy as np
 import pytest
@@ -53,7 +53,7 @@ def _run(th, causal, p, seed, bs, ftz, softmax_scale=None):
 
 def test_exp2_flushes_only_subnormal_results():
     sim = _backend.is_simulator()
-    ftz, plain = _mma.make_exp2(True, sim), _mma.make_exp2(False, sim)
+    ftz, plain = ptx.make_exp2(True, sim), ptx.make_exp2(False, sim)
 
     @cuda.jit
     def run(x, out_ftz, out_plain):

@@ -1,5 +1,5 @@
-"""The fp16 / bf16 FA2 forward and backward on the tensor cores (:mod:`numba_flash.fast.fa2_forward_half`,
-:mod:`numba_flash.fast.fa2_backward_half`).
+"""The fp16 / bf16 FA2 forward and backward on the tensor cores (:mod:`numba_flash.tensorcore.fa2_forward_half`,
+:mod:`numba_flash.tensorcore.fa2_backward_half`).
 
 Claims checked (flash-attn's rule for half inputs, ``tests/test_flash_attn.py``: the kernel's error is at
 most 2x the error of a naive attention computed *in the same half dtype*, both against a reference
@@ -31,9 +31,11 @@ two block barriers.
 
 from __future__ import annotations
 
-from numba_flash import _backend, api
+from numba_flash import api, registry
 from numba_flash._launch import Allocator, check_attention_args, poison_outputs
-from numba_flash.fast import _mma, _tiles, fa2_backward_half, fa2_backward_tc, fa2_forward_half
+from numba_flash.fast import _plan, _tiles
+from numba_flash.runtime import backend as _backend
+from numba_flash.tensorcore import fa2_backward_half, fa2_forward_half, ptx
 from numba_flash_reference.alg0_standard import standard_attention
 
 import numpy as np
@@ -200,7 +202,7 @@ def test_head_dim_110_and_unaligned_inputs_fall_back_to_the_register_path(rng, d
     # d = 32, word arrays whose base is 4 bytes past a 16-byte boundary: forward() drops CP_ASYNC
     th, _ = _inputs(rng, dtype, 1, 20, 20, 1, 1, 32)
     words = [unaligned_copy(x.contiguous().view(torch.int32).numpy()) for x in th]
-    assert not fa2_forward_half.aligned16(*words) and fa2_forward_half.aligned16(*(w.copy() for w in words))
+    assert not _plan.aligned16(*words) and _plan.aligned16(*(w.copy() for w in words))
     runs = _forward_paths(th, False, 0.0, 0, (16, 16), words=words)
     assert not runs[True][2]["CP_ASYNC"], "unaligned inputs: forward() must ask for the register path"
     aligned = _forward_paths(th, False, 0.0, 0, (16, 16))
@@ -210,7 +212,7 @@ def test_head_dim_110_and_unaligned_inputs_fall_back_to_the_register_path(rng, d
 
 def _make_async_tile_kernel(NROWS, DW, NT, SA, row_pairs=False):
     NC, load_async = _tiles.make_word_loader_async(NROWS, DW, NT, SA, _backend.is_simulator(), None, row_pairs)
-    _copy16, commit, wait0 = _mma.make_cp_async()
+    _copy16, commit, wait0 = ptx.make_cp_async()
 
     @cuda.jit
     def tile_kernel(gA, row0, n_rows, dw, out):
@@ -306,8 +308,8 @@ def test_deterministic_half_backward_is_within_3x_and_shares_dk_dv_with_the_atom
 def test_float32_and_odd_head_dims_run_the_float32_backward_in_the_tensorcore_variant():
     for dt, d, half in ((np.float16, 16, True), (np.float16, 7, False), (np.float32, 16, False)):
         prob = api.check_attention_args(*(np.zeros((1, 20, 1, d), dt),) * 3)
-        names = [k.name for k in fa2_backward_tc.compiled_kernels(prob, (16, 16))]
-        assert fa2_backward_tc.takes_words(prob) == half
+        names = [k.name for k in registry.resolve("flash2", "backward", "tensorcore", prob).module.compiled_kernels(prob, (16, 16))]
+        assert registry.resolve("flash2", "backward", "tensorcore", prob).takes_words == half
         assert all(("float16" in n) == half and ("3xTF32" in n) != half for n in names), names
 
 

@@ -1,4 +1,4 @@
-"""The half backward's ``P`` from the logsumexp alone (``LSE_P`` of :mod:`numba_flash.fast.fa2_backward_half`).
+"""The half backward's ``P`` from the logsumexp alone (``LSE_P`` of :mod:`numba_flash.tensorcore.fa2_backward_half`).
 
 With ``LSE_P`` the backward recomputes ``P = 2^(S tau log2 e - L log2 e)`` with one FFMA and one exponential per
 element (the kernels' ``FROM_LSE`` path, as flash-attn does), instead of ``2^(S tau log2 e - M) / l`` from the
@@ -17,7 +17,7 @@ Claims checked:
 from __future__ import annotations
 
 from numba_flash._launch import Allocator, check_attention_args, poison_outputs
-from numba_flash.fast import fa2_backward_half, fa2_forward_half
+from numba_flash.tensorcore import fa2_backward_half, fa2_forward_half
 
 import numpy as np
 import pytest

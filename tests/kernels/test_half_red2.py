@@ -13,9 +13,9 @@ Claims checked:
 
 from __future__ import annotations
 
-from numba_flash import _backend
 from numba_flash._launch import Allocator, check_attention_args, poison_outputs
-from numba_flash.fast import fa2_backward_half, fa2_forward_half
+from numba_flash.runtime import backend as _backend
+from numba_flash.tensorcore import fa2_backward_half, fa2_forward_half
 
 import numpy as np
 import pytest

@@ -17,7 +17,7 @@ from numba_flash.fast import alg1_forward as fast_alg1
 from numba_flash.fast import alg4_backward as fast_alg4
 from numba_flash.fast import fa2_backward as fast_fa2_bwd
 from numba_flash.fast import fa2_forward as fast_fa2_fwd
-from numba_flash.fast import fa2_forward_tc
+from numba_flash.tensorcore import fa2_forward_tf32
 from numba_flash_reference.alg0_standard import standard_attention
 from numba_flash_reference.alg3_backward import standard_backward
 
@@ -106,9 +106,11 @@ def test_default_tiles_above_d128_are_the_documented_ones():
     assert ((WS // TPR) * TM, BCC * NCH) == (8, 64)
 
 
-def test_tensor_core_module_runs_the_ffma_kernel_above_d128():
-    prob = _prob(160)
-    [launch] = fa2_forward_tc.compiled_kernels(prob)
-    assert "fast" in launch.name and fa2_forward_tc.choose_block_sizes(prob) == fast_fa2_fwd.choose_block_sizes(prob)
-    [launch] = fa2_forward_tc.compiled_kernels(_prob(128))
+def test_the_tensor_core_variant_routes_to_the_ffma_kernel_above_d128():
+    for pass_ in registry.PASSES:
+        assert registry.resolve("flash2", pass_, "tensorcore", _prob(160)).module is registry.resolve("flash2", pass_, "fast").module
+        assert registry.resolve("flash2", pass_, "tensorcore", _prob(128)).module.__name__.startswith("numba_flash.tensorcore.")
+    [launch] = fa2_forward_tf32.compiled_kernels(_prob(128))
     assert "tensor cores" in launch.name
+    with pytest.raises(ValueError, match="head dims up to 128"):
+        fa2_forward_tf32.plan(_prob(160))

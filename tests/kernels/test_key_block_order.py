@@ -26,7 +26,8 @@ from __future__ import annotations
 
 from numba_flash import _launch
 from numba_flash._launch import Allocator, bh_grid, check_attention_args, poison_outputs
-from numba_flash.fast import _tiles, fa2_backward_half, fa2_forward_half, fa2_forward_tc
+from numba_flash.fast import _tiles
+from numba_flash.tensorcore import fa2_backward_half, fa2_forward_half, fa2_forward_tf32
 from numba_flash_reference.alg0_standard import standard_attention
 
 import numpy as np
@@ -120,7 +121,7 @@ def test_every_query_block_of_every_head_gets_one_block_and_heavy_ones_start_fir
 
 def _tc_forward_both_orders(q, k, v, block_sizes):
     prob = check_attention_args(q, k, v, 0.0, None, True, 0)
-    kernels = [fa2_forward_tc.plan(prob, block_sizes, None, {"HEAVY_FIRST": heavy})[0] for heavy in (True, False)]
+    kernels = [fa2_forward_tf32.plan(prob, block_sizes, None, {"HEAVY_FIRST": heavy})[0] for heavy in (True, False)]
     assert kernels[0] is not kernels[1], "the plan ignores HEAVY_FIRST: the comparison below would be of one kernel"
     runs = []
     for heavy in (True, False):
@@ -142,14 +143,14 @@ def test_the_tc_forward_keeps_its_outputs_with_the_heavy_blocks_first_on_gpu(rng
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(("n", "block_sizes"), [(fa2_forward_tc.CAUSAL_MID_SEQLEN, (128, 16)), (fa2_forward_tc.CAUSAL_LONG_SEQLEN, (256, 16))],
+@pytest.mark.parametrize(("n", "block_sizes"), [(fa2_forward_tf32.CAUSAL_MID_SEQLEN, (128, 16)), (fa2_forward_tf32.CAUSAL_LONG_SEQLEN, (256, 16))],
                          ids=["mid", "long"])
 def test_the_tc_forward_causal_defaults_from_512_rows_on_gpu(rng, n, block_sizes):
     """From N = CAUSAL_MID_SEQLEN the causal d = 128 default is 4 x 2 x 16 (two 128-row blocks per SM), from
     CAUSAL_LONG_SEQLEN 8 x 2 x 16, both with the heavy blocks first: each plan, within the forward's error rule (2x naive
     float32's error against float64)."""
     q, k, v = make_qkv(rng, 1, n, n, 1, 1, 128)
-    assert fa2_forward_tc.choose_block_sizes(check_attention_args(q, k, v, 0.0, None, True, 0)) == block_sizes
+    assert fa2_forward_tf32.choose_block_sizes(check_attention_args(q, k, v, 0.0, None, True, 0)) == block_sizes
     (out, *_), _ = run_tc_forward(q, k, v, True, 0.0, 0, None, None)
     assert_error_rule(out, standard_attention(q, k, v, causal=True).O, naive_attention_float32(q, k, v, causal=True), what="O")
 

@@ -24,11 +24,12 @@ import json
 import math
 from pathlib import Path
 
-from numba_flash import _inspect, _launch, attention_backward_numpy, attention_numpy, registry
+from numba_flash import _launch, attention_backward_numpy, attention_numpy, registry
 from numba_flash._launch import Problem, poison_outputs
 from numba_flash.fast import alg1_forward as fa1_fast
 from numba_flash.fast import fa2_forward as fa2_ffma
-from numba_flash.fast import fa2_forward_tc as fa2_tc
+from numba_flash.runtime import resources as _inspect
+from numba_flash.tensorcore import fa2_forward_tf32 as fa2_tc
 from numba_flash_reference.alg0_standard import standard_attention
 from numba_flash_reference.alg3_backward import standard_backward
 

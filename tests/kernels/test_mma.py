@@ -1,4 +1,4 @@
-"""The warp-level tensor-core steps of :mod:`numba_flash.fast._mma` (used by :mod:`numba_flash.fast.fa2_forward_tc`).
+"""The warp-level tensor-core steps of :mod:`numba_flash.tensorcore.ptx` (used by :mod:`numba_flash.tensorcore.fa2_forward_tf32`).
 
 Claims checked:
 
@@ -17,16 +17,16 @@ Claims checked:
 
 from __future__ import annotations
 
-from numba_flash import _backend
-from numba_flash.fast import _mma
+from numba_flash.runtime import backend as _backend
+from numba_flash.tensorcore import ptx
 
 import numpy as np
 import pytest
 from attn_testing import assert_error_rule
 from numba import cuda, float32, uint32
 
-split_tf32, mma_3xtf32, quad_max, quad_sum = _mma.make_warp_ops()
-SX = 2 * _mma.SIM_SCRATCH_PER_WARP
+split_tf32, mma_3xtf32, quad_max, quad_sum = ptx.make_warp_ops()
+SX = 2 * ptx.SIM_SCRATCH_PER_WARP
 
 
 @cuda.jit
@@ -38,7 +38,7 @@ def _split_kernel(x, big, small):
         small[i] = s
 
 
-split_keep_nan = _mma.make_split_keep_nan()
+split_keep_nan = ptx.make_split_keep_nan()
 
 
 @cuda.jit
@@ -79,9 +79,10 @@ def _tf32_ok() -> bool:
 
 
 def _host_split(x):
-    big = np.array([_mma._tf32_bits_host(v) for v in x], dtype=np.uint32)
-    rest = (x - big.view(np.float32)).astype(np.float32)
-    small = np.array([_mma._tf32_bits_host(v) for v in rest], dtype=np.uint32)
+    big = np.array([ptx._tf32_bits_host(v) for v in x], dtype=np.uint32)
+    with np.errstate(invalid="ignore"):  # inf - inf is NaN, as the GPU's split gives
+        rest = (x - big.view(np.float32)).astype(np.float32)
+    small = np.array([ptx._tf32_bits_host(v) for v in rest], dtype=np.uint32)
     return big, small
 
 
@@ -116,7 +117,7 @@ def _bits(*patterns):
 def test_the_nan_keeping_split_of_a_product_keeps_nan_and_splits_the_rest_as_the_host(rng, scale):
     """The 3xTF32 backward splits ``Q_i tau log2 e`` per warp. On a GPU a NaN product is ``0x7fffffff``, which the
     plain split's rounding (add ``0x1000``) carries into ``-0.0``: a NaN in ``Q`` then left ``dV`` clean (H200,
-    2026-11-28). The NaN-keeping split (``_mma.make_split_keep_nan``) clamps the bits first: a NaN product stays a NaN,
+    2026-11-28). The NaN-keeping split (``ptx.make_split_keep_nan``) clamps the bits first: a NaN product stays a NaN,
     every other value (finite, the largest float32, inf) gets the host's big part bit for bit, and every finite value
     its small part. (The small part of an inf is the split of ``inf - inf``: the host keeps that NaN, the GPU's
     rounding makes it -0.0, in this split as in the plain one; the big part carries the inf.)"""
@@ -160,8 +161,8 @@ def test_3xtf32_product_within_twice_float32_error(rng):
 # ------------------------------------------------------------------------------------------------
 # Half precision (fa2_forward_half): pack2 and mma.m16n8k16
 # ------------------------------------------------------------------------------------------------
-SXH = _mma.HALF_SIM_SCRATCH_PER_WARP
-_HALF = {kind: _mma.make_half_ops(kind) for kind in ("f16", "bf16")}
+SXH = ptx.HALF_SIM_SCRATCH_PER_WARP
+_HALF = {kind: ptx.make_half_ops(kind) for kind in ("f16", "bf16")}
 
 
 def _make_half_kernels(kind):
@@ -211,7 +212,7 @@ _HALF_KERNELS = {kind: _make_half_kernels(kind) for kind in ("f16", "bf16")}
 
 
 def _host_bits(x, kind):
-    return np.array([_mma.half_bits_host(v, kind) for v in x], dtype=np.uint32)
+    return np.array([ptx.half_bits_host(v, kind) for v in x], dtype=np.uint32)
 
 
 @pytest.mark.skipif(not _tf32_ok(), reason="needs mma.sync (compute capability >= 8.0)")
@@ -228,7 +229,7 @@ def test_pack2_rounds_to_nearest_even_like_the_host(rng, kind):
     want = _host_bits(lo, kind) | (_host_bits(hi, kind) << 16)
     assert np.array_equal(out, want), f"{np.count_nonzero(out != want)} words differ from round-to-nearest-even"
     # ties go to even: 1 + ulp/2 -> 1, 1 + 3 ulp/2 -> 1 + 2 ulp
-    vals = [_mma.half_value_host(b, kind) for b in _host_bits(ties[:2], kind)]
+    vals = [ptx.half_value_host(b, kind) for b in _host_bits(ties[:2], kind)]
     assert vals == [1.0, 1 + 2 * ulp]
 
 
@@ -261,7 +262,7 @@ def test_ldmatrix_x4_gives_each_lane_its_fragment_words(rng):
             assert RT[lane, j] == M[2 * t, g] | (M[2 * t + 1, g] << 16), "ldmatrix.trans: elements (2t, g), (2t + 1, g)"
 
 
-_UNPACK = {kind: _mma.make_unpack2(kind) for kind in ("f16", "bf16")}
+_UNPACK = {kind: ptx.make_unpack2(kind) for kind in ("f16", "bf16")}
 
 
 def _make_unpack_kernel(kind):
@@ -285,21 +286,21 @@ def test_unpack2_gives_back_both_halves_of_a_word_exactly(rng, kind):
     # every finite pattern class: random bits (subnormals, both signs, large exponents), plus +-0 and +-inf;
     # NaN patterns are left out (their payload is not a value)
     bits = rng.integers(0, 2**16, 4096).astype(np.uint32)
-    vals = np.array([_mma.half_value_host(b, kind) for b in bits])
+    vals = np.array([ptx.half_value_host(b, kind) for b in bits])
     bits = np.concatenate([bits[np.isfinite(vals)], _host_bits(np.array([0.0, -0.0, np.inf, -np.inf], np.float32), kind)])
     lo_bits, hi_bits = bits, bits[::-1].copy()
     words = (lo_bits | (hi_bits << 16)).astype(np.uint32)
     lo = np.full(words.size, np.nan, np.float32)
     hi = np.full(words.size, np.nan, np.float32)
     _UNPACK_KERNELS[kind][(words.size + 127) // 128, 128](words, lo, hi)
-    want_lo = np.array([_mma.half_value_host(b, kind) for b in lo_bits], np.float32)
-    want_hi = np.array([_mma.half_value_host(b, kind) for b in hi_bits], np.float32)
+    want_lo = np.array([ptx.half_value_host(b, kind) for b in lo_bits], np.float32)
+    want_hi = np.array([ptx.half_value_host(b, kind) for b in hi_bits], np.float32)
     assert np.array_equal(lo.view(np.uint32), want_lo.view(np.uint32)), "low half (bits, so -0.0 counts)"
     assert np.array_equal(hi.view(np.uint32), want_hi.view(np.uint32)), "high half"
 
 
 def _make_add2_kernel(vector):
-    add2 = _mma.make_atomic_add2(vector)
+    add2 = ptx.make_atomic_add2(vector)
 
     @cuda.jit
     def add2_kernel(out, vals):

@@ -1,4 +1,4 @@
-"""The 3xTF32 forward's two loads of Q_i (:mod:`numba_flash.fast.fa2_forward_tc`, ``Q_ASYNC``).
+"""The 3xTF32 forward's two loads of Q_i (:mod:`numba_flash.tensorcore.fa2_forward_tf32`, ``Q_ASYNC``).
 
 FA2 Algorithm 1 line 4 loads ``Q_i`` once per thread block. The register load (each thread's share of ``Q_i`` times
 ``tau log2 e``, then stored to SRAM) is a loop that ptxas does not unroll, whose each load is consumed before the next
@@ -21,7 +21,8 @@ Simulator shapes stay tiny (N <= 45, d <= 32): each ``mma`` is a lane exchange w
 from __future__ import annotations
 
 from numba_flash._launch import check_attention_args
-from numba_flash.fast import _plan, _tiles, fa2_forward_half, fa2_forward_tc
+from numba_flash.fast import _plan, _tiles
+from numba_flash.tensorcore import fa2_forward_tf32
 
 import numpy as np
 import pytest
@@ -64,15 +65,15 @@ def test_nans_in_q_stay_nans_when_q_arrives_by_cp_async(rng):
 
 
 def test_q_async_is_the_default_on_the_cp_async_path_and_unaligned_q_takes_the_register_load(rng):
-    assert fa2_forward_tc.default_features()["Q_ASYNC"] is None
+    assert fa2_forward_tf32.default_features()["Q_ASYNC"] is None
     assert _plan.async_on(None, True) and not _plan.async_on(None, False)
     assert not _plan.async_on(True, False), "Q_ASYNC needs the cp.async path"
     assert not _plan.async_on(False, True)
     with pytest.raises(ValueError, match="Q_ASYNC needs CP_ASYNC"):
-        fa2_forward_tc.fa2_forward_tc_kernel(1, 1, 8, 8, False, False, False, True, Q_ASYNC=True)
+        fa2_forward_tf32.fa2_forward_tc_kernel(1, 1, 8, 8, False, False, False, True, Q_ASYNC=True)
     q, k, v = make_qkv(rng, 1, 20, 20, 1, 1, 16)
     shifted = unaligned_copy(q)
-    assert not fa2_forward_half.aligned16(shifted)
+    assert not _plan.aligned16(shifted)
     out, feats = _run(q, k, v, False, 0.0, 0, (16, 16), None, False, words=[shifted, k, v])
     assert feats["Q_ASYNC"] is False and feats.get("CP_ASYNC", True), "unaligned Q: register load, K and V by cp.async"
     aligned, aligned_feats = _run(q, k, v, False, 0.0, 0, (16, 16), None, False)
@@ -80,7 +81,7 @@ def test_q_async_is_the_default_on_the_cp_async_path_and_unaligned_q_takes_the_r
     assert_same_bits(out, aligned, "Q_i by registers (unaligned q) and by cp.async")
     prob = check_attention_args(q, k, v, 0.0, None, False, 0)
     for feats in ({"Q_ASYNC": True}, {"Q_ASYNC": None}, {"Q_ASYNC": False}, {"Q_ASYNC": True, "CP_ASYNC": False}):
-        assert fa2_forward_tc.plan(prob, (16, 16), None, feats)[0] is fa2_forward_tc.plan(
+        assert fa2_forward_tf32.plan(prob, (16, 16), None, feats)[0] is fa2_forward_tf32.plan(
             prob, (16, 16), None, {**feats, "Q_ASYNC": _plan.async_on(feats["Q_ASYNC"], feats.get("CP_ASYNC", True))})[0]
 
 
@@ -119,9 +120,9 @@ def test_the_scaling_pass_scales_exactly_the_threads_chunks():
 @pytest.mark.parametrize(("n", "d", "causal"), [(1000, 128, False), (1000, 128, True), (777, 96, True), (2048, 64, False)])
 def test_q_by_cp_async_equals_the_register_load_on_gpu_shapes(rng, n, d, causal):
     q, k, v = make_qkv(rng, 2, n, n, 4, 2, d)
-    NW, MW, Bc, _ = fa2_forward_tc.config_for(d, None, True, causal, n)  # the default tiling
+    NW, MW, Bc, _ = fa2_forward_tf32.config_for(d, None, True, causal, n)  # the default tiling
     bs = (16 * MW * NW, Bc)
-    wide = fa2_forward_tc.wide_on(None, 8 * ((d + 7) // 8), True)
+    wide = fa2_forward_tf32.wide_on(None, 8 * ((d + 7) // 8), True)
     (a_out, a_feats), (r_out, _) = (_run(q, k, v, causal, 0.0, 0, bs, qa, wide) for qa in (True, False))
     assert a_feats["Q_ASYNC"]
     assert_same_bits(a_out, r_out, "Q_i by cp.async and by registers")

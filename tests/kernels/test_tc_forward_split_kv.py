@@ -1,4 +1,4 @@
-"""The 3xTF32 forward's ``SPLIT_KV`` (:mod:`numba_flash.fast.fa2_forward_tc`): ``K_j, V_j`` split into tf32 parts once.
+"""The 3xTF32 forward's ``SPLIT_KV`` (:mod:`numba_flash.tensorcore.fa2_forward_tf32`): ``K_j, V_j`` split into tf32 parts once.
 
 Each 3xTF32 product needs the big and small tf32 parts of both operands. Without ``SPLIT_KV`` every warp splits the
 ``K_j`` and ``V_j`` values it loads, so a block of 8 warps splits each of them 8 times per key block; with it the
@@ -15,7 +15,7 @@ Claims checked:
 * The forward's O, L, m, l are bitwise those without it (the same function of the same values) on ragged, causal,
   GQA, dropout and ``MW = 2`` shapes, and with NaNs in K and V.
 * It runs only with ``WIDE`` (so on the ``cp.async`` path); the kernel factory refuses it elsewhere; the plan's SRAM
-  is :func:`numba_flash.fast.fa2_forward_tc.smem_floats` with ``split``, which fits the default d = 128 tiling.
+  is :func:`numba_flash.tensorcore.fa2_forward_tf32.smem_floats` with ``split``, which fits the default d = 128 tiling.
 * On a GPU (marker ``gpu``): the same bits at realistic shapes and the default tilings.
 
 Simulator shapes stay tiny (N <= 45, d <= 32), as for ``WIDE``.
@@ -25,9 +25,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from numba_flash import _backend
 from numba_flash._launch import check_attention_args
-from numba_flash.fast import _mma, _smem, _tiles, fa2_forward_tc
+from numba_flash.fast import _tiles
+from numba_flash.runtime import backend as _backend
+from numba_flash.runtime import smem as _smem
+from numba_flash.tensorcore import fa2_forward_tf32, ptx
 
 import numpy as np
 import pytest
@@ -67,7 +69,7 @@ def test_the_split_pass_writes_both_parts_of_every_element(NT, swizzle):
             if np.isnan(x):  # Dev: quieted first; its small part is whatever NaN - NaN gives on the backend
                 assert big[at] == QNAN_BITS, f"the NaN at {at} was not made the quiet NaN"
                 continue
-            assert (int(big[at]), int(small[at])) == _mma.split_tf32_host(x), f"element {at}"
+            assert (int(big[at]), int(small[at])) == ptx.split_tf32_host(x), f"element {at}"
 
 
 A, BC = 2, 16  # Dev: the V pass's tile: d = 64 (two groups of 32 columns), two key steps
@@ -107,7 +109,7 @@ def test_the_v_pass_puts_each_lanes_b_fragments_in_register_pairs(NT):
                                 if np.isnan(x):
                                     assert out[w] == QNAN_BITS
                                 else:
-                                    assert (int(out[w]), int(out[PART + w])) == _mma.split_tf32_host(x), (kt, t, p, col)
+                                    assert (int(out[w]), int(out[PART + w])) == ptx.split_tf32_host(x), (kt, t, p, col)
                                 seen += 1
     assert seen == BC * DP, "every element of the tile has its place"
     # Dev: a 16-byte load of a warp is served 8 lanes at a time: lanes (g, t), g < 2 (and each later 8) must hit 32 banks
@@ -117,36 +119,36 @@ def test_the_v_pass_puts_each_lanes_b_fragments_in_register_pairs(NT):
 
 
 def test_split_kv_runs_only_with_wide_and_by_default_at_the_8x2x16_tiling():
-    on = fa2_forward_tc.split_kv_on
+    on = fa2_forward_tf32.split_kv_on
     assert on(True, True, (4, 2, 16)) and not on(True, False, (8, 2, 16)) and not on(False, True, (8, 2, 16))
     assert on(None, True, (8, 2, 16)), "at 8 x 2 x 16 it ran 1.06-1.07x causal and, with 16-byte stores, 1.03-1.05x without"
     assert not on(None, True, (4, 2, 16)) and not on(None, True, (4, 1, 32)), "it takes the second block per SM there"
-    assert fa2_forward_tc.default_features()["SPLIT_KV"] is None
+    assert fa2_forward_tf32.default_features()["SPLIT_KV"] is None
     for n, want in ((4096, True), (16384, True), (2048, True), (1024, False), (512, False)):  # Dev: the causal d = 128 default of each N
-        cfg = fa2_forward_tc.config_for(128, None, None, True, n)
-        assert on(None, fa2_forward_tc.wide_on(None, 128, True), cfg[:3]) == want, n
+        cfg = fa2_forward_tf32.config_for(128, None, None, True, n)
+        assert on(None, fa2_forward_tf32.wide_on(None, 128, True), cfg[:3]) == want, n
     # Dev: the plan takes the default only where it fits: not in the simulator, whose exchange scratch adds 6 KB at 8 warps
     sim = _backend.is_simulator()
     q, k, v = make_qkv(np.random.default_rng(0), 1, 8, 8, 1, 1, 128)
     prob = dataclasses.replace(check_attention_args(q, k, v, 0.0, None, True, 0), seqlen_q=4096, seqlen_k=4096)
-    fits = 4 * fa2_forward_tc.smem_floats(8, 2, 16, 128, sim, 2, True, True) <= _smem.max_optin_bytes()
+    fits = 4 * fa2_forward_tf32.smem_floats(8, 2, 16, 128, sim, 2, True, True) <= _smem.max_optin_bytes()
     assert not (sim and fits), "the simulator's scratch makes it 232960 bytes, past the 227 KB it allows"
-    assert fa2_forward_tc.plan(prob)[3] == 4 * fa2_forward_tc.smem_floats(8, 2, 16, 128, sim, 2, True, fits)
+    assert fa2_forward_tf32.plan(prob)[3] == 4 * fa2_forward_tf32.smem_floats(8, 2, 16, 128, sim, 2, True, fits)
     noncausal = check_attention_args(q, k, v, 0.0, None, False, 0)  # Dev: 8 x 2 x 16 at every N
-    assert fa2_forward_tc.plan(noncausal)[3] == 4 * fa2_forward_tc.smem_floats(8, 2, 16, 128, sim, 2, True, fits)
+    assert fa2_forward_tf32.plan(noncausal)[3] == 4 * fa2_forward_tf32.smem_floats(8, 2, 16, 128, sim, 2, True, fits)
     with pytest.raises(ValueError, match="SPLIT_KV needs WIDE"):
-        fa2_forward_tc.fa2_forward_tc_kernel(1, 1, 16, 32, False, False, False, _backend.is_simulator(), True, True, True,
+        fa2_forward_tf32.fa2_forward_tc_kernel(1, 1, 16, 32, False, False, False, _backend.is_simulator(), True, True, True,
                                              SPLIT_KV=True)
     q, k, v = make_qkv(np.random.default_rng(0), 1, 40, 40, 1, 1, 32)
     prob = check_attention_args(q, k, v, 0.0, None, False, 0)
     sim = _backend.is_simulator()
-    (k_on, _, _, n_on), (k_off, _, _, n_off) = (fa2_forward_tc.plan(prob, (32, 16), None, f) for f in (ON, OFF))
+    (k_on, _, _, n_on), (k_off, _, _, n_off) = (fa2_forward_tf32.plan(prob, (32, 16), None, f) for f in (ON, OFF))
     assert k_on is not k_off
-    assert n_on == 4 * fa2_forward_tc.smem_floats(2, 1, 16, 32, sim, 2, True, True)
-    assert n_off == 4 * fa2_forward_tc.smem_floats(2, 1, 16, 32, sim, 2, True, False)
-    k_reg = fa2_forward_tc.plan(prob, (32, 16), None, {**ON, "CP_ASYNC": False})[0]
-    assert k_reg is fa2_forward_tc.plan(prob, (32, 16), None, {**OFF, "CP_ASYNC": False})[0], "off the cp.async path it is off"
-    assert 4 * fa2_forward_tc.smem_floats(8, 2, 16, 128, False, 2, True, True) <= 227 * 1024, "the d = 128 default tiling fits an H100"
+    assert n_on == 4 * fa2_forward_tf32.smem_floats(2, 1, 16, 32, sim, 2, True, True)
+    assert n_off == 4 * fa2_forward_tf32.smem_floats(2, 1, 16, 32, sim, 2, True, False)
+    k_reg = fa2_forward_tf32.plan(prob, (32, 16), None, {**ON, "CP_ASYNC": False})[0]
+    assert k_reg is fa2_forward_tf32.plan(prob, (32, 16), None, {**OFF, "CP_ASYNC": False})[0], "off the cp.async path it is off"
+    assert 4 * fa2_forward_tf32.smem_floats(8, 2, 16, 128, False, 2, True, True) <= 227 * 1024, "the d = 128 default tiling fits an H100"
 
 
 #: (b, s_q, s_k, h, h_k, d, causal, p, block_sizes), id: d 32 and 28 (the smallest WIDE head dims)
@@ -174,12 +176,12 @@ def test_the_kernel_factory_caches_by_its_signature():
     tests that compare its kernel with the factory's pass only those they name)."""
     sim = _backend.is_simulator()
     args = (2, 1, 16, 32, False, False, False, sim, True, True, True, False, True)
-    k = fa2_forward_tc.fa2_forward_tc_kernel(*args)
-    assert k is fa2_forward_tc.fa2_forward_tc_kernel(*args, False, False, False, False, True)
-    assert k is fa2_forward_tc.fa2_forward_tc_kernel(*args, SPLIT_KV=False, SPLIT_K=True)
-    assert k is not fa2_forward_tc.fa2_forward_tc_kernel(*args, SPLIT_KV=True)
-    assert 4 * fa2_forward_tc.smem_floats(8, 2, 16, 128, False, 2, True, True, False) == 4 * (
-        fa2_forward_tc.smem_floats(8, 2, 16, 128, False, 2, True, True) - 2 * 16 * 128), "V alone: no small parts of K"
+    k = fa2_forward_tf32.fa2_forward_tc_kernel(*args)
+    assert k is fa2_forward_tf32.fa2_forward_tc_kernel(*args, False, False, False, False, True)
+    assert k is fa2_forward_tf32.fa2_forward_tc_kernel(*args, SPLIT_KV=False, SPLIT_K=True)
+    assert k is not fa2_forward_tf32.fa2_forward_tc_kernel(*args, SPLIT_KV=True)
+    assert 4 * fa2_forward_tf32.smem_floats(8, 2, 16, 128, False, 2, True, True, False) == 4 * (
+        fa2_forward_tf32.smem_floats(8, 2, 16, 128, False, 2, True, True) - 2 * 16 * 128), "V alone: no small parts of K"
 
 
 def test_split_kv_keeps_nans_where_they_reach(rng):

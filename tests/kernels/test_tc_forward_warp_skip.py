@@ -1,5 +1,5 @@
 """The 3xTF32 forward's causal warps that skip the key blocks none of their rows sees (``WARP_SKIP``,
-:mod:`numba_flash.fast.fa2_forward_tc`).
+:mod:`numba_flash.tensorcore.fa2_forward_tf32`).
 
 With causal masking a thread block visits the key blocks up to its *last* row's horizon (FA2 section 3.1's block
 skipping). On the diagonal, the warps of its earlier rows then meet key blocks whose every score is masked for them;
@@ -21,9 +21,10 @@ Claims checked:
 
 from __future__ import annotations
 
-from numba_flash import _backend
 from numba_flash._launch import check_attention_args
-from numba_flash.fast import _tiles, fa2_forward_tc
+from numba_flash.fast import _tiles
+from numba_flash.runtime import backend as _backend
+from numba_flash.tensorcore import fa2_forward_tf32
 
 import numpy as np
 import pytest
@@ -52,8 +53,8 @@ def test_a_warp_sees_no_key_exactly_when_all_its_scores_are_masked(rows):
 
 
 def test_warp_skip_is_on_with_causal_on_a_gpu_up_to_d64_only():
-    assert fa2_forward_tc.default_features()["WARP_SKIP"] is None
-    on = fa2_forward_tc.warp_skip_on
+    assert fa2_forward_tf32.default_features()["WARP_SKIP"] is None
+    on = fa2_forward_tf32.warp_skip_on
     assert on(None, True, False, 64) and on(None, True, False, 16) and on(True, True, False, 128) and not on(False, True, False, 64)
     # H100: 1.00-1.10x at d = 64 in 9 of 12 cells (0.981-0.995x in 3); at d = 128 0.91-1.02x (the GPU's build keeps
     # 8-16 B in local memory)
@@ -62,12 +63,12 @@ def test_warp_skip_is_on_with_causal_on_a_gpu_up_to_d64_only():
     assert not on(None, True, True, 64) and not on(True, True, True, 64), "the simulator's mma needs every warp at its barriers"
     sim = _backend.is_simulator()
     with pytest.raises(ValueError, match="WARP_SKIP needs CAUSAL and a GPU"):
-        fa2_forward_tc.fa2_forward_tc_kernel(1, 1, 8, 8, False, False, False, False, WARP_SKIP=True)
+        fa2_forward_tf32.fa2_forward_tc_kernel(1, 1, 8, 8, False, False, False, False, WARP_SKIP=True)
     with pytest.raises(ValueError, match="WARP_SKIP needs CAUSAL and a GPU"):
-        fa2_forward_tc.fa2_forward_tc_kernel(1, 1, 8, 8, True, False, False, True, WARP_SKIP=True)
+        fa2_forward_tf32.fa2_forward_tc_kernel(1, 1, 8, 8, True, False, False, True, WARP_SKIP=True)
     q, k, v = make_qkv(np.random.default_rng(0), 1, 40, 40, 1, 1, 16)
     prob = check_attention_args(q, k, v, 0.0, None, True, 0)
-    kernels = [fa2_forward_tc.plan(prob, (32, 16), None, {"WARP_SKIP": ws})[0] for ws in (True, False)]
+    kernels = [fa2_forward_tf32.plan(prob, (32, 16), None, {"WARP_SKIP": ws})[0] for ws in (True, False)]
     assert (kernels[0] is kernels[1]) == sim, "on a GPU the feature compiles another kernel; in the simulator it is off"
 
 

@@ -1,4 +1,4 @@
-"""The 3xTF32 forward's ``RESCALE_FMA`` (:mod:`numba_flash.fast.fa2_forward_tc`): line 10's rescale of O in one FFMA.
+"""The 3xTF32 forward's ``RESCALE_FMA`` (:mod:`numba_flash.tensorcore.fa2_forward_tf32`): line 10's rescale of O in one FFMA.
 
 FA2's line 10 is ``O_i = diag(e^(m_old - m_new)) O_i + P~ V_j``. With ``STAGE_O_STEP`` (the d = 128 default where a warp has
 two m16 tiles) the kernel multiplies O by ``e^(m_old - m_new)`` first, then adds each 8-key step's staged product. With
@@ -12,7 +12,7 @@ Claims checked:
   GQA, causal (blocks whose rows see no key included), dropout and ``MW = 2``, each over several key blocks, so that
   rows whose max grows in a later block are rescaled by alpha < 1.
 * It acts only with ``STAGE_O_STEP``, whose separate rescale it replaces, and is on by default for the causal 8 x 2 x 16
-  tiling only, where it paid (:func:`~numba_flash.fast.fa2_forward_tc.rescale_fma_on`): a default call's plan at causal
+  tiling only, where it paid (:func:`~numba_flash.tensorcore.fa2_forward_tf32.rescale_fma_on`): a default call's plan at causal
   N 4k, d 128 takes it, the same call without causal does not.
 * On a GPU (marker ``gpu``): the same at realistic shapes and the d = 128 default tilings (8 x 2 x 16; causal 4 x 2 x 16 and
   8 x 2 x 16), where the GPU's FFMA rounds once.
@@ -25,7 +25,7 @@ Simulator shapes stay tiny (N <= 45, d <= 24): each ``mma`` is a lane exchange w
 from __future__ import annotations
 
 from numba_flash._launch import check_attention_args
-from numba_flash.fast import fa2_forward_tc
+from numba_flash.tensorcore import fa2_forward_tf32
 from numba_flash_reference.alg0_standard import standard_attention
 
 import numpy as np
@@ -59,19 +59,19 @@ def test_rescale_in_the_first_steps_fma_follows_the_error_rule_and_keeps_the_sta
 
 
 def test_rescale_fma_acts_only_with_o_staged_per_key_step_and_is_on_by_default_for_causal_8x2x16():
-    on = fa2_forward_tc.rescale_fma_on
+    on = fa2_forward_tf32.rescale_fma_on
     assert on(True, True) and not on(False, True, True, (8, 2, 16))
     assert not on(True, False, True, (8, 2, 16)), "without STAGE_O_STEP there is no separate rescale to fold"
-    assert fa2_forward_tc.default_features()["RESCALE_FMA"] is None
+    assert fa2_forward_tf32.default_features()["RESCALE_FMA"] is None
     assert on(None, True, True, (8, 2, 16)), "the causal 8 x 2 x 16 default: 1.04x on an H200 at N 2k-16k"
     assert not on(None, True, False, (8, 2, 16)), "non-causal 8 x 2 x 16: 0.997-1.008x"
     assert not on(None, True, True, (4, 2, 16)), "causal 4 x 2 x 16: 1.002-1.014x"
     q, k, v = make_qkv(np.random.default_rng(0), 1, 4096, 4096, 1, 1, 128)
     for causal, want in ((True, True), (False, False)):  # Dev: the plan of a default call at N 4k, d 128 (8 x 2 x 16)
         prob = check_attention_args(q, k, v, 0.0, None, causal, 0)
-        got = fa2_forward_tc.plan(prob)[0]
-        assert (got is fa2_forward_tc.plan(prob, None, None, {"RESCALE_FMA": True})[0]) is want
-        assert (got is fa2_forward_tc.plan(prob, None, None, {"RESCALE_FMA": False})[0]) is not want
+        got = fa2_forward_tf32.plan(prob)[0]
+        assert (got is fa2_forward_tf32.plan(prob, None, None, {"RESCALE_FMA": True})[0]) is want
+        assert (got is fa2_forward_tf32.plan(prob, None, None, {"RESCALE_FMA": False})[0]) is not want
 
 
 @pytest.mark.gpu

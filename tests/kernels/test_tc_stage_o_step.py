@@ -1,4 +1,4 @@
-"""The 3xTF32 forward's ``STAGE_O_STEP`` (:mod:`numba_flash.fast.fa2_forward_tc`): line 10 staged per 8-key step.
+"""The 3xTF32 forward's ``STAGE_O_STEP`` (:mod:`numba_flash.tensorcore.fa2_forward_tf32`): line 10 staged per 8-key step.
 
 Claims checked:
 
@@ -19,9 +19,10 @@ Simulator shapes stay tiny (N <= 45, d <= 24): each ``mma`` is a lane exchange w
 
 from __future__ import annotations
 
-from numba_flash import _backend
 from numba_flash._launch import check_attention_args
-from numba_flash.fast import _smem, fa2_forward_tc
+from numba_flash.runtime import backend as _backend
+from numba_flash.runtime import smem as _smem
+from numba_flash.tensorcore import fa2_forward_tf32
 from numba_flash_reference.alg0_standard import standard_attention
 
 import numpy as np
@@ -41,7 +42,7 @@ CASES = tc_forward_sram_params()
 def _fits_split_kv(NW, MW, Bc):
     """Whether ``SPLIT_KV``'s d = 128 SRAM fits (not in the simulator, whose exchange scratch adds 6 KB at 8 warps): the plan
     takes its default only there."""
-    return 4 * fa2_forward_tc.smem_floats(NW, MW, Bc, 128, _backend.is_simulator(), 2, True, True) <= _smem.max_optin_bytes()
+    return 4 * fa2_forward_tf32.smem_floats(NW, MW, Bc, 128, _backend.is_simulator(), 2, True, True) <= _smem.max_optin_bytes()
 
 
 def _check(rng, b, s_q, s_k, h, h_k, d, causal, p, bs):
@@ -63,20 +64,20 @@ def test_o_staged_per_key_step_follows_the_error_rule_and_keeps_the_statistics(r
 
 
 def test_o_staged_per_key_step_is_on_by_default_where_two_tiles_per_warp_need_it():
-    assert fa2_forward_tc.default_features()["STAGE_O_STEP"] is None
-    assert fa2_forward_tc.stage_o_step(None, 2, 128) and fa2_forward_tc.stage_o_step(None, 2, 72)
-    assert not fa2_forward_tc.stage_o_step(None, 1, 128), "MW = 1 fits without it, and is slower with it"
-    assert not fa2_forward_tc.stage_o_step(None, 2, 64), "d = 64: 8 % slower with it on an H100"
-    assert not fa2_forward_tc.stage_o_step(False, 2, 128) and fa2_forward_tc.stage_o_step(True, 1, 64)
+    assert fa2_forward_tf32.default_features()["STAGE_O_STEP"] is None
+    assert fa2_forward_tf32.stage_o_step(None, 2, 128) and fa2_forward_tf32.stage_o_step(None, 2, 72)
+    assert not fa2_forward_tf32.stage_o_step(None, 1, 128), "MW = 1 fits without it, and is slower with it"
+    assert not fa2_forward_tf32.stage_o_step(None, 2, 64), "d = 64: 8 % slower with it on an H100"
+    assert not fa2_forward_tf32.stage_o_step(False, 2, 128) and fa2_forward_tf32.stage_o_step(True, 1, 64)
     q, k, v = make_qkv(np.random.default_rng(0), 1, 8, 8, 1, 1, 128)
     for causal, (NW, MW, Bc, _), on in ((False, (8, 2, 16, 128), True), (True, (4, 1, 32, 128), False)):
         prob = check_attention_args(q, k, v, 0.0, None, causal, 0)
-        assert fa2_forward_tc.config_for(128, None, None, causal) == (NW, MW, Bc, 128)
-        kernel = fa2_forward_tc.plan(prob)[0]
-        assert kernel is fa2_forward_tc.fa2_forward_tc_kernel(NW, MW, Bc, 128, causal, False, False, _backend.is_simulator(), True, True, True, on,
-                                                              fa2_forward_tc.wide_on(None, 128, True), causal, True,  # WIDE: the d = 128 default; HEAVY_FIRST with causal; Q_ASYNC
-                                                              fa2_forward_tc.warp_skip_on(None, causal, _backend.is_simulator(), 128),
-                                                              fa2_forward_tc.split_kv_on(None, True, (NW, MW, Bc))
+        assert fa2_forward_tf32.config_for(128, None, None, causal) == (NW, MW, Bc, 128)
+        kernel = fa2_forward_tf32.plan(prob)[0]
+        assert kernel is fa2_forward_tf32.fa2_forward_tc_kernel(NW, MW, Bc, 128, causal, False, False, _backend.is_simulator(), True, True, True, on,
+                                                              fa2_forward_tf32.wide_on(None, 128, True), causal, True,  # WIDE: the d = 128 default; HEAVY_FIRST with causal; Q_ASYNC
+                                                              fa2_forward_tf32.warp_skip_on(None, causal, _backend.is_simulator(), 128),
+                                                              fa2_forward_tf32.split_kv_on(None, True, (NW, MW, Bc))
                                                               and _fits_split_kv(NW, MW, Bc))
 
 

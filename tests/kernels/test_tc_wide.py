@@ -1,4 +1,4 @@
-"""The 3xTF32 forward's ``WIDE`` (:mod:`numba_flash.fast.fa2_forward_tc`): 16-byte fragment loads.
+"""The 3xTF32 forward's ``WIDE`` (:mod:`numba_flash.tensorcore.fa2_forward_tf32`): 16-byte fragment loads.
 
 Claims checked:
 
@@ -13,7 +13,7 @@ Claims checked:
   same loads on the default strides would not.
 * It runs only where it can: padded head dims that are a multiple of 32 and the ``cp.async`` path (the swizzled K_j
   arrives by ``cp.async`` only); elsewhere the plan is the kernel without it, and asking the kernel factory for it
-  raises. It is the default above d = 64 only (:func:`numba_flash.fast.fa2_forward_tc.wide_on` says why).
+  raises. It is the default above d = 64 only (:func:`numba_flash.tensorcore.fa2_forward_tf32.wide_on` says why).
 * On a GPU (marker ``gpu``): the same error rule at realistic shapes and the tilings it is timed with.
 
 Simulator shapes stay tiny (N <= 45, d <= 32): each ``mma`` is a lane exchange with two block barriers there.
@@ -21,9 +21,9 @@ Simulator shapes stay tiny (N <= 45, d <= 32): each ``mma`` is a lane exchange w
 
 from __future__ import annotations
 
-from numba_flash import _backend
 from numba_flash._launch import check_attention_args
-from numba_flash.fast import fa2_forward_tc
+from numba_flash.runtime import backend as _backend
+from numba_flash.tensorcore import fa2_forward_tf32
 from numba_flash_reference.alg0_standard import standard_attention
 
 import numpy as np
@@ -79,7 +79,7 @@ def _phase_banks(addresses):
 
 @pytest.mark.parametrize("DP", [32, 64, 96, 128])
 def test_wide_layouts_put_every_16_byte_load_phase_in_32_banks(DP):
-    SQ, SV, _ = fa2_forward_tc.strides(16, DP, wide=True)
+    SQ, SV, _ = fa2_forward_tf32.strides(16, DP, wide=True)
     assert SQ == DP, "Q_i and K_j are unpadded: the swizzle, not a stride, separates rows g and g + 1"
     ND = DP // 8
     for p in range(DP // 16):  # Q and K: lanes (g, t), g < 2, at SRAM column (16 p ^ 16 (g & 1)) + 4 t of row g
@@ -94,33 +94,33 @@ def test_wide_layouts_put_every_16_byte_load_phase_in_32_banks(DP):
     for r in range(16):
         assert len({(r * SQ + (lane ^ (r % 8))) % 32 for lane in range(32)}) == 32
     # the same loads on the default (padded, unswizzled) Q/K stride would collide: the reason for the swizzle
-    SQ0 = fa2_forward_tc.strides(16, DP)[0]
+    SQ0 = fa2_forward_tf32.strides(16, DP)[0]
     assert len(set(_phase_banks([g * SQ0 + 4 * t for g in range(2) for t in range(4)]))) < 32
 
 
 def test_wide_runs_only_where_it_can():
-    assert fa2_forward_tc.default_features()["WIDE"] is None
+    assert fa2_forward_tf32.default_features()["WIDE"] is None
     # None: on above d = 64 (the 3xTF32 backward follows it; at d <= 64 its backward loses more than the forward gains);
     # never off the cp.async path or where not wide_ok; True turns it on where it can run
-    wide_on = fa2_forward_tc.wide_on
+    wide_on = fa2_forward_tf32.wide_on
     assert wide_on(None, 128, True) and wide_on(None, 96, True) and not wide_on(None, 64, True) and not wide_on(None, 32, True)
     assert not wide_on(None, 128, False) and not wide_on(None, 72, True)
     assert wide_on(True, 128, True) and wide_on(True, 64, True) and not wide_on(False, 128, True)
     assert not wide_on(True, 128, False) and not wide_on(True, 40, True)
-    assert all(fa2_forward_tc.wide_ok(DP) for DP in (32, 64, 96, 128))
-    assert not fa2_forward_tc.wide_ok(48), "not whole groups of 32 columns (four 8-column tiles of O)"
+    assert all(fa2_forward_tf32.wide_ok(DP) for DP in (32, 64, 96, 128))
+    assert not fa2_forward_tf32.wide_ok(48), "not whole groups of 32 columns (four 8-column tiles of O)"
     sim = _backend.is_simulator()
     for d, feats, want in ((40, WIDE, False), (32, {"CP_ASYNC": False, "WIDE": True}, False), (32, WIDE, True)):
         q, k, v = make_qkv(np.random.default_rng(0), 1, 8, 8, 1, 1, d)
         prob = check_attention_args(q, k, v, 0.0, None, False, 0)
-        kernel, _, _, nbytes = fa2_forward_tc.plan(prob, (16, 16), None, feats)
-        NW, MW, Bc, DP = fa2_forward_tc.config_for(d, (16, 16))
+        kernel, _, _, nbytes = fa2_forward_tf32.plan(prob, (16, 16), None, feats)
+        NW, MW, Bc, DP = fa2_forward_tf32.config_for(d, (16, 16))
         cp = bool(feats["CP_ASYNC"])
-        assert kernel is fa2_forward_tc.fa2_forward_tc_kernel(NW, MW, Bc, DP, False, False, DP <= 64 and not cp, sim, True, True, cp,
+        assert kernel is fa2_forward_tf32.fa2_forward_tc_kernel(NW, MW, Bc, DP, False, False, DP <= 64 and not cp, sim, True, True, cp,
                                                               False, want, False, cp, False, False), (d, feats)  # HEAVY_FIRST, WARP_SKIP, SPLIT_KV: causal only; Q_ASYNC on the cp.async path
-        assert nbytes == 4 * fa2_forward_tc.smem_floats(NW, MW, Bc, DP, sim, 2 if cp else 1, want)
+        assert nbytes == 4 * fa2_forward_tf32.smem_floats(NW, MW, Bc, DP, sim, 2 if cp else 1, want)
     with pytest.raises(ValueError, match="WIDE needs CP_ASYNC"):
-        fa2_forward_tc.fa2_forward_tc_kernel(1, 1, 16, 32, False, False, False, sim, True, True, False, False, True)
+        fa2_forward_tf32.fa2_forward_tc_kernel(1, 1, 16, 32, False, False, False, sim, True, True, False, False, True)
 
 
 @pytest.mark.gpu
@@ -134,7 +134,7 @@ def test_wide_query_blocks_that_see_no_key_on_gpu(rng, config):
     q, k, v = make_qkv(rng, 1, 1029, 513, 3, 1, 128)
     prob = check_attention_args(q, k, v, 0.0, None, True, 0)
     alloc = Allocator(q)
-    fwd = fa2_forward_tc.forward(*(alloc.to_kernel(x) for x in (q, k, v)), prob, alloc, config=config, features=WIDE)
+    fwd = fa2_forward_tf32.forward(*(alloc.to_kernel(x) for x in (q, k, v)), prob, alloc, config=config, features=WIDE)
     out = np.asarray(alloc.result(fwd.out))
     assert_error_rule(out, standard_attention(q, k, v, causal=True).O, naive_attention_float32(q, k, v, causal=True), what="O")
 

@@ -1,4 +1,4 @@
-"""The 3xTF32 FA2 backward (:mod:`numba_flash.fast.fa2_backward_tf32`), the float32 backward of ``variant="tensorcore"``.
+"""The 3xTF32 FA2 backward (:mod:`numba_flash.tensorcore.fa2_backward_tf32`), the float32 backward of ``variant="tensorcore"``.
 
 Claims checked (flash-attn's rule: every gradient within 3x the error of float32 naive attention's
 autograd, both against float64):
@@ -19,9 +19,9 @@ Simulator shapes stay tiny (N <= 40, d <= 24): each ``mma`` there is a lane exch
 
 from __future__ import annotations
 
-from numba_flash import api
+from numba_flash import api, registry
 from numba_flash._launch import poison_outputs
-from numba_flash.fast import fa2_backward_tc, fa2_backward_tf32
+from numba_flash.tensorcore import fa2_backward_tf32
 from numba_flash_reference.alg3_backward import standard_backward
 
 import numpy as np
@@ -46,7 +46,7 @@ def _grads(rng, monkeypatch, config, b, s_q, s_k, h, h_k, d, causal, p, determin
     seed = int(rng.integers(0, 2**32))
     out, stats = api.attention_numpy(q, k, v, p, None, causal, algorithm="flash2", variant="tensorcore", block_sizes=(16, 16),
                                      seed=seed, return_stats=True)
-    names = [kl.name for kl in fa2_backward_tc.compiled_kernels(stats.problem, stats.block_sizes, deterministic)]
+    names = [kl.name for kl in registry.resolve("flash2", "backward", "tensorcore", stats.problem).module.compiled_kernels(stats.problem, stats.block_sizes, deterministic)]
     assert all("3xTF32" in n for n in names), names
     with poison_outputs():
         grads = api.attention_backward_numpy(dout, q, k, v, out, stats, deterministic=deterministic)
@@ -85,7 +85,7 @@ def test_tensorcore_backward_runs_3xtf32_on_float32_arrays_and_the_half_kernel_o
     for dt, d, want in ((np.float16, 16, "float16"), (np.float16, 7, "3xTF32"), (np.float32, 16, "3xTF32"),
                         (np.float32, 128, "3xTF32"), (np.float32, 136, "fast")):
         prob = api.check_attention_args(*(np.zeros((1, 20, 1, d), dt),) * 3)
-        names = [k.name for k in fa2_backward_tc.compiled_kernels(prob, (16, 16))]
+        names = [k.name for k in registry.resolve("flash2", "backward", "tensorcore", prob).module.compiled_kernels(prob, (16, 16))]
         assert all(want in n for n in names), (dt, d, names)
 
 

@@ -1,4 +1,4 @@
-"""The 3xTF32 backward's two load paths for Q_i, dO_i (:mod:`numba_flash.fast.fa2_backward_tf32`, ``CP_ASYNC``).
+"""The 3xTF32 backward's two load paths for Q_i, dO_i (:mod:`numba_flash.tensorcore.fa2_backward_tf32`, ``CP_ASYNC``).
 
 Claims checked:
 
@@ -23,7 +23,8 @@ GPU cases with ``deterministic=True`` are the ones for the step's one barrier.
 from __future__ import annotations
 
 from numba_flash._launch import check_attention_args
-from numba_flash.fast import fa2_backward_tf32, fa2_forward_half
+from numba_flash.fast import _plan
+from numba_flash.tensorcore import fa2_backward_tf32
 
 import numpy as np
 import pytest
@@ -79,7 +80,8 @@ def test_cp_async_is_the_default_where_the_h100_sweep_found_it_faster():
     assert not fa2_backward_tf32.features_for(64, {"CP_ASYNC": False})["CP_ASYNC"]
     assert fa2_backward_tf32.features_for(128, {"CP_ASYNC": True})["CP_ASYNC"]
     # after a WIDE forward (the default above d = 64) the unpadded rows fit two stages of the d = 128 default tiling,
-    # 1.04-1.06x faster on an H100 (docs/results/sweeps/wide_bwd_h100_86d63ca.json); d = 72 cannot take WIDE
+    # 1.04-1.06x faster on an H100 (docs/results/sweeps/wide_bwd_h100_86d63ca.json, last in the tree at
+    # e0e5a9b); d = 72 cannot take WIDE
     assert [fa2_backward_tf32.features_for(d, None, True)["CP_ASYNC"] for d in (72, 96, 128)] == [False, True, True]
     assert not fa2_backward_tf32.features_for(128, {"WIDE": False}, True)["CP_ASYNC"]
 
@@ -100,7 +102,7 @@ def test_head_dims_not_a_multiple_of_4_and_unaligned_inputs_take_the_register_pa
     q, k, v = make_qkv(rng, 1, 20, 20, 1, 1, 16)
     dout = rng.standard_normal(q.shape).astype(np.float32)
     sq, sdo = unaligned_copy(q), unaligned_copy(dout)
-    assert not fa2_forward_half.aligned16(sq) and not fa2_forward_half.aligned16(sdo)
+    assert not _plan.aligned16(sq) and not _plan.aligned16(sdo)
     shifted, planned = _gradients(q, k, v, dout, False, 0.0, 0, (16, 16), True, words=(sq, sdo))
     aligned, planned_aligned = _gradients(q, k, v, dout, False, 0.0, 0, (16, 16), True)
     assert not planned, "unaligned Q, dO: backward() must ask for the register path"

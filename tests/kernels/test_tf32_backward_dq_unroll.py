@@ -1,4 +1,4 @@
-"""The 3xTF32 backward's dQ product a few k steps a pass (:mod:`numba_flash.fast.fa2_backward_tf32`, ``DQ_UNROLL``).
+"""The 3xTF32 backward's dQ product a few k steps a pass (:mod:`numba_flash.tensorcore.fa2_backward_tf32`, ``DQ_UNROLL``).
 
 Line 15, ``dQ_i += tau dS_ij K_j``, runs over the block's keys 8 at a time, each k step's three ``mma`` into a zeroed
 accumulator added to dQ with float32 adds. ``DQ_UNROLL`` (2 or 4) writes that many k steps into one pass of the loop
@@ -12,7 +12,7 @@ Claims checked:
   steps per block. (``deterministic=True`` computes dQ in its own kernel, which ``DQ_UNROLL`` does not touch.)
 * A factor that does not divide the block's k steps, or other than 1, 2 and 4, is refused when the kernel is built.
 * The default (``DQ_UNROLL=None``) is 4 above d = 64 where 4 divides the block's k steps, else 1: the factor
-  :func:`~numba_flash.fast.fa2_backward_tf32.plan` builds the kernel with; a given factor is kept.
+  :func:`~numba_flash.tensorcore.fa2_backward_tf32.plan` builds the kernel with; a given factor is kept.
 * On a GPU (marker ``gpu``): the same at realistic shapes, with dQ within the 3x rule where its atomic adds may come
   in another order.
 """
@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import inspect
 
-from numba_flash import _backend
 from numba_flash._launch import Allocator, Problem, check_attention_args, poison_outputs
-from numba_flash.fast import fa2_backward_tf32, fa2_forward_tc
+from numba_flash.runtime import backend as _backend
+from numba_flash.tensorcore import fa2_backward_tf32, fa2_forward_tf32
 
 import numpy as np
 import pytest
@@ -37,7 +37,7 @@ def _gradients(q, k, v, dout, causal, p, bs, unroll):
     prob = check_attention_args(q, k, v, p, None, causal, 7)
     alloc = Allocator(q)
     kq, kk, kv, kdo = (alloc.to_kernel(x) for x in (q, k, v, dout))
-    fwd = fa2_forward_tc.forward(kq, kk, kv, prob, alloc, bs)
+    fwd = fa2_forward_tf32.forward(kq, kk, kv, prob, alloc, bs)
     with poison_outputs():
         grads = fa2_backward_tf32.backward(kdo, kq, kk, kv, fwd.out, fwd, prob, alloc, bs, features={"DQ_UNROLL": unroll})
     return [to_host(g) for g in grads]

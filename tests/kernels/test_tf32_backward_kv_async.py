@@ -1,4 +1,4 @@
-"""The 3xTF32 backward's two loads of K_j, V_j (:mod:`numba_flash.fast.fa2_backward_tf32`, ``KV_ASYNC``).
+"""The 3xTF32 backward's two loads of K_j, V_j (:mod:`numba_flash.tensorcore.fa2_backward_tf32`, ``KV_ASYNC``).
 
 FA2 Algorithm 2 line 6 loads ``K_j, V_j`` once per thread block. The register load keeps 64 floats of each per thread
 at d = 128, which ptxas puts in local memory: each HBM load is waited for by its spill store, 64 round trips in a row
@@ -18,7 +18,8 @@ Claims checked:
 
 from __future__ import annotations
 
-from numba_flash.fast import fa2_backward_tf32, fa2_forward_half
+from numba_flash.fast import _plan
+from numba_flash.tensorcore import fa2_backward_tf32
 
 import numpy as np
 import pytest
@@ -72,7 +73,7 @@ def test_kv_async_is_the_default_on_the_cp_async_path_and_unaligned_k_v_take_the
     q, k, v = make_qkv(rng, 1, 12, 12, 1, 1, 8)
     dout = rng.standard_normal(q.shape).astype(np.float32)
     sk, sv = unaligned_copy(k), unaligned_copy(v)
-    assert not fa2_forward_half.aligned16(sk) and not fa2_forward_half.aligned16(sv)
+    assert not _plan.aligned16(sk) and not _plan.aligned16(sv)
     shifted, feats = _grads(q, k, v, dout, False, 0.0, 0, (16, 16), True, words={"k": sk, "v": sv})
     assert feats["KV_ASYNC"] is False and feats["CP_ASYNC"], "unaligned K, V: register load; Q, dO by cp.async"
     aligned, aligned_feats = _grads(q, k, v, dout, False, 0.0, 0, (16, 16), True)

@@ -1,4 +1,4 @@
-"""The 3xTF32 backward's ``Q_i, dO_i`` split once per step (:mod:`numba_flash.fast.fa2_backward_tf32`, ``SPLIT_QDO``).
+"""The 3xTF32 backward's ``Q_i, dO_i`` split once per step (:mod:`numba_flash.tensorcore.fa2_backward_tf32`, ``SPLIT_QDO``).
 
 Every 3xTF32 ``mma`` takes the big and small tf32 parts of both operands. ``Q_i`` and ``dO_i`` are read four times a
 step (the A operands of ``S = Q_i K_j^T`` and ``dP = dO_i V_j^T``, the B operands of ``dK += dS^T Q_i`` and
@@ -30,9 +30,10 @@ from __future__ import annotations
 
 import inspect
 
-from numba_flash import _backend
 from numba_flash._launch import Problem
-from numba_flash.fast import _mma, _tiles, fa2_backward_tf32
+from numba_flash.fast import _tiles
+from numba_flash.runtime import backend as _backend
+from numba_flash.tensorcore import fa2_backward_tf32, ptx
 
 import numpy as np
 import pytest
@@ -202,7 +203,7 @@ def test_the_row_pair_pass_writes_the_quads_of_every_pair(NT):
                     if np.isnan(v):
                         assert out[base + w] == 0x7FC00000, f"the NaN at {(row, col)} was not made the quiet NaN"
                     else:
-                        assert (int(out[base + w]), int(out[SMALL + base + w])) == _mma.split_tf32_host(v), (row, col)
+                        assert (int(out[base + w]), int(out[SMALL + base + w])) == ptx.split_tf32_host(v), (row, col)
                     seen.add((row, col))
     assert len(seen) == ROWS * DW, "every element of the tile has its place"
 

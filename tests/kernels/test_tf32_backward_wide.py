@@ -1,11 +1,11 @@
-"""The 3xTF32 backward's ``WIDE`` (:mod:`numba_flash.fast.fa2_backward_tf32`): the forward's ``WIDE`` order of S.
+"""The 3xTF32 backward's ``WIDE`` (:mod:`numba_flash.tensorcore.fa2_backward_tf32`): the forward's ``WIDE`` order of S.
 
 The 3xTF32 forward's ``WIDE`` (``tests/kernels/test_tc_wide.py``) sums ``S = Q K^T`` over other 8-column sets per
 k step than the kernel without it. The backward recomputes ``S`` and must round it exactly as its forward did:
 sharp softmaxes magnify any difference past the gradient error rule (the GPU suite at d766c35). Claims checked:
 
 * The backward's ``WIDE`` products give the ``WIDE`` forward's ``S`` bit for bit. A one-warp kernel computes ``S``
-  with :func:`~numba_flash.fast.fa2_backward_tf32.make_score_products_wide` (both loop nests: keys kept, as the
+  with :func:`~numba_flash.tensorcore.fa2_backward_tf32.make_score_products_wide` (both loop nests: keys kept, as the
   main kernel, and queries kept, as the deterministic dQ kernel) on tiles stored by ``swizzle16t``; its row max,
   in natural units as the forward saves it, is the forward's ``m`` in every row. The default products (the
   order without ``WIDE``) miss in some row: the check can tell the two orders apart.
@@ -16,7 +16,7 @@ sharp softmaxes magnify any difference past the gradient error rule (the GPU sui
 * The layout is bank-conflict free: ``swizzle16t`` keeps every 8-lane phase of the 16-byte loads in 32 banks, and
   the column reads of the B operands of dV, dK, dQ (rows ``2t``, ``2t + 1``, column ``8 n + g``) too, where
   ``swizzle16`` alone would put four lanes on one bank.
-* ``WIDE=None`` follows the forward on the same K, V (:func:`numba_flash.fast.fa2_forward_tc.wide_for`); the
+* ``WIDE=None`` follows the forward on the same K, V (:func:`numba_flash.tensorcore.fa2_forward_tf32.wide_for`); the
   kernels refuse a padded head dim that is not a multiple of 32.
 * On a GPU (marker ``gpu``): ``S`` bit for bit at d = 64 and 128, and the sharp-softmax error rule at the
   realistic shapes of ``tests/kernels/test_sharp_softmax.py``.
@@ -28,10 +28,11 @@ from __future__ import annotations
 
 import functools
 
-from numba_flash import _backend
-from numba_flash._constants import LN2, U
 from numba_flash._launch import Allocator, check_attention_args, poison_outputs
-from numba_flash.fast import _mma, _tiles, fa2_backward_tf32, fa2_forward_tc
+from numba_flash.device.constants import LN2, U
+from numba_flash.fast import _tiles
+from numba_flash.runtime import backend as _backend
+from numba_flash.tensorcore import fa2_backward_tf32, fa2_forward_tf32, ptx
 from numba_flash_reference.alg3_backward import standard_backward
 
 import numpy as np
@@ -51,7 +52,7 @@ def _s_kernel(QT: int, NKN: int, DP: int, wide: bool, keys_fixed: bool):
     BR, BC = 16 * QT, 8 * NKN
     OQ, ODO, OK, OV = U(0), U(BR * SQ), U(2 * BR * SQ), U(2 * BR * SQ + BC * SQ)
     NSM, NS, NA = 2 * (BR + BC) * SQ, QT * NKN * 4, 2 * NKN
-    SXN = _mma.SIM_SCRATCH_PER_WARP if sim else 1
+    SXN = ptx.SIM_SCRATCH_PER_WARP if sim else 1
     uSQ = U(SQ)
     if wide:
         products = fa2_backward_tf32.make_score_products_wide(QT, NKN, DP // 8, SQ, sim, keys_fixed)
@@ -146,7 +147,7 @@ def _gradients(q, k, v, dout, causal, p, seed, bs, deterministic=False, fwd_feat
     prob = check_attention_args(q, k, v, p, None, causal, seed)
     alloc = Allocator(q)
     kq, kk, kv, kdo = (alloc.to_kernel(x) for x in (q, k, v, dout))
-    fwd = fa2_forward_tc.forward(kq, kk, kv, prob, alloc, bs, features=fwd_features)
+    fwd = fa2_forward_tf32.forward(kq, kk, kv, prob, alloc, bs, features=fwd_features)
     with poison_outputs():
         grads = fa2_backward_tf32.backward(kdo, kq, kk, kv, fwd.out, fwd, prob, alloc, bs, deterministic, config,
                                            {"WIDE": True, **(features or {})})
@@ -248,14 +249,14 @@ def test_wide_follows_the_forward_and_runs_only_where_it_can(rng):
     prob = check_attention_args(q, k, v, 0.0, None, False, 0)
     alloc = Allocator(q)
     kk, kv = alloc.to_kernel(k), alloc.to_kernel(v)
-    want = fa2_forward_tc.wide_on(fa2_forward_tc.default_features()["WIDE"], 32, True)
-    assert fa2_forward_tc.wide_for(prob, kk, kv) == want, "None: as the default forward on aligned K, V"
+    want = fa2_forward_tf32.wide_on(fa2_forward_tf32.default_features()["WIDE"], 32, True)
+    assert fa2_forward_tf32.wide_for(prob, kk, kv) == want, "None: as the default forward on aligned K, V"
     q128, k128, v128 = make_qkv(rng, 1, 8, 8, 1, 1, 128)
-    assert fa2_forward_tc.wide_for(check_attention_args(q128, k128, v128, 0.0, None, False, 0)), "the default above d = 64"
-    assert fa2_forward_tc.wide_for(prob, kk, kv, features=FWD_WIDE)
-    assert not fa2_forward_tc.wide_for(prob, kk, kv, features={"CP_ASYNC": False, "WIDE": True}), "off the cp.async path"
+    assert fa2_forward_tf32.wide_for(check_attention_args(q128, k128, v128, 0.0, None, False, 0)), "the default above d = 64"
+    assert fa2_forward_tf32.wide_for(prob, kk, kv, features=FWD_WIDE)
+    assert not fa2_forward_tf32.wide_for(prob, kk, kv, features={"CP_ASYNC": False, "WIDE": True}), "off the cp.async path"
     q40, k40, v40 = make_qkv(rng, 1, 8, 8, 1, 1, 40)
-    assert not fa2_forward_tc.wide_for(check_attention_args(q40, k40, v40, 0.0, None, False, 0), features=FWD_WIDE)
+    assert not fa2_forward_tf32.wide_for(check_attention_args(q40, k40, v40, 0.0, None, False, 0), features=FWD_WIDE)
     sim = _backend.is_simulator()
     for d, feats, wide in ((32, {"WIDE": True}, True), (32, {"WIDE": False}, False), (40, {"WIDE": True}, False)):
         qq, kk2, vv = make_qkv(rng, 1, 8, 8, 1, 1, d)

@@ -36,10 +36,11 @@ kernel argument that is not a NumPy array is passed to the Python "threads" as i
 ``__getitem__`` sees every load); ``cuda.atomic.add`` is ``FakeCUDAAtomic.add``; each
 ``cuda.shared.array`` call is one NumPy allocation per source line and launch, kept in
 ``FakeCUDAShared._allocations``; ``cuda.syncthreads`` is ``BlockThread.syncthreads``.
-:func:`install_simulator_patches` (called by ``tutorials/conftest.py``) replaces the shared-array
-allocation with one that holds a lock (numba-cuda 0.30 allocates without one, so two threads could get
-different arrays for one declaration and a correct kernel fail now and then), routes atomics on a
-:class:`CountingArray` to its counter, and counts barriers per thread for the race detector. If a
+:func:`install_simulator_patches` (called by ``tutorials/conftest.py``) takes from numba-flash's one simulator
+patch layer (:mod:`numba_flash.runtime.simulator`) the shared-array allocation that holds a lock (numba-cuda 0.30
+allocates without one, so two threads could get different arrays for one declaration and a correct kernel fail
+now and then), the routing of atomics on a :class:`CountingArray` to its counter, and the barrier count per
+thread for the race detector. If a
 numba-cuda release renames these, ``tests/test_tutorials.py`` fails (the solutions' budget tests would
 see nothing), it does not pass silently.
 """
@@ -51,7 +52,6 @@ import contextlib
 import functools
 import inspect
 import os
-import sys
 import textwrap
 import threading
 from pathlib import Path
@@ -466,13 +466,9 @@ def keep_mask(keep, seed: int, N: int, N_k: int, threshold: int, label: str = "d
 
 
 # ----------------------------------------------------------------------------------------------
-# Simulator patches: locked shared allocation, atomics on CountingArrays, barrier epochs
+# Simulator hooks: the locked shared allocation, atomics on CountingArrays, barrier epochs, all from
+# numba-flash's one simulator patch layer (numba_flash.runtime.simulator)
 # ----------------------------------------------------------------------------------------------
-_ALLOC_LOCK = threading.Lock()
-_RACE_LOGS: list = []  # the active race log (a list) while shared_memory_races() runs, else empty
-_PATCHED = False
-
-
 class SharedRaceArray:
     """A shared array whose every access is checked against the barrier epochs of the simulator's threads.
 
@@ -544,105 +540,54 @@ class SharedRaceArray:
 
 
 def install_simulator_patches() -> None:
-    """Make the simulator fit for grading (idempotent; does nothing on a GPU). See the module docstring."""
-    global _PATCHED
-    if _PATCHED or not simulator():
+    """Make the simulator fit for grading (idempotent; does nothing on a GPU). See the module docstring.
+
+    All three come from :mod:`numba_flash.runtime.simulator`, which checks that the simulator's internals are
+    the reviewed ones (RuntimeError otherwise, so a grade never rests on an unpatched simulator): the locked
+    shared-array allocation (installed when numba_flash chose the simulator), barrier epochs per thread for
+    :func:`shared_memory_races`, and ``cuda.atomic.add`` on a :class:`CountingArray` routed to its counter.
+    """
+    if not simulator():
         return
-    from numba.core import types
-    from numba.cuda.simulator import kernel as simkernel
-    from numba.cuda.simulator import kernelapi
-    from numba.np import numpy_support
+    from numba_flash.runtime import simulator as sim
 
-    def shared_array(self, shape, dtype, alignment=None):
-        # numba-cuda 0.30's FakeCUDAShared.array, with a lock around the allocation and an optional watch
-        if alignment is not None:
-            raise RuntimeError("Array alignment is not supported in cudasim")
-        if isinstance(dtype, types.Type):
-            dtype = numpy_support.as_dtype(dtype)
-        if shape == 0:  # dynamic shared memory: one buffer for all
-            count = self._dynshared_size // dtype.itemsize
-            return np.frombuffer(self._dynshared.data, dtype=dtype, count=count)
-        caller = sys._getframe(1)
-        key = (caller.f_code.co_filename, caller.f_lineno)  # one array per source line, as in numba-cuda
-        with _ALLOC_LOCK:
-            res = self._allocations.get(key)
-            if res is None:
-                res = np.empty(shape, dtype)
-                self._allocations[key] = res
-            if not _RACE_LOGS:
-                return res
-            watched = self.__dict__.setdefault("_nf_watched", {})
-            if key not in watched:
-                watched[key] = SharedRaceArray(res, f"{Path(key[0]).name}:{key[1]}", _RACE_LOGS[-1])
-            return watched[key]
-
-    original_add = kernelapi.FakeCUDAAtomic.add
-
-    def atomic_add(self, array, index, val):
-        if isinstance(array, CountingArray):
-            return array.atomic_add(index, val)
-        return original_add(self, array, index, val)
-
-    original_sync = simkernel.BlockThread.syncthreads
-
-    def syncthreads(self):
-        self._nf_epoch = getattr(self, "_nf_epoch", 0) + 1
-        original_sync(self)
-
-    kernelapi.FakeCUDAShared.array = shared_array
-    kernelapi.FakeCUDAAtomic.add = atomic_add
-    simkernel.BlockThread.syncthreads = syncthreads
-    _PATCHED = True
+    if not sim.simulator_patch_installed():
+        sim.install_on_import()
+        sim._kernelapi_module()  # raises, saying why, where the reviewed patch cannot go in
+    sim.install_barrier_epochs()
+    sim.route_atomic_add(CountingArray)
 
 
 @contextlib.contextmanager
 def shared_memory_races():
     """Watch every shared array of the launches inside the block; yields the list of races found.
 
-    Simulator only, after :func:`install_simulator_patches`. Slower (every shared access is checked):
-    use it on one small launch.
+    Simulator only. Slower (every shared access is checked): use it on one small launch.
     """
     if not simulator():
         raise RuntimeError("shared_memory_races works in Numba's CUDA simulator; on a GPU use compute-sanitizer --tool racecheck")
+    from numba_flash.runtime import simulator as sim
+
     install_simulator_patches()
     log: list[str] = []
-    _RACE_LOGS.append(log)
-    try:
+    with sim.watch_shared_arrays(lambda data, where: SharedRaceArray(data, where, log)):
         yield log
-    finally:
-        _RACE_LOGS.remove(log)
 
 
 @contextlib.contextmanager
 def record_shared_memory():
     """Measure the static shared memory per block of the kernels launched inside the block (simulator).
 
-    Every simulated launch gets a fresh shared-memory manager that keeps one NumPy array per
-    ``cuda.shared.array`` source line (plus the dynamic shared memory the launch asked for); this
-    records those managers and sums their arrays. On a GPU, ask a compiled kernel instead:
+    :func:`numba_flash.runtime.simulator.record_shared_memory`: yields a list that, after the block, holds one
+    byte count per block launched (use ``max(...)``). On a GPU, ask a compiled kernel instead:
     ``kernel.get_shared_mem_per_block()``.
-
-    Yields a list that, after the block, holds one byte count per block launched. Use ``max(...)``.
     """
     if not simulator():
         raise RuntimeError("record_shared_memory works in Numba's CUDA simulator; on a GPU use kernel.get_shared_mem_per_block()")
-    from numba.cuda.simulator import kernelapi
+    from numba_flash.runtime import simulator as sim
 
-    sizes: list[int] = []
-    managers = []
-    original_init = kernelapi.FakeCUDAShared.__init__
-
-    def recording_init(self, dynshared_size):
-        original_init(self, dynshared_size)
-        managers.append(self)
-
-    kernelapi.FakeCUDAShared.__init__ = recording_init
-    try:
+    with sim.record_shared_memory() as sizes:
         yield sizes
-    finally:
-        kernelapi.FakeCUDAShared.__init__ = original_init
-    for mgr in managers:
-        sizes.append(sum(a.nbytes for a in mgr._allocations.values()) + mgr._dynshared_size)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -45,8 +45,11 @@ What it does **not** catch, by design or by limits of an in-process check (cours
   one-block Numba kernel), so a copy needs real adaptation.
 * **C-level calls.** The hook sees Python functions only; the package has no compiled code of its own,
   but a NumPy or Numba routine is, of course, allowed.
-* **A hostile submission.** Code that defeats the static check (an allow-listed library used as a
-  gadget to reach ``sys``, say) could switch the hook off. The static check makes that deliberate
+* **A hostile submission.** Code that defeats the static check could switch the hook off. The static
+  check rejects the gadgets known to do it: an allowed library's attribute that is ``sys``,
+  ``importlib``, ``threading`` and the like (:data:`DENIED_ATTRIBUTES`; the red-team submission of
+  ``tests/test_tutorials.py`` reached all three through ``numba.core``), ``operator.attrgetter``. A
+  gadget not on that list would still get through. The static check makes that deliberate
   and visible in the source; the grade script prints the static report for every submission. This is
   a guard against taking a shortcut through the package, not a sandbox: run untrusted code in a
   container, as you would any student code.
@@ -88,6 +91,18 @@ FORBIDDEN_NAMES = frozenset(
 
 #: Dunder attributes a submission may use (``super().__init__``, ``f.__name__``, ``__doc__``).
 ALLOWED_DUNDER_ATTRIBUTES = frozenset({"__init__", "__name__", "__doc__"})
+
+#: Attribute names (and names imported with ``from X import NAME``) that reach the interpreter's machinery: a
+#: submission that gets ``sys``, ``importlib`` or ``threading`` through an allowed library
+#: (``numba.core.config.sys``, ``numba.core.caching.importlib``, ``numba.core.compiler_lock.threading``) can switch
+#: the tripwire off and take the import wall down, and ``operator.attrgetter`` is ``getattr`` by another name.
+DENIED_ATTRIBUTES = frozenset(
+    {
+        "sys", "importlib", "threading", "_thread", "os", "builtins", "gc", "ctypes", "subprocess", "inspect",
+        "runpy", "pkgutil", "site", "marshal", "pickle", "imp", "zipimport", "multiprocessing", "sysconfig",
+        "shutil", "attrgetter", "methodcaller", "setprofile", "settrace", "meta_path", "path_hooks",
+    }
+)  # fmt: skip
 
 #: A string constant containing one of these is rejected (docstrings exempt).
 FORBIDDEN_SUBSTRINGS = ("numba_flash",)
@@ -138,6 +153,11 @@ def static_problems(source: str, filename: str = "<submission>") -> list[str]:
             if isinstance(node, ast.ImportFrom) and node.level:
                 problems.append(f"line {line}: relative import 'from {'.' * node.level}{node.module or ''} import ...': a submission is graded as a single file")
                 names = []
+            if isinstance(node, ast.ImportFrom):
+                for alias in node.names:
+                    if alias.name in DENIED_ATTRIBUTES:
+                        problems.append(f"line {line}: 'from {node.module} import {alias.name}' is not allowed in a "
+                                        f"submission ({alias.name!r} reaches the interpreter behind the autograder's back)")
             for name in names:
                 top = name.split(".", 1)[0]
                 if _forbidden_module(name):
@@ -155,6 +175,9 @@ def static_problems(source: str, filename: str = "<submission>") -> list[str]:
                 problems.append(f"line {line}: attribute {a!r} is not allowed in a submission")
             elif a == "modules" and isinstance(node.value, ast.Name) and node.value.id == "sys":
                 problems.append(f"line {line}: sys.modules is not allowed in a submission")
+            elif a in DENIED_ATTRIBUTES or a in FORBIDDEN_NAMES:
+                problems.append(f"line {line}: attribute {a!r} is not allowed in a submission (it reaches the "
+                                "interpreter, or loads code, behind the autograder's back)")
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
             for bad in FORBIDDEN_SUBSTRINGS:
                 if bad in node.value:
@@ -195,6 +218,15 @@ def _package_dirs() -> tuple[str, ...]:
     return tuple(dirs)
 
 
+def _grader_safe_codes() -> frozenset:
+    """The code objects of the functions numba-flash's simulator patch layer runs inside every simulated kernel (the
+    locked shared-array allocation, the barrier count, the routed atomics: ``GRADER_SAFE`` of
+    :mod:`numba_flash.runtime.simulator`). They are the grader's machinery, not an answer: the tripwire lets exactly
+    these through."""
+    sim = sys.modules.get("numba_flash.runtime.simulator")
+    return frozenset(f.__code__ for f in getattr(sim, "GRADER_SAFE", ()))
+
+
 class _ImportWall(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname, path=None, target=None):
         if _forbidden_module(fullname):
@@ -215,6 +247,7 @@ class Guard:
         self._prev_profile = None
         self._prev_thread_profile = None
         self._dirs = ()
+        self._safe: frozenset = frozenset()
         self._test_files: set[str] = set()
 
     def forbid_file(self, path) -> None:
@@ -231,7 +264,9 @@ class Guard:
         if verdict is None:
             filename = code.co_filename
             verdict = code in _ORACLE_CODES or filename.startswith(self._dirs) or filename in self._test_files
-            if not verdict and filename and not filename.startswith("<"):
+            if code in self._safe:  # Dev: numba-flash's simulator patch layer runs inside every simulated kernel
+                verdict = False
+            elif not verdict and filename and not filename.startswith("<"):
                 try:
                     resolved = str(Path(filename).resolve())
                 except OSError:
@@ -248,6 +283,7 @@ class Guard:
                 return self
             self.violations = []
             self._dirs = _package_dirs()
+            self._safe = _grader_safe_codes()
             self._saved = {k: sys.modules.pop(k) for k in list(sys.modules) if _forbidden_module(k)}
             sys.meta_path.insert(0, self._wall)
             self._prev_profile = sys.getprofile()
