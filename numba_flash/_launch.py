@@ -545,6 +545,18 @@ def bh_grid(n_x: int, bh: int) -> tuple[int, int, int]:
     return n_x, y, ceil_div(bh, y)
 
 
+def block_mask_arrays(block_mask, alloc):
+    """``(mask, span, col)``: the block mask's kernel arrays for the FA1 kernels (Algorithm 5).
+
+    ``block_mask`` is a :class:`numba_flash.alg5_block_sparse.BlockMask`, or None for the dense
+    kernels, which never read these arguments: then one-element placeholders of the same ranks.
+    """
+    if block_mask is not None:
+        return block_mask.kernel_arrays(alloc)
+    arrays = (np.ones((1, 1, 1, 1), np.int32), np.zeros((1, 1, 1, 2), np.int32), np.ones((1, 1, 1), np.int32))
+    return tuple(cuda.to_device(a) for a in arrays) if alloc.on_device else arrays
+
+
 # ----------------------------------------------------------------------------------------------
 # The kernel-module contract
 # ----------------------------------------------------------------------------------------------

@@ -15,6 +15,9 @@ What a reader learns
   what Theorem 2 counts (Theta(N^2 d^2 / M) accesses) and what FlashAttention-2 later removes.
 * The online softmax in a kernel: ``O_i`` stays normalized in HBM; each step un-normalizes it
   (``diag(l_i)``), rescales it to the new row max, adds ``P~_ij V_j`` and divides by ``l_new``.
+* Algorithm 5 (block-sparse) is this kernel too: compiled with ``SPARSE=True`` it runs the test
+  ``if M_ij != 0`` (tagged ``Alg.5 L8``) around the inner step, and every step carries its Algorithm 5
+  tag beside Algorithm 1's and 2's (:mod:`numba_flash.alg5_block_sparse` has the mask and the entry points).
 
 Launch geometry (FA1's parallelism)
 -----------------------------------
@@ -84,7 +87,7 @@ import math
 
 from numba import cuda, float32, uint64
 
-from ._launch import STATIC_SMEM_BYTES, ForwardOutput, KernelLaunch, Problem, ceil_div
+from ._launch import STATIC_SMEM_BYTES, ForwardOutput, KernelLaunch, Problem, block_mask_arrays, ceil_div
 from .device.dropout import head_key, keep, row_key
 from .runtime import backend as _backend
 
@@ -126,7 +129,7 @@ def sram_footprint(Br: int, Bc: int, d: int, threads=(8, 16), shuffles: bool = T
     return Bc * dp + Bc * d + 2 * Br * dp + Br * bcp + 2 * Br + red
 
 
-# Alg.2 L1: initialize the pseudo-random number generator state R and save it to HBM
+# Alg.2 L1 / Alg.5 L1: initialize the pseudo-random number generator state R and save it to HBM
 def prng_state(prob: Problem):
     """R = (seed, threshold, 1/(1-p)): the counter hash needs no per-element state, only the seed.
 
@@ -184,14 +187,22 @@ def paper_block_sizes(d: int, M: int | None = None, block_sizes=None, threads=No
 
 
 @functools.cache
-def forward_kernel(BR: int, BC: int, D: int, CAUSAL: bool, DROPOUT: bool, TY: int, TX: int, SHUFFLE: bool):
+def forward_kernel(BR: int, BC: int, D: int, CAUSAL: bool, DROPOUT: bool, TY: int, TX: int, SHUFFLE: bool,
+                   SPARSE: bool = False):
     """Compile the forward kernel for one tile shape, head dim and option set (cached).
+
+    ``SPARSE``: Algorithm 5 (block-sparse, :mod:`numba_flash.alg5_block_sparse`): Algorithm 2 with the
+    test ``if M_ij != 0`` (Alg.5 L8) around the inner step. The dense kernel (``SPARSE=False``) never
+    reads the three block-mask arguments; the launch passes one-element placeholders.
 
     Symbol table (paper symbol -> variable -> memory space):
 
     ==========================  ===========================  ==============================
     Q, K, V, O                  gQ, gK, gV, gO               HBM (b, s, h, d), any strides
     l, m (and L = m + log l)    gl, gm, glse                 HBM (b, h, s_q)
+    M (Alg.5's block mask)      gmask                        HBM (B, H, Tr, Tc), 0/1
+    first, last non-zero j      gspan                        HBM (B, H, Tr, 2)
+    column j has a tile         gcol                         HBM (B, H, Tc)
     tau, R                      tau, (seed, threshold)       kernel arguments
     Q_i, O_i                    sQ_i, sO_i                   SRAM (Br, d)
     K_j, V_j                    sK_j, sV_j                   SRAM (Bc, d)
@@ -237,7 +248,7 @@ def forward_kernel(BR: int, BC: int, D: int, CAUSAL: bool, DROPOUT: bool, TY: in
     jit_options = {} if _backend.is_simulator() or NT <= 256 else {"max_registers": min(255, 65536 // NT)}
 
     @cuda.jit(**jit_options)
-    def kernel(gQ, gK, gV, gO, gl, gm, glse, tau, causal_offset, seed, threshold, dropout_scale):
+    def kernel(gQ, gK, gV, gO, gl, gm, glse, tau, causal_offset, seed, threshold, dropout_scale, gmask, gspan, gcol):
         sK_j = cuda.shared.array((BC, DP), float32)  # (Bc, d) SRAM
         sV_j = cuda.shared.array((BC, D), float32)  # (Bc, d) SRAM
         sQ_i = cuda.shared.array((BR, DP), float32)  # (Br, d) SRAM
@@ -269,26 +280,31 @@ def forward_kernel(BR: int, BC: int, D: int, CAUSAL: bool, DROPOUT: bool, TY: in
         bi = bh // nheads
         hi = bh % nheads
         hk = hi // (nheads // gK.shape[2])  # GQA/MQA: the key/value head of query head hi
+        mb = bi if gmask.shape[0] > 1 else 0  # Alg.5: the block mask's batch and head (1 = shared, broadcast)
+        mh = hi if gmask.shape[1] > 1 else 0
         k_bh = head_key(seed, bh) if DROPOUT else uint64(0)
 
         # [doc:alg1-init]
-        # Alg.1 L2 / Alg.2 L3: in HBM, O = (0) N x d, l = (0) N, m = (-inf) N
-        for e in range(tid, s_q * D, NT):
-            gO[bi, e // D, hi, e % D] = 0.0  # HBM write: N*d
-        for r in range(tid, s_q, NT):
-            gl[bi, hi, r] = 0.0  # HBM write: N
-            gm[bi, hi, r] = NEG_INF  # HBM write: N
-        cuda.syncthreads()  # Sync: O, l, m initialized in HBM before any thread reads them back (L8)
-        # Alg.1 L3-L4 / Alg.2 L4-L5: split Q, O, l, m into Tr row blocks and K, V into Tc column blocks
+        # Alg.1 L2 / Alg.2 L3 / Alg.5 L2: in HBM, O = (0) N x d, l = (0) N, m = (-inf) N
+        if not SPARSE:  # Dev: Alg.5 does not materialize them: a row block's first non-zero tile starts from them in SRAM (L9)
+            for e in range(tid, s_q * D, NT):
+                gO[bi, e // D, hi, e % D] = 0.0  # HBM write: N*d
+            for r in range(tid, s_q, NT):
+                gl[bi, hi, r] = 0.0  # HBM write: N
+                gm[bi, hi, r] = NEG_INF  # HBM write: N
+            cuda.syncthreads()  # Sync: O, l, m initialized in HBM before any thread reads them back (L8)
+        # Alg.1 L3-L4 / Alg.2 L4-L5 / Alg.5 L3-L4: split Q, O, l, m into Tr row blocks and K, V into Tc column blocks
         Tr = (s_q + BR - 1) // BR
         Tc = (s_k + BC - 1) // BC
         # [/doc:alg1-init]
 
         # [doc:alg1-outer-loop]
-        # Alg.1 L5 / Alg.2 L6: for 1 <= j <= Tc
+        # Alg.1 L5 / Alg.2 L6 / Alg.5 L5: for 1 <= j <= Tc
         for j in range(Tc):
+            if SPARSE and gcol[mb, mh, j] == 0:  # Dev: Alg.5, no non-zero tile in column j: K_j, V_j are not even loaded
+                continue
             c0 = j * BC
-            # Alg.1 L6 / Alg.2 L7: load K_j, V_j from HBM to on-chip SRAM
+            # Alg.1 L6 / Alg.2 L7 / Alg.5 L6: load K_j, V_j from HBM to on-chip SRAM
             for t in range(KV_LOADS):
                 e = tid + NT * t
                 if e < BC * D:
@@ -301,30 +317,40 @@ def forward_kernel(BR: int, BC: int, D: int, CAUSAL: bool, DROPOUT: bool, TY: in
                         vx = gV[bi, c0 + c, hk, x]  # HBM read: Bc*d
                     sK_j[c, x] = kx
                     sV_j[c, x] = vx
-            # Alg.1 L7 / Alg.2 L8: for 1 <= i <= Tr
+            # Alg.1 L7 / Alg.2 L8 / Alg.5 L7: for 1 <= i <= Tr
             for i in range(Tr):
+                # Alg.5 L8: if M_ij != 0: a zero tile costs no FLOP, no barrier and no HBM access (dense: no test)
+                if SPARSE and gmask[mb, mh, i, j] == 0:
+                    continue
                 r0 = i * BR
+                first = SPARSE and j == gspan[mb, mh, i, 0]  # Alg.5's first non-zero tile of row block i ...
+                last = SPARSE and j == gspan[mb, mh, i, 1]  # ... and its last one
                 # [doc:alg1-inner-loop]
-                # Alg.1 L8 / Alg.2 L9: load Q_i, O_i, l_i, m_i from HBM to on-chip SRAM
+                # Alg.1 L8 / Alg.2 L9 / Alg.5 L9: load Q_i, O_i, l_i, m_i from HBM to on-chip SRAM
                 for t in range(QO_LOADS):
                     e = tid + NT * t
                     if e < BR * D:
                         r = e // D
                         x = e % D
                         qx = float32(0.0)  # Dev: rows past s_q (ragged last block) are zeros, never stored
-                        ox = float32(0.0)
+                        ox = float32(0.0)  # Dev: Alg.5's first visit takes L2's O_i = 0, not read from HBM
                         if r0 + r < s_q:
                             qx = gQ[bi, r0 + r, hi, x]  # HBM read: Br*d
-                            ox = gO[bi, r0 + r, hi, x]  # HBM read: Br*d
+                            if not first:
+                                ox = gO[bi, r0 + r, hi, x]  # HBM read: Br*d
                         sQ_i[r, x] = qx
                         sO_i[r, x] = ox
                 for r in range(tid, BR, NT):
-                    inside = r0 + r < s_q
-                    sl_i[r] = gl[bi, hi, r0 + r] if inside else float32(0.0)  # HBM read: Br
-                    sm_i[r] = gm[bi, hi, r0 + r] if inside else NEG_INF  # HBM read: Br
+                    l_r = float32(0.0)  # rows past s_q, and Alg.5's first visit: L2's l = 0, m = -inf
+                    m_r = NEG_INF
+                    if r0 + r < s_q and not first:
+                        l_r = gl[bi, hi, r0 + r]  # HBM read: Br
+                        m_r = gm[bi, hi, r0 + r]  # HBM read: Br
+                    sl_i[r] = l_r
+                    sm_i[r] = m_r
                 cuda.syncthreads()  # Sync: K_j, V_j, Q_i, O_i, l_i, m_i in SRAM before L9 reads them
 
-                # Alg.1 L9 / Alg.2 L10: S_ij = Q_i K_j^T (this thread's RR x CS entries; Alg.2's tau comes next)
+                # Alg.1 L9 / Alg.2 L10 / Alg.5 L10: S_ij = Q_i K_j^T (this thread's RR x CS entries; Alg.2's tau comes next)
                 for a in range(RR):
                     for c in range(CS):
                         rS[a, c] = 0.0
@@ -336,7 +362,7 @@ def forward_kernel(BR: int, BC: int, D: int, CAUSAL: bool, DROPOUT: bool, TY: in
                     for a in range(RR):
                         for c in range(CS):
                             rS[a, c] += rq[a] * rk[c]
-                # Alg.2 L10-L11: S_ij = tau S_ij, then S_ij^masked = mask(S_ij): -inf where key col is hidden
+                # Alg.2 L10-L11 / Alg.5 L10-L11: S_ij = tau S_ij, then S_ij^masked = mask(S_ij): -inf where key col is hidden
                 # from query row. Dev (Alg.1 and Alg.2): padding columns past Bc or past s_k (the ragged last
                 # block) are set to -inf too, so they take no probability.
                 for a in range(RR):
@@ -350,7 +376,7 @@ def forward_kernel(BR: int, BC: int, D: int, CAUSAL: bool, DROPOUT: bool, TY: in
                             s = NEG_INF
                         rS[a, c] = s
 
-                # Alg.1 L10 / Alg.2 L12: m~_ij = rowmax(S_ij), P~_ij = exp(S_ij - m~_ij), l~_ij = rowsum(P~_ij)
+                # Alg.1 L10 / Alg.2 L12 / Alg.5 L12: m~_ij = rowmax(S_ij), P~_ij = exp(S_ij - m~_ij), l~_ij = rowsum(P~_ij)
                 for a in range(RR):
                     mx = NEG_INF
                     for c in range(CS):
@@ -377,7 +403,7 @@ def forward_kernel(BR: int, BC: int, D: int, CAUSAL: bool, DROPOUT: bool, TY: in
                         rl_tilde[a] = row_sum(lsum)
                     else:
                         sRowSum[ty + TY * a, tx] = lsum
-                # Alg.2 L14: P~_ij^dropped = dropout(P~_ij, p_drop), into SRAM (l~_ij above is from the undropped P~_ij)
+                # Alg.2 L14 / Alg.5 L14: P~_ij^dropped = dropout(P~_ij, p_drop), into SRAM (l~_ij above is from the undropped P~_ij)
                 for a in range(RR):
                     r = ty + TY * a
                     k_row = row_key(k_bh, r0 + r) if DROPOUT else uint64(0)
@@ -396,7 +422,7 @@ def forward_kernel(BR: int, BC: int, D: int, CAUSAL: bool, DROPOUT: bool, TY: in
                             lsum += sRowSum[ty + TY * a, t]
                         rl_tilde[a] = lsum
 
-                # Alg.1 L11 / Alg.2 L13: m_new = max(m_i, m~_ij), l_new = e^(m_i - m_new) l_i + e^(m~_ij - m_new) l~_ij
+                # Alg.1 L11 / Alg.2 L13 / Alg.5 L13: m_new = max(m_i, m~_ij), l_new = e^(m_i - m_new) l_i + e^(m~_ij - m_new) l~_ij
                 for a in range(RR):
                     rc = min(ty + TY * a, BR - 1)
                     m_i = sm_i[rc]
@@ -411,7 +437,7 @@ def forward_kernel(BR: int, BC: int, D: int, CAUSAL: bool, DROPOUT: bool, TY: in
                     r_m_new[a] = m_new
                     r_l_new[a] = alpha * sl_i[rc] + beta * rl_tilde[a]
 
-                # Alg.1 L12 / Alg.2 L15: O_i <- diag(l_new)^-1 (diag(l_i) e^(m_i - m_new) O_i + e^(m~_ij - m_new) P~_ij V_j), to HBM
+                # Alg.1 L12 / Alg.2 L15 / Alg.5 L15: O_i <- diag(l_new)^-1 (diag(l_i) e^(m_i - m_new) O_i + e^(m~_ij - m_new) P~_ij V_j), to HBM
                 for a in range(RR):
                     for c in range(CO):
                         rPV[a, c] = 0.0
@@ -434,26 +460,31 @@ def forward_kernel(BR: int, BC: int, D: int, CAUSAL: bool, DROPOUT: bool, TY: in
                             if x < D:
                                 o = scale_O * sO_i[r, x] + r_beta[a] * rPV[a, c]
                                 gO[bi, row, hi, x] = o / l_new if l_new != 0 else float32(0.0)  # HBM write: Br*d (NaN stays NaN)
-                        # Alg.1 L13 / Alg.2 L16: l_i <- l_new, m_i <- m_new, to HBM
+                        # Alg.1 L13 / Alg.2 L16 / Alg.5 L16: l_i <- l_new, m_i <- m_new, to HBM
                         if tx == 0:
                             gl[bi, hi, row] = l_new  # HBM write: Br
                             gm[bi, hi, row] = r_m_new[a]  # HBM write: Br
+                            if last:  # Dev: Alg.5, the row block's last non-zero tile also writes L = m + log l
+                                glse[bi, hi, row] = r_m_new[a] + math.log(l_new) if l_new != 0 else math.inf  # HBM write: Br
                 cuda.syncthreads()  # Sync: all reads of this step's SRAM tiles done before the next step overwrites them
                 # [/doc:alg1-inner-loop]
         # [/doc:alg1-outer-loop]
 
-        # Dev: also write L = m + log l (flash-attn's softmax_lse; +inf where a row saw no key)
-        for r in range(tid, s_q, NT):
-            l_r = gl[bi, hi, r]
-            glse[bi, hi, r] = gm[bi, hi, r] + math.log(l_r) if l_r != 0 else math.inf
+        # Dev: also write L = m + log l (flash-attn's softmax_lse; +inf where a row saw no key; Alg.5: written above)
+        if not SPARSE:
+            for r in range(tid, s_q, NT):
+                l_r = gl[bi, hi, r]
+                glse[bi, hi, r] = gm[bi, hi, r] + math.log(l_r) if l_r != 0 else math.inf
 
     return kernel
 
 
-def launch(q, k, v, prob: Problem, alloc, block_sizes=None, threads=None, shuffles=None):
+def launch(q, k, v, prob: Problem, alloc, block_sizes=None, threads=None, shuffles=None, block_mask=None):
     """Run the forward kernel; returns (ForwardOutput, the compiled dispatcher, (Br, Bc), (TY, TX)).
 
-    :func:`forward` is this with the defaults; benchmarks and inspection use the extras.
+    :func:`forward` is this with the defaults; benchmarks and inspection use the extras. ``block_mask``:
+    a checked :class:`numba_flash.alg5_block_sparse.BlockMask` whose blocks are the tiles
+    (``block_sizes`` must be its ``block_size``): the kernel then runs Algorithm 5.
     """
     b, s_q, h, d = prob.batch, prob.seqlen_q, prob.nheads, prob.headdim
     ty, tx = thread_layout() if threads is None else threads
@@ -464,9 +495,10 @@ def launch(q, k, v, prob: Problem, alloc, block_sizes=None, threads=None, shuffl
     l = alloc.empty((b, h, s_q))
     m = alloc.empty((b, h, s_q))
     lse = alloc.empty((b, h, s_q))
-    kernel = forward_kernel(Br, Bc, d, prob.causal, prob.dropout_p > 0, ty, tx, shuffles)
+    gmask, gspan, gcol = block_mask_arrays(block_mask, alloc)
+    kernel = forward_kernel(Br, Bc, d, prob.causal, prob.dropout_p > 0, ty, tx, shuffles, block_mask is not None)
     kernel[b * h, ty * tx](q, k, v, out, l, m, lse, float32(prob.softmax_scale), prob.causal_offset,
-                           seed, threshold, float32(dropout_scale))
+                           seed, threshold, float32(dropout_scale), gmask, gspan, gcol)
     return ForwardOutput(out=out, lse=lse, m=m, l=l), kernel, (Br, Bc), (ty, tx)
 
 
@@ -487,15 +519,19 @@ def compiled_kernels(prob: Problem, block_sizes=None) -> list[KernelLaunch]:
     ty, tx = thread_layout()
     shuffles = use_shuffles(tx)
     Br, Bc = choose_block_sizes(prob, block_sizes)
-    kernel = forward_kernel(Br, Bc, prob.headdim, prob.causal, prob.dropout_p > 0, ty, tx, shuffles)
+    kernel = forward_kernel(Br, Bc, prob.headdim, prob.causal, prob.dropout_p > 0, ty, tx, shuffles, False)
     return [KernelLaunch(f"FA1 forward (Br, Bc) = ({Br}, {Bc})", kernel, ty * tx, prob.batch * prob.nheads)]
 
 
-def forward(q, k, v, prob: Problem, alloc, block_sizes=None) -> ForwardOutput:
-    """FA1 forward (Algorithms 1-2) on kernel arrays; see :mod:`numba_flash.api` for the contract.
+def forward(q, k, v, prob: Problem, alloc, block_sizes=None, block_mask=None) -> ForwardOutput:
+    """FA1 forward (Algorithms 1-2, or 5 with ``block_mask``) on kernel arrays; see :mod:`numba_flash.api`.
 
     ``block_sizes=(Br, Bc)`` overrides :func:`paper_block_sizes` (it must fit the 48 KB SRAM).
+    ``block_mask``: a checked :class:`numba_flash.alg5_block_sparse.BlockMask`; its ``block_size`` is
+    the tiles (:func:`numba_flash.alg5_block_sparse.forward` is this call).
     """
-    fwd, _, _, _ = launch(q, k, v, prob, alloc, block_sizes)
-    # Alg.1 L16 / Alg.2 L19: return O, l, m (R is the seed in prob); L = m + log l for the API
+    if block_mask is not None:
+        block_sizes = block_mask.block_size
+    fwd, _, _, _ = launch(q, k, v, prob, alloc, block_sizes, block_mask=block_mask)
+    # Alg.1 L16 / Alg.2 L19 / Alg.5 L20: return O, l, m (R is the seed in prob); L = m + log l for the API
     return fwd

@@ -43,6 +43,10 @@ Departure from the reference (which loops the group's heads inside the ``j`` loo
 kernel that sums each group (deterministic, no atomics). Looping the group inside one block would cut
 the grid to ``b * h_k`` blocks: under MQA a handful of SMs would do all the work.
 
+Block-sparse (Algorithm 5): the same kernel compiled with ``sparse=True`` runs Algorithm 5's test
+``if M_ij != 0`` (tagged ``Alg.5 L8``) around lines 10-22 and skips the zero tiles of a block mask
+(:mod:`numba_flash.alg5_block_sparse`); the dense kernel compiles without it.
+
 SRAM budget
 -----------
 Per block, float32: ``K_j, V_j``: 2 Bc (d|1); ``Q_i, dO_i``: 2 Br (d|1) (rows padded to an odd length
@@ -95,7 +99,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import cuda, float32
 
-from ._launch import STATIC_SMEM_BYTES, KernelLaunch, Problem, ceil_div
+from ._launch import STATIC_SMEM_BYTES, KernelLaunch, Problem, block_mask_arrays, ceil_div
 from .device.dropout import head_key, keep, row_key
 from .device.gqa import group_sum, per_head_grads
 from .runtime import backend as _backend
@@ -199,6 +203,19 @@ class Alg4Config:
         return self.threads // self.TLX
 
     @property
+    def loads(self) -> tuple[int, int, int]:
+        """(RL, CL, KV_LOADS): rows and columns of Q_i per loading thread (L10), K_j, V_j loads per thread (L7)."""
+        return ceil_div(self.Br, self.TLY), ceil_div(self.d, self.TLX), ceil_div(self.Bc * self.d, self.threads)
+
+    @property
+    def exact(self) -> tuple[bool, ...]:
+        """Which register-tile indices never run past the tile (else they are clamped on read, skipped on
+        write): rows and columns of the L11-L20 tile, rows of dV~_j, dK~_j and of dQ_i, columns of d, the L7 loads."""
+        kv_loads = self.loads[2]
+        return (self.TAY * self.RA == self.Br, self.TAX * self.CA == self.Bc, self.TBY * self.RB == self.Bc,
+                self.TBY * self.RQ == self.Br, self.TBX * self.CB == self.d, kv_loads * self.threads == self.Bc * self.d)
+
+    @property
     def sram_bytes(self) -> int:
         floats = 2 * self.Bc * self.DP + 2 * self.Br * self.DP + 2 * self.Br * self.Bc + self.Br * (self.TLX + 2)
         return 4 * floats
@@ -210,27 +227,23 @@ def tile_sram_bytes(Br: int, Bc: int, d: int, threads: int | None = None) -> int
 
 
 @functools.cache
-def alg4_kernel(cfg: Alg4Config, causal: bool, dropout: bool, stats_from_lse: bool):
+def alg4_kernel(cfg: Alg4Config, causal: bool, dropout: bool, stats_from_lse: bool, sparse: bool = False):
     """Compile (once per configuration) the Algorithm 4 kernel for the tiles and options of ``cfg``.
 
     ``stats_from_lse``: the forward saved only the logsumexp ``L`` (FA2's statistic), passed as ``m``
     with ``l = 1``: then line 13's ``diag(l)^-1 exp(S - m)`` is ``exp(S - L)``, the same P.
+
+    ``sparse``: Algorithm 5's test ``if M_ij != 0`` around lines 10-22, the block-sparse backward
+    (:mod:`numba_flash.alg5_block_sparse`); the dense kernel never reads the block-mask arguments.
     """
     BR, BC, D, NT, DP = cfg.Br, cfg.Bc, cfg.d, cfg.threads, cfg.DP
     TAX, TAY, RA, CA = cfg.TAX, cfg.TAY, cfg.RA, cfg.CA
     TBX, TBY, RB, RQ, CB = cfg.TBX, cfg.TBY, cfg.RB, cfg.RQ, cfg.CB
     TLX, TLY = cfg.TLX, cfg.TLY
-    RL = ceil_div(BR, TLY)  # rows of Q_i each loading thread handles
-    CL = ceil_div(D, TLX)  # columns per row each loading thread handles
-    KV_LOADS = ceil_div(BC * D, NT)
+    RL, CL, KV_LOADS = cfg.loads  # L10: RL rows x CL columns of Q_i per loading thread; L7: loads per thread
     # Which register-tile indices can run past the tile (then they are clamped on read, skipped on write).
-    A_ROWS_EXACT = TAY * RA == BR
-    A_COLS_EXACT = TAX * CA == BC
-    B_ROWS_EXACT = TBY * RB == BC
-    Q_ROWS_EXACT = TBY * RQ == BR
-    B_COLS_EXACT = TBX * CB == D
-    KV_EXACT = KV_LOADS * NT == BC * D
-    CAUSAL, DROPOUT, FROM_LSE = bool(causal), bool(dropout), bool(stats_from_lse)
+    A_ROWS_EXACT, A_COLS_EXACT, B_ROWS_EXACT, Q_ROWS_EXACT, B_COLS_EXACT, KV_EXACT = cfg.exact
+    CAUSAL, DROPOUT, FROM_LSE, SPARSE = bool(causal), bool(dropout), bool(stats_from_lse), bool(sparse)
     # GPU only (the simulator rejects the option): cap registers so that NT threads fit one SM's 64K.
     jit_options = {} if _backend.is_simulator() else {"max_registers": min(255, 65536 // NT // 8 * 8)}
     INF = float32(math.inf)
@@ -238,7 +251,8 @@ def alg4_kernel(cfg: Alg4Config, causal: bool, dropout: bool, stats_from_lse: bo
     ONE = float32(1.0)
 
     @cuda.jit(**jit_options)
-    def kernel(gQ, gK, gV, gO, gdO, gm, gl, gdQ, gdK, gdV, tau, dropout_scale, s_q, s_k, nheads, group, causal_offset, seed, threshold):
+    def kernel(gQ, gK, gV, gO, gdO, gm, gl, gdQ, gdK, gdV, tau, dropout_scale, s_q, s_k, nheads, group, causal_offset, seed, threshold,
+               gmask, gspan, gcol):
         """One (batch, query head) per block: Algorithm 4 lines 1-24.
 
         Symbol table (paper -> variable -> memory space):
@@ -248,6 +262,7 @@ def alg4_kernel(cfg: Alg4Config, causal: bool, dropout: bool, stats_from_lse: bo
         K_j, V_j         sK_j, sV_j             SRAM (Bc, d)
         O_i              gO                     HBM (read only for line 19)
         m_i, l_i         sm_i, sinv_l_i         SRAM (Br,) (1/l_i, 0 for empty rows)
+        M (Alg.5)        gmask, gspan, gcol     HBM (the block mask and what is derived from it)
         S_ij -> P_ij     rS                     registers (RA, CA) per thread
         dP_ij            rdP                    registers (RA, CA)
         Z_ij             rZ                     registers (regenerated, never stored)
@@ -285,6 +300,8 @@ def alg4_kernel(cfg: Alg4Config, causal: bool, dropout: bool, stats_from_lse: bo
         bi = bh // nheads
         hi = bh - bi * nheads
         hk = hi // group  # the key/value head this query head reads (GQA/MQA)
+        mb = bi if gmask.shape[0] > 1 else 0  # Alg.5: the block mask's batch and head (1 = shared, broadcast)
+        mh = hi if gmask.shape[1] > 1 else 0
         ax = t % TAX  # L11-L20 layout: columns ax + TAX*b of the tile, rows ay + TAY*a
         ay = t // TAX
         bx = t % TBX  # L16/L21/L22 layout: head-dim columns bx + TBX*e, rows by + TBY*a
@@ -298,26 +315,27 @@ def alg4_kernel(cfg: Alg4Config, causal: bool, dropout: bool, stats_from_lse: bo
         # Alg.4 L3-L4: Q, O, dO, l, m split into Tr row blocks; K, V into Tc column blocks (ragged tails)
         Tr = (s_q + BR - 1) // BR
         Tc = (s_k + BC - 1) // BC
-        # Alg.4 L5: dQ = 0 in HBM. Dev: not a separate pass: the j = 0 pass reads zeros instead of dQ_i at
-        # line 10 and stores dQ_i at line 21 (dK, dV are written whole at line 24), so every output element
-        # is written by the kernel and a NaN-poisoned output catches a missed one.
+        # Alg.4 L5: dQ = 0 in HBM. Dev: not a separate pass: the first visit of row block i (j = 0, or its first
+        # non-zero tile under a block mask) reads zeros instead of dQ_i at line 10 and stores dQ_i at line 21 (dK, dV
+        # are written whole at line 24), so every element is written by the kernel and a NaN poison catches a miss.
 
         # Alg.4 L6: for j = 1..Tc (outer loop: K_j, V_j and the dK~_j, dV~_j accumulators stay on chip)
         for j in range(Tc):
             col0 = j * BC
             # Alg.4 L7: load K_j, V_j into SRAM (zeros past s_k)
-            for e in range(KV_LOADS):  # HBM read: 2*Bc*d
-                idx = t + NT * e
-                if KV_EXACT or idx < BC * D:
-                    r = idx // D
-                    c = idx - r * D
-                    col = col0 + r
-                    if col < s_k:
-                        sK_j[r, c] = gK[bi, col, hk, c]
-                        sV_j[r, c] = gV[bi, col, hk, c]
-                    else:
-                        sK_j[r, c] = ZERO
-                        sV_j[r, c] = ZERO
+            if not SPARSE or gcol[mb, mh, j] != 0:  # Dev: Alg.5 loads no K_j, V_j for a column with no non-zero tile
+                for e in range(KV_LOADS):  # HBM read: 2*Bc*d
+                    idx = t + NT * e
+                    if KV_EXACT or idx < BC * D:
+                        r = idx // D
+                        c = idx - r * D
+                        col = col0 + r
+                        if col < s_k:
+                            sK_j[r, c] = gK[bi, col, hk, c]
+                            sV_j[r, c] = gV[bi, col, hk, c]
+                        else:
+                            sK_j[r, c] = ZERO
+                            sV_j[r, c] = ZERO
             # Alg.4 L8: dK~_j = dV~_j = 0 (Bc x d), on chip
             for a in range(RB):
                 for e in range(CB):
@@ -327,7 +345,11 @@ def alg4_kernel(cfg: Alg4Config, causal: bool, dropout: bool, stats_from_lse: bo
             # [doc:alg4-inner-loop]
             # Alg.4 L9: for i = 1..Tr (inner loop over the row blocks)
             for i in range(Tr):
+                # Alg.5 L8: if M_ij != 0 (Algorithm 4 with Algorithm 5's test): a zero tile is skipped whole (dense: no test)
+                if SPARSE and gmask[mb, mh, i, j] == 0:
+                    continue
                 row0 = i * BR
+                first = j == gspan[mb, mh, i, 0] if SPARSE else j == 0  # the first visit of row block i
                 # Alg.4 L10: load Q_i, dO_i into SRAM, l_i, m_i, and dQ_i (into the registers of the threads
                 # that update it at line 21: its HBM latency then overlaps lines 11-20).
                 # Dev: line 19's products dO_i o O_i are formed during this load and summed per thread,
@@ -336,8 +358,8 @@ def alg4_kernel(cfg: Alg4Config, causal: bool, dropout: bool, stats_from_lse: bo
                     row = row0 + by + TBY * a
                     for e in range(CB):
                         c = bx + TBX * e
-                        val = ZERO  # j = 0: line 5's dQ = 0, never read from HBM
-                        if j > 0 and row < s_q and (Q_ROWS_EXACT or by + TBY * a < BR) and (B_COLS_EXACT or c < D):
+                        val = ZERO  # first visit: line 5's dQ = 0, never read from HBM
+                        if not first and row < s_q and (Q_ROWS_EXACT or by + TBY * a < BR) and (B_COLS_EXACT or c < D):
                             val = gdQ[bi, row, hi, c]  # HBM read: Br*d
                         rdQ_old[a, e] = val
                 for a in range(RL):
@@ -542,7 +564,7 @@ def compiled_kernels(prob: Problem, block_sizes=None, stats_from_lse=False, num_
     return [KernelLaunch(f"FA1 backward (Br, Bc) = ({cfg.Br}, {cfg.Bc})", kernel, cfg.threads, prob.batch * prob.nheads)]
 
 
-def backward(dout, q, k, v, out, fwd, prob, alloc, block_sizes=None, deterministic=False, *, num_threads=None):
+def backward(dout, q, k, v, out, fwd, prob, alloc, block_sizes=None, deterministic=False, *, num_threads=None, block_mask=None):
     """FA1 Algorithm 4 on kernel arrays: ``(dq, dk, dv)`` for upstream gradient ``dout``.
 
     Parameters
@@ -556,16 +578,20 @@ def backward(dout, q, k, v, out, fwd, prob, alloc, block_sizes=None, determinist
     block_sizes : (Br, Bc), default :func:`default_block_sizes`
     deterministic : accepted for the common signature; this kernel is always deterministic (no atomics)
     num_threads : threads per block, default :func:`default_threads`
+    block_mask : a checked :class:`numba_flash.alg5_block_sparse.BlockMask` (its ``block_size`` is the
+        tiles): Algorithm 4 on its non-zero tiles only (:func:`numba_flash.alg5_block_sparse.backward`)
 
     Returns
     -------
     dq (b, s_q, h, d), dk, dv (b, s_k, h_k, d): float32 kernel arrays; dk, dv summed over GQA groups.
     """
     b, s_q, s_k, h, h_k, d = prob.batch, prob.seqlen_q, prob.seqlen_k, prob.nheads, prob.nheads_k, prob.headdim
+    if block_mask is not None:
+        block_sizes = block_mask.block_size
     cfg = _config(prob, block_sizes, num_threads)
     nt = cfg.threads
     from_lse = fwd.m is None or fwd.l is None
-    kernel = alg4_kernel(cfg, prob.causal, prob.dropout_p > 0.0, from_lse)
+    kernel = alg4_kernel(cfg, prob.causal, prob.dropout_p > 0.0, from_lse, block_mask is not None)
     G = prob.group
     dq = alloc.empty((b, s_q, h, d))
     dk = alloc.empty((b, s_k, h_k, d))
@@ -576,10 +602,11 @@ def backward(dout, q, k, v, out, fwd, prob, alloc, block_sizes=None, determinist
     dk_h, dv_h = per_head_grads(dk, dv, prob, alloc)
     m, l = (fwd.lse, fwd.lse) if from_lse else (fwd.m, fwd.l)
     dropout_scale = np.float32(prob.dropout_scale)
+    gmask, gspan, gcol = block_mask_arrays(block_mask, alloc)
     kernel[b * h, nt](
         q, k, v, out, dout, m, l, dq, dk_h, dv_h,
         np.float32(prob.softmax_scale), dropout_scale, s_q, s_k, h, G, prob.causal_offset,
-        np.uint32(prob.seed), np.uint32(prob.threshold),
+        np.uint32(prob.seed), np.uint32(prob.threshold), gmask, gspan, gcol,
     )
     group_sum(dk_h, dv_h, dk, dv, prob)
     # Alg.4 L26: return dQ, dK, dV

@@ -76,12 +76,14 @@ WORK_LINES = {
 }
 
 #: Which file must tag every work line of which algorithm. The FA1 kernel module implements
-#: Algorithm 1 and Algorithm 2 (Algorithm 2 is Algorithm 1 plus scale, mask and dropout).
+#: Algorithm 1, Algorithm 2 (Algorithm 1 plus scale, mask and dropout) and Algorithm 5 (Algorithm 2
+#: plus the block mask's test, line 8) in one kernel body.
 TAGGED_FILES = [
     ("Alg.1", "reference/alg1_forward.py"),
     ("Alg.1", "numba_flash/alg1_forward.py"),
     ("Alg.2", "reference/alg2_forward.py"),
     ("Alg.2", "numba_flash/alg1_forward.py"),
+    ("Alg.5", "numba_flash/alg1_forward.py"),
     ("Alg.4", "reference/alg4_backward.py"),
     ("Alg.4", "numba_flash/alg4_backward.py"),
     ("FA2.1", "reference/fa2_forward.py"),
@@ -501,6 +503,7 @@ def rule(says, *alternatives):
 
 _S_QK = rule("S = (tau) Q K^T: a product of Q_i and K_j", (_Q, _K, _PRODUCT), (_Q, _K, r"\bs_tile_step\("), r"\bqkt_tile\(",
              r"\bs_dp_p_ds\(")  # Dev: s_tile_step: the 3xTF32 forwards' mma step of S (fragments.make_s_steps)
+_S_TAU_QK = rule("S = tau Q K^T: the product, or the scale by tau", *_S_QK.alternatives, r"\btau\s*\*")
 _SPLIT = rule("split into blocks: Tr, Tc or the row/column blocks", r"\bT[rc]\b|seq_blocks|row_blocks|col_blocks")
 _LOOP = rule("a loop (or the thread block's index)", r"\bfor\b|\bblockIdx\b|\bkey_block\(|\bquery_block\(")
 _LOAD_KV = rule("K_j and V_j read from HBM", (r"\bgK\[", r"\bgV\["), r"\bload_kv?\(", (r"\bload_k_async\(", r"\bload_v_async\("))
@@ -540,7 +543,7 @@ CONTENT_RULES: dict[tuple[str, int], ContentRule] = {
     ("Alg.1", 16): _RETURN,
     ("Alg.2", 1): _PRNG, ("Alg.2", 2): _BLOCK_SIZES, ("Alg.2", 3): _INIT_O_L_M, ("Alg.2", 4): _SPLIT,
     ("Alg.2", 6): _LOOP, ("Alg.2", 7): _LOAD_KV, ("Alg.2", 8): _LOOP, ("Alg.2", 9): _LOAD_Q_O_L_M,
-    ("Alg.2", 10): rule("S = tau Q K^T: the product, or the scale by tau", *_S_QK.alternatives, r"\btau\s*\*"),
+    ("Alg.2", 10): _S_TAU_QK,
     ("Alg.2", 11): _MASK, ("Alg.2", 12): _ROWMAX, ("Alg.2", 13): _M_NEW, ("Alg.2", 14): _DROPOUT,
     ("Alg.2", 15): _O_UPDATE_FA1, ("Alg.2", 16): _WRITE_L_M, ("Alg.2", 19): _RETURN,
     ("Alg.3", 1): rule("dV = (P o Z)^T dO", (r"(?i)\bg?dv\b|\bdV\b", _DO)),
@@ -585,7 +588,7 @@ CONTENT_RULES: dict[tuple[str, int], ContentRule] = {
     ("FA2.2", 16): _DK_UPDATE, ("FA2.2", 18): _WRITE_DK_DV, ("FA2.2", 20): _RETURN,
     ("Alg.5", 1): _PRNG, ("Alg.5", 2): _INIT_O_L_M, ("Alg.5", 3): _SPLIT, ("Alg.5", 5): _LOOP, ("Alg.5", 6): _LOAD_KV,
     ("Alg.5", 7): _LOOP, ("Alg.5", 8): rule("if M_ij != 0: a test of the block mask", (r"\bif\b", r"\b\w*mask\b")),
-    ("Alg.5", 9): _LOAD_Q_O_L_M, ("Alg.5", 10): _S_QK, ("Alg.5", 11): _MASK, ("Alg.5", 12): _ROWMAX,
+    ("Alg.5", 9): _LOAD_Q_O_L_M, ("Alg.5", 10): _S_TAU_QK, ("Alg.5", 11): _MASK, ("Alg.5", 12): _ROWMAX,
     ("Alg.5", 13): _M_NEW, ("Alg.5", 14): _DROPOUT, ("Alg.5", 15): _O_UPDATE_FA1, ("Alg.5", 16): _WRITE_L_M,
     ("Alg.5", 20): _RETURN,
 }
@@ -647,7 +650,7 @@ def test_swapping_two_tags_fails_the_content_check_though_the_order_check_passes
     the inner loop, so the recurrence rule accepts L12 before L10 and L9 after L11)."""
     original = (ROOT / "numba_flash" / "alg1_forward.py").read_text(encoding="utf-8")
     assert not content_errors(original)
-    swapped = _swap_tags(original, "Alg.1 L9 / Alg.2 L10:", "Alg.1 L12 / Alg.2 L15:")
+    swapped = _swap_tags(original, "Alg.1 L9 / Alg.2 L10 / Alg.5 L10:", "Alg.1 L12 / Alg.2 L15 / Alg.5 L15:")
     assert swapped != original
     f = tmp_path / "alg1_forward.py"
     f.write_text(swapped)

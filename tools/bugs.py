@@ -90,6 +90,7 @@ FA1_FWD = ("tests/kernels/test_forward_kernels.py::"
            "test_flash1_fast_and_readable_kernels_match_float64_reference_within_twice_float32_error")
 FA1_BWD = "tests/kernels/test_backward_kernels.py::test_fast_and_readable_recomputation_backward_follow_the_error_rule"
 STD_BWD = "tests/kernels/test_backward_kernels.py::test_backward_kernel_gradients_equal_float64_reference"
+BSP = "tests/kernels/test_block_sparse_kernels.py"
 
 # [doc:bug-gallery]
 #: The gallery, forward bugs first, then backward ones; each entry's tests are the few that catch it.
@@ -287,6 +288,18 @@ GALLERY: tuple[Bug, ...] = (
                "by 1 instead of by l_i / l_new.",
         tests=(f"{FA1_FWD}[readable-causal-sq<sk-odd-d]",),
         caught_by="s_k = 40 in key blocks of 16: the earlier blocks get the wrong weight on every row",
+    ),
+    Bug(
+        name="block-mask-read-transposed",
+        title="Block-sparse: the block mask read as M_ji instead of M_ij",
+        file="numba_flash/alg1_forward.py",
+        paper="Alg.5 L8",
+        edits=(E("if SPARSE and gmask[mb, mh, i, j] == 0:", "if SPARSE and gmask[mb, mh, j, i] == 0:"),),
+        lesson="M_ij = 1 lets query block i (rows) attend to key block j (columns). Swapping the two indices "
+               "computes the tiles of M^T: the same for a symmetric mask (all ones, the butterfly), other "
+               "tiles for any other square mask, so a symmetric test mask cannot see this bug.",
+        tests=(f"{BSP}::test_square_block_mask_that_is_not_symmetric_is_read_as_m_ij_forward_and_backward",),
+        caught_by="a 4 x 4 block mask with M != M^T: query block 0 attends to key blocks 0 and 3 instead of 0 and 1",
     ),
     Bug(
         name="fa1-dQ-overwritten",

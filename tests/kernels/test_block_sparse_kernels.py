@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import threading
 
-from numba_flash import _launch, alg5_block_sparse
+from numba_flash import _launch, alg1_forward, alg4_backward, alg5_block_sparse
 from numba_flash.alg5_block_sparse import DEFAULT_BLOCK_SIZE, causal_block_mask, hbm_accesses
 from numba_flash.block_sparse import (
     block_mask_shape,
@@ -162,6 +162,34 @@ def test_block_sparse_backward_equals_dense_masked_gradients_within_three_times_
     *_, dq32, dk32, dv32 = masked_attention(q, k, v, visible, dropout_p=p, seed=seed, dout=dout, dtype=np.float32)
     for name, got, ref, naive in (("dq", dq, dq64, dq32), ("dk", dk, dk64, dk32), ("dv", dv, dv64, dv32)):
         assert_error_rule(got, ref, naive, mult=3.0, what=name)
+
+
+def test_square_block_mask_that_is_not_symmetric_is_read_as_m_ij_forward_and_backward(rng):
+    """M[i, j] = 1 lets query block i see key block j. A square mask with M != M^T, whose transpose is a
+    valid mask too (a 1 in every row), catches a kernel that reads the mask transposed: a symmetric
+    mask (all ones, butterfly) cannot, and a transposed read of a non-square mask may fail otherwise."""
+    b, s, h, d, bs = 1, 30, 2, 8, (8, 8)  # Tr = Tc = 4, the last block ragged
+    mask = np.array([[1, 1, 0, 0], [0, 1, 1, 0], [0, 0, 1, 0], [1, 0, 0, 1]], dtype=bool)
+    assert mask.shape == block_mask_shape(s, s, bs) and (mask != mask.T).any()
+    assert mask.any(axis=1).all() and mask.T.any(axis=1).all()
+    q, k, v = make_qkv(rng, b, s, s, h, h, d)
+    dout = rng.standard_normal(q.shape).astype(np.float32)
+    with _launch.poison_outputs():
+        out, stats = block_sparse_attention_numpy(q, k, v, mask, block_size=bs, return_stats=True)
+        grads = block_sparse_attention_backward_numpy(dout, q, k, v, out, stats)
+    ref = flash_forward_alg5(q, k, v, mask, Br=bs[0], Bc=bs[1])
+    ref_grads = flash_backward_alg5(dout, q, k, v, ref.O, ref.l, ref.m, mask, Br=bs[0], Bc=bs[1])
+    O32, L32, *grads32 = masked_attention(q, k, v, element_mask(mask, b, h, s, s, bs, False), dout=dout, dtype=np.float32)
+    assert_error_rule(out, ref.O, O32, what="O")
+    assert_error_rule(stats.lse, ref.L, L32, what="lse")
+    for name, got, r, naive in zip(("dq", "dk", "dv"), grads, ref_grads, grads32):
+        assert_error_rule(got, r, naive, mult=3.0, what=name)
+    # M^T gives other outputs and gradients, far beyond the tolerances: the checks above tell M from M^T.
+    ref_t = flash_forward_alg5(q, k, v, mask.T, Br=bs[0], Bc=bs[1])
+    grads_t = flash_backward_alg5(dout, q, k, v, ref_t.O, ref_t.l, ref_t.m, mask.T, Br=bs[0], Bc=bs[1])
+    assert np.abs(out - ref_t.O).max() > 0.1
+    for got, r in zip(grads, grads_t):
+        assert np.abs(got - r).max() > 0.1
 
 
 def test_reference_block_sparse_backward_equals_dense_masked_gradients_and_alg4_when_dense(rng):
@@ -443,30 +471,27 @@ def test_block_sparse_attn_func_is_differentiable_and_matches_the_numpy_twin(rng
 # ------------------------------------------------------------------------------------------------
 # Traceability of the kernel module (the rules of tests/test_traceability.py)
 # ------------------------------------------------------------------------------------------------
-def test_block_sparse_kernel_module_tags_every_line_of_alg5_and_alg4_and_names_real_variables():
-    import io
-    import tokenize
-
+def test_block_sparse_kernels_are_the_alg1_and_alg4_kernels_with_the_mask_test_tagged_alg5_l8():
+    """Algorithm 5 has no kernel of its own: it is one body with Algorithms 1-2 (alg1_forward.py, which
+    tags every work line of Alg.5: tests/test_traceability.py's TAGGED_FILES) and with Algorithm 4
+    (alg4_backward.py). In both, the Alg.5 L8 tag sits inside the kernel on the line before the test of
+    the block mask, and alg5_block_sparse.py compiles no kernel."""
     import test_traceability as tt
 
-    path = tt.ROOT / "numba_flash" / "alg5_block_sparse.py"
-    tags, errors = tt.parse_tags(path)
-    assert not errors
-    for alg in ("Alg.5", "Alg.4"):
-        assert not tt.order_errors(tags, alg), alg
-        covered = set()
-        for t in tags:
-            if t.alg == alg:
-                covered |= set(range(t.first, t.last + 1))
-        assert not tt.WORK_LINES[alg] - covered, f"{alg} lines without a tag: {sorted(tt.WORK_LINES[alg] - covered)}"
-    src = path.read_text(encoding="utf-8")
-    names = {tok.string for tok in tokenize.generate_tokens(io.StringIO(src).readline) if tok.type == tokenize.NAME}
-    tables = tt.symbol_tables(src)
-    assert len(tables) == 2
-    for _, rows in tables:
-        for paper, variable, _ in rows:
-            assert set(tt.variable_names(variable)) <= names, (paper, variable)
-    assert not tt.barrier_lines_without_reason(path)
+    assert ("Alg.5", "numba_flash/alg1_forward.py") in tt.TAGGED_FILES
+    for name in ("alg1_forward.py", "alg4_backward.py"):
+        path = tt.ROOT / "numba_flash" / name
+        tags, errors = tt.parse_tags(path)
+        assert not errors and not tt.order_errors(tags, "Alg.5"), name
+        lines = path.read_text(encoding="utf-8").splitlines()
+        l8 = [t.lineno for t in tags if (t.alg, t.first) == ("Alg.5", 8)]
+        assert len(l8) == 1, (name, l8)
+        assert lines[l8[0]].strip() == "if SPARSE and gmask[mb, mh, i, j] == 0:", (name, lines[l8[0]])
+        assert lines[l8[0] + 1].strip() == "continue", name
+        spans = [s for s in tt.tag_spans(path.read_text(encoding="utf-8")) if s.lineno == l8[0]]
+        assert spans and "gmask" in spans[0].code, name
+    src = (tt.ROOT / "numba_flash" / "alg5_block_sparse.py").read_text(encoding="utf-8")
+    assert "cuda.jit" not in src and "syncthreads" not in src
 
 
 # ------------------------------------------------------------------------------------------------
@@ -522,10 +547,10 @@ def test_block_sparse_kernels_fit_48kb_shared_memory_and_do_not_spill_on_gpu(rng
         mask = np.ones(block_mask_shape(64, 64, bs), bool)
         out, stats = block_sparse_attention_numpy(q, k, v, mask, block_size=bs, return_stats=True)
         block_sparse_attention_backward_numpy(q, q, k, v, out, stats)
-        fwd_kernel = alg5_block_sparse.forward_kernel(*bs, d, False, False, *alg5_block_sparse.thread_layout(),
-                                                      alg5_block_sparse.use_shuffles(alg5_block_sparse.thread_layout()[1]))
+        ty, tx = alg5_block_sparse.thread_layout()
+        fwd_kernel = alg1_forward.forward_kernel(*bs, d, False, False, ty, tx, alg5_block_sparse.use_shuffles(tx), True)
         cfg = alg5_block_sparse.backward_config(*bs, d)
-        for disp, threads in ((fwd_kernel, 128), (alg5_block_sparse.backward_kernel(cfg, False, False), cfg.threads)):
+        for disp, threads in ((fwd_kernel, ty * tx), (alg4_backward.alg4_kernel(cfg, False, False, False, True), cfg.threads)):
             rep = _inspect.kernel_report(disp, threads)
             assert rep["shared_mem_per_block"] <= _launch.STATIC_SMEM_BYTES
             assert rep["local_mem_per_thread"] == 0, rep
