@@ -545,6 +545,18 @@ def bh_grid(n_x: int, bh: int) -> tuple[int, int, int]:
     return n_x, y, ceil_div(bh, y)
 
 
+def check_block_pair(value, name: str) -> tuple[int, int]:
+    """``(Br, Bc)`` from ``value``, a pair of positive integers; the ValueError names the argument ``name``."""
+    try:
+        br, bc = value
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a pair (Br, Bc) of positive integers, got {value!r}") from None
+    for part, n in (("Br", br), ("Bc", bc)):
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+            raise ValueError(f"{name}: {part} must be a positive integer, got {n!r}")
+    return int(br), int(bc)
+
+
 def block_mask_arrays(block_mask, alloc):
     """``(mask, span, col)``: the block mask's kernel arrays for the FA1 kernels (Algorithm 5).
 

@@ -82,7 +82,7 @@ import numpy as np
 from numba import cuda
 
 from . import alg1_forward, alg4_backward
-from ._launch import STATIC_SMEM_BYTES, ForwardOutput, Problem, ceil_div
+from ._launch import STATIC_SMEM_BYTES, ForwardOutput, Problem, ceil_div, check_block_pair
 from .alg1_forward import sram_elements, sram_footprint, thread_layout, use_shuffles
 from .alg4_backward import Alg4Config, default_threads
 
@@ -175,14 +175,7 @@ def check_block_size(block_size, d: int) -> tuple[int, int]:
     ValueError
         Naming ``block_size``, with the shared memory each kernel would need.
     """
-    try:
-        Br, Bc = block_size
-    except (TypeError, ValueError):
-        raise ValueError(f"block_size must be a pair (Br, Bc) of positive integers, got {block_size!r}") from None
-    for name, n in (("Br", Br), ("Bc", Bc)):
-        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-            raise ValueError(f"block_size: {name} must be a positive integer, got {n!r}")
-    Br, Bc = int(Br), int(Bc)
+    Br, Bc = check_block_pair(block_size, "block_size")
     fwd = 4 * forward_sram_floats(Br, Bc, d)
     bwd = backward_config(Br, Bc, d).sram_bytes
     limit = min(4 * sram_elements(), STATIC_SMEM_BYTES)

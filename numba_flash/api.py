@@ -43,21 +43,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import _run, registry
-from ._launch import Allocator, ForwardOutput, Problem, _is_torch, check_attention_args, check_backward_args, real_scalar
+from ._launch import Allocator, ForwardOutput, Problem, _is_torch, check_attention_args, check_backward_args, check_block_pair, real_scalar
 from .registry import ALGORITHMS, DEFAULT_ALGORITHM, Kernel  # noqa: F401  (re-exported)
 
 
 def _check_block_sizes(block_sizes):
-    if block_sizes is None:
-        return None
-    try:
-        br, bc = block_sizes
-    except (TypeError, ValueError):
-        raise ValueError(f"block_sizes must be a pair (Br, Bc) of positive integers, got {block_sizes!r}") from None
-    for name, n in (("Br", br), ("Bc", bc)):
-        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-            raise ValueError(f"block_sizes: {name} must be a positive integer, got {n!r}")
-    return int(br), int(bc)
+    return None if block_sizes is None else check_block_pair(block_sizes, "block_sizes")
 
 
 def variants(algorithm=None) -> list[dict]:
