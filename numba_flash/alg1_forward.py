@@ -55,7 +55,7 @@ saving needs ``M >> d^2``.
 Performance: what FA1's parallelism costs
 -----------------------------------------
 Measured results: this readable kernel was the ``flash1`` row of the first committed forward results
-(192 ms at ``N = 4096, d = 64`` on an H200: ``git show ef1490c:docs/results/forward_h200.json``); the
+(192 ms at ``N = 4096, d = 64`` on an H200: ``docs/notes/performance-log.md``, "FA1 forward, fast twin"); the
 current ``docs/results/forward_h200.json`` holds the fast twin, what ``variant="auto"`` runs.
 ``python -m bench.sweep_fa1_fast --seqlen 4096 --headdim 64 --readable`` times both (see
 ``bench/README.md``). One block per (batch, head) gives the FA2 benchmark shapes
