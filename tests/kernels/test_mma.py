@@ -41,12 +41,30 @@ def _split_kernel(x, big, small):
 split_keep_nan = ptx.make_split_keep_nan()
 
 
+if _backend.is_simulator():
+
+    @cuda.jit(device=True)
+    def _mul(a, b):
+        """``a * b`` as the GPU's ``mul.f32`` computes it: a signalling NaN times anything is a quiet NaN, with no
+        flag raised, where numpy's scalar product would warn (the simulator runs this twin)."""
+        with np.errstate(invalid="ignore"):
+            return a * b
+
+else:
+
+    @cuda.jit(device=True)
+    def _mul(a, b):
+        """``a * b``: ``mul.f32``."""
+        return a * b
+
+
 @cuda.jit
 def _split_keep_nan_kernel(x, scale, big, small):
-    """``split_keep_nan(x * scale)``: a NaN product is the GPU's ``0x7fffffff`` whatever NaN ``x`` held."""
+    """``split_keep_nan(x * scale)``: a NaN product is the GPU's ``0x7fffffff`` whatever NaN ``x`` held (``x`` holds
+    a signalling NaN too)."""
     i = cuda.grid(1)
     if i < x.size:
-        b, s = split_keep_nan(x[i] * scale[0])
+        b, s = split_keep_nan(_mul(x[i], scale[0]))
         big[i] = b
         small[i] = s
 
