@@ -193,7 +193,7 @@ def make_fragment_products(MW: int, NB: int, KD: int, SQ: int, KIND: str, SIM: b
 @functools.cache
 def fa2_backward_half_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, DROPOUT: bool, ATOMIC_DQ: bool,
                              PREFETCH: bool, SIM: bool, KIND: str, FROM_LSE: bool = False, RED2: bool = False,
-                             CP_ASYNC: bool = False, EX2_FTZ: bool = False, HEAVY_FIRST: bool = False):
+                             CP_ASYNC: bool = False, EX2_FTZ: bool = False):
     """The main (column-block) half backward kernel: dK, dV, and with ``ATOMIC_DQ`` the atomic dQ adds.
 
     ``CP_ASYNC`` (d a multiple of 8, 16-byte aligned Q and dO): Q_i, dO_i go HBM -> SRAM by ``cp.async`` into two
@@ -265,7 +265,7 @@ def fa2_backward_half_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
     _, load_q_async = _tiles.make_word_loader_async(BR, DW, NT, SQ, SIM)
     _copy16, cp_commit, cp_wait0 = ptx.make_cp_async(SIM)
     _, first_row_block = _tiles.make_block_counts(BR, BC, CAUSAL)
-    key_block = _tiles.make_key_block_order(HEAVY_FIRST)
+    key_block = _tiles.make_key_block_order(False)  # Dev: the grid's launch order (the heaviest-first order gained nothing here)
     pack2, mma16, _, ldsm_t = ptx.make_half_ops(KIND, SIM)
     mma_pair_products, pack_a = make_fragment_products(MW, NB, KD, SQ, KIND, SIM)
     row_stats = _regtile.make_row_stats(FROM_LSE)
@@ -316,7 +316,7 @@ def fa2_backward_half_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
         # dQ slice of this warp: query tiles qw, qw + NW / DSPLIT, ...; column tiles from dq0
         qw = warp // DSPLIT
         dq0 = (warp % DSPLIT) * NDW
-        # FA2.2 L5: for j = 1..Tc -- one thread block per (j, batch, KV head) (HEAVY_FIRST: every head's j = 0 first)
+        # FA2.2 L5: for j = 1..Tc -- one thread block per (j, batch, KV head)
         j, bhk = key_block(gQ.shape[0] * nheads_k)  # Dev: b*h_k folded over grid y, z (y <= 65535)
         b = bhk // nheads_k
         hk = bhk % nheads_k
@@ -699,13 +699,8 @@ def default_features() -> dict:
     ALU pipe busiest, at one block per SM: ``docs/results/sweeps/ncu_half_bwd_d128_h100_1be382f.txt``). On: on an
     H100 forward + backward ran 1.04-1.08x faster at d = 128 without causal and 1.02-1.06x at d = 64, N 1k-4k, two
     alternating pairs; the causal d = 128 cells 1.00-1.06x (``docs/results/sweeps/lse_p_h100_d645902_*``; the
-    performance log's section "Half backward: P from the logsumexp"). ``HEAVY_FIRST``: with causal, the blocks start in
-    key-block-major order, the heaviest (j = 0, most visible query blocks) of every head first
-    (:func:`numba_flash.fast._tiles.make_key_block_order`). Off: on an H100 causal d = 128 forward + backward at
-    N 1k-4k moved 0.91-1.02x with it, within the run-to-run spread and not better on average (two alternating pairs,
-    ``docs/results/sweeps/heavy_first_h100_827b946_*``; the performance log's section "Causal backward: the heaviest
-    key blocks first"); the 3xTF32 backward, slower per block, gains from it and has it on."""
-    return {"PREFETCH": True, "RED2": None, "CP_ASYNC": True, "EX2_FTZ": True, "LSE_P": True, "HEAVY_FIRST": False}
+    performance log's section "Half backward: P from the logsumexp")."""
+    return {"PREFETCH": True, "RED2": None, "CP_ASYNC": True, "EX2_FTZ": True, "LSE_P": True}
 
 
 def plan(prob: Problem, block_sizes=None, config=None, features=None, deterministic=False, from_lse=False):
@@ -728,8 +723,7 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None, determinis
     if red2 is None:
         red2 = not sim and _backend.device_facts().compute_capability >= (9, 0)
     main = fa2_backward_half_kernel(NW, MW, BR, DP, prob.causal, dropout, not deterministic, bool(feats["PREFETCH"]), sim, kind,
-                                    bool(from_lse), bool(red2), cp_async, bool(feats["EX2_FTZ"]),
-                                    prob.causal and bool(feats["HEAVY_FIRST"]))
+                                    bool(from_lse), bool(red2), cp_async, bool(feats["EX2_FTZ"]))
     grid = bh_grid(ceil_div(prob.seqlen_k, BC), prob.batch * prob.nheads_k)
     dq = None
     NWq, MWq, BCq, _ = fa2_forward_half.config_for(d, block_sizes, cp_async=False)  # the dQ kernel loads through registers

@@ -408,7 +408,7 @@ def make_dq_k_step(NQT: int, QSTRIDE: int, NDW: int, SD: int, OFF_DS: int, SQ: i
 
 @_plan.cache_by_signature  # Dev: a flag passed at its default (the plan) and left out (a test) give one kernel
 def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, DROPOUT: bool, ATOMIC_DQ: bool,
-                             PREFETCH: bool, SIM: bool, FROM_LSE: bool = False, RED2: bool = False, CP_ASYNC: bool = False,
+                             SIM: bool, FROM_LSE: bool = False, RED2: bool = False, CP_ASYNC: bool = False,
                              HEAVY_FIRST: bool = False, WIDE: bool = False, DQ_UNROLL: int = 1, KV_ASYNC: bool = False,
                              SPLIT_QDO: bool = False, QDO_PAIRS: bool = False):
     """The main (column-block) 3xTF32 backward kernel: dK, dV, and with ``ATOMIC_DQ`` the atomic dQ adds.
@@ -672,8 +672,8 @@ def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
                     quiet_q(smem, OFF_DO + qs, tid)
             else:
                 cuda.syncthreads()  # Sync: K_j, V_j stored (first step); Q, dO, stats, dS of the previous step read by all
-            # FA2.2 L9: load Q_i, dO_i, L_i (as M_i and 1/l_i), D_i from HBM to SRAM (Dev: from the prefetch registers)
-            if not PREFETCH and st > 0:
+            # FA2.2 L9: load Q_i, dO_i, L_i (as M_i and 1/l_i), D_i from HBM to SRAM (Dev: CP_ASYNC: copied one step ago)
+            if st > 0:
                 if not CP_ASYNC:
                     load_q(gQ, gdO, ub, U(h), row0, s_q, d, tid, rQn, rdOn)  # HBM read: 2 Br*d
                 for e in range(NSR):
@@ -694,20 +694,11 @@ def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
             # (CP_ASYNC: this barrier also publishes every thread's copies, and every warp is then done with step st-1:
             # its stage, refilled next, and its P, dS)
             cuda.syncthreads()  # Sync: Q_i, dO_i, M_i, 1/l_i, D_i in SRAM before L10-L16 read them
-            if (CP_ASYNC or PREFETCH) and st + 1 < n_steps:
-                # Dev: L9 of step st+1 issued now, landing during L10-L16 of step st: CP_ASYNC into the other stage
-                # (then PREFETCH moves only the statistics), else into the registers
+            if CP_ASYNC and not SPLIT_QDO and st + 1 < n_steps:
+                # Dev: L9 of step st+1 issued now into the other stage, landing during L10-L16 of step st (SPLIT_QDO: one
+                # stage, refilled after this step's last read of it, L16)
                 hn, rown = step_rows(hk, group, i_first, n_i, st + 1)
-                if CP_ASYNC:
-                    if not SPLIT_QDO:  # Dev: SPLIT_QDO: one stage, refilled after this step's last read of it (L16)
-                        q_do_async(smem, uQSTAGE - qs, gQ, gdO, ub, hn, rown, s_q, d, tid)
-                else:
-                    load_q(gQ, gdO, ub, U(hn), rown, s_q, d, tid, rQn, rdOn)  # HBM read: 2 Br*d (step st+1)
-                if PREFETCH:
-                    for e in range(NSR):
-                        row = rown + int(tid) + NT * e
-                        rMn[e], rIn[e] = row_stats(gm, gl, b, hn, row, s_q)
-                        rDn[e] = gD[b, hn, row] if row < s_q else ZERO
+                q_do_async(smem, uQSTAGE - qs, gQ, gdO, ub, hn, rown, s_q, d, tid)
 
             # [doc:fa2-tf32-bwd-inner-loop]
             # FA2.2 L10: S_ij = Q_i K_j^T (the forward's S, base 2, bit for bit); FA2.2 L13: dP_ij = dO_i V_j^T --
@@ -1009,9 +1000,7 @@ def fa2_backward_tf32_dq_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool
 
 
 def default_features() -> dict:
-    """``PREFETCH``: load the next step's Q_i, dO_i into registers during the compute of this one (off: its
-    registers made the default tilings spill). ``RED2``:
-    add the dQ fragments with ``red.global.add.v2.f32`` (two columns per instruction); None: on compute
+    """``RED2``: add the dQ fragments with ``red.global.add.v2.f32`` (two columns per instruction); None: on compute
     capability 9.0+ at even head dims (8-byte aligned rows). ``CP_ASYNC``: the main kernel's Q_i, dO_i by
     ``cp.async`` into two SRAM stages where :func:`numba_flash.tensorcore.fa2_forward_tf32.cp_async_ok` and Q, dO are
     16-byte aligned; None: at ``d <= 64``, where an H100 sweep timed the backward 1.03-1.05x faster at the
@@ -1041,7 +1030,7 @@ def default_features() -> dict:
     :data:`SPLIT_QDO_SEQLEN`.
     ``QDO_PAIRS``: with ``SPLIT_QDO``, its parts stored as the A-fragment quads of row pairs (:func:`fa2_backward_tf32_kernel`);
     None: wherever ``SPLIT_QDO`` runs (:func:`qdo_pairs_on`)."""
-    return {"PREFETCH": False, "RED2": None, "CP_ASYNC": None, "HEAVY_FIRST": True, "WIDE": None, "DQ_UNROLL": None,
+    return {"RED2": None, "CP_ASYNC": None, "HEAVY_FIRST": True, "WIDE": None, "DQ_UNROLL": None,
             "KV_ASYNC": None, "SPLIT_QDO": None, "QDO_PAIRS": None}
 
 
@@ -1125,7 +1114,7 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None, determinis
         red2 = not sim and _backend.device_facts().compute_capability >= (9, 0)
     red2 = bool(red2) and d % 2 == 0  # Dev: red.v2 needs 8-byte aligned pairs: rows of d floats, d even
     split_qdo = split_qdo_on(feats["SPLIT_QDO"], cp_async, wide, prob.seqlen_q)
-    main = fa2_backward_tf32_kernel(NW, MW, BR, DP, prob.causal, dropout, not deterministic, bool(feats["PREFETCH"]), sim,
+    main = fa2_backward_tf32_kernel(NW, MW, BR, DP, prob.causal, dropout, not deterministic, sim,
                                     bool(from_lse), red2, cp_async, prob.causal and bool(feats["HEAVY_FIRST"]), wide,
                                     dq_unroll_for(DP, BC, feats["DQ_UNROLL"]), kv_async_for(DP, cp_async, feats["KV_ASYNC"]),
                                     split_qdo, qdo_pairs_on(feats["QDO_PAIRS"], split_qdo))
