@@ -246,7 +246,7 @@ def _kernel(name: str, d: int, causal: bool, tiling=None):
         red2 = d % 2 == 0  # as TB.plan on compute capability 9.0
         # Dev: SPLIT_QDO None as the plan resolves it from SPLIT_QDO_SEQLEN query rows (every backward cell of the grid)
         split_qdo = TB.split_qdo_on(_features(TB)["SPLIT_QDO"], cp_async and TC.cp_async_ok(d), wide, TB.SPLIT_QDO_SEQLEN)
-        return TB.fa2_backward_tf32_kernel(NW, MW, BR, DP, causal, False, True, TB.default_features()["PREFETCH"], False, False, red2,
+        return TB.fa2_backward_tf32_kernel(NW, MW, BR, DP, causal, False, True, False, False, red2,
                                            cp_async and TC.cp_async_ok(d), causal and bool(_features(TB)["HEAVY_FIRST"]), wide,
                                            TB.dq_unroll_for(DP, 16 * MW * NW, _features(TB)["DQ_UNROLL"]),
                                            TB.kv_async_for(DP, cp_async and TC.cp_async_ok(d), _features(TB)["KV_ASYNC"]),

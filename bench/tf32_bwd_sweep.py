@@ -61,7 +61,7 @@ SPLIT_QDO = {f"default-sq{int(a)}": (None, {"SPLIT_QDO": a, "QDO_PAIRS": False})
 SPLIT_QDO["default-sq1-pairs"] = (None, {"SPLIT_QDO": True, "QDO_PAIRS": True})
 TILINGS = {
     64: {"ffma": ("ffma", {}), "8x1-Br64": ((8, 1, 64), {}), "8x1-Br32": ((8, 1, 32), {}), "4x1-Br32": ((4, 1, 32), {}),
-         "8x1-Br64-pf": ((8, 1, 64), {"PREFETCH": True}), "8x1-Br64-cp": ((8, 1, 64), CP), "4x1-Br32-cp": ((4, 1, 32), CP),
+         "8x1-Br64-cp": ((8, 1, 64), CP), "4x1-Br32-cp": ((4, 1, 32), CP),
          "8x1-Br32-cp": ((8, 1, 32), CP), **DEFAULT_ORDER, **WIDE, **DQ_UNROLL, **KV_ASYNC},
     128: {"ffma": ("ffma", {}), "8x1-Br16": ((8, 1, 16), {}), "4x1-Br16": ((4, 1, 16), {}), "8x1-Br32": ((8, 1, 32), {}),
           "8x1-Br16-cp": ((8, 1, 16), CP), "4x1-Br32-cp": ((4, 1, 32), CP), **DEFAULT_ORDER, **WIDE, **DQ_UNROLL, **KV_ASYNC, **SPLIT_QDO,

@@ -471,7 +471,8 @@ def tag_spans(text: str) -> list[TagSpan]:
 # kernel's step may be a call to a helper of numba_flash.fast._regtile whose name states the operation
 # (qkt_tile: Q K^T; pv_tile: P~ V; s_dp_p_ds: S, dP, P, dS; dv_dk_update; dq_tile).
 # The tensor-core forwards' steps of numba_flash.tensorcore.forward_steps name theirs likewise (init_o_l_m: line 5;
-# online_softmax: line 9; write_o_l: lines 12-15).
+# online_softmax: line 9; write_o_l: lines 12-15), and the tensor-core backwards' of
+# numba_flash.tensorcore.backward_steps (load_q_do_l_d: line 9's Q_i, dO_i, L_i, D_i).
 _Q = r"\b(?:s?Q_i|Q|gQ|OFF_Q|qbase|q0)\b"
 _K = r"\b(?:s?K_j|K|gK|OFF_K|kbase|k0)\b"
 _V = r"\b(?:s?V_j|V|gV|OFF_V|vbase|v0)\b"
@@ -580,7 +581,8 @@ CONTENT_RULES: dict[tuple[str, int], ContentRule] = {
     ("FA2.2", 3): rule("dQ = 0", _ZERO, r"\ballocate_grads\("), ("FA2.2", 4): _D_ROWSUM, ("FA2.2", 5): _LOOP, ("FA2.2", 6): _LOAD_KV,
     ("FA2.2", 7): rule("dK_j = dV_j = 0", (r"(?i)dk", r"(?i)dv", _ZERO)), ("FA2.2", 8): _LOOP,
     ("FA2.2", 9): rule("Q_i, dO_i, L_i (or m_i and l_i apart), D_i loaded",
-                       (r"\bgQ\[|\b(?:load|store)_q\(", r"\bgL\[|OFF_L|\brow_stats\(\s*gm\s*,\s*gl\b", r"\bgD\[|OFF_D")),
+                       (r"\bgQ\[|\b(?:load|store)_q\(", r"\bgL\[|OFF_L|\brow_stats\(\s*gm\s*,\s*gl\b", r"\bgD\[|OFF_D"),
+                       (r"\bload_q_do_l_d\(", r"\bgQ\b", r"\bgdO\b", r"\bgm\b", r"\bgD\b")),
     ("FA2.2", 10): _S_QK,
     ("FA2.2", 11): rule("P = exp(S - L_i), or exp(S - m_i) / l_i with m_i, l_i kept apart",
                         (_EXP, r"\bs?L_i\b|\bL_r\b"), (_EXP, r"-\s*\w*m_(?:i|r)\b", r"\*\s*\w*il_(?:i|r)\b"), r"\bs_dp_p_ds\("),

@@ -63,7 +63,7 @@ from ..device.dropout import head_key, keep, row_key
 from ..fast import _plan, _prepass, _regtile, _tiles
 from ..runtime import backend as _backend
 from ..runtime import smem as _smem
-from . import fa2_forward_half, ptx
+from . import backward_steps, fa2_forward_half, forward_steps, ptx
 from .ptx import available  # noqa: F401  (the kernel contract's optional available())
 
 #: The inputs this kernel runs: those of the half forward (float16/bfloat16, even head dim <= 128).
@@ -193,7 +193,7 @@ def make_fragment_products(MW: int, NB: int, KD: int, SQ: int, KIND: str, SIM: b
 @functools.cache
 def fa2_backward_half_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, DROPOUT: bool, ATOMIC_DQ: bool,
                              PREFETCH: bool, SIM: bool, KIND: str, FROM_LSE: bool = False, RED2: bool = False,
-                             CP_ASYNC: bool = False, EX2_FTZ: bool = False, HEAVY_FIRST: bool = False):
+                             CP_ASYNC: bool = False, EX2_FTZ: bool = False):
     """The main (column-block) half backward kernel: dK, dV, and with ``ATOMIC_DQ`` the atomic dQ adds.
 
     ``CP_ASYNC`` (d a multiple of 8, 16-byte aligned Q and dO): Q_i, dO_i go HBM -> SRAM by ``cp.async`` into two
@@ -259,17 +259,19 @@ def fa2_backward_half_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
     CAP = float32(64.0)
     exp2 = ptx.make_exp2(EX2_FTZ, SIM)  # EX2_FTZ: one MUFU.EX2 per P element (see default_features)
 
-    NLQ, load_q, store_q = _tiles.make_word_loader(BR, DW, NT, SQ)
+    NLQ, load_q_do, store_q_do = forward_steps.make_word_pair_loader(BR, DW, NT, SQ)  # Q_i with dO_i
     NLK, load_kv, store_kv = _tiles.make_word_loader(BC, DW, NT, SQ)
     RQ = 1 if CP_ASYNC else NLQ  # register staging of Q_i, dO_i (none with cp.async)
     _, load_q_async = _tiles.make_word_loader_async(BR, DW, NT, SQ, SIM)
     _copy16, cp_commit, cp_wait0 = ptx.make_cp_async(SIM)
-    _, first_row_block = _tiles.make_block_counts(BR, BC, CAUSAL)
-    key_block = _tiles.make_key_block_order(HEAVY_FIRST)
+    key_block = backward_steps.make_key_block(False)  # Dev: the grid's launch order (the heaviest-first order gained nothing here)
+    query_steps = backward_steps.make_query_steps(BR, BC, CAUSAL)
+    step_rows, _, load_q_do_l_d_first, load_q_do_l_d = backward_steps.make_q_do_pipeline(
+        BR, NT, OFF_Q, OFF_DO, uQSTAGE, CP_ASYNC, PREFETCH, False, DROPOUT, FROM_LSE, load_q_do, store_q_do, load_q_async,
+        cp_commit, cp_wait0)
     pack2, mma16, _, ldsm_t = ptx.make_half_ops(KIND, SIM)
     mma_pair_products, pack_a = make_fragment_products(MW, NB, KD, SQ, KIND, SIM)
-    row_stats = _regtile.make_row_stats(FROM_LSE)
-    add2 = ptx.make_atomic_add2(RED2, SIM)
+    dq_atomic_add = backward_steps.make_dq_atomic_add(QPW, NW // DSPLIT, NDW, True, ptx.make_atomic_add2(RED2, SIM))
 
     # [doc:fa2-half-bwd-kernel]
     @cuda.jit(fastmath=False)
@@ -316,10 +318,8 @@ def fa2_backward_half_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
         # dQ slice of this warp: query tiles qw, qw + NW / DSPLIT, ...; column tiles from dq0
         qw = warp // DSPLIT
         dq0 = (warp % DSPLIT) * NDW
-        # FA2.2 L5: for j = 1..Tc -- one thread block per (j, batch, KV head) (HEAVY_FIRST: every head's j = 0 first)
-        j, bhk = key_block(gQ.shape[0] * nheads_k)  # Dev: b*h_k folded over grid y, z (y <= 65535)
-        b = bhk // nheads_k
-        hk = bhk % nheads_k
+        # FA2.2 L5: for j = 1..Tc -- one thread block per (j, batch, KV head)
+        j, b, hk = key_block(gQ.shape[0], nheads_k)  # Dev: b*h_k folded over grid y, z (y <= 65535)
         if b >= gQ.shape[0] or j >= cuda.gridDim.x:
             return  # Dev: past b*h_k in the last z slab of the fold
         ub, uhk = U(b), U(hk)
@@ -333,77 +333,17 @@ def fa2_backward_half_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
         for a in range(NKV):
             rdK[a] = ZERO
             rdV[a] = ZERO
-        # Dev: causal block skipping: query blocks before the first one that sees key col0 are fully masked
-        i_first = first_row_block(col0, causal_offset)
-        n_i = max(0, (s_q + BR - 1) // BR - i_first)
-        n_steps = group * n_i  # Dev: GQA: the G query heads of the group and their blocks, one flat loop
-        if n_steps > 0:
-            h0 = hk * group
-            if CP_ASYNC:  # Dev: the first step's Q_i, dO_i into stage 0, one cp.async group
-                load_q_async(smem, OFF_Q, gQ, ub, U(h0), i_first * BR, s_q, dw, tid)  # HBM read: Br*d halves (first step)
-                load_q_async(smem, OFF_DO, gdO, ub, U(h0), i_first * BR, s_q, dw, tid)
-                cp_commit()
-            else:
-                load_q(gQ, ub, U(h0), i_first * BR, s_q, dw, tid, rQn)  # HBM read: Br*d halves (first step)
-                load_q(gdO, ub, U(h0), i_first * BR, s_q, dw, tid, rdOn)
-            for e in range(NSR):
-                row = i_first * BR + int(tid) + NT * e
-                rMn[e], rIn[e] = row_stats(gm, gl, b, h0, row, s_q)
-                rDn[e] = gD[b, h0, row] if row < s_q else ZERO
+        # Dev: causal block skipping (query blocks before the first one that sees key col0 are fully masked); GQA: the G
+        # query heads of the group and their blocks, one flat loop of n_steps
+        i_first, n_i, n_steps = query_steps(col0, causal_offset, s_q, group)
+        if n_steps > 0:  # Dev: the first step's L9 (its Q_i, dO_i by cp.async into stage 0, or into the registers)
+            load_q_do_l_d_first(smem, gQ, gdO, gm, gl, gD, b, ub, hk * group, i_first * BR, s_q, dw, tid, rQn, rdOn, rMn, rIn, rDn)
         # FA2.2 L8: for i = 1..Tr (times the G query heads of the group)
         for st in range(n_steps):
-            h = hk * group + st // n_i
-            i = i_first + st % n_i
-            row0 = i * BR
-            qs = U(0)  # this step's stage: word offset of its Q_i, dO_i (CP_ASYNC: stage st % 2) ...
-            so = U(0)  # ... and index offset of its statistics
-            if CP_ASYNC:
-                qs = U(st % 2) * uQSTAGE
-                so = U(st % 2) * U(BR)
-                cp_wait0()  # this thread's copies of Q_i, dO_i (issued one step ago) have landed
-            else:
-                cuda.syncthreads()  # Sync: K_j, V_j stored (first step); Q, dO, stats, dS^T of the previous step read by all
-            # FA2.2 L9: load Q_i, dO_i, L_i (as M_i and 1/l_i), D_i from HBM to SRAM (Dev: from the prefetch registers)
-            if not PREFETCH and st > 0:
-                if not CP_ASYNC:
-                    load_q(gQ, ub, U(h), row0, s_q, dw, tid, rQn)  # HBM read: Br*d halves
-                    load_q(gdO, ub, U(h), row0, s_q, dw, tid, rdOn)
-                for e in range(NSR):
-                    row = row0 + int(tid) + NT * e
-                    rMn[e], rIn[e] = row_stats(gm, gl, b, h, row, s_q)
-                    rDn[e] = gD[b, h, row] if row < s_q else ZERO
-            if not CP_ASYNC:
-                store_q(smem, OFF_Q, tid, rQn)
-                store_q(smem, OFF_DO, tid, rdOn)
-            for e in range(NSR):  # Dev: CP_ASYNC: into the statistics' stage st % 2, last read two steps ago
-                r = int(tid) + NT * e
-                if r < BR:
-                    rs = r + int(so)
-                    sM[rs] = rMn[e]
-                    sIL[rs] = rIn[e]
-                    sD[rs] = rDn[e]
-                    if DROPOUT:
-                        sKey[rs] = row_key(head_key(seed, b * nheads + h), row0 + r)
-            # (CP_ASYNC: this barrier also publishes every thread's copies, and every warp is then done with step st-1:
-            # its stage, refilled next, and its dS^T)
-            cuda.syncthreads()  # Sync: Q_i, dO_i, M_i, 1/l_i, D_i in SRAM before L10-L16 read them
-            if (CP_ASYNC or PREFETCH) and st + 1 < n_steps:
-                # Dev: L9 of step st+1 issued now, landing during L10-L16 of step st: CP_ASYNC into the other stage
-                # (then PREFETCH moves only the statistics), else into the registers
-                hn = hk * group + (st + 1) // n_i
-                rown = (i_first + (st + 1) % n_i) * BR
-                if CP_ASYNC:
-                    load_q_async(smem, OFF_Q + (uQSTAGE - qs), gQ, ub, U(hn), rown, s_q, dw, tid)  # HBM read: Br*d halves
-                    load_q_async(smem, OFF_DO + (uQSTAGE - qs), gdO, ub, U(hn), rown, s_q, dw, tid)  # HBM read: Br*d halves
-                    cp_commit()
-                else:
-                    load_q(gQ, ub, U(hn), rown, s_q, dw, tid, rQn)  # HBM read: Br*d halves (step st+1)
-                    load_q(gdO, ub, U(hn), rown, s_q, dw, tid, rdOn)
-                if PREFETCH:
-                    for e in range(NSR):
-                        row = rown + int(tid) + NT * e
-                        rMn[e], rIn[e] = row_stats(gm, gl, b, hn, row, s_q)
-                        rDn[e] = gD[b, hn, row] if row < s_q else ZERO
+            # FA2.2 L9: load Q_i, dO_i, L_i (as M_i and 1/l_i), D_i from HBM to SRAM; Dev: copied (CP_ASYNC) or loaded
+            # (PREFETCH) one step ahead, into stage st % 2 (qs, so) with CP_ASYNC; step st+1's put on its way
+            h, row0, qs, so = load_q_do_l_d(smem, smem, gQ, gdO, gm, gl, gD, sM, sIL, sD, sKey, seed, nheads, b, hk, group, i_first,
+                                            n_i, st, n_steps, s_q, dw, tid, c1, rQn, rdOn, rMn, rIn, rDn)
 
             # [doc:fa2-half-bwd-inner-loop]
             # FA2.2 L10: S_ij^T = K_j Q_i^T; FA2.2 L13: dP_ij^T = V_j dO_i^T -- per 16-wide d step,
@@ -485,16 +425,7 @@ def fa2_backward_half_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
                                 acc = mma16((a0, a1, a2, a3), bb, (rdQ[f], rdQ[f + 1], rdQ[f + 2], rdQ[f + 3]), sx, wbase, lane)
                                 for c in range(4):
                                     rdQ[f + c] = acc[c]
-                for qq in range(QPW):
-                    qt = qw + (NW // DSPLIT) * qq
-                    for hf in range(2):
-                        row = row0 + 16 * qt + 8 * hf + int(g)
-                        if row < s_q:
-                            for dn in range(NDW):
-                                col = 8 * (dq0 + dn) + 2 * int(t)
-                                if col < 2 * dw:  # d is even: both columns or neither
-                                    f = (qq * NDW + dn) * 4 + 2 * hf
-                                    add2(gdQ, (b, row, h, col), rdQ[f], rdQ[f + 1])  # HBM read+write: Br*d
+                dq_atomic_add(gdQ, rdQ, b, h, row0, qw, dq0, s_q, 2 * dw, g, t)  # HBM read+write: Br*d
             # [/doc:fa2-half-bwd-inner-loop]
 
         # FA2.2 L17-L18: write dK_j, dV_j to HBM, rounded to half (lane (g, t): word 4 dn + t of key rows g, g + 8)
@@ -699,13 +630,8 @@ def default_features() -> dict:
     ALU pipe busiest, at one block per SM: ``docs/results/sweeps/ncu_half_bwd_d128_h100_1be382f.txt``). On: on an
     H100 forward + backward ran 1.04-1.08x faster at d = 128 without causal and 1.02-1.06x at d = 64, N 1k-4k, two
     alternating pairs; the causal d = 128 cells 1.00-1.06x (``docs/results/sweeps/lse_p_h100_d645902_*``; the
-    performance log's section "Half backward: P from the logsumexp"). ``HEAVY_FIRST``: with causal, the blocks start in
-    key-block-major order, the heaviest (j = 0, most visible query blocks) of every head first
-    (:func:`numba_flash.fast._tiles.make_key_block_order`). Off: on an H100 causal d = 128 forward + backward at
-    N 1k-4k moved 0.91-1.02x with it, within the run-to-run spread and not better on average (two alternating pairs,
-    ``docs/results/sweeps/heavy_first_h100_827b946_*``; the performance log's section "Causal backward: the heaviest
-    key blocks first"); the 3xTF32 backward, slower per block, gains from it and has it on."""
-    return {"PREFETCH": True, "RED2": None, "CP_ASYNC": True, "EX2_FTZ": True, "LSE_P": True, "HEAVY_FIRST": False}
+    performance log's section "Half backward: P from the logsumexp")."""
+    return {"PREFETCH": True, "RED2": None, "CP_ASYNC": True, "EX2_FTZ": True, "LSE_P": True}
 
 
 def plan(prob: Problem, block_sizes=None, config=None, features=None, deterministic=False, from_lse=False):
@@ -728,8 +654,7 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None, determinis
     if red2 is None:
         red2 = not sim and _backend.device_facts().compute_capability >= (9, 0)
     main = fa2_backward_half_kernel(NW, MW, BR, DP, prob.causal, dropout, not deterministic, bool(feats["PREFETCH"]), sim, kind,
-                                    bool(from_lse), bool(red2), cp_async, bool(feats["EX2_FTZ"]),
-                                    prob.causal and bool(feats["HEAVY_FIRST"]))
+                                    bool(from_lse), bool(red2), cp_async, bool(feats["EX2_FTZ"]))
     grid = bh_grid(ceil_div(prob.seqlen_k, BC), prob.batch * prob.nheads_k)
     dq = None
     NWq, MWq, BCq, _ = fa2_forward_half.config_for(d, block_sizes, cp_async=False)  # the dQ kernel loads through registers

@@ -75,7 +75,7 @@ from ..fast import _plan, _regtile, _tiles
 from ..fast import _prepass as _prepass_kernel
 from ..runtime import backend as _backend
 from ..runtime import smem as _smem
-from . import fa2_forward_tf32, ptx
+from . import backward_steps, fa2_forward_tf32, ptx
 from .ptx import available  # noqa: F401  (the kernel contract's optional available())
 
 #: Largest head dim of this kernel: the 3xTF32 forward's (:data:`numba_flash.tensorcore.fa2_forward_tf32.TC_MAX_HEADDIM`).
@@ -406,9 +406,96 @@ def make_dq_k_step(NQT: int, QSTRIDE: int, NDW: int, SD: int, OFF_DS: int, SQ: i
     return dq_k_step
 
 
+@functools.cache
+def make_dv_dk_update(MW: int, NB: int, ND: int, SD: int, OFF_P, OFF_DS, OFF_Q, OFF_DO, SQ: int, uQSTAGE, WIDE: bool,
+                      SPLIT_QDO: bool, QDO_PAIRS: bool, SIM: bool):
+    """``dv_dk_update(smem, words, qs, wrow, g, t, rKb, rKs, rVb, rVs, rdV, rdK, sx, wbase, lane)``: lines 12 and 16 of
+    the main kernel for the warp's ``16 MW`` keys, ``dV_j += (P o Z)^T dO_i`` and ``dK_j += tau dS^T Q_i`` over the
+    ``8 NB`` queries of the step, each k step's three ``mma`` into a zeroed accumulator then added (staged).
+
+    A = the warp's key columns of ``P o Z`` (at ``OFF_P``) and ``tau dS`` (at ``OFF_DS``; row = query, stride ``SD``),
+    split into ``rKb, rKs`` and ``rVb, rVs``, with the 8 queries of a k step in the order ``2t, 2t + 1`` (k positions
+    ``t, t + 4``: bank ``8t + g``, conflict free); B = ``dO_i`` and ``Q_i`` rows ``2t, 2t + 1`` of the stage at ``qs``
+    (:func:`make_rows_2t`), split here or (``SPLIT_QDO``) the parts the split pass left, ``uQSTAGE`` words apart
+    (``QDO_PAIRS``: two adjacent words of one part's quad chunk).
+    """
+    split, mma3, _, _ = ptx.make_warp_ops(SIM)
+    rows_2t = make_rows_2t(SQ, WIDE)
+    uSQ, uSD = U(SQ), U(SD)
+    ZERO = float32(0.0)
+    Z4 = (ZERO, ZERO, ZERO, ZERO)
+
+    @cuda.jit(device=True, inline="always")
+    def pair_parts(words, off, r0, c0, g, t):
+        """QDO_PAIRS: the tf32 parts of ``(X[r0 + 2t, c], X[r0 + 2t + 1, c])``, ``c = c0 + g`` (``r0``, ``c0`` multiples of 8),
+        of the ``Q_i`` or ``dO_i`` tile at ``off``: two adjacent words of row ``r0 + 2t``'s quad chunk (columns ``c % 4 < 2``)
+        or of row ``r0 + 2t + 1``'s, ``2 (c % 2)`` words in."""
+        rr = r0 + U(2) * t + ((g >> U(1)) & U(1))
+        # Dev: the swizzle moves bits 2-4 only: c0's 32-aligned part an immediate, as rows_2t's
+        at = off + rr * uSQ + (c0 & ~U(31)) + _tiles.swizzle_pairs((c0 & U(24)) + (g & U(4)), rr) + U(2) * (g & U(1))
+        return words[at], words[at + U(1)], words[at + uQSTAGE], words[at + uQSTAGE + U(1)]
+
+    @cuda.jit(device=True, inline="always")
+    def b_parts(smem, words, at):
+        """The tf32 parts of the ``Q_i`` or ``dO_i`` element at ``at``: split here, or (SPLIT_QDO) as the split pass left them."""
+        if SPLIT_QDO:
+            return words[at], words[at + uQSTAGE]
+        return split(smem[at])
+
+    @cuda.jit(device=True, inline="always")
+    def dv_dk_update(smem, words, qs, wrow, g, t, rKb, rKs, rVb, rVs, rdV, rdK, sx, wbase, lane):
+        for nt in range(NB):
+            for mt in range(MW):  # a = (X[2t, g], X[2t, g+8], X[2t+1, g], X[2t+1, g+8]) of the (query, key) tiles
+                pa = (U(8 * nt) + U(2) * t) * uSD + wrow + U(16 * mt) + g
+                for c in range(4):
+                    off = pa + U(c // 2) * uSD + U(8 * (c % 2))
+                    rKb[mt * 4 + c], rKs[mt * 4 + c] = split(smem[OFF_P + off])
+                    rVb[mt * 4 + c], rVs[mt * 4 + c] = split(smem[OFF_DS + off])
+            for dn in range(ND):
+                if QDO_PAIRS:  # Dev: both rows of b in two adjacent words of each part
+                    ob0, ob1, os0, os1 = pair_parts(words, OFF_DO, U(8 * nt), U(8 * dn), g, t)
+                    qb0, qb1, qs0, qs1 = pair_parts(words, OFF_Q, U(8 * nt), U(8 * dn), g, t)
+                else:
+                    ra0, ra1 = rows_2t(U(0), U(8 * nt), U(8 * dn), g, t)  # b = (X[2t, g], X[2t+1, g]) of column tile dn
+                    ob0, os0 = b_parts(smem, words, OFF_DO + qs + ra0)
+                    ob1, os1 = b_parts(smem, words, OFF_DO + qs + ra1)
+                    qb0, qs0 = b_parts(smem, words, OFF_Q + qs + ra0)  # Dev: SPLIT_QDO: Q_i tau log2 e (dK / tau log2 e at L18)
+                    qb1, qs1 = b_parts(smem, words, OFF_Q + qs + ra1)
+                for mt in range(MW):
+                    f = (mt * ND + dn) * 4
+                    acc = mma3((rKb[mt * 4], rKb[mt * 4 + 1], rKb[mt * 4 + 2], rKb[mt * 4 + 3]),
+                               (rKs[mt * 4], rKs[mt * 4 + 1], rKs[mt * 4 + 2], rKs[mt * 4 + 3]), (ob0, ob1), (os0, os1), Z4, sx, wbase, lane)
+                    for c in range(4):
+                        rdV[f + c] += acc[c]
+                    acc = mma3((rVb[mt * 4], rVb[mt * 4 + 1], rVb[mt * 4 + 2], rVb[mt * 4 + 3]),
+                               (rVs[mt * 4], rVs[mt * 4 + 1], rVs[mt * 4 + 2], rVs[mt * 4 + 3]), (qb0, qb1), (qs0, qs1), Z4, sx, wbase, lane)
+                    for c in range(4):
+                        rdK[f + c] += acc[c]
+
+    return dv_dk_update
+
+
+def _check_switches(DP: int, NKB: int, CP_ASYNC: bool, WIDE: bool, DQ_UNROLL: int, KV_ASYNC: bool, SPLIT_QDO: bool,
+                    QDO_PAIRS: bool) -> None:
+    """ValueError for a combination of :func:`fa2_backward_tf32_kernel`'s switches that it cannot build (``NKB``: the
+    ``Bc / 8`` k steps of ``dS K_j``)."""
+    if DQ_UNROLL < 1 or NKB % DQ_UNROLL:
+        raise ValueError(f"3xTF32 backward: DQ_UNROLL={DQ_UNROLL} does not divide the {NKB} k steps of dS K_j")
+    if DQ_UNROLL not in (1, 2, 4):
+        raise ValueError(f"3xTF32 backward: DQ_UNROLL must be 1, 2 or 4, got {DQ_UNROLL}")
+    if KV_ASYNC and not CP_ASYNC:
+        raise ValueError("3xTF32 backward: KV_ASYNC needs CP_ASYNC")
+    if WIDE and not fa2_forward_tf32.wide_ok(DP):
+        raise ValueError(f"3xTF32 backward: WIDE needs a padded head dim that is a multiple of 32, got DP={DP}")
+    if SPLIT_QDO and not (CP_ASYNC and WIDE):
+        raise ValueError("3xTF32 backward: SPLIT_QDO needs CP_ASYNC and WIDE")
+    if QDO_PAIRS and not SPLIT_QDO:
+        raise ValueError("3xTF32 backward: QDO_PAIRS needs SPLIT_QDO")
+
+
 @_plan.cache_by_signature  # Dev: a flag passed at its default (the plan) and left out (a test) give one kernel
 def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, DROPOUT: bool, ATOMIC_DQ: bool,
-                             PREFETCH: bool, SIM: bool, FROM_LSE: bool = False, RED2: bool = False, CP_ASYNC: bool = False,
+                             SIM: bool, FROM_LSE: bool = False, RED2: bool = False, CP_ASYNC: bool = False,
                              HEAVY_FIRST: bool = False, WIDE: bool = False, DQ_UNROLL: int = 1, KV_ASYNC: bool = False,
                              SPLIT_QDO: bool = False, QDO_PAIRS: bool = False):
     """The main (column-block) 3xTF32 backward kernel: dK, dV, and with ``ATOMIC_DQ`` the atomic dQ adds.
@@ -472,19 +559,8 @@ def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
     # (a multiple of 32) with the tiles swizzled (make_score_products_wide, make_rows_2t)
     SQ = DP if WIDE else DP + 4
     SD = BC + 4  # row stride of dS: 4 mod 16 (the stores of dS^T fragments hit bank 8t + g)
-    uSD, uSQ = U(SD), U(SQ)
-    if DQ_UNROLL < 1 or NKB % DQ_UNROLL:
-        raise ValueError(f"3xTF32 backward: DQ_UNROLL={DQ_UNROLL} does not divide the {NKB} k steps of dS K_j")
-    if DQ_UNROLL not in (1, 2, 4):
-        raise ValueError(f"3xTF32 backward: DQ_UNROLL must be 1, 2 or 4, got {DQ_UNROLL}")
-    if KV_ASYNC and not CP_ASYNC:
-        raise ValueError("3xTF32 backward: KV_ASYNC needs CP_ASYNC")
-    if WIDE and not fa2_forward_tf32.wide_ok(DP):
-        raise ValueError(f"3xTF32 backward: WIDE needs a padded head dim that is a multiple of 32, got DP={DP}")
-    if SPLIT_QDO and not (CP_ASYNC and WIDE):
-        raise ValueError("3xTF32 backward: SPLIT_QDO needs CP_ASYNC and WIDE")
-    if QDO_PAIRS and not SPLIT_QDO:
-        raise ValueError("3xTF32 backward: QDO_PAIRS needs SPLIT_QDO")
+    uSD = U(SD)
+    _check_switches(DP, NKB, CP_ASYNC, WIDE, DQ_UNROLL, KV_ASYNC, SPLIT_QDO, QDO_PAIRS)
     QST = 2 if CP_ASYNC else 1  # SRAM stages of Q_i, dO_i and of the statistics
     OFF_Q = U(0)
     OFF_DO = U(BR * SQ)
@@ -509,7 +585,6 @@ def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
     NKEY = BR if DROPOUT else 1
     NSTAT, NSKEY = QST * BR, QST * NKEY  # statistics (and dropout row keys) of QST stages
     ZERO = float32(0.0)
-    Z4 = (ZERO, ZERO, ZERO, ZERO)
     CAP = float32(64.0)
     cap_nan = ptx.make_min_keep_nan(SIM)  # Dev: min(x, CAP) keeping a NaN x (min.NaN.f32 on a GPU)
     QNAN = _tiles.QNAN
@@ -531,46 +606,31 @@ def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
     RK = 1 if KV_ASYNC else NLK  # register staging of K_j, V_j (none with KV_ASYNC)
     _, load_kv_async = _tiles.make_word_loader_async(BC, DP, NT, SQ, SIM, SWZ)  # KV_ASYNC: K_j or V_j, 16-byte chunks
     quiet_kv = _tiles.make_quiet_nan_pass(BC, DP, NT, SQ, SWZ)
-    _, first_row_block = _tiles.make_block_counts(BR, BC, CAUSAL)
-    key_block = _tiles.make_key_block_order(HEAVY_FIRST)
-    split, mma3, _, _ = ptx.make_warp_ops(SIM)
+    key_block = backward_steps.make_key_block(HEAVY_FIRST)
+    query_steps = backward_steps.make_query_steps(BR, BC, CAUSAL)
     mma_score_products = make_score_products(QT, NKN, KD, SQ, SIM)
     mma_score_products_wide = make_score_products_wide(QT, NKN, KD, SQ, SIM, True, int(uQSTAGE) if SPLIT_QDO else 0, QDO_PAIRS)
-    rows_2t = make_rows_2t(SQ, WIDE)
-    row_stats = _regtile.make_row_stats(FROM_LSE)
-    add2 = ptx.make_atomic_add2(RED2, SIM)
-
+    dq_atomic_add = backward_steps.make_dq_atomic_add(QPW, NW // DSPLIT, NDW, False, ptx.make_atomic_add2(RED2, SIM))
     dq_k_step = make_dq_k_step(QPW, 16 * (NW // DSPLIT), NDW, SD, int(OFF_DS), SQ, WIDE, SIM)
+    dv_dk_update = make_dv_dk_update(MW, NB, ND, SD, OFF_P, OFF_DS, OFF_Q, OFF_DO, SQ, uQSTAGE, WIDE, SPLIT_QDO, QDO_PAIRS, SIM)
 
     @cuda.jit(device=True, inline="always")
-    def q_do_async(smem, off, gQ, gdO, ub, h, row0, s_q, d, tid):
-        """L9's copies of Q_i, dO_i (rows row0.., head h) into the stage at ``off`` floats, committed as one group."""
-        load_q_async(smem, OFF_Q + off, gQ, ub, U(h), row0, s_q, d, tid)  # HBM read: Br*d
-        load_q_async(smem, OFF_DO + off, gdO, ub, U(h), row0, s_q, d, tid)  # HBM read: Br*d
-        cp_commit()
-
-    @cuda.jit(device=True, inline="always")
-    def step_rows(hk, group, i_first, n_i, s):
-        """(query head, first query row) of the flat step ``s`` of key head ``hk``'s block: the group's query heads in
-        turn (GQA), each over its ``n_i`` query blocks from ``i_first``."""
-        return hk * group + s // n_i, (i_first + s % n_i) * BR
-
-    @cuda.jit(device=True, inline="always")
-    def pair_parts(words, off, r0, c0, g, t):
-        """QDO_PAIRS: the tf32 parts of ``(X[r0 + 2t, c], X[r0 + 2t + 1, c])``, ``c = c0 + g`` (``r0``, ``c0`` multiples of 8),
-        of the ``Q_i`` or ``dO_i`` tile at ``off``: two adjacent words of row ``r0 + 2t``'s quad chunk (columns ``c % 4 < 2``)
-        or of row ``r0 + 2t + 1``'s, ``2 (c % 2)`` words in."""
-        rr = r0 + U(2) * t + ((g >> U(1)) & U(1))
-        # Dev: the swizzle moves bits 2-4 only: c0's 32-aligned part an immediate, as rows_2t's
-        at = off + rr * uSQ + (c0 & ~U(31)) + _tiles.swizzle_pairs((c0 & U(24)) + (g & U(4)), rr) + U(2) * (g & U(1))
-        return words[at], words[at + U(1)], words[at + uQSTAGE], words[at + uQSTAGE + U(1)]
-
-    @cuda.jit(device=True, inline="always")
-    def b_parts(smem, words, at):
-        """The tf32 parts of the ``Q_i`` or ``dO_i`` element at ``at``: split here, or (SPLIT_QDO) as the split pass left them."""
+    def landed(smem, words, qs, st, tid, c1):
+        """The pass of each thread over its own landed chunks: NaN to the quiet NaN (the split keeps it a NaN), or with
+        SPLIT_QDO the split into tf32 parts (NaN quieted first; big parts in place, small ones + uQSTAGE)."""
+        if KV_ASYNC and st == 0:
+            quiet_kv(smem, OFF_K, tid)  # Dev: L6's copies landed with step 0's
+            quiet_kv(smem, OFF_V, tid)
         if SPLIT_QDO:
-            return words[at], words[at + uQSTAGE]
-        return split(smem[at])
+            split_q(smem, words, OFF_Q, uQSTAGE, tid, c1)  # Q_i tau log2 e, the forward's A operand
+            split_do(smem, words, OFF_DO, uQSTAGE, tid)
+        else:
+            quiet_q(smem, OFF_Q + qs, tid)
+            quiet_q(smem, OFF_DO + qs, tid)
+
+    step_rows, q_do_async, load_q_do_l_d_first, load_q_do_l_d = backward_steps.make_q_do_pipeline(
+        BR, NT, OFF_Q, OFF_DO, uQSTAGE, CP_ASYNC, False, SPLIT_QDO, DROPOUT, FROM_LSE, load_q, store_q, load_q_async,
+        cp_commit, cp_wait0, landed)
 
     # [doc:fa2-tf32-bwd-kernel]
     @cuda.jit(fastmath=False)
@@ -620,9 +680,7 @@ def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
         dq0 = (warp % DSPLIT) * NDW
         dq_row = U(16 * qw)  # its first query row
         # FA2.2 L5: for j = 1..Tc -- one thread block per (j, batch, KV head) (HEAVY_FIRST: every head's j = 0 first)
-        j, bhk = key_block(gQ.shape[0] * nheads_k)  # Dev: b*h_k folded over grid y, z (y <= 65535)
-        b = bhk // nheads_k
-        hk = bhk % nheads_k
+        j, b, hk = key_block(gQ.shape[0], nheads_k)  # Dev: b*h_k folded over grid y, z (y <= 65535)
         if b >= gQ.shape[0] or j >= cuda.gridDim.x:
             return  # Dev: past b*h_k in the last z slab of the fold
         ub, uhk = U(b), U(hk)
@@ -635,79 +693,21 @@ def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
         for a in range(NKV):
             rdK[a] = ZERO
             rdV[a] = ZERO
-        # Dev: causal block skipping: query blocks before the first one that sees key col0 are fully masked
-        i_first = first_row_block(col0, causal_offset)
-        n_i = max(0, (s_q + BR - 1) // BR - i_first)
-        n_steps = group * n_i  # Dev: GQA: the G query heads of the group and their blocks, one flat loop
-        if n_steps > 0:
+        # Dev: causal block skipping (query blocks before the first one that sees key col0 are fully masked); GQA: the G
+        # query heads of the group and their blocks, one flat loop of n_steps
+        i_first, n_i, n_steps = query_steps(col0, causal_offset, s_q, group)
+        if n_steps > 0:  # Dev: the first step's L9 (its Q_i, dO_i by cp.async into stage 0, or into the registers)
             h0 = hk * group
-            if CP_ASYNC:  # Dev: the first step's Q_i, dO_i into stage 0, one cp.async group
-                if KV_ASYNC:  # Dev: L6's copies in the same group (a block no query sees never reads K_j, V_j)
-                    load_kv_async(smem, OFF_K, gK, ub, uhk, col0, s_k, d, tid)  # HBM read: Bc*d
-                    load_kv_async(smem, OFF_V, gV, ub, uhk, col0, s_k, d, tid)  # HBM read: Bc*d
-                q_do_async(smem, U(0), gQ, gdO, ub, h0, i_first * BR, s_q, d, tid)  # the first step's
-            else:
-                load_q(gQ, gdO, ub, U(h0), i_first * BR, s_q, d, tid, rQn, rdOn)  # HBM read: 2 Br*d (first step)
-            for e in range(NSR):
-                row = i_first * BR + int(tid) + NT * e
-                rMn[e], rIn[e] = row_stats(gm, gl, b, h0, row, s_q)
-                rDn[e] = gD[b, h0, row] if row < s_q else ZERO
+            if CP_ASYNC and KV_ASYNC:  # Dev: L6's copies in the same group (a block no query sees never reads K_j, V_j)
+                load_kv_async(smem, OFF_K, gK, ub, uhk, col0, s_k, d, tid)  # HBM read: Bc*d
+                load_kv_async(smem, OFF_V, gV, ub, uhk, col0, s_k, d, tid)  # HBM read: Bc*d
+            load_q_do_l_d_first(smem, gQ, gdO, gm, gl, gD, b, ub, h0, i_first * BR, s_q, d, tid, rQn, rdOn, rMn, rIn, rDn)
         # FA2.2 L8: for i = 1..Tr (times the G query heads of the group)
         for st in range(n_steps):
-            h, row0 = step_rows(hk, group, i_first, n_i, st)
-            qs = U(0)  # this step's stage: float offset of its Q_i, dO_i (CP_ASYNC: stage st % 2) ...
-            so = U(0)  # ... and index offset of its statistics
-            if CP_ASYNC:
-                qs = U(0) if SPLIT_QDO else U(st % 2) * uQSTAGE
-                so = U(st % 2) * U(BR)
-                cp_wait0()  # this thread's copies of Q_i, dO_i (issued one step ago) have landed (st = 0: and of K_j, V_j)
-                if KV_ASYNC and st == 0:
-                    quiet_kv(smem, OFF_K, tid)  # Dev: L6's NaN -> quiet NaN, in this thread's chunks
-                    quiet_kv(smem, OFF_V, tid)
-                if SPLIT_QDO:  # Dev: this thread's chunks into tf32 parts (NaN quieted first): big in place, small + uQSTAGE
-                    split_q(smem, words, OFF_Q, uQSTAGE, tid, c1)  # Q_i tau log2 e, the forward's A operand
-                    split_do(smem, words, OFF_DO, uQSTAGE, tid)
-                else:
-                    quiet_q(smem, OFF_Q + qs, tid)  # Dev: NaN -> quiet NaN in this thread's chunks (the split keeps it a NaN)
-                    quiet_q(smem, OFF_DO + qs, tid)
-            else:
-                cuda.syncthreads()  # Sync: K_j, V_j stored (first step); Q, dO, stats, dS of the previous step read by all
-            # FA2.2 L9: load Q_i, dO_i, L_i (as M_i and 1/l_i), D_i from HBM to SRAM (Dev: from the prefetch registers)
-            if not PREFETCH and st > 0:
-                if not CP_ASYNC:
-                    load_q(gQ, gdO, ub, U(h), row0, s_q, d, tid, rQn, rdOn)  # HBM read: 2 Br*d
-                for e in range(NSR):
-                    row = row0 + int(tid) + NT * e
-                    rMn[e], rIn[e] = row_stats(gm, gl, b, h, row, s_q)
-                    rDn[e] = gD[b, h, row] if row < s_q else ZERO
-            if not CP_ASYNC:
-                store_q(smem, OFF_Q, OFF_DO, tid, rQn, rdOn)
-            for e in range(NSR):  # Dev: CP_ASYNC: into the statistics' stage st % 2, last read two steps ago
-                r = int(tid) + NT * e
-                if r < BR:
-                    rs = r + int(so)
-                    sM[rs] = rMn[e]
-                    sIL[rs] = rIn[e]
-                    sD[rs] = rDn[e]
-                    if DROPOUT:
-                        sKey[rs] = row_key(head_key(seed, b * nheads + h), row0 + r)
-            # (CP_ASYNC: this barrier also publishes every thread's copies, and every warp is then done with step st-1:
-            # its stage, refilled next, and its P, dS)
-            cuda.syncthreads()  # Sync: Q_i, dO_i, M_i, 1/l_i, D_i in SRAM before L10-L16 read them
-            if (CP_ASYNC or PREFETCH) and st + 1 < n_steps:
-                # Dev: L9 of step st+1 issued now, landing during L10-L16 of step st: CP_ASYNC into the other stage
-                # (then PREFETCH moves only the statistics), else into the registers
-                hn, rown = step_rows(hk, group, i_first, n_i, st + 1)
-                if CP_ASYNC:
-                    if not SPLIT_QDO:  # Dev: SPLIT_QDO: one stage, refilled after this step's last read of it (L16)
-                        q_do_async(smem, uQSTAGE - qs, gQ, gdO, ub, hn, rown, s_q, d, tid)
-                else:
-                    load_q(gQ, gdO, ub, U(hn), rown, s_q, d, tid, rQn, rdOn)  # HBM read: 2 Br*d (step st+1)
-                if PREFETCH:
-                    for e in range(NSR):
-                        row = rown + int(tid) + NT * e
-                        rMn[e], rIn[e] = row_stats(gm, gl, b, hn, row, s_q)
-                        rDn[e] = gD[b, hn, row] if row < s_q else ZERO
+            # FA2.2 L9: load Q_i, dO_i, L_i (as M_i and 1/l_i), D_i from HBM to SRAM; Dev: CP_ASYNC: copied one step ahead
+            # into stage st % 2 (qs, so; SPLIT_QDO: Q_i, dO_i in one stage, split by landed), step st+1's put on its way
+            h, row0, qs, so = load_q_do_l_d(smem, words, gQ, gdO, gm, gl, gD, sM, sIL, sD, sKey, seed, nheads, b, hk, group, i_first,
+                                            n_i, st, n_steps, s_q, d, tid, c1, rQn, rdOn, rMn, rIn, rDn)
 
             # [doc:fa2-tf32-bwd-inner-loop]
             # FA2.2 L10: S_ij = Q_i K_j^T (the forward's S, base 2, bit for bit); FA2.2 L13: dP_ij = dO_i V_j^T --
@@ -751,33 +751,7 @@ def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
             # FA2.2 L12: dV_j += (P_ij o Z_ij)^T dO_i -- A = this warp's columns of P (keys x 8 queries), B = dO_i rows;
             # Dev: the 8 queries of a k step in the order 2t, 2t + 1 (k positions t, t + 4): bank 8t + g, conflict free
             # FA2.2 L16: dK_j += tau dS_ij^T Q_i -- the same with dS and Q_i
-            for nt in range(NB):
-                for mt in range(MW):  # a = (X[2t, g], X[2t, g+8], X[2t+1, g], X[2t+1, g+8]) of the (query, key) tiles
-                    pa = (U(8 * nt) + U(2) * t) * uSD + wrow + U(16 * mt) + g
-                    for c in range(4):
-                        off = pa + U(c // 2) * uSD + U(8 * (c % 2))
-                        rKb[mt * 4 + c], rKs[mt * 4 + c] = split(smem[OFF_P + off])
-                        rVb[mt * 4 + c], rVs[mt * 4 + c] = split(smem[OFF_DS + off])
-                for dn in range(ND):
-                    if QDO_PAIRS:  # Dev: both rows of b in two adjacent words of each part
-                        ob0, ob1, os0, os1 = pair_parts(words, OFF_DO, U(8 * nt), U(8 * dn), g, t)
-                        qb0, qb1, qs0, qs1 = pair_parts(words, OFF_Q, U(8 * nt), U(8 * dn), g, t)
-                    else:
-                        ra0, ra1 = rows_2t(U(0), U(8 * nt), U(8 * dn), g, t)  # b = (X[2t, g], X[2t+1, g]) of column tile dn
-                        ob0, os0 = b_parts(smem, words, OFF_DO + qs + ra0)
-                        ob1, os1 = b_parts(smem, words, OFF_DO + qs + ra1)
-                        qb0, qs0 = b_parts(smem, words, OFF_Q + qs + ra0)  # Dev: SPLIT_QDO: Q_i tau log2 e (dK / tau log2 e at L18)
-                        qb1, qs1 = b_parts(smem, words, OFF_Q + qs + ra1)
-                    for mt in range(MW):
-                        f = (mt * ND + dn) * 4
-                        acc = mma3((rKb[mt * 4], rKb[mt * 4 + 1], rKb[mt * 4 + 2], rKb[mt * 4 + 3]),
-                                   (rKs[mt * 4], rKs[mt * 4 + 1], rKs[mt * 4 + 2], rKs[mt * 4 + 3]), (ob0, ob1), (os0, os1), Z4, sx, wbase, lane)
-                        for c in range(4):
-                            rdV[f + c] += acc[c]
-                        acc = mma3((rVb[mt * 4], rVb[mt * 4 + 1], rVb[mt * 4 + 2], rVb[mt * 4 + 3]),
-                                   (rVs[mt * 4], rVs[mt * 4 + 1], rVs[mt * 4 + 2], rVs[mt * 4 + 3]), (qb0, qb1), (qs0, qs1), Z4, sx, wbase, lane)
-                        for c in range(4):
-                            rdK[f + c] += acc[c]
+            dv_dk_update(smem, words, qs, wrow, g, t, rKb, rKs, rVb, rVs, rdV, rdK, sx, wbase, lane)
             if ATOMIC_DQ or SPLIT_QDO:
                 cuda.syncthreads()  # Sync: every warp's tau dS in SRAM before L15 reads it (SPLIT_QDO: all done with Q_i, dO_i)
             if SPLIT_QDO and st + 1 < n_steps:  # Dev: L9 of step st+1 now, landing during L15 (its statistics: at its start)
@@ -795,18 +769,7 @@ def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
                     if DQ_UNROLL >= 4:
                         dq_k_step(smem, OFF_K, kq * DQ_UNROLL + 2, dq_row, dq0, g, t, rQb, rQs, rdQ, sx, wbase, lane)
                         dq_k_step(smem, OFF_K, kq * DQ_UNROLL + 3, dq_row, dq0, g, t, rQb, rQs, rdQ, sx, wbase, lane)
-                for qq in range(QPW):
-                    qt = qw + (NW // DSPLIT) * qq
-                    for hf in range(2):
-                        row = row0 + 16 * qt + 8 * hf + int(g)
-                        if row < s_q:
-                            for dn in range(NDW):
-                                col = 8 * (dq0 + dn) + 2 * int(t)
-                                f = (qq * NDW + dn) * 4 + 2 * hf
-                                if col + 1 < d:
-                                    add2(gdQ, (b, row, h, col), rdQ[f], rdQ[f + 1])  # HBM read+write: Br*d
-                                elif col < d:  # Dev: the last column of an odd d
-                                    cuda.atomic.add(gdQ, (b, row, h, col), rdQ[f])
+                dq_atomic_add(gdQ, rdQ, b, h, row0, qw, dq0, s_q, d, g, t)  # HBM read+write: Br*d
             # [/doc:fa2-tf32-bwd-inner-loop]
 
         # FA2.2 L17-L18: write dK_j, dV_j to HBM (lane (g, t): columns 8 dn + 2t, + 1 of key rows g, g + 8)
@@ -1009,9 +972,7 @@ def fa2_backward_tf32_dq_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool
 
 
 def default_features() -> dict:
-    """``PREFETCH``: load the next step's Q_i, dO_i into registers during the compute of this one (off: its
-    registers made the default tilings spill). ``RED2``:
-    add the dQ fragments with ``red.global.add.v2.f32`` (two columns per instruction); None: on compute
+    """``RED2``: add the dQ fragments with ``red.global.add.v2.f32`` (two columns per instruction); None: on compute
     capability 9.0+ at even head dims (8-byte aligned rows). ``CP_ASYNC``: the main kernel's Q_i, dO_i by
     ``cp.async`` into two SRAM stages where :func:`numba_flash.tensorcore.fa2_forward_tf32.cp_async_ok` and Q, dO are
     16-byte aligned; None: at ``d <= 64``, where an H100 sweep timed the backward 1.03-1.05x faster at the
@@ -1041,7 +1002,7 @@ def default_features() -> dict:
     :data:`SPLIT_QDO_SEQLEN`.
     ``QDO_PAIRS``: with ``SPLIT_QDO``, its parts stored as the A-fragment quads of row pairs (:func:`fa2_backward_tf32_kernel`);
     None: wherever ``SPLIT_QDO`` runs (:func:`qdo_pairs_on`)."""
-    return {"PREFETCH": False, "RED2": None, "CP_ASYNC": None, "HEAVY_FIRST": True, "WIDE": None, "DQ_UNROLL": None,
+    return {"RED2": None, "CP_ASYNC": None, "HEAVY_FIRST": True, "WIDE": None, "DQ_UNROLL": None,
             "KV_ASYNC": None, "SPLIT_QDO": None, "QDO_PAIRS": None}
 
 
@@ -1125,7 +1086,7 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None, determinis
         red2 = not sim and _backend.device_facts().compute_capability >= (9, 0)
     red2 = bool(red2) and d % 2 == 0  # Dev: red.v2 needs 8-byte aligned pairs: rows of d floats, d even
     split_qdo = split_qdo_on(feats["SPLIT_QDO"], cp_async, wide, prob.seqlen_q)
-    main = fa2_backward_tf32_kernel(NW, MW, BR, DP, prob.causal, dropout, not deterministic, bool(feats["PREFETCH"]), sim,
+    main = fa2_backward_tf32_kernel(NW, MW, BR, DP, prob.causal, dropout, not deterministic, sim,
                                     bool(from_lse), red2, cp_async, prob.causal and bool(feats["HEAVY_FIRST"]), wide,
                                     dq_unroll_for(DP, BC, feats["DQ_UNROLL"]), kv_async_for(DP, cp_async, feats["KV_ASYNC"]),
                                     split_qdo, qdo_pairs_on(feats["QDO_PAIRS"], split_qdo))

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from numba_flash import api, registry
 from numba_flash._launch import poison_outputs
-from numba_flash.tensorcore import fa2_backward_tf32
+from numba_flash.tensorcore import fa2_backward_half, fa2_backward_tf32
 from numba_flash_reference.alg3_backward import standard_backward
 
 import numpy as np
@@ -89,8 +89,19 @@ def test_tensorcore_backward_runs_3xtf32_on_float32_arrays_and_the_half_kernel_o
         assert all(want in n for n in names), (dt, d, names)
 
 
+@pytest.mark.parametrize(("module", "dtype", "switch"), [(fa2_backward_tf32, np.float32, "PREFETCH"),
+                                                       (fa2_backward_half, np.float16, "HEAVY_FIRST"),
+                                                       (fa2_backward_tf32, np.float32, "PREFTECH")], ids=["tf32", "half", "typo"])
+def test_tensorcore_backward_plans_reject_an_unknown_switch_by_name(module, dtype, switch):
+    # a removed switch (PREFETCH of the 3xTF32 backward, HEAVY_FIRST of the half one) or a misspelt one must not run
+    # the defaults silently: the plan names it before it compiles anything
+    prob = api.check_attention_args(*(np.zeros((1, 20, 1, 16), dtype),) * 3)
+    with pytest.raises(ValueError, match=f"unknown switch.*'{switch}'"):
+        module.plan(prob, (16, 16), None, {switch: True})
+
+
 def test_tf32_backward_rejects_tilings_that_cannot_split_dq():
     # Br = 16 is one query tile; d = 5 pads to one n8 column tile: two warps have nothing to split
     assert fa2_backward_tf32.dq_split(2, 16, 8) is None
     with pytest.raises(ValueError, match="cannot split dQ"):
-        fa2_backward_tf32.fa2_backward_tf32_kernel(2, 1, 16, 8, False, False, True, True, True)
+        fa2_backward_tf32.fa2_backward_tf32_kernel(2, 1, 16, 8, False, False, True, True)

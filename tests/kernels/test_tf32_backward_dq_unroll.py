@@ -67,9 +67,9 @@ def test_a_factor_that_does_not_divide_the_k_steps_is_refused():
     sim = _backend.is_simulator()
     # Bc = 16: two k steps
     with pytest.raises(ValueError, match="does not divide the 2 k steps"):
-        fa2_backward_tf32.fa2_backward_tf32_kernel(1, 1, 16, 16, False, False, True, False, sim, DQ_UNROLL=4)
+        fa2_backward_tf32.fa2_backward_tf32_kernel(1, 1, 16, 16, False, False, True, sim, DQ_UNROLL=4)
     with pytest.raises(ValueError, match="must be 1, 2 or 4"):
-        fa2_backward_tf32.fa2_backward_tf32_kernel(4, 1, 16, 16, False, False, True, False, sim, DQ_UNROLL=8)
+        fa2_backward_tf32.fa2_backward_tf32_kernel(4, 1, 16, 16, False, False, True, sim, DQ_UNROLL=8)
 
 
 @pytest.mark.parametrize(("d", "block_sizes", "features", "expected"), [

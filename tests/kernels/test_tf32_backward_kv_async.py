@@ -69,7 +69,7 @@ def test_kv_async_is_the_default_on_the_cp_async_path_and_unaligned_k_v_take_the
     assert not fa2_backward_tf32.features_for(64)["KV_ASYNC"] and fa2_backward_tf32.features_for(128, None, True)["KV_ASYNC"]
     assert not fa2_backward_tf32.features_for(128, {"WIDE": False}, True)["KV_ASYNC"], "no cp.async path: no KV_ASYNC"
     with pytest.raises(ValueError, match="KV_ASYNC needs CP_ASYNC"):
-        fa2_backward_tf32.fa2_backward_tf32_kernel(1, 1, 16, 8, False, False, True, False, True, KV_ASYNC=True)
+        fa2_backward_tf32.fa2_backward_tf32_kernel(1, 1, 16, 8, False, False, True, True, KV_ASYNC=True)
     q, k, v = make_qkv(rng, 1, 12, 12, 1, 1, 8)
     dout = rng.standard_normal(q.shape).astype(np.float32)
     sk, sv = unaligned_copy(k), unaligned_copy(v)

@@ -112,7 +112,7 @@ def test_split_qdo_runs_only_with_wide_on_the_cp_async_path_and_by_default_from_
     sim = _backend.is_simulator()
     for cp_async, wide in ((False, True), (True, False)):
         with pytest.raises(ValueError, match="SPLIT_QDO needs CP_ASYNC and WIDE"):
-            fa2_backward_tf32.fa2_backward_tf32_kernel(1, 1, 16, 32, False, False, True, False, sim, CP_ASYNC=cp_async, WIDE=wide,
+            fa2_backward_tf32.fa2_backward_tf32_kernel(1, 1, 16, 32, False, False, True, sim, CP_ASYNC=cp_async, WIDE=wide,
                                                        SPLIT_QDO=True)
     with pytest.raises(ValueError, match="only with the key columns kept"):
         fa2_backward_tf32.make_score_products_wide(1, 2, 4, 32, sim, False, 64)
@@ -210,7 +210,7 @@ def test_the_row_pair_pass_writes_the_quads_of_every_pair(NT):
 
 def test_row_pairs_need_split_q_and_do():
     with pytest.raises(ValueError, match="QDO_PAIRS needs SPLIT_QDO"):
-        fa2_backward_tf32.fa2_backward_tf32_kernel(1, 1, 16, 32, False, False, True, False, _backend.is_simulator(), CP_ASYNC=True,
+        fa2_backward_tf32.fa2_backward_tf32_kernel(1, 1, 16, 32, False, False, True, _backend.is_simulator(), CP_ASYNC=True,
                                                    WIDE=True, QDO_PAIRS=True)
     with pytest.raises(ValueError, match="only with split query rows"):
         fa2_backward_tf32.make_score_products_wide(1, 2, 4, 32, _backend.is_simulator(), True, 0, True)

@@ -264,10 +264,10 @@ def test_wide_follows_the_forward_and_runs_only_where_it_can(rng):
         main, *_, (nbytes, _) = fa2_backward_tf32.plan(p, (16, 16), None, feats)
         NW, MW, BR, DP = fa2_backward_tf32.config_for(d, (16, 16))
         red2 = not sim and _backend.device_facts().compute_capability >= (9, 0)  # as plan
-        assert main is fa2_backward_tf32.fa2_backward_tf32_kernel(NW, MW, BR, DP, False, False, True, False, sim, False, red2, True,
+        assert main is fa2_backward_tf32.fa2_backward_tf32_kernel(NW, MW, BR, DP, False, False, True, sim, False, red2, True,
                                                                   False, wide, 1, fa2_backward_tf32.kv_async_for(DP, True)), (d, feats)
         assert nbytes == 4 * fa2_backward_tf32.smem_floats(NW, MW, BR, DP, 2, wide)
     with pytest.raises(ValueError, match="multiple of 32"):
-        fa2_backward_tf32.fa2_backward_tf32_kernel(1, 1, 16, 40, False, False, True, False, sim, WIDE=True)
+        fa2_backward_tf32.fa2_backward_tf32_kernel(1, 1, 16, 40, False, False, True, sim, WIDE=True)
     with pytest.raises(ValueError, match="multiple of 32"):
         fa2_backward_tf32.fa2_backward_tf32_dq_kernel(4, 1, 64, 40, False, False, sim, WIDE=True)
