@@ -145,12 +145,12 @@ def smem_floats(NW, WS, TM, TPR, BCC, NCH, DP, shfl=True) -> int:
 
 
 @functools.cache
-def alg1_forward_fast_kernel(NW: int, WS: int, TM: int, TPR: int, BCC: int, NCH: int, DP: int, CAUSAL: bool, DROPOUT: bool, SHFL: bool, VEC: bool, MAXREG=None):
+def alg1_forward_fast_kernel(NW: int, WS: int, TM: int, TPR: int, BCC: int, NCH: int, DP: int, CAUSAL: bool, DROPOUT: bool, SHFL: bool, VEC: bool):
     """The fast FA1 forward kernel for one specialization (see the module docstring).
 
     ``SHFL``: row reductions by warp shuffles and worker-private barriers by ``syncwarp`` (GPU); without
     it reductions go through SRAM and every barrier is a block barrier (the simulator, which has no
-    warps). ``VEC``: 16-byte aligned SRAM (16-byte loads). ``MAXREG``: register cap (GPU only).
+    warps). ``VEC``: 16-byte aligned SRAM (16-byte loads).
 
     Kernel arguments: ``gQ (b, s_q, h, d)``, ``gK, gV (b, s_k, h_k, d)``, outputs ``gO (b, s_q, h, d)``,
     ``gl, gm, glse (b, h, s_q)``; ``scale_log2 = tau log2 e``, ``group = h // h_k``, ``causal_offset``,
@@ -211,10 +211,8 @@ def alg1_forward_fast_kernel(NW: int, WS: int, TM: int, TPR: int, BCC: int, NCH:
     pv_tile = _regtile.make_pv_tile(TM, DV, NC4, RGW, TPR, SQ, SPS)
     natural_stats = _regtile.make_natural_stats()
 
-    jit_options = {} if MAXREG is None else {"max_registers": MAXREG}
-
     # [doc:alg1-fast-kernel]
-    @cuda.jit(fastmath=False, **jit_options)
+    @cuda.jit(fastmath=False)
     def kernel(gQ, gK, gV, gO, gl, gm, glse, scale_log2, group, causal_offset, seed, threshold, dropout_scale):
         smem = cuda.shared.array(0, float32, alignment=ALIGN)  # all tiles; offsets OFF_*
         rS = cuda.local.array(NS, float32)  # S_ij chunk (registers)
@@ -399,7 +397,7 @@ def alg1_forward_fast_kernel(NW: int, WS: int, TM: int, TPR: int, BCC: int, NCH:
 def default_features() -> dict:
     """Shuffles, warp barriers and 16-byte loads on a GPU only."""
     gpu = not _backend.is_simulator()
-    return {"SHFL": gpu, "VEC": gpu, "MAXREG": None}
+    return {"SHFL": gpu, "VEC": gpu}
 
 
 def plan(prob: Problem, block_sizes=None, config=None, features=None):
@@ -414,7 +412,7 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None):
         raise ValueError(f"block_sizes: tiles {cfg} need {nbytes} bytes of shared memory at d={prob.headdim}; "
                          f"the device allows {_smem.max_optin_bytes()}")
     kernel = alg1_forward_fast_kernel(NW, WS, TM, TPR, BCC, NCH, DP, prob.causal, prob.dropout_p > 0,
-                                      feats["SHFL"], feats["VEC"], None if _backend.is_simulator() else feats["MAXREG"])
+                                      feats["SHFL"], feats["VEC"])
     return kernel, (prob.batch * prob.nheads,), NW * WS, nbytes, cfg
 
 

@@ -134,15 +134,14 @@ def smem_floats(NT, TM, TPR, Bc, DP, shfl=True):
 
 
 @functools.cache
-def fa2_forward_fast_kernel(NT: int, TM: int, TPR: int, BC: int, DP: int, CAUSAL: bool, DROPOUT: bool, SHFL: bool, VEC: bool, REVERSE: bool = True, PREFETCH: bool = True, MAXREG=None,
-                            Q_BATCH: int = 1):
+def fa2_forward_fast_kernel(NT: int, TM: int, TPR: int, BC: int, DP: int, CAUSAL: bool, DROPOUT: bool, SHFL: bool, VEC: bool, REVERSE: bool = True, PREFETCH: bool = True):
     """The register-blocked FA2 forward kernel for one specialization (see the module docstring).
 
     ``SHFL``: row max / row sum across the lanes of a row group with warp shuffles (GPU) or through
     SRAM with block barriers (required in the simulator; on a GPU it measures what shuffles buy).
     ``VEC``: declare the SRAM 16-byte aligned so the compiler emits 16-byte loads (not in the
     simulator). ``REVERSE``: run the heaviest causal query blocks first. ``PREFETCH``: issue the
-    loads of ``K_{j+1}, V_{j+1}`` before computing on ``K_j, V_j``. ``MAXREG``: register cap (GPU only).
+    loads of ``K_{j+1}, V_{j+1}`` before computing on ``K_j, V_j``.
 
     Symbol table (paper symbol -> variable -> memory space):
 
@@ -183,7 +182,7 @@ def fa2_forward_fast_kernel(NT: int, TM: int, TPR: int, BC: int, DP: int, CAUSAL
 
     # K_j, V_j: HBM -> registers (NL floats each per thread) -> SRAM; Q_i: HBM -> SRAM, times tau log2 e
     NL, load_kv, store_kv = _tiles.make_pair_loader(BC, DP, NT, SQ)
-    load_q = _tiles.make_scaled_q_loader(BR, DP, NT, SQ, BATCH=Q_BATCH)
+    load_q = _tiles.make_scaled_q_loader(BR, DP, NT, SQ)
     n_key_blocks, _ = _tiles.make_block_counts(BR, BC, CAUSAL)
 
     qkt_tile = _regtile.make_qkt_tile(TM, TN, NK4, RG, TPR, SQ)
@@ -193,10 +192,8 @@ def fa2_forward_fast_kernel(NT: int, TM: int, TPR: int, BC: int, DP: int, CAUSAL
     pv_tile = _regtile.make_pv_tile(TM, DV, NC4, RG, TPR, SQ, SPS)
     natural_stats = _regtile.make_natural_stats()
 
-    jit_options = {} if MAXREG is None else {"max_registers": MAXREG}
-
     # [doc:fa2-fast-kernel]
-    @cuda.jit(fastmath=False, **jit_options)
+    @cuda.jit(fastmath=False)
     def kernel(gQ, gK, gV, gO, gL, gm, gl, scale_log2, group, causal_offset, seed, threshold, dropout_scale):
         smem = cuda.shared.array(0, float32, alignment=ALIGN)  # all tiles; offsets OFF_*
         scale_log2 = float32(scale_log2)  # Dev: float32, so the backward rounds tau log2 e Q exactly as here
@@ -230,7 +227,7 @@ def fa2_forward_fast_kernel(NT: int, TM: int, TPR: int, BC: int, DP: int, CAUSAL
         row0 = i * BR
 
         # FA2.1 L4: load Q_i (times tau log2 e: exp2 later) from HBM to SRAM; rows past N_q and columns past d are zero
-        load_q(gQ, smem, OFF_Q, ub, uh, row0, s_q, d, tid, scale_log2)  # HBM read: Br*d (Dev: Q_BATCH loads in flight)
+        load_q(gQ, smem, OFF_Q, ub, uh, row0, s_q, d, tid, scale_log2)  # HBM read: Br*d
         # FA2.1 L5: on chip, O_i = 0, l_i = 0, m_i = -inf
         for a in range(TM * DV * 4):
             rO[a] = float32(0.0)
@@ -317,18 +314,9 @@ def fa2_forward_fast_kernel(NT: int, TM: int, TPR: int, BC: int, DP: int, CAUSAL
 
 
 def default_features() -> dict:
-    """The kernel features used on this backend: shuffles and 16-byte loads on a GPU only. ``Q_BATCH``: how many of a
-    thread's loads of line 4 (``Q_i``) are in flight at once (:func:`numba_flash.fast._tiles.make_scaled_q_loader`;
-    1: each load scaled and stored before the next, one HBM round trip at a time). H100, 8 against 1, two rounds, N 512 /
-    1k / 4k (``docs/results/sweeps/q_batch_h100_a14fd00_{1,2}.json``): 0.977-1.077x at d = 64, 0.989-1.069x at d = 128,
-    causal and not; the rule set before the run (at or above 1.00x in every cell of both rounds) failed in two cells,
-    so the default stays 1."""
+    """The kernel features used on this backend: shuffles and 16-byte loads on a GPU only."""
     gpu = not _backend.is_simulator()
-    return {"SHFL": gpu, "VEC": gpu, "REVERSE": True, "PREFETCH": True, "MAXREG": None, "Q_BATCH": 1}
-
-
-def gpu_only_ok() -> bool:
-    return not _backend.is_simulator()
+    return {"SHFL": gpu, "VEC": gpu, "REVERSE": True, "PREFETCH": True}
 
 
 def tiling(prob: Problem, block_sizes=None, features=None) -> tuple:
@@ -345,8 +333,7 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None):
     Br = (NT // TPR) * TM
     nbytes = 4 * smem_floats(NT, TM, TPR, Bc, DP, feats["SHFL"])
     _plan.check_sram(nbytes, Br, Bc, d)
-    kernel = fa2_forward_fast_kernel(NT, TM, TPR, Bc, DP, prob.causal, prob.dropout_p > 0, feats["SHFL"], feats["VEC"], feats["REVERSE"], feats["PREFETCH"], feats["MAXREG"] if gpu_only_ok() else None,
-                                     int(feats["Q_BATCH"]))
+    kernel = fa2_forward_fast_kernel(NT, TM, TPR, Bc, DP, prob.causal, prob.dropout_p > 0, feats["SHFL"], feats["VEC"], feats["REVERSE"], feats["PREFETCH"])
     grid = bh_grid(ceil_div(prob.seqlen_q, Br), prob.batch * prob.nheads)
     return kernel, grid, NT, nbytes
 
