@@ -101,6 +101,7 @@ from numba import cuda, float32, uint64
 from .._launch import KernelLaunch, Problem, bh_grid, ceil_div
 from ..device.constants import LOG2E, U
 from ..device.dropout import head_key, row_key
+from ..device.grid import folded_batch_head
 from ..device.prepass import allocate_grads
 from ..runtime import backend as _backend
 from ..runtime import smem as _smem
@@ -324,9 +325,7 @@ def fa2_backward_fast_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool, D
         s_q = gQ.shape[1]
         s_k = gK.shape[1]
         d = gQ.shape[3]
-        bhk = cuda.blockIdx.y + cuda.gridDim.y * cuda.blockIdx.z  # Dev: b*h_k folded over grid y, z (y <= 65535)
-        b = bhk // nheads_k
-        hk = bhk % nheads_k
+        _, b, hk = folded_batch_head(nheads_k)  # Dev: b*h_k folded over grid y, z (y <= 65535)
         if b >= gQ.shape[0]:
             return  # Dev: past b*h_k in the last z slab of the fold
         ub, uhk = U(b), U(hk)
@@ -486,9 +485,7 @@ def fa2_backward_fast_dq_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool
         s_q = gQ.shape[1]
         s_k = gK.shape[1]
         d = gQ.shape[3]
-        bh = cuda.blockIdx.y + cuda.gridDim.y * cuda.blockIdx.z  # Dev: b*h folded over grid y, z (y <= 65535)
-        b = bh // nheads
-        h = bh % nheads
+        _, b, h = folded_batch_head(nheads)  # Dev: b*h folded over grid y, z (y <= 65535)
         if b >= gQ.shape[0]:
             return  # Dev: past b*h in the last z slab of the fold
         hk = h // group

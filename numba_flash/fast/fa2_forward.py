@@ -77,6 +77,7 @@ from .._launch import ForwardOutput, KernelLaunch, Problem, bh_grid, ceil_div
 from ..device.constants import FULL_MASK as _FULL_MASK
 from ..device.constants import U
 from ..device.dropout import head_key, row_key
+from ..device.grid import folded_batch_head
 from ..runtime import backend as _backend
 from . import _plan, _regtile, _tiles
 
@@ -215,9 +216,7 @@ def fa2_forward_fast_kernel(NT: int, TM: int, TPR: int, BC: int, DP: int, CAUSAL
         s_q = gQ.shape[1]
         s_k = gK.shape[1]
         d = gQ.shape[3]
-        bh = cuda.blockIdx.y + cuda.gridDim.y * cuda.blockIdx.z  # Dev: b*h folded over grid y, z (y <= 65535)
-        b = bh // nheads
-        h = bh % nheads
+        _, b, h = folded_batch_head(nheads)  # Dev: b*h folded over grid y, z (y <= 65535)
         if b >= gQ.shape[0]:
             return  # Dev: past b*h in the last z slab of the fold
         hk = h // group
