@@ -29,6 +29,7 @@ make_row_reductions  rowmax S and rowsum P~ over the TPR lanes of a row     FA1 
 make_softmax_p_tile  m_new, e^(m_old - m_new), P~ = exp2(S - m_new), l      FA1 / FA2 forward
 make_pv_tile         O_i += P~ V_j (TM x DP/TPR register tile)              FA1 / FA2 forward
 make_natural_stats   base-2 m, l -> the saved m, l (natural units), L       FA1 / FA2 forward
+make_forward_steps   the six above for one tiling, as a tuple               FA1 / FA2 forward
 make_s_dp_p_ds       S, dP~ (register tiles); P, P o Z, tau dS to SRAM      FA1 / FA2 backward
 make_row_stats       the saved m, l (or L) -> M, 1/l for P = exp2(S - M)/l  FA1 / FA2 backward
 make_dv_dk_update    dV_j += P~^T dO_i and dK_j += tau dS^T Q_i             FA1 / FA2 backward
@@ -352,6 +353,19 @@ def make_natural_stats():
         return m, l_m, m2 * F_LN2 + math.log(l)
 
     return natural_stats
+
+
+def make_forward_steps(TM: int, TN: int, DV: int, RG: int, TPR: int, DP: int, SQ: int, SPS: int, W: int, CAUSAL: bool,
+                       DROPOUT: bool, SHFL: bool, SCALE_KEPT: bool):
+    """The forward steps above for one tiling, as both FFMA forwards take them: ``(qkt_tile, mask_tile, row_max_tile,
+    row_sum_lanes, softmax_p_tile, pv_tile, natural_stats)``. ``W``: the key columns of one S tile (FA2's ``Bc``, FA1's
+    chunk ``BCC``), so ``W / 4`` 4-key steps of ``P~ V`` and ``DP / 4`` 4-column steps of ``Q K^T``."""
+    NK4 = DP // 4  # 4-column steps of Q K^T (16-byte loads)
+    NC4 = W // 4  # 4-key steps of P~ V
+    row_max_tile, row_sum_lanes = make_row_reductions(TM, TN, RG, TPR, SHFL)
+    return (make_qkt_tile(TM, TN, NK4, RG, TPR, SQ), make_mask_tile(TM, TN, RG, TPR, W, CAUSAL), row_max_tile,
+            row_sum_lanes, make_softmax_p_tile(TM, TN, RG, TPR, SPS, DROPOUT, SCALE_KEPT),
+            make_pv_tile(TM, DV, NC4, RG, TPR, SQ, SPS), make_natural_stats())
 
 
 # ---------------------------------------------------------------------------------------------

@@ -193,8 +193,6 @@ def alg1_forward_fast_kernel(NW: int, WS: int, TM: int, TPR: int, BCC: int, NCH:
     NS = TM * TN  # rS: the TM x TN tile of an S_ij chunk
     NO = TM * DV * 4  # rO: the TM x (DP / TPR) tile of O_i
     NQ = TM * 4  # rq, rp: one 4-column step of Q_i (or P~) for the TM rows
-    NK4 = DP // 4  # 4-column steps of Q K^T (16-byte loads)
-    NC4 = BCC // 4  # 4-key steps of P~ V (one chunk)
     NEG_INF = float32(-math.inf)
 
     # K_j, V_j: HBM -> registers (NLKV floats each per thread) -> SRAM, by the whole block
@@ -204,12 +202,9 @@ def alg1_forward_fast_kernel(NW: int, WS: int, TM: int, TPR: int, BCC: int, NCH:
     NLQ_EXACT = BR * DP % WS == 0
     uBRDP = U(BR * DP)
 
-    qkt_tile = _regtile.make_qkt_tile(TM, TN, NK4, RGW, TPR, SQ)
-    mask_tile = _regtile.make_mask_tile(TM, TN, RGW, TPR, BCC, CAUSAL)
-    row_max_tile, row_sum_lanes = _regtile.make_row_reductions(TM, TN, RGW, TPR, not SRAM_REDUCE)
-    softmax_p_tile = _regtile.make_softmax_p_tile(TM, TN, RGW, TPR, SPS, DROPOUT, True)
-    pv_tile = _regtile.make_pv_tile(TM, DV, NC4, RGW, TPR, SQ, SPS)
-    natural_stats = _regtile.make_natural_stats()
+    # Dev: dropout's 1/(1-p) on each kept P~ (FA1 Alg.2 L14)
+    qkt_tile, mask_tile, row_max_tile, row_sum_lanes, softmax_p_tile, pv_tile, natural_stats = _regtile.make_forward_steps(
+        TM, TN, DV, RGW, TPR, DP, SQ, SPS, BCC, CAUSAL, DROPOUT, not SRAM_REDUCE, True)
 
     # [doc:alg1-fast-kernel]
     @cuda.jit(fastmath=False)

@@ -177,8 +177,6 @@ def fa2_forward_fast_kernel(NT: int, TM: int, TPR: int, BC: int, DP: int, CAUSAL
     NS = TM * TN  # rS: the TM x TN tile of S_ij
     NO = TM * DV * 4  # rO: the TM x (DP / TPR) tile of O_i
     NQ = TM * 4  # rq, rp: one 4-column step of Q_i (or P~) for the TM rows
-    NK4 = DP // 4  # 4-column steps of Q K^T (16-byte loads)
-    NC4 = BC // 4  # 4-key steps of P~ V
     NEG_INF = float32(-math.inf)
 
     # K_j, V_j: HBM -> registers (NL floats each per thread) -> SRAM; Q_i: HBM -> SRAM, times tau log2 e
@@ -186,12 +184,9 @@ def fa2_forward_fast_kernel(NT: int, TM: int, TPR: int, BC: int, DP: int, CAUSAL
     load_q = _tiles.make_scaled_q_loader(BR, DP, NT, SQ)
     n_key_blocks, _ = _tiles.make_block_counts(BR, BC, CAUSAL)
 
-    qkt_tile = _regtile.make_qkt_tile(TM, TN, NK4, RG, TPR, SQ)
-    mask_tile = _regtile.make_mask_tile(TM, TN, RG, TPR, BC, CAUSAL)
-    row_max_tile, row_sum_lanes = _regtile.make_row_reductions(TM, TN, RG, TPR, not SRAM_REDUCE)
-    softmax_p_tile = _regtile.make_softmax_p_tile(TM, TN, RG, TPR, SPS, DROPOUT, False)
-    pv_tile = _regtile.make_pv_tile(TM, DV, NC4, RG, TPR, SQ, SPS)
-    natural_stats = _regtile.make_natural_stats()
+    # Dev: dropout's 1/(1-p) once, at L12 (not on each P~)
+    qkt_tile, mask_tile, row_max_tile, row_sum_lanes, softmax_p_tile, pv_tile, natural_stats = _regtile.make_forward_steps(
+        TM, TN, DV, RG, TPR, DP, SQ, SPS, BC, CAUSAL, DROPOUT, not SRAM_REDUCE, False)
 
     # [doc:fa2-fast-kernel]
     @cuda.jit(fastmath=False)
