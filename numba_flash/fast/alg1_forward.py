@@ -93,6 +93,7 @@ from .._launch import ForwardOutput, KernelLaunch, Problem
 from ..device.constants import FULL_MASK as _FULL_MASK
 from ..device.constants import LOG2E, U
 from ..device.dropout import head_key, row_key
+from ..device.grid import batch_head
 from ..runtime import backend as _backend
 from ..runtime import smem as _smem
 from . import _plan, _regtile, _tiles
@@ -233,9 +234,7 @@ def alg1_forward_fast_kernel(NW: int, WS: int, TM: int, TPR: int, BCC: int, NCH:
         s_k = gK.shape[1]
         nheads = gQ.shape[2]
         d = gQ.shape[3]
-        bh = cuda.blockIdx.x  # FA1: one thread block per (batch, head)
-        b = bh // nheads
-        h = bh % nheads
+        bh, b, h = batch_head(nheads)  # FA1: one thread block per (batch, head)
         hk = h // group  # GQA/MQA: the key/value head of query head h
         ub, uh, uhk = U(b), U(h), U(hk)  # Dev: unsigned HBM indices: no negative-index wrap-around code
         k_bh = head_key(seed, bh) if DROPOUT else uint64(0)

@@ -99,6 +99,7 @@ from .._launch import KernelLaunch, Problem
 from ..device.constants import LOG2E, U
 from ..device.dropout import head_key, row_key
 from ..device.gqa import group_sum, per_head_grads
+from ..device.grid import batch_head
 from ..runtime import backend as _backend
 from ..runtime import smem as _smem
 from . import _plan, _regtile
@@ -228,9 +229,7 @@ def alg4_backward_fast_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool, 
         s_q = gQ.shape[1]
         s_k = gK.shape[1]
         d = gQ.shape[3]
-        bh = cuda.blockIdx.x  # = batch * nheads + query head: also the dropout hash's head index
-        b = bh // nheads
-        h = bh % nheads
+        bh, b, h = batch_head(nheads)  # bh = batch * nheads + query head: also the dropout hash's head index
         hk = h // group  # the key/value head this query head reads (GQA/MQA)
         ub, uh, uhk = U(b), U(h), U(hk)
         cy = tid // uXT
