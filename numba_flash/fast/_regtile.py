@@ -68,6 +68,16 @@ def min_keep_nan(x, cap):
     return cap if x > cap else x
 
 
+@cuda.jit(device=True, inline="always")
+def load4(smem, addr, r, a):
+    """``r[4 a .. 4 a + 3] = smem[addr .. addr + 3]``: four consecutive SRAM floats into a register tile (one 16-byte
+    load where ``addr`` is a multiple of 4 and the SRAM is 16-byte aligned, ``VEC``)."""
+    r[4 * a] = smem[addr]
+    r[4 * a + 1] = smem[addr + U1]
+    r[4 * a + 2] = smem[addr + U2]
+    r[4 * a + 3] = smem[addr + U3]
+
+
 def _shuffle_offsets(TPR: int):
     offs = []
     s = TPR // 2
@@ -100,11 +110,7 @@ def make_qkt_tile(TM: int, TN: int, NK4: int, RG: int, TPR: int, SQ: int):
         for k4 in range(NK4):
             kk = U(k4) * U4
             for a in range(TM):
-                qa = qbase + (rg + uRG * U(a)) * uSQ + kk
-                rq[4 * a] = smem[qa]
-                rq[4 * a + 1] = smem[qa + U1]
-                rq[4 * a + 2] = smem[qa + U2]
-                rq[4 * a + 3] = smem[qa + U3]
+                load4(smem, qbase + (rg + uRG * U(a)) * uSQ + kk, rq, a)
             for bb in range(TN):
                 ka = kbase + (tc + uTPR * U(bb)) * uSQ + kk
                 k0 = smem[ka]
@@ -278,11 +284,7 @@ def make_pv_tile(TM: int, DV: int, NC4: int, RG: int, TPR: int, SQ: int, SPS: in
         for c4 in range(NC4):
             cc = U(c4) * U4
             for a in range(TM):
-                pa = pbase + (rg + uRG * U(a)) * uSPS + cc
-                rp[4 * a] = smem[pa]
-                rp[4 * a + 1] = smem[pa + U1]
-                rp[4 * a + 2] = smem[pa + U2]
-                rp[4 * a + 3] = smem[pa + U3]
+                load4(smem, pbase + (rg + uRG * U(a)) * uSPS + cc, rp, a)
             for cx in range(4):
                 for ev in range(DV):
                     va = vbase + (cc + U(cx)) * uSQ + U4 * tc + U(4 * TPR) * U(ev)
@@ -409,10 +411,7 @@ def make_s_dp_p_ds(TM: int, TN: int, NK4: int, RG: int, TPR: int, SQ: int, SP: i
                 rq[4 * a + 1] = smem[OFF_Q + qa + U1] * c
                 rq[4 * a + 2] = smem[OFF_Q + qa + U2] * c
                 rq[4 * a + 3] = smem[OFF_Q + qa + U3] * c
-                rdo[4 * a] = smem[OFF_DO + qa]
-                rdo[4 * a + 1] = smem[OFF_DO + qa + U1]
-                rdo[4 * a + 2] = smem[OFF_DO + qa + U2]
-                rdo[4 * a + 3] = smem[OFF_DO + qa + U3]
+                load4(smem, OFF_DO + qa, rdo, a)
             for bb in range(TN):
                 ka = (tc + uTPR * U(bb)) * uSQ + kk
                 k0 = smem[OFF_K + ka]

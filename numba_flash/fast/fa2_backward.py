@@ -191,7 +191,7 @@ def _device_functions(NT, BR, BC, DP, CAUSAL, DROPOUT):
     SQ = DP + 4  # row stride (floats) of the Q_i, dO_i, K_j, V_j tiles
     SP = BC + 4  # row stride of the P and dS tiles
     uSQ, uSP, uRG2, uTPR2 = U(SQ), U(SP), U(RG2), U(TPR2)
-    U1, U2, U3, U4 = U(1), U(2), U(3), U(4)
+    U4 = U(4)
     # Offsets (floats) of the tiles in the one dynamic SRAM array `smem` (both kernels):
     OFF_Q = U(0)  # Q_i: (Br, SQ), zero-padded to DP columns and past N_q
     OFF_DO = U(BR * SQ)  # dO_i: (Br, SQ)
@@ -222,11 +222,7 @@ def _device_functions(NT, BR, BC, DP, CAUSAL, DROPOUT):
         for c4 in range(NC4):
             cc = U(c4) * U4
             for a in range(TM2):
-                da = OFF_DS + (rg2 + uRG2 * U(a)) * uSP + cc
-                rds[4 * a] = smem[da]
-                rds[4 * a + 1] = smem[da + U1]
-                rds[4 * a + 2] = smem[da + U2]
-                rds[4 * a + 3] = smem[da + U3]
+                _regtile.load4(smem, OFF_DS + (rg2 + uRG2 * U(a)) * uSP + cc, rds, a)
             for cx in range(4):
                 for e in range(DX2):
                     kv = smem[OFF_K + (cc + U(cx)) * uSQ + tc2 + uTPR2 * U(e)]
