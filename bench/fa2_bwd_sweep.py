@@ -45,9 +45,9 @@ from numba_flash.runtime import resources as _inspect
 
 from bench import common as bu
 
-# Names describe today's code: in run B1 the d <= 64 default was 64 x 64, so B1's "fast", "fast-det",
-# "fast-r128" are "fast-64x64", "fast-64x64-det", "fast-64x64-r128" here, and B1's "fast-Bc128" is
-# today's default "fast" (see bench/README.md).
+# Names describe today's code: in run B1 the d <= 64 default was 64 x 64, so B1's "fast", "fast-det"
+# are "fast-64x64", "fast-64x64-det" here, and B1's "fast-Bc128" is today's default "fast" (see bench/README.md);
+# B1's "fast-r128" (a 128-register cap, the kernels' MAXREG) last lived in commit 6c5fdf8.
 #: name -> (config (NT, Br, Bc) or None for the default, or "readable"; features; deterministic)
 VARIANTS_D64 = {
     "readable": ("readable", {}, False),
@@ -55,8 +55,6 @@ VARIANTS_D64 = {
     "fast-det": (None, {}, True),
     "fast-64x64": ((256, 64, 64), {}, False),
     "fast-64x64-det": ((256, 64, 64), {}, True),
-    "fast-64x64-r128": ((256, 64, 64), {"MAXREG": 128}, False),
-    "fast-64x64-nopf-r128": ((256, 64, 64), {"MAXREG": 128, "PREFETCH": False}, False),
 }
 VARIANTS_D128 = {
     "fast": (None, {}, False),  # Br 64 x Bc 64, 256 threads
@@ -64,7 +62,7 @@ VARIANTS_D128 = {
     "fast-Br32": ((256, 32, 64), {}, False),
 }
 #: Variants timed with the causal mask too (the others only without it).
-CAUSAL_TOO = ("readable", "fast", "fast-det", "fast-64x64", "fast-64x64-det", "fast-64x64-r128")
+CAUSAL_TOO = ("readable", "fast", "fast-det", "fast-64x64", "fast-64x64-det")
 
 
 def _config(cfg, d):

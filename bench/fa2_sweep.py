@@ -51,8 +51,6 @@ from bench import common as bu
 Q_ASYNC = {f"tc-cp-q{int(a)}": (("tc", None), {"CP_ASYNC": True, "Q_ASYNC": a}) for a in (False, True)}
 #: the default tiling with causal warps skipping the key blocks none of their rows sees (WARP_SKIP, 2026-11-27) or not
 WARP_SKIP = {f"tc-ws{int(a)}": (("tc", None), {"WARP_SKIP": a}) for a in (False, True)}
-#: the FFMA forward's default tiling with line 4's loads one at a time or eight in flight (Q_BATCH, 2026-11-27)
-Q_BATCH = {f"fast-qb{n}": (None, {"Q_BATCH": n}) for n in (1, 8)}
 #: the default tiling with K_j, V_j split into tf32 parts by every warp or once per block in SRAM (SPLIT_KV, 2026-11-27)
 SPLIT_KV = {f"tc-skv{int(a)}": (("tc", None), {"SPLIT_KV": a}) for a in (False, True)}
 #: ... and V_j alone split once per block (SPLIT_K False: K_j split by each warp, as without SPLIT_KV; 2026-11-27)
@@ -70,12 +68,7 @@ VARIANTS_D64 = {
     "fast-64x64": ((128, 4, 8, 64), {}),  # the default of sweep run 2 ("fast" there)
     "fast-64x64-noprefetch": ((128, 4, 8, 64), {"PREFETCH": False}),  # "fast-noprefetch" of run 2
     "fast-Br128-nt256": ((256, 4, 8, 64), {}),
-    "fast-Br128-nt256-r128": ((256, 4, 8, 64), {"MAXREG": 128}),
-    "fast-Br128-nt256-nopf-r128": ((256, 4, 8, 64), {"MAXREG": 128, "PREFETCH": False}),
     "fast-TM2-nt256": ((256, 2, 8, 64), {}),
-    "fast-TM2-nt256-r128": ((256, 2, 8, 64), {"MAXREG": 128}),
-    "fast-nt128-r168": ((128, 4, 8, 64), {"MAXREG": 168}),
-    "fast-Br128-Bc32-r128": ((256, 4, 8, 32), {"MAXREG": 128}),
     "fast-TM8-Br128": ((128, 8, 8, 64), {}),
     # tensor cores (3xTF32, numba_flash.tensorcore.fa2_forward_tf32): ("tc", (NW, MW, Bc)) or ("tc", None) = its default
     "tc": (("tc", None), {}),  # S and O staged (the default; "tc-stageS" of sweep_tc2)
@@ -100,15 +93,11 @@ VARIANTS_D64 = {
     "tc-cp-perhead": (("tc", None), {"CP_ASYNC": True, "HEAVY_FIRST": False}),
     **Q_ASYNC,
     **WARP_SKIP,
-    **Q_BATCH,
 }
 VARIANTS_D128 = {
     "readable": ("readable", {}),
     "fast": (None, {}),  # Br 64 x Bc 32, TM 4, 128 threads
     "fast-TM2-nt256": ((256, 2, 8, 32), {}),
-    "fast-TM2-nt256-r128": ((256, 2, 8, 32), {"MAXREG": 128}),
-    "fast-Br128-nt256-r128": ((256, 4, 8, 32), {"MAXREG": 128}),
-    "fast-nt128-r168": ((128, 4, 8, 32), {"MAXREG": 168}),
     "tc": (("tc", None), {}),  # 8 warps, Br 128 x Bc 32 ("tc-NW8-Bc32" of sweep_tc2)
     "tc-stageO": (("tc", None), {"STAGE_S": False}),
     "tc-64x64": (("tc", (4, 1, 64)), {"STAGE_S": False}),  # the d = 128 default of sweep_tc2 ("tc" there)
@@ -151,7 +140,6 @@ VARIANTS_D128 = {
     "tc-cp-8x2x16-skv1": (("tc", (8, 2, 16)), {"CP_ASYNC": True, "SPLIT_KV": True}),
     **Q_ASYNC,
     **WARP_SKIP,
-    **Q_BATCH,
     **SPLIT_KV,
     **RESCALE_FMA,
 }

@@ -1,7 +1,7 @@
 """Offline sm_90 resource report of the fast kernels: registers, spills, local memory, SASS size.
 
 No GPU is needed. Each fast kernel is compiled for its DEFAULT configuration (``config_for(d)``, the
-GPU's default features: shuffles, 16-byte loads, prefetch, no register cap, dropout off; for the
+GPU's default features: shuffles, 16-byte loads, prefetch, dropout off; for the
 tensor-core forward ``fa2_forward_tc_kernel`` with ``SIM=False`` and its default staging and
 prefetch) at d = 64 and d = 128, causal and not (the 3xTF32 backward's causal rows with its key-block order,
 ``HEAVY_FIRST``, as its plan launches them; before 2026-11-27's commit that added this sentence they compiled it off):
@@ -205,10 +205,10 @@ def _kernel(name: str, d: int, causal: bool, tiling=None):
 
     if name == "alg1_forward_fast":
         f = A1.default_features()
-        return A1.alg1_forward_fast_kernel(*A1.config_for(d), causal, False, f["SHFL"], f["VEC"], f["MAXREG"])
+        return A1.alg1_forward_fast_kernel(*A1.config_for(d), causal, False, f["SHFL"], f["VEC"])
     if name == "fa2_forward_fast":
         f = F2.default_features()
-        return F2.fa2_forward_fast_kernel(*F2.config_for(d), causal, False, f["SHFL"], f["VEC"], f["REVERSE"], f["PREFETCH"], f["MAXREG"], f["Q_BATCH"])
+        return F2.fa2_forward_fast_kernel(*F2.config_for(d), causal, False, f["SHFL"], f["VEC"], f["REVERSE"], f["PREFETCH"])
     if name == "fa2_forward_tc":
         NW, MW, BC, DP, f, prefetch, cp_async = _forward_tiling(TC, d, tiling)
         o_step, wide = TC.stage_o_step(f["STAGE_O_STEP"], MW, DP), TC.wide_on(f["WIDE"], DP, cp_async)
@@ -224,7 +224,7 @@ def _kernel(name: str, d: int, causal: bool, tiling=None):
                                          bool(f["EX2_FTZ"]), causal and bool(f["HEAVY_FIRST"]))
     if name == "alg4_backward_fast":
         f = A4.default_features()
-        return A4.alg4_backward_fast_kernel(*A4.config_for(d), causal, False, False, f["VEC"], f["MAXREG"])
+        return A4.alg4_backward_fast_kernel(*A4.config_for(d), causal, False, False, f["VEC"])
     if name.startswith("fa2_backward_half_dq_"):
         NW, MW, BC, DP = H.config_for(d)
         return HB.fa2_backward_half_dq_kernel(NW, MW, BC, DP, causal, False, HB.default_features()["PREFETCH"], False, "bf16",
@@ -253,9 +253,9 @@ def _kernel(name: str, d: int, causal: bool, tiling=None):
                                            split_qdo, TB.qdo_pairs_on(_features(TB)["QDO_PAIRS"], split_qdo))
     f = B2.default_features()
     if name == "fa2_backward_fast":
-        return B2.fa2_backward_fast_kernel(*B2.config_for(d), causal, False, True, f["VEC"], f["PREFETCH"], f["MAXREG"])
+        return B2.fa2_backward_fast_kernel(*B2.config_for(d), causal, False, True, f["VEC"], f["PREFETCH"])
     if name == "fa2_backward_fast_dq":
-        return B2.fa2_backward_fast_dq_kernel(*B2.config_for(d), causal, False, f["VEC"], f["PREFETCH"], f["MAXREG"])
+        return B2.fa2_backward_fast_dq_kernel(*B2.config_for(d), causal, False, f["VEC"], f["PREFETCH"])
     raise ValueError(name)
 
 

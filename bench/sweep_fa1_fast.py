@@ -28,11 +28,12 @@ from numba_flash.runtime import resources as _inspect
 
 from bench import common as bu
 
-#: (label, config (NW, WS, TM, TPR, BCC, NCH) without DP, MAXREG); None config = the default.
+#: (label, config (NW, WS, TM, TPR, BCC, NCH) without DP); None config = the default. (A "TM 4, 12 warps, cap 168"
+#: candidate with a 168-register cap, the kernel's MAXREG, last lived in commit 6c5fdf8.)
 CANDIDATES = {
-    64: [("default", None, None), ("Bc 64 (NCH 1)", (8, 32, 8, 8, 64, 1), None), ("TM 4, Br 16", (8, 32, 4, 8, 64, 2), None),
-         ("TM 4, 12 warps, cap 168", (12, 32, 4, 8, 64, 2), 168), ("4 warps", (4, 32, 8, 8, 64, 2), None)],
-    128: [("default", None, None), ("Bc 64 (NCH 2)", (8, 32, 4, 8, 32, 2), None)],
+    64: [("default", None), ("Bc 64 (NCH 1)", (8, 32, 8, 8, 64, 1)), ("TM 4, Br 16", (8, 32, 4, 8, 64, 2)),
+         ("4 warps", (4, 32, 8, 8, 64, 2))],
+    128: [("default", None), ("Bc 64 (NCH 2)", (8, 32, 4, 8, 32, 2))],
 }
 
 
@@ -48,8 +49,8 @@ def _candidates(d, only_default):
 
 def dry_run(seqlen, d, causal, only_default):
     prob = bu.fa2_problem(seqlen, d, causal)
-    for label, cfg, maxreg in _candidates(d, only_default):
-        kernel, grid, nt, nbytes, used = alg1_forward_fast.plan(prob, None, _config(cfg, d), {"MAXREG": maxreg})
+    for label, cfg in _candidates(d, only_default):
+        kernel, grid, nt, nbytes, used = alg1_forward_fast.plan(prob, None, _config(cfg, d))
         print(f"d={d} N={seqlen} causal={int(causal)} {label:26} config {used} threads {nt} dynamic SRAM {nbytes / 1024:.1f} KB, {grid[0]} blocks")
     return 0
 
@@ -83,11 +84,11 @@ def main(argv=None):
     qk, kk, vk = (alloc.to_kernel(x) for x in (q, k, v))
     flops = bu.flops_forward(b, h, n, n, d, args.causal)
     ref = bu.torch_naive_attention(q, k, v, causal=args.causal)
-    runs = [(lbl, cfg, mr, "fast") for lbl, cfg, mr in _candidates(d, args.only_default)]
+    runs = [(lbl, cfg, "fast") for lbl, cfg in _candidates(d, args.only_default)]
     if args.readable:
-        runs.append(("readable", None, None, "readable"))
+        runs.append(("readable", None, "readable"))
     rows = []
-    for label, cfg, maxreg, variant in runs:
+    for label, cfg, variant in runs:
         try:
             if variant == "readable":
                 def fn():
@@ -95,12 +96,12 @@ def main(argv=None):
 
                 attrs = {}
             else:
-                config, feats = _config(cfg, d), {"MAXREG": maxreg}
+                config = _config(cfg, d)
 
-                def fn(config=config, feats=feats):
-                    return alg1_forward_fast.forward(qk, kk, vk, prob, alloc, config=config, features=feats)
+                def fn(config=config):
+                    return alg1_forward_fast.forward(qk, kk, vk, prob, alloc, config=config)
 
-                kernel, grid, nt, nbytes, used = alg1_forward_fast.plan(prob, None, config, feats)
+                kernel, grid, nt, nbytes, used = alg1_forward_fast.plan(prob, None, config)
                 fn()
                 bu.synchronize()
                 attrs = dict(_inspect.kernel_resources(kernel), config=used, dyn_smem_kb=nbytes / 1024, threads=nt)

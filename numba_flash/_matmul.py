@@ -92,6 +92,7 @@ from numba import cuda, float32, uint64
 
 from ._launch import bh_grid, ceil_div
 from .device.dropout import head_key, keep, row_key
+from .device.grid import folded_batch_head
 from .runtime import backend as _backend
 
 LAYOUTS = ("bshd", "bhst")
@@ -183,6 +184,14 @@ def matmul_kernel(a_layout, trans_a, b_layout, trans_b, c_layout, accumulate, ca
             return X[col, row]
         return X[row, col]
 
+    @cuda.jit(device=True, inline="always")
+    def slab_index(t, tid, BX, K_FASTEST):
+        """(k, x) in a (BK, BX) slab of thread tid's t-th load: consecutive threads along k or along x."""
+        e = tid + NT * t
+        if K_FASTEST:
+            return e % BK, e // BK
+        return e // BX, e % BX
+
     jit_options = {} if (_backend.is_simulator() or tiles.max_registers is None) else {"max_registers": tiles.max_registers}
 
     @cuda.jit(**jit_options)
@@ -198,9 +207,7 @@ def matmul_kernel(a_layout, trans_a, b_layout, trans_b, c_layout, accumulate, ca
         n_tiles = (N + BN - 1) // BN  # output tiles along N: grid x walks them fastest, then the M tiles
         m0 = (cuda.blockIdx.x // n_tiles) * BM
         n0 = (cuda.blockIdx.x % n_tiles) * BN
-        bhc = cuda.blockIdx.y + cuda.gridDim.y * cuda.blockIdx.z  # (batch, head of C), folded over grid y, z (y <= 65535)
-        bi = bhc // heads_c
-        hc = bhc % heads_c
+        _, bi, hc = folded_batch_head(heads_c)  # (batch, head of C), folded over grid y, z (y <= 65535)
         if bi >= gC.shape[0]:
             return  # past batch * heads_c in the last z slab of the fold
         for i in range(RM):
@@ -215,9 +222,7 @@ def matmul_kernel(a_layout, trans_a, b_layout, trans_b, c_layout, accumulate, ca
             k_bh = head_key(seed, bi * nheads_q + hq) if DROPOUT else uint64(0)
             for k0 in range(0, K, BK):
                 for t in range(A_LOADS):  # HBM read: BM*BK
-                    e = tid + NT * t
-                    kk = e % BK if A_K_FASTEST else e // BM
-                    mm = e // BK if A_K_FASTEST else e % BM
+                    kk, mm = slab_index(t, tid, BM, A_K_FASTEST)
                     row = m0 + mm
                     col = k0 + kk
                     val = float32(0.0)
@@ -229,9 +234,7 @@ def matmul_kernel(a_layout, trans_a, b_layout, trans_b, c_layout, accumulate, ca
                             val = val * dropout_scale if keep(row_key(k_bh, r), c, threshold) else float32(0.0)
                     sA[kk, mm] = val
                 for t in range(B_LOADS):  # HBM read: BK*BN
-                    e = tid + NT * t
-                    kk = e % BK if B_K_FASTEST else e // BN
-                    nn = e // BK if B_K_FASTEST else e % BN
+                    kk, nn = slab_index(t, tid, BN, B_K_FASTEST)
                     row = k0 + kk
                     col = n0 + nn
                     val = float32(0.0)

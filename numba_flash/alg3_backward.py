@@ -58,6 +58,7 @@ from numba import cuda, float32
 from ._launch import KernelLaunch, bh_grid
 from ._matmul import default_tiles, matmul, matmul_kernel
 from .device.dropout import head_key, keep, row_key
+from .device.grid import folded_batch_head
 from .runtime import backend as _backend
 
 
@@ -80,9 +81,7 @@ def softmax_kernel(nt: int, from_lse: bool):
     def kernel(gS_P, gm, gl, s_k, nheads):
         """Block (row, bh): NT threads stride over the row's columns. gS_P: (b, h, s_q, s_k) HBM."""
         row = cuda.blockIdx.x
-        bh = cuda.blockIdx.y + cuda.gridDim.y * cuda.blockIdx.z  # Dev: b*h folded over grid y, z (y <= 65535)
-        bi = bh // nheads
-        hi = bh - bi * nheads
+        _, bi, hi = folded_batch_head(nheads)  # Dev: b*h folded over grid y, z (y <= 65535)
         if bi >= gS_P.shape[0]:
             return  # Dev: past b*h in the last z slab of the fold
         m_r = gm[bi, hi, row]  # HBM read: 1 (L when FROM_LSE)
@@ -115,9 +114,7 @@ def ds_kernel(nt: int, dropout: bool):
         sRed = cuda.shared.array(NT, float32)  # (NT,) SRAM: partial sums of D_i
         t = cuda.threadIdx.x
         row = cuda.blockIdx.x
-        bh = cuda.blockIdx.y + cuda.gridDim.y * cuda.blockIdx.z  # Dev: b*h folded over grid y, z (y <= 65535)
-        bi = bh // nheads
-        hi = bh - bi * nheads
+        bh, bi, hi = folded_batch_head(nheads)  # Dev: b*h folded over grid y, z (y <= 65535)
         if bi >= gP.shape[0]:
             return  # Dev: past b*h in the last z slab of the fold
         k_row = row_key(head_key(seed, bh), row)

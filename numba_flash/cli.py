@@ -24,15 +24,20 @@ import sys
 # ----------------------------------------------------------------------------------------------
 # Argument types: a bad value ends in argparse's one-line "error:" and exit status 2, never a traceback
 # ----------------------------------------------------------------------------------------------
+def _checked(text: str, parse, ok, what: str):
+    """``parse(text)`` where ``ok`` holds of it; else ArgumentTypeError ``must be <what>, got ...`` (one line)."""
+    try:
+        x = parse(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}") from None
+    if not ok(x):
+        raise argparse.ArgumentTypeError(f"must be {what}, got {text}")
+    return x
+
+
 def positive_int(text: str) -> int:
     """An integer >= 1 (sizes, counts)."""
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {n}")
-    return n
+    return _checked(text, int, lambda n: n >= 1, "a positive integer")
 
 
 def headdim(text: str) -> int:
@@ -47,24 +52,12 @@ def headdim(text: str) -> int:
 
 def fraction(text: str) -> float:
     """A number in (0, 1]."""
-    try:
-        x = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number in (0, 1], got {text!r}") from None
-    if not (math.isfinite(x) and 0 < x <= 1):
-        raise argparse.ArgumentTypeError(f"must be a number in (0, 1], got {text}")
-    return x
+    return _checked(text, float, lambda x: math.isfinite(x) and 0 < x <= 1, "a number in (0, 1]")
 
 
 def positive_float(text: str) -> float:
     """A finite number > 0 (seconds)."""
-    try:
-        x = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}") from None
-    if not (math.isfinite(x) and x > 0):
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
-    return x
+    return _checked(text, float, lambda x: math.isfinite(x) and x > 0, "a positive number")
 
 
 def _cmd_info(args) -> int:

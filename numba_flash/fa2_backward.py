@@ -48,6 +48,7 @@ from numba import cuda, float32, uint64
 
 from ._launch import STATIC_SMEM_BYTES, KernelLaunch, Problem, bh_grid, ceil_div
 from .device.dropout import head_key, keep, row_key
+from .device.grid import folded_batch_head
 from .device.prepass import allocate_grads, row_dot
 
 
@@ -167,9 +168,7 @@ def fa2_backward_kernel(BR: int, BC: int, D: int, CAUSAL: bool, DROPOUT: bool, A
         nheads_k = gK.shape[2]
         s_q = gQ.shape[1]
         s_k = gK.shape[1]
-        bhk = cuda.blockIdx.y + cuda.gridDim.y * cuda.blockIdx.z  # Dev: b*h_k folded over grid y, z (y <= 65535)
-        b = bhk // nheads_k
-        hk = bhk % nheads_k
+        _, b, hk = folded_batch_head(nheads_k)  # Dev: b*h_k folded over grid y, z (y <= 65535)
         if b >= gQ.shape[0]:
             return  # Dev: past b*h_k in the last z slab of the fold
         # FA2.2 L5: for j = 1..Tc -- this thread block is one j; thread t owns key row `col`
@@ -293,9 +292,7 @@ def fa2_dq_kernel(BR: int, BC: int, D: int, CAUSAL: bool, DROPOUT: bool, FROM_LS
         nheads = gQ.shape[2]
         s_q = gQ.shape[1]
         s_k = gK.shape[1]
-        bh = cuda.blockIdx.y + cuda.gridDim.y * cuda.blockIdx.z  # Dev: b*h folded over grid y, z (y <= 65535)
-        b = bh // nheads
-        h = bh % nheads
+        _, b, h = folded_batch_head(nheads)  # Dev: b*h folded over grid y, z (y <= 65535)
         if b >= gQ.shape[0]:
             return  # Dev: past b*h in the last z slab of the fold
         hk = h // group

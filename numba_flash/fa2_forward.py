@@ -53,6 +53,7 @@ from numba import cuda, float32, uint64
 
 from ._launch import STATIC_SMEM_BYTES, ForwardOutput, KernelLaunch, Problem, bh_grid, ceil_div
 from .device.dropout import head_key, keep, row_key
+from .device.grid import folded_batch_head
 
 
 def tile_sram_bytes(Br: int, Bc: int, d: int) -> int:
@@ -116,9 +117,7 @@ def fa2_forward_kernel(BR: int, BC: int, D: int, CAUSAL: bool, DROPOUT: bool):
         nheads = gQ.shape[2]
         s_q = gQ.shape[1]
         s_k = gK.shape[1]
-        bh = cuda.blockIdx.y + cuda.gridDim.y * cuda.blockIdx.z  # Dev: b*h folded over grid y, z (y <= 65535)
-        b = bh // nheads
-        h = bh % nheads
+        _, b, h = folded_batch_head(nheads)  # Dev: b*h folded over grid y, z (y <= 65535)
         if b >= gQ.shape[0]:
             return  # Dev: past b*h in the last z slab of the fold
         hk = h // group  # GQA/MQA: the key/value head of query head h (indexed, never copied)

@@ -64,6 +64,16 @@ class Route:
 
 
 # [doc:registry-table]
+def tensorcore_routes(half: ModuleType, tf32: ModuleType, ffma: ModuleType) -> tuple[Route, ...]:
+    """The ``tensorcore`` variant of a pass, the same rule forward and backward: the half kernel where it
+    ``handles`` the problem, else the 3xTF32 one where it does, else the FFMA kernel."""
+    return (
+        Route(half, "float16 / bfloat16, even d <= 128 (m16n8k16)", half.handles),
+        Route(tf32, "d <= 128 (3xTF32)", tf32.handles),
+        Route(ffma, "d > 128 (FFMA)"),
+    )
+
+
 #: (algorithm, pass, variant) -> kernel module (or, for a variant of several kernels, its routes, tried
 #: in order: the first whose rule holds runs), and the paper algorithm it implements.
 KERNELS: dict[tuple[str, str, str], ModuleType | tuple[Route, ...]] = {
@@ -75,18 +85,10 @@ KERNELS: dict[tuple[str, str, str], ModuleType | tuple[Route, ...]] = {
     ("flash1", "backward", "fast"): fast_alg4_backward,
     ("flash2", "forward", "readable"): fa2_forward,  # FA2 Algorithm 1
     ("flash2", "forward", "fast"): fast_fa2_forward,
-    ("flash2", "forward", "tensorcore"): (
-        Route(fa2_forward_half, "float16 / bfloat16, even d <= 128 (m16n8k16)", fa2_forward_half.handles),
-        Route(fa2_forward_tf32, "d <= 128 (3xTF32)", fa2_forward_tf32.handles),
-        Route(fast_fa2_forward, "d > 128 (FFMA)"),
-    ),
+    ("flash2", "forward", "tensorcore"): tensorcore_routes(fa2_forward_half, fa2_forward_tf32, fast_fa2_forward),
     ("flash2", "backward", "readable"): fa2_backward,  # FA2 Algorithm 2
     ("flash2", "backward", "fast"): fast_fa2_backward,
-    ("flash2", "backward", "tensorcore"): (
-        Route(fa2_backward_half, "float16 / bfloat16, even d <= 128 (m16n8k16)", fa2_backward_half.handles),
-        Route(fa2_backward_tf32, "d <= 128 (3xTF32)", fa2_backward_tf32.handles),
-        Route(fast_fa2_backward, "d > 128 (FFMA)"),
-    ),
+    ("flash2", "backward", "tensorcore"): tensorcore_routes(fa2_backward_half, fa2_backward_tf32, fast_fa2_backward),
 }
 # [/doc:registry-table]
 

@@ -245,3 +245,21 @@ def test_auto_trains_fa2_with_the_tensor_core_pair_on_a_gpu():
     fwd, bwd = (registry.auto_variant("flash2", p) for p in registry.PASSES)
     want = "tensorcore" if registry.KERNELS["flash2", "forward", "tensorcore"][0].module.available() else "fast"  # mma.sync: 8.0+
     assert (fwd, bwd) == (want, want)
+
+
+PLANNED = sorted({e.module for e in ENTRIES if hasattr(e.module, "plan") and hasattr(e.module, "default_features")},
+                 key=lambda m: m.__name__)
+
+
+@pytest.mark.parametrize("module", PLANNED, ids=lambda m: m.__name__)
+def test_a_features_dict_with_an_unknown_switch_raises_and_names_it(rng, module):
+    # Dev: MAXREG and Q_BATCH were the FFMA kernels' switches until no default route turned them on: gone, they are unknown
+    q, k, v = make_qkv(rng, 1, 24, 24, 1, 1, 16)
+    if module.__name__.endswith("_half"):  # the half kernels' route: float16 / bfloat16 inputs
+        q, k, v = (x.astype(np.float16) for x in (q, k, v))
+    prob = check_attention_args(q, k, v, 0.0, None, False, 0)
+    for name in ("NO_SUCH_SWITCH", "MAXREG", "Q_BATCH"):
+        if name in module.default_features():
+            continue
+        with pytest.raises(ValueError, match=name):
+            module.plan(prob, features={name: 1})

@@ -123,10 +123,6 @@
 #                beside in the first round, a second round without) -> OUTDIR/warp_skip_d{128,64}_{1,2}.json/.log
 #   warp_skip_tests  its GPU tests, with those of the causal default tilings, the key-block order, STAGE_O_STEP and the
 #                cp.async forward -> OUTDIR/warp_skip_tests.txt
-#   q_batch      the FFMA forward's line 4 with one load in flight or eight (Q_BATCH; fa2_sweep fast-qb1 / fast-qb8, N 512 /
-#                1k / 4k, d 64 and 128, causal and not, SDPA beside in the first round, a second round without), then its GPU
-#                tests and the 3xTF32 kernels' (sharp softmax, WIDE, the backward, Q_ASYNC) -> OUTDIR/q_batch_{1,2}.json/.log,
-#                q_batch_tests.txt
 #   split_kv     the 3xTF32 forward's K_j, V_j split into tf32 parts once per block in SRAM (SPLIT_KV) against by every
 #                warp: the default tilings (fa2_sweep tc-skv0 / tc-skv1, d 128, N 512 to 16k, causal and not) and, causal,
 #                8 x 2 x 16 with it (tc-cp-8x2x16-skv1); SDPA beside in the first round, a second round without; then its
@@ -409,14 +405,6 @@ for s in "${steps[@]}"; do
       step kv_async.log timeout 330 python3 -m bench.tf32_bwd_sweep --seqlens 1024 4096 --headdims 128 64 \
         --no-fwdbwd --rounds 2 --tilings default-kv0 default-kv1 --out "$out/kv_async.json"
       grep "^bwd" "$out/kv_async.log" ;;
-    q_batch)
-      for r in 1 2; do
-        step "q_batch_$r.log" timeout 200 python3 -m bench.fa2_sweep --seqlens 512 1024 4096 --headdims 64 128 \
-          --variants fast-qb1 fast-qb8 --repeats 20 $([ "$r" = 2 ] && echo --no-check --no-baselines) --out "$out/q_batch_$r.json"
-      done
-      for r in 1 2; do grep "^forward  fast" "$out/q_batch_$r.log"; done
-      step q_batch_tests.txt timeout 330 python3 -m pytest -q -p no:cacheprovider -rfE -n 12 -m gpu tests/kernels/test_fast_forward_q_batch.py \
-        tests/kernels/test_sharp_softmax.py tests/kernels/test_tc_wide.py tests/kernels/test_tf32_backward.py tests/kernels/test_tc_forward_q_async.py ;;
     split_kv)
       for r in 1 2; do
         step "split_kv_noncausal_$r.log" timeout 240 python3 -m bench.fa2_sweep --seqlens 512 1024 2048 4096 8192 16384 --headdims 128 \
@@ -639,7 +627,7 @@ for s in "${steps[@]}"; do
       grep "^bwd" "$out/qdo_pairs_long.log" ;;
     pairs_default)
       step pairs_default_tests.txt timeout 400 python3 -m pytest -v -p no:cacheprovider -rfE --tb=short -n 8 \
-        tests/kernels/test_tf32_backward_split_qdo.py tests/kernels/test_tc_forward_split_kv.py tests/kernels/test_fast_forward_q_batch.py
+        tests/kernels/test_tf32_backward_split_qdo.py tests/kernels/test_tc_forward_split_kv.py tests/kernels/test_scaled_q_loader.py
       tail -n 60 "$out/pairs_default_tests.txt" ;;
     short_cells)
       if ncu_found; then

@@ -10,6 +10,7 @@ from numba import cuda, float32
 
 from .._launch import Problem, bh_grid, ceil_div
 from ..runtime import smem as _smem
+from .grid import folded_batch_head
 
 #: Threads per block of the pre-pass: one per query row.
 PREPASS_THREADS = 128
@@ -19,9 +20,7 @@ PREPASS_THREADS = 128
 def preprocess_kernel(gO, gdO, gD):
     """D = rowsum(dO o O): thread per row; grid (ceil(N_q / 128), b h). gD is (b, h, N_q)."""
     nheads = gO.shape[2]
-    bh = cuda.blockIdx.y + cuda.gridDim.y * cuda.blockIdx.z  # Dev: b*h folded over grid y, z (y <= 65535)
-    b = bh // nheads
-    h = bh % nheads
+    _, b, h = folded_batch_head(nheads)  # Dev: b*h folded over grid y, z (y <= 65535)
     row = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
     if row < gO.shape[1] and b < gO.shape[0]:
         # [doc:fa2-bwd-preprocess]

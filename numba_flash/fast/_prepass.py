@@ -37,6 +37,7 @@ from numba import cuda, float32
 
 from .._launch import Problem, bh_grid, ceil_div
 from ..device.constants import FULL_MASK
+from ..device.grid import folded_batch_head
 from ..runtime import backend as _backend
 from ..runtime import smem as _smem
 from ..tensorcore import ptx
@@ -98,9 +99,7 @@ def make_prepass(KIND, ZERO_DQ: bool, SIM: bool, RPW: int):
     def prepass(gO, gdO, gD, gdQ):
         sx = cuda.shared.array(SXN, float32)  # the simulator's reduction scratch (unused on a GPU)
         nheads = gO.shape[2]
-        bh = cuda.blockIdx.y + cuda.gridDim.y * cuda.blockIdx.z  # Dev: b*h folded over grid y, z (y <= 65535)
-        b = bh // nheads
-        h = bh % nheads
+        _, b, h = folded_batch_head(nheads)  # Dev: b*h folded over grid y, z (y <= 65535)
         # [doc:fast-prepass]
         tid = cuda.threadIdx.x
         lane = tid % LANES

@@ -29,6 +29,7 @@ make_row_reductions  rowmax S and rowsum P~ over the TPR lanes of a row     FA1 
 make_softmax_p_tile  m_new, e^(m_old - m_new), P~ = exp2(S - m_new), l      FA1 / FA2 forward
 make_pv_tile         O_i += P~ V_j (TM x DP/TPR register tile)              FA1 / FA2 forward
 make_natural_stats   base-2 m, l -> the saved m, l (natural units), L       FA1 / FA2 forward
+make_forward_steps   the six above for one tiling, as a tuple               FA1 / FA2 forward
 make_s_dp_p_ds       S, dP~ (register tiles); P, P o Z, tau dS to SRAM      FA1 / FA2 backward
 make_row_stats       the saved m, l (or L) -> M, 1/l for P = exp2(S - M)/l  FA1 / FA2 backward
 make_dv_dk_update    dV_j += P~^T dO_i and dK_j += tau dS^T Q_i             FA1 / FA2 backward
@@ -67,6 +68,16 @@ def min_keep_nan(x, cap):
     return cap if x > cap else x
 
 
+@cuda.jit(device=True, inline="always")
+def load4(smem, addr, r, a):
+    """``r[4 a .. 4 a + 3] = smem[addr .. addr + 3]``: four consecutive SRAM floats into a register tile (one 16-byte
+    load where ``addr`` is a multiple of 4 and the SRAM is 16-byte aligned, ``VEC``)."""
+    r[4 * a] = smem[addr]
+    r[4 * a + 1] = smem[addr + U1]
+    r[4 * a + 2] = smem[addr + U2]
+    r[4 * a + 3] = smem[addr + U3]
+
+
 def _shuffle_offsets(TPR: int):
     offs = []
     s = TPR // 2
@@ -99,11 +110,7 @@ def make_qkt_tile(TM: int, TN: int, NK4: int, RG: int, TPR: int, SQ: int):
         for k4 in range(NK4):
             kk = U(k4) * U4
             for a in range(TM):
-                qa = qbase + (rg + uRG * U(a)) * uSQ + kk
-                rq[4 * a] = smem[qa]
-                rq[4 * a + 1] = smem[qa + U1]
-                rq[4 * a + 2] = smem[qa + U2]
-                rq[4 * a + 3] = smem[qa + U3]
+                load4(smem, qbase + (rg + uRG * U(a)) * uSQ + kk, rq, a)
             for bb in range(TN):
                 ka = kbase + (tc + uTPR * U(bb)) * uSQ + kk
                 k0 = smem[ka]
@@ -277,11 +284,7 @@ def make_pv_tile(TM: int, DV: int, NC4: int, RG: int, TPR: int, SQ: int, SPS: in
         for c4 in range(NC4):
             cc = U(c4) * U4
             for a in range(TM):
-                pa = pbase + (rg + uRG * U(a)) * uSPS + cc
-                rp[4 * a] = smem[pa]
-                rp[4 * a + 1] = smem[pa + U1]
-                rp[4 * a + 2] = smem[pa + U2]
-                rp[4 * a + 3] = smem[pa + U3]
+                load4(smem, pbase + (rg + uRG * U(a)) * uSPS + cc, rp, a)
             for cx in range(4):
                 for ev in range(DV):
                     va = vbase + (cc + U(cx)) * uSQ + U4 * tc + U(4 * TPR) * U(ev)
@@ -354,6 +357,19 @@ def make_natural_stats():
     return natural_stats
 
 
+def make_forward_steps(TM: int, TN: int, DV: int, RG: int, TPR: int, DP: int, SQ: int, SPS: int, W: int, CAUSAL: bool,
+                       DROPOUT: bool, SHFL: bool, SCALE_KEPT: bool):
+    """The forward steps above for one tiling, as both FFMA forwards take them: ``(qkt_tile, mask_tile, row_max_tile,
+    row_sum_lanes, softmax_p_tile, pv_tile, natural_stats)``. ``W``: the key columns of one S tile (FA2's ``Bc``, FA1's
+    chunk ``BCC``), so ``W / 4`` 4-key steps of ``P~ V`` and ``DP / 4`` 4-column steps of ``Q K^T``."""
+    NK4 = DP // 4  # 4-column steps of Q K^T (16-byte loads)
+    NC4 = W // 4  # 4-key steps of P~ V
+    row_max_tile, row_sum_lanes = make_row_reductions(TM, TN, RG, TPR, SHFL)
+    return (make_qkt_tile(TM, TN, NK4, RG, TPR, SQ), make_mask_tile(TM, TN, RG, TPR, W, CAUSAL), row_max_tile,
+            row_sum_lanes, make_softmax_p_tile(TM, TN, RG, TPR, SPS, DROPOUT, SCALE_KEPT),
+            make_pv_tile(TM, DV, NC4, RG, TPR, SQ, SPS), make_natural_stats())
+
+
 # ---------------------------------------------------------------------------------------------
 # Backward (FA1 Alg.4 L11-L24, FA2 Alg.2 L10-L18)
 # ---------------------------------------------------------------------------------------------
@@ -395,10 +411,7 @@ def make_s_dp_p_ds(TM: int, TN: int, NK4: int, RG: int, TPR: int, SQ: int, SP: i
                 rq[4 * a + 1] = smem[OFF_Q + qa + U1] * c
                 rq[4 * a + 2] = smem[OFF_Q + qa + U2] * c
                 rq[4 * a + 3] = smem[OFF_Q + qa + U3] * c
-                rdo[4 * a] = smem[OFF_DO + qa]
-                rdo[4 * a + 1] = smem[OFF_DO + qa + U1]
-                rdo[4 * a + 2] = smem[OFF_DO + qa + U2]
-                rdo[4 * a + 3] = smem[OFF_DO + qa + U3]
+                load4(smem, OFF_DO + qa, rdo, a)
             for bb in range(TN):
                 ka = (tc + uTPR * U(bb)) * uSQ + kk
                 k0 = smem[OFF_K + ka]

@@ -93,6 +93,7 @@ from .._launch import ForwardOutput, KernelLaunch, Problem
 from ..device.constants import FULL_MASK as _FULL_MASK
 from ..device.constants import LOG2E, U
 from ..device.dropout import head_key, row_key
+from ..device.grid import batch_head
 from ..runtime import backend as _backend
 from ..runtime import smem as _smem
 from . import _plan, _regtile, _tiles
@@ -145,12 +146,12 @@ def smem_floats(NW, WS, TM, TPR, BCC, NCH, DP, shfl=True) -> int:
 
 
 @functools.cache
-def alg1_forward_fast_kernel(NW: int, WS: int, TM: int, TPR: int, BCC: int, NCH: int, DP: int, CAUSAL: bool, DROPOUT: bool, SHFL: bool, VEC: bool, MAXREG=None):
+def alg1_forward_fast_kernel(NW: int, WS: int, TM: int, TPR: int, BCC: int, NCH: int, DP: int, CAUSAL: bool, DROPOUT: bool, SHFL: bool, VEC: bool):
     """The fast FA1 forward kernel for one specialization (see the module docstring).
 
     ``SHFL``: row reductions by warp shuffles and worker-private barriers by ``syncwarp`` (GPU); without
     it reductions go through SRAM and every barrier is a block barrier (the simulator, which has no
-    warps). ``VEC``: 16-byte aligned SRAM (16-byte loads). ``MAXREG``: register cap (GPU only).
+    warps). ``VEC``: 16-byte aligned SRAM (16-byte loads).
 
     Kernel arguments: ``gQ (b, s_q, h, d)``, ``gK, gV (b, s_k, h_k, d)``, outputs ``gO (b, s_q, h, d)``,
     ``gl, gm, glse (b, h, s_q)``; ``scale_log2 = tau log2 e``, ``group = h // h_k``, ``causal_offset``,
@@ -193,8 +194,6 @@ def alg1_forward_fast_kernel(NW: int, WS: int, TM: int, TPR: int, BCC: int, NCH:
     NS = TM * TN  # rS: the TM x TN tile of an S_ij chunk
     NO = TM * DV * 4  # rO: the TM x (DP / TPR) tile of O_i
     NQ = TM * 4  # rq, rp: one 4-column step of Q_i (or P~) for the TM rows
-    NK4 = DP // 4  # 4-column steps of Q K^T (16-byte loads)
-    NC4 = BCC // 4  # 4-key steps of P~ V (one chunk)
     NEG_INF = float32(-math.inf)
 
     # K_j, V_j: HBM -> registers (NLKV floats each per thread) -> SRAM, by the whole block
@@ -204,17 +203,12 @@ def alg1_forward_fast_kernel(NW: int, WS: int, TM: int, TPR: int, BCC: int, NCH:
     NLQ_EXACT = BR * DP % WS == 0
     uBRDP = U(BR * DP)
 
-    qkt_tile = _regtile.make_qkt_tile(TM, TN, NK4, RGW, TPR, SQ)
-    mask_tile = _regtile.make_mask_tile(TM, TN, RGW, TPR, BCC, CAUSAL)
-    row_max_tile, row_sum_lanes = _regtile.make_row_reductions(TM, TN, RGW, TPR, not SRAM_REDUCE)
-    softmax_p_tile = _regtile.make_softmax_p_tile(TM, TN, RGW, TPR, SPS, DROPOUT, True)
-    pv_tile = _regtile.make_pv_tile(TM, DV, NC4, RGW, TPR, SQ, SPS)
-    natural_stats = _regtile.make_natural_stats()
-
-    jit_options = {} if MAXREG is None else {"max_registers": MAXREG}
+    # Dev: dropout's 1/(1-p) on each kept P~ (FA1 Alg.2 L14)
+    qkt_tile, mask_tile, row_max_tile, row_sum_lanes, softmax_p_tile, pv_tile, natural_stats = _regtile.make_forward_steps(
+        TM, TN, DV, RGW, TPR, DP, SQ, SPS, BCC, CAUSAL, DROPOUT, not SRAM_REDUCE, True)
 
     # [doc:alg1-fast-kernel]
-    @cuda.jit(fastmath=False, **jit_options)
+    @cuda.jit(fastmath=False)
     def kernel(gQ, gK, gV, gO, gl, gm, glse, scale_log2, group, causal_offset, seed, threshold, dropout_scale):
         smem = cuda.shared.array(0, float32, alignment=ALIGN)  # all tiles; offsets OFF_*
         rS = cuda.local.array(NS, float32)  # S_ij chunk (registers)
@@ -240,9 +234,7 @@ def alg1_forward_fast_kernel(NW: int, WS: int, TM: int, TPR: int, BCC: int, NCH:
         s_k = gK.shape[1]
         nheads = gQ.shape[2]
         d = gQ.shape[3]
-        bh = cuda.blockIdx.x  # FA1: one thread block per (batch, head)
-        b = bh // nheads
-        h = bh % nheads
+        bh, b, h = batch_head(nheads)  # FA1: one thread block per (batch, head)
         hk = h // group  # GQA/MQA: the key/value head of query head h
         ub, uh, uhk = U(b), U(h), U(hk)  # Dev: unsigned HBM indices: no negative-index wrap-around code
         k_bh = head_key(seed, bh) if DROPOUT else uint64(0)
@@ -399,7 +391,7 @@ def alg1_forward_fast_kernel(NW: int, WS: int, TM: int, TPR: int, BCC: int, NCH:
 def default_features() -> dict:
     """Shuffles, warp barriers and 16-byte loads on a GPU only."""
     gpu = not _backend.is_simulator()
-    return {"SHFL": gpu, "VEC": gpu, "MAXREG": None}
+    return {"SHFL": gpu, "VEC": gpu}
 
 
 def plan(prob: Problem, block_sizes=None, config=None, features=None):
@@ -414,7 +406,7 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None):
         raise ValueError(f"block_sizes: tiles {cfg} need {nbytes} bytes of shared memory at d={prob.headdim}; "
                          f"the device allows {_smem.max_optin_bytes()}")
     kernel = alg1_forward_fast_kernel(NW, WS, TM, TPR, BCC, NCH, DP, prob.causal, prob.dropout_p > 0,
-                                      feats["SHFL"], feats["VEC"], None if _backend.is_simulator() else feats["MAXREG"])
+                                      feats["SHFL"], feats["VEC"])
     return kernel, (prob.batch * prob.nheads,), NW * WS, nbytes, cfg
 
 

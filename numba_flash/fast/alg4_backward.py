@@ -99,6 +99,7 @@ from .._launch import KernelLaunch, Problem
 from ..device.constants import LOG2E, U
 from ..device.dropout import head_key, row_key
 from ..device.gqa import group_sum, per_head_grads
+from ..device.grid import batch_head
 from ..runtime import backend as _backend
 from ..runtime import smem as _smem
 from . import _plan, _regtile
@@ -123,14 +124,14 @@ def smem_floats(NT, BR, BC, DP):
 
 
 @functools.cache
-def alg4_backward_fast_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool, DROPOUT: bool, FROM_LSE: bool, VEC: bool = True, MAXREG=None):
+def alg4_backward_fast_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool, DROPOUT: bool, FROM_LSE: bool, VEC: bool = True):
     """Compile (once per configuration) the fast Algorithm 4 kernel.
 
     Kernel arguments: ``gQ, gO, gdO (b, s_q, h, d)``, ``gK, gV (b, s_k, h_k, d)``, ``gm, gl (b, h, s_q)``
     (``FROM_LSE``: ``gm`` is the logsumexp ``L`` and ``l = 1``, so line 13's P is ``exp(S - L)``),
     scratch ``gDs (b, h, s_q)`` (D_i), outputs ``gdQ (b, s_q, h, d)``, ``gdK, gdV (b, s_k, h, d)``
     (per query head); ``tau``, ``group``, ``causal_offset``, dropout ``seed``, ``threshold``,
-    ``dropout_scale``. ``VEC``: 16-byte aligned SRAM (not in the simulator). ``MAXREG``: register cap (GPU).
+    ``dropout_scale``. ``VEC``: 16-byte aligned SRAM (not in the simulator).
 
     Symbol table (paper symbol -> variable -> memory space):
 
@@ -172,7 +173,6 @@ def alg4_backward_fast_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool, 
     NQ2 = TM2 * DX2  # rdQ, rdQo: TM2 rows x DX2 columns of dQ_i
     ALIGN = 16 if VEC else None
     ZERO = float32(0.0)
-    jit_options = {} if MAXREG is None else {"max_registers": MAXREG}
 
     @cuda.jit(device=True, inline="always")
     def row_stats(gm, gl, gO, gdO, gDs, b, h, row, s_q, d, first_pass):
@@ -199,7 +199,7 @@ def alg4_backward_fast_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool, 
     store_dk_dv = _regtile.make_store_dk_dv(NQC, CW, CG, DVX, XT)
 
     # [doc:alg4-fast-kernel]
-    @cuda.jit(fastmath=False, **jit_options)
+    @cuda.jit(fastmath=False)
     def kernel(gQ, gK, gV, gO, gdO, gm, gl, gDs, gdQ, gdK, gdV, tau, group, causal_offset, seed, threshold, dropout_scale):
         smem = cuda.shared.array(0, float32, alignment=ALIGN)  # all tiles; offsets OFF_*
         c = float32(tau * LOG2E)  # Dev: the forward's Q scale tau log2 e, rounded as the host rounded it for the forward
@@ -229,9 +229,7 @@ def alg4_backward_fast_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool, 
         s_q = gQ.shape[1]
         s_k = gK.shape[1]
         d = gQ.shape[3]
-        bh = cuda.blockIdx.x  # = batch * nheads + query head: also the dropout hash's head index
-        b = bh // nheads
-        h = bh % nheads
+        bh, b, h = batch_head(nheads)  # bh = batch * nheads + query head: also the dropout hash's head index
         hk = h // group  # the key/value head this query head reads (GQA/MQA)
         ub, uh, uhk = U(b), U(h), U(hk)
         cy = tid // uXT
@@ -348,7 +346,7 @@ def alg4_backward_fast_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool, 
 
 def default_features() -> dict:
     """Kernel features used on this backend: 16-byte aligned SRAM on a GPU only."""
-    return {"VEC": not _backend.is_simulator(), "MAXREG": None}
+    return {"VEC": not _backend.is_simulator()}
 
 
 def plan(prob: Problem, block_sizes=None, config=None, features=None, from_lse=False):
@@ -357,10 +355,9 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None, from_lse=F
     NT, BR, BC, DP = cfg
     derived(NT, BR, BC, DP)
     feats = _plan.checked_features(default_features(), features)
-    maxreg = feats["MAXREG"] if not _backend.is_simulator() else None
     nbytes = 4 * smem_floats(NT, BR, BC, DP)
     _plan.check_sram(nbytes, BR, BC, prob.headdim)
-    kernel = alg4_backward_fast_kernel(NT, BR, BC, DP, bool(prob.causal), prob.dropout_p > 0, bool(from_lse), feats["VEC"], maxreg)
+    kernel = alg4_backward_fast_kernel(NT, BR, BC, DP, bool(prob.causal), prob.dropout_p > 0, bool(from_lse), feats["VEC"])
     return kernel, prob.batch * prob.nheads, NT, nbytes, cfg
 
 
@@ -386,7 +383,7 @@ def backward(dout, q, k, v, out, fwd, prob: Problem, alloc, block_sizes=None, de
 
     Same contract as :func:`numba_flash.alg4_backward.backward` (``fwd.m, fwd.l`` from the FA1 forward,
     or the logsumexp ``fwd.lse`` alone). Always deterministic (no atomics). ``config=(NT, Br, Bc, DP)``
-    and ``features`` (dict of ``VEC``, ``MAXREG``) override the tiling and kernel features.
+    and ``features`` (dict of ``VEC``) override the tiling and kernel features.
     """
     from_lse = fwd.m is None or fwd.l is None
     kernel, grid, NT, nbytes, _ = plan(prob, block_sizes, config, features, from_lse)

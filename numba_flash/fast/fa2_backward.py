@@ -45,7 +45,6 @@ version (d = 64, non-causal, backward only)            ms              TFLOP/s
 =====================================================  ==============  ==============
 readable kernel (:mod:`numba_flash.fa2_backward`)      508.0           2.7
 register-blocked, 64 x 64 (186 regs, 1 block/SM)       57.6            23.8
-same, 128-register cap (2 blocks/SM, 80 B spill)       50.6            27.2
 64 x 128 (half the dQ atomics; the d <= 64 default)    47.5            28.9 (57% SGEMM)
 deterministic (64 x 64, + the dQ kernel)               78.2            17.6
 =====================================================  ==============  ==============
@@ -102,6 +101,7 @@ from numba import cuda, float32, uint64
 from .._launch import KernelLaunch, Problem, bh_grid, ceil_div
 from ..device.constants import LOG2E, U
 from ..device.dropout import head_key, row_key
+from ..device.grid import folded_batch_head
 from ..device.prepass import allocate_grads
 from ..runtime import backend as _backend
 from ..runtime import smem as _smem
@@ -191,7 +191,7 @@ def _device_functions(NT, BR, BC, DP, CAUSAL, DROPOUT):
     SQ = DP + 4  # row stride (floats) of the Q_i, dO_i, K_j, V_j tiles
     SP = BC + 4  # row stride of the P and dS tiles
     uSQ, uSP, uRG2, uTPR2 = U(SQ), U(SP), U(RG2), U(TPR2)
-    U1, U2, U3, U4 = U(1), U(2), U(3), U(4)
+    U4 = U(4)
     # Offsets (floats) of the tiles in the one dynamic SRAM array `smem` (both kernels):
     OFF_Q = U(0)  # Q_i: (Br, SQ), zero-padded to DP columns and past N_q
     OFF_DO = U(BR * SQ)  # dO_i: (Br, SQ)
@@ -222,11 +222,7 @@ def _device_functions(NT, BR, BC, DP, CAUSAL, DROPOUT):
         for c4 in range(NC4):
             cc = U(c4) * U4
             for a in range(TM2):
-                da = OFF_DS + (rg2 + uRG2 * U(a)) * uSP + cc
-                rds[4 * a] = smem[da]
-                rds[4 * a + 1] = smem[da + U1]
-                rds[4 * a + 2] = smem[da + U2]
-                rds[4 * a + 3] = smem[da + U3]
+                _regtile.load4(smem, OFF_DS + (rg2 + uRG2 * U(a)) * uSP + cc, rds, a)
             for cx in range(4):
                 for e in range(DX2):
                     kv = smem[OFF_K + (cc + U(cx)) * uSQ + tc2 + uTPR2 * U(e)]
@@ -241,7 +237,7 @@ def _device_functions(NT, BR, BC, DP, CAUSAL, DROPOUT):
 
 
 @functools.cache
-def fa2_backward_fast_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool, DROPOUT: bool, ATOMIC_DQ: bool, VEC: bool = True, PREFETCH: bool = True, MAXREG=None, FROM_LSE: bool = False,
+def fa2_backward_fast_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool, DROPOUT: bool, ATOMIC_DQ: bool, VEC: bool = True, PREFETCH: bool = True, FROM_LSE: bool = False,
                              HEAD_SUMS: bool = False):
     """The main (column-block) fast backward kernel: dK, dV, and with ``ATOMIC_DQ`` the atomic dQ adds.
 
@@ -251,7 +247,7 @@ def fa2_backward_fast_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool, D
     forward's Q scale: S is recomputed in base 2 as the forward computed it), ``group``,
     ``causal_offset``, dropout ``seed``, ``threshold``, ``dropout_scale``.
     ``VEC``: 16-byte aligned SRAM (16-byte loads; not in the simulator). ``PREFETCH``: issue the
-    loads of ``Q_{i+1}, dO_{i+1}`` before the compute on ``Q_i, dO_i``. ``MAXREG``: register cap (GPU).
+    loads of ``Q_{i+1}, dO_{i+1}`` before the compute on ``Q_i, dO_i``.
     ``HEAD_SUMS`` (GQA): ``dK_j, dV_j`` summed a query head at a time in registers and the heads' sums added in
     HBM (:func:`default_features`).
 
@@ -293,10 +289,9 @@ def fa2_backward_fast_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool, D
     NQ2 = TM2 * DX2  # rdQ: TM2 rows x DX2 columns of dQ_i
     ALIGN = 16 if VEC else None
     ZERO = float32(0.0)
-    jit_options = {} if MAXREG is None else {"max_registers": MAXREG}
 
     # [doc:fa2-fast-bwd-kernel]
-    @cuda.jit(fastmath=False, **jit_options)
+    @cuda.jit(fastmath=False)
     def kernel(gQ, gK, gV, gdO, gm, gl, gD, gdQ, gdK, gdV, tau, c1, group, causal_offset, seed, threshold, dropout_scale):
         smem = cuda.shared.array(0, float32, alignment=ALIGN)  # all tiles; offsets OFF_*
         tau = float32(tau)  # Dev: float32 scalars, so no float64 arithmetic creeps into the tile loops
@@ -326,9 +321,7 @@ def fa2_backward_fast_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool, D
         s_q = gQ.shape[1]
         s_k = gK.shape[1]
         d = gQ.shape[3]
-        bhk = cuda.blockIdx.y + cuda.gridDim.y * cuda.blockIdx.z  # Dev: b*h_k folded over grid y, z (y <= 65535)
-        b = bhk // nheads_k
-        hk = bhk % nheads_k
+        _, b, hk = folded_batch_head(nheads_k)  # Dev: b*h_k folded over grid y, z (y <= 65535)
         if b >= gQ.shape[0]:
             return  # Dev: past b*h_k in the last z slab of the fold
         ub, uhk = U(b), U(hk)
@@ -439,7 +432,7 @@ def fa2_backward_fast_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool, D
 
 
 @functools.cache
-def fa2_backward_fast_dq_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool, DROPOUT: bool, VEC: bool = True, PREFETCH: bool = True, MAXREG=None, FROM_LSE: bool = False):
+def fa2_backward_fast_dq_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool, DROPOUT: bool, VEC: bool = True, PREFETCH: bool = True, FROM_LSE: bool = False):
     """The deterministic dQ kernel: one block per (query block, batch, head), dQ_i in registers.
 
     It re-runs lines 10-15 with the loops swapped (query block outer, key blocks inner, as the FA2
@@ -464,9 +457,8 @@ def fa2_backward_fast_dq_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool
     NTM4, NTM24 = TM * 4, TM2 * 4  # rq/rdo: a 4-column step of TM rows; rds4: of TM2 rows
     NQ2 = TM2 * DX2  # rdQ: TM2 rows x DX2 columns of dQ_i
     ALIGN = 16 if VEC else None
-    jit_options = {} if MAXREG is None else {"max_registers": MAXREG}
 
-    @cuda.jit(fastmath=False, **jit_options)
+    @cuda.jit(fastmath=False)
     def kernel(gQ, gK, gV, gdO, gm, gl, gD, gdQ, tau, c1, group, causal_offset, seed, threshold, dropout_scale):
         smem = cuda.shared.array(0, float32, alignment=ALIGN)
         tau = float32(tau)  # Dev: float32 scalars (no float64 arithmetic in the tile loops)
@@ -489,9 +481,7 @@ def fa2_backward_fast_dq_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool
         s_q = gQ.shape[1]
         s_k = gK.shape[1]
         d = gQ.shape[3]
-        bh = cuda.blockIdx.y + cuda.gridDim.y * cuda.blockIdx.z  # Dev: b*h folded over grid y, z (y <= 65535)
-        b = bh // nheads
-        h = bh % nheads
+        _, b, h = folded_batch_head(nheads)  # Dev: b*h folded over grid y, z (y <= 65535)
         if b >= gQ.shape[0]:
             return  # Dev: past b*h in the last z slab of the fold
         hk = h // group
@@ -553,7 +543,7 @@ def default_features() -> dict:
     edge"). Per head it costs ``G - 1`` read-modify-writes of the ``Bc x d`` tiles per block and no register; MHA
     kernels are compiled without it."""
     gpu = not _backend.is_simulator()
-    return {"VEC": gpu, "PREFETCH": True, "MAXREG": None, "HEAD_SUMS": None}
+    return {"VEC": gpu, "PREFETCH": True, "HEAD_SUMS": None}
 
 
 def plan(prob: Problem, block_sizes=None, config=None, features=None, deterministic=False, from_lse=False):
@@ -565,15 +555,14 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None, determinis
     NT, BR, BC, DP = cfg
     derived(NT, BR, BC, DP)
     feats = _plan.checked_features(default_features(), features)
-    maxreg = feats["MAXREG"] if not _backend.is_simulator() else None
     nbytes = 4 * smem_floats(NT, BR, BC, DP)
     _plan.check_sram(nbytes, BR, BC, prob.headdim)
     dropout = prob.dropout_p > 0
     Tr, Tc = _split(prob, cfg)
     head_sums = prob.group > 1 if feats["HEAD_SUMS"] is None else bool(feats["HEAD_SUMS"])
-    main = fa2_backward_fast_kernel(NT, BR, BC, DP, prob.causal, dropout, not deterministic, feats["VEC"], feats["PREFETCH"], maxreg, bool(from_lse),
+    main = fa2_backward_fast_kernel(NT, BR, BC, DP, prob.causal, dropout, not deterministic, feats["VEC"], feats["PREFETCH"], bool(from_lse),
                                     head_sums)
-    dqk = fa2_backward_fast_dq_kernel(NT, BR, BC, DP, prob.causal, dropout, feats["VEC"], feats["PREFETCH"], maxreg, bool(from_lse)) if deterministic else None
+    dqk = fa2_backward_fast_dq_kernel(NT, BR, BC, DP, prob.causal, dropout, feats["VEC"], feats["PREFETCH"], bool(from_lse)) if deterministic else None
     return main, bh_grid(Tc, prob.batch * prob.nheads_k), dqk, bh_grid(Tr, prob.batch * prob.nheads), NT, nbytes
 
 
@@ -609,7 +598,7 @@ def backward(dout, q, k, v, out, fwd, prob: Problem, alloc, block_sizes=None, de
 
     ``deterministic=True`` computes dQ with :func:`fa2_backward_fast_dq_kernel` instead of atomic adds:
     bitwise reproducible. ``config=(NT, Br, Bc, DP)`` and ``features`` (dict of ``VEC``, ``PREFETCH``,
-    ``MAXREG``) override the tiling and kernel features (the sweep uses them).
+    ``HEAD_SUMS``) override the tiling and kernel features (the sweep uses them).
     """
     from_lse = fwd.m is None or fwd.l is None
     main, grid, dqk, grid_dq, NT, nbytes = plan(prob, block_sizes, config, features, deterministic, from_lse)

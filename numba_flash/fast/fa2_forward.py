@@ -77,6 +77,7 @@ from .._launch import ForwardOutput, KernelLaunch, Problem, bh_grid, ceil_div
 from ..device.constants import FULL_MASK as _FULL_MASK
 from ..device.constants import U
 from ..device.dropout import head_key, row_key
+from ..device.grid import folded_batch_head
 from ..runtime import backend as _backend
 from . import _plan, _regtile, _tiles
 
@@ -134,15 +135,14 @@ def smem_floats(NT, TM, TPR, Bc, DP, shfl=True):
 
 
 @functools.cache
-def fa2_forward_fast_kernel(NT: int, TM: int, TPR: int, BC: int, DP: int, CAUSAL: bool, DROPOUT: bool, SHFL: bool, VEC: bool, REVERSE: bool = True, PREFETCH: bool = True, MAXREG=None,
-                            Q_BATCH: int = 1):
+def fa2_forward_fast_kernel(NT: int, TM: int, TPR: int, BC: int, DP: int, CAUSAL: bool, DROPOUT: bool, SHFL: bool, VEC: bool, REVERSE: bool = True, PREFETCH: bool = True):
     """The register-blocked FA2 forward kernel for one specialization (see the module docstring).
 
     ``SHFL``: row max / row sum across the lanes of a row group with warp shuffles (GPU) or through
     SRAM with block barriers (required in the simulator; on a GPU it measures what shuffles buy).
     ``VEC``: declare the SRAM 16-byte aligned so the compiler emits 16-byte loads (not in the
     simulator). ``REVERSE``: run the heaviest causal query blocks first. ``PREFETCH``: issue the
-    loads of ``K_{j+1}, V_{j+1}`` before computing on ``K_j, V_j``. ``MAXREG``: register cap (GPU only).
+    loads of ``K_{j+1}, V_{j+1}`` before computing on ``K_j, V_j``.
 
     Symbol table (paper symbol -> variable -> memory space):
 
@@ -177,26 +177,19 @@ def fa2_forward_fast_kernel(NT: int, TM: int, TPR: int, BC: int, DP: int, CAUSAL
     NS = TM * TN  # rS: the TM x TN tile of S_ij
     NO = TM * DV * 4  # rO: the TM x (DP / TPR) tile of O_i
     NQ = TM * 4  # rq, rp: one 4-column step of Q_i (or P~) for the TM rows
-    NK4 = DP // 4  # 4-column steps of Q K^T (16-byte loads)
-    NC4 = BC // 4  # 4-key steps of P~ V
     NEG_INF = float32(-math.inf)
 
     # K_j, V_j: HBM -> registers (NL floats each per thread) -> SRAM; Q_i: HBM -> SRAM, times tau log2 e
     NL, load_kv, store_kv = _tiles.make_pair_loader(BC, DP, NT, SQ)
-    load_q = _tiles.make_scaled_q_loader(BR, DP, NT, SQ, BATCH=Q_BATCH)
+    load_q = _tiles.make_scaled_q_loader(BR, DP, NT, SQ)
     n_key_blocks, _ = _tiles.make_block_counts(BR, BC, CAUSAL)
 
-    qkt_tile = _regtile.make_qkt_tile(TM, TN, NK4, RG, TPR, SQ)
-    mask_tile = _regtile.make_mask_tile(TM, TN, RG, TPR, BC, CAUSAL)
-    row_max_tile, row_sum_lanes = _regtile.make_row_reductions(TM, TN, RG, TPR, not SRAM_REDUCE)
-    softmax_p_tile = _regtile.make_softmax_p_tile(TM, TN, RG, TPR, SPS, DROPOUT, False)
-    pv_tile = _regtile.make_pv_tile(TM, DV, NC4, RG, TPR, SQ, SPS)
-    natural_stats = _regtile.make_natural_stats()
-
-    jit_options = {} if MAXREG is None else {"max_registers": MAXREG}
+    # Dev: dropout's 1/(1-p) once, at L12 (not on each P~)
+    qkt_tile, mask_tile, row_max_tile, row_sum_lanes, softmax_p_tile, pv_tile, natural_stats = _regtile.make_forward_steps(
+        TM, TN, DV, RG, TPR, DP, SQ, SPS, BC, CAUSAL, DROPOUT, not SRAM_REDUCE, False)
 
     # [doc:fa2-fast-kernel]
-    @cuda.jit(fastmath=False, **jit_options)
+    @cuda.jit(fastmath=False)
     def kernel(gQ, gK, gV, gO, gL, gm, gl, scale_log2, group, causal_offset, seed, threshold, dropout_scale):
         smem = cuda.shared.array(0, float32, alignment=ALIGN)  # all tiles; offsets OFF_*
         scale_log2 = float32(scale_log2)  # Dev: float32, so the backward rounds tau log2 e Q exactly as here
@@ -218,9 +211,7 @@ def fa2_forward_fast_kernel(NT: int, TM: int, TPR: int, BC: int, DP: int, CAUSAL
         s_q = gQ.shape[1]
         s_k = gK.shape[1]
         d = gQ.shape[3]
-        bh = cuda.blockIdx.y + cuda.gridDim.y * cuda.blockIdx.z  # Dev: b*h folded over grid y, z (y <= 65535)
-        b = bh // nheads
-        h = bh % nheads
+        _, b, h = folded_batch_head(nheads)  # Dev: b*h folded over grid y, z (y <= 65535)
         if b >= gQ.shape[0]:
             return  # Dev: past b*h in the last z slab of the fold
         hk = h // group
@@ -230,7 +221,7 @@ def fa2_forward_fast_kernel(NT: int, TM: int, TPR: int, BC: int, DP: int, CAUSAL
         row0 = i * BR
 
         # FA2.1 L4: load Q_i (times tau log2 e: exp2 later) from HBM to SRAM; rows past N_q and columns past d are zero
-        load_q(gQ, smem, OFF_Q, ub, uh, row0, s_q, d, tid, scale_log2)  # HBM read: Br*d (Dev: Q_BATCH loads in flight)
+        load_q(gQ, smem, OFF_Q, ub, uh, row0, s_q, d, tid, scale_log2)  # HBM read: Br*d
         # FA2.1 L5: on chip, O_i = 0, l_i = 0, m_i = -inf
         for a in range(TM * DV * 4):
             rO[a] = float32(0.0)
@@ -317,18 +308,9 @@ def fa2_forward_fast_kernel(NT: int, TM: int, TPR: int, BC: int, DP: int, CAUSAL
 
 
 def default_features() -> dict:
-    """The kernel features used on this backend: shuffles and 16-byte loads on a GPU only. ``Q_BATCH``: how many of a
-    thread's loads of line 4 (``Q_i``) are in flight at once (:func:`numba_flash.fast._tiles.make_scaled_q_loader`;
-    1: each load scaled and stored before the next, one HBM round trip at a time). H100, 8 against 1, two rounds, N 512 /
-    1k / 4k (``docs/results/sweeps/q_batch_h100_a14fd00_{1,2}.json``): 0.977-1.077x at d = 64, 0.989-1.069x at d = 128,
-    causal and not; the rule set before the run (at or above 1.00x in every cell of both rounds) failed in two cells,
-    so the default stays 1."""
+    """The kernel features used on this backend: shuffles and 16-byte loads on a GPU only."""
     gpu = not _backend.is_simulator()
-    return {"SHFL": gpu, "VEC": gpu, "REVERSE": True, "PREFETCH": True, "MAXREG": None, "Q_BATCH": 1}
-
-
-def gpu_only_ok() -> bool:
-    return not _backend.is_simulator()
+    return {"SHFL": gpu, "VEC": gpu, "REVERSE": True, "PREFETCH": True}
 
 
 def tiling(prob: Problem, block_sizes=None, features=None) -> tuple:
@@ -345,8 +327,7 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None):
     Br = (NT // TPR) * TM
     nbytes = 4 * smem_floats(NT, TM, TPR, Bc, DP, feats["SHFL"])
     _plan.check_sram(nbytes, Br, Bc, d)
-    kernel = fa2_forward_fast_kernel(NT, TM, TPR, Bc, DP, prob.causal, prob.dropout_p > 0, feats["SHFL"], feats["VEC"], feats["REVERSE"], feats["PREFETCH"], feats["MAXREG"] if gpu_only_ok() else None,
-                                     int(feats["Q_BATCH"]))
+    kernel = fa2_forward_fast_kernel(NT, TM, TPR, Bc, DP, prob.causal, prob.dropout_p > 0, feats["SHFL"], feats["VEC"], feats["REVERSE"], feats["PREFETCH"])
     grid = bh_grid(ceil_div(prob.seqlen_q, Br), prob.batch * prob.nheads)
     return kernel, grid, NT, nbytes
 

@@ -96,7 +96,7 @@ def test_head_sums_are_on_for_gqa_only():
         NT, BR, BC, DP = fa2_backward.config_for(16)
         main = fa2_backward.plan(prob)[0]
         assert main is fa2_backward.fa2_backward_fast_kernel(NT, BR, BC, DP, False, False, True, f["VEC"], f["PREFETCH"],
-                                                             None, False, want)
+                                                             False, want)
         assert fa2_backward.plan(prob, features={"HEAD_SUMS": not want})[0] is not main
 
 
