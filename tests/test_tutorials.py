@@ -605,3 +605,83 @@ def test_grade_class_script_grades_two_submission_folders(tmp_path):
     assert float(rows["alice", "a10_perf_lab"]["score"]) == 0.0, rows  # the stub: every test run fails
     assert float(rows["bob", "a1_online_softmax"]["score"]) == 0.0 and "rejected" in rows["bob", "a1_online_softmax"]["reason"], rows
     assert "no implementation to grade" in rows["bob", "a10_perf_lab"]["reason"], rows
+
+
+# The sandbox (assignments/sandbox.py): a1, a3 and a4 are graded in a worker process whose audit hook refuses
+# every route to the package. These submissions are loaded past the static check, as if it had missed their
+# gadgets; each reaches for the package's online softmax in another way, and each graded call must be refused.
+_REFERENCE_FILE = REPO / "reference" / "online_softmax.py"
+SANDBOX_RED_TEAM = {
+    "import by a computed name": """
+import importlib
+def init_state(rows, d, dtype=None):
+    return importlib.import_module("numba_flash_" + "reference.online_softmax").identity_state(rows, d)
+""",
+    "the red team's gadgets": RED_TEAM["a1_online_softmax"],
+    "read and run the source": f"""
+def init_state(rows, d, dtype=None):
+    ns = {{}}
+    with open({str(_REFERENCE_FILE)!r}) as f:
+        exec(f.read(), ns)
+    return ns["identity_state"](rows, d)
+""",
+    "unpickle a reference": """
+import pickle
+def init_state(rows, d, dtype=None):
+    return pickle.loads(b"cnumba_flash_reference.online_softmax\\nidentity_state\\n.")(rows, d)
+""",
+    "another process": """
+import subprocess, sys
+def init_state(rows, d, dtype=None):
+    code = "from numba_flash_reference.online_softmax import identity_state as s; print(s(2, 3).m)"
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout
+""",
+    "a file for later": """
+def init_state(rows, d, dtype=None):
+    with open("sitecustomize.py", "w") as f:
+        f.write("import numba_flash")
+    return None
+""",
+}
+
+
+@pytest.fixture(scope="module")
+def course():
+    sys.path.insert(0, str(TUTORIALS))
+    try:
+        from assignments import guard as course_guard
+        from assignments import sandbox
+
+        yield types.SimpleNamespace(guard=course_guard, sandbox=sandbox)
+    finally:
+        sys.path.remove(str(TUTORIALS))
+
+
+@pytest.mark.parametrize("route", sorted(SANDBOX_RED_TEAM))
+def test_the_sandbox_refuses_every_route_to_the_package_past_the_static_check(course, tmp_path, route):
+    path = tmp_path / "a1_online_softmax.py"
+    path.write_text(SANDBOX_RED_TEAM[route])
+    impl = course.sandbox.SandboxedModule(path, "_red_team_a1", "a1_online_softmax")
+    with pytest.raises(course.guard.SubmissionRejected, match="the sandbox refuses"):
+        impl.init_state(4, 8)
+    assert not (tmp_path / "sitecustomize.py").exists()
+
+
+def test_the_sandbox_grades_the_solution_and_brings_back_what_a_call_wrote(course, tmp_path):
+    path = tmp_path / "a1_online_softmax.py"
+    path.write_text(
+        "import numpy as np\n"
+        "def fill(out, counted):\n"
+        "    out[...] = 7.0\n"
+        "    counted[1] = counted[0]\n"
+        "    return out.sum()\n"
+    )
+    import numpy as np
+    from assignments.probes import CountingArray
+
+    impl = course.sandbox.SandboxedModule(path, "_sandboxed_fill", "a1_online_softmax")
+    out, counted = np.zeros(3, np.float32), CountingArray(np.arange(4.0), "c")
+    assert impl.fill(out, counted) == 21.0
+    assert out.tolist() == [7.0, 7.0, 7.0], "an output array written in the worker is written here"
+    assert counted.data.tolist() == [0.0, 0.0, 2.0, 3.0]
+    assert (int(counted.reads.sum()), int(counted.writes.sum())) == (1, 1), "a probe's counts come back"

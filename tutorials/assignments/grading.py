@@ -53,14 +53,14 @@ import functools
 import inspect
 import os
 import textwrap
-import threading
 from pathlib import Path
 
 import numpy as np
 from numba import cuda  # a module-level global, as the simulator wants (conftest chose the backend already)
 
-from . import guard
+from . import guard, probes, sandbox
 from .guard import oracle
+from .probes import BlockStream, CountingArray, SharedRaceArray  # noqa: F401  (the autograders' names)
 
 #: Environment variable naming the implementation to grade (``stub``, ``solution`` or a path).
 IMPL_ENV = "NUMBA_FLASH_IMPL"
@@ -117,12 +117,17 @@ def implementation_path(assignment_dir: Path, choice: str | None = None) -> Path
 def load_implementation(assignment_dir: Path, choice: str | None = None):
     """Import the implementation chosen by :func:`implementation_path`, through the guard.
 
-    Returns a :class:`guard.GuardedModule`: its functions run inside the guard's window. Raises
-    :class:`guard.SubmissionRejected` if the source imports or names the package or the grader.
+    The assignments of :data:`assignments.sandbox.SANDBOXED` are graded, in the simulator, in a process of
+    their own (:class:`assignments.sandbox.SandboxedModule`), where the package cannot be reached; the others
+    in this process, as a :class:`guard.GuardedModule` whose functions run inside the guard's window. Either
+    way :class:`guard.SubmissionRejected` is raised if the source imports or names the package or the grader.
     """
     path = implementation_path(Path(assignment_dir), choice)
-    name = f"_graded_{Path(assignment_dir).name}_{abs(hash(str(path)))}"
-    return guard.load(path, name, label=Path(assignment_dir).name)
+    assignment = Path(assignment_dir).name
+    name = f"_graded_{assignment}_{abs(hash(str(path)))}"
+    if assignment in sandbox.SANDBOXED and simulator():
+        return sandbox.load(path, name, label=assignment)
+    return guard.load(path, name, label=assignment)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -319,117 +324,9 @@ def causal_visible(N, N_k=None) -> np.ndarray:
 # ----------------------------------------------------------------------------------------------
 # Counting global-memory accesses of a kernel in the simulator
 # ----------------------------------------------------------------------------------------------
-class CountingArray:
-    """A kernel argument whose every element read, write and atomic update is counted (simulator only).
-
-    Pass it to a ``@cuda.jit`` kernel in place of a NumPy array. The simulator hands non-NumPy
-    arguments to its Python threads unchanged, so ``A[i, j]`` inside the kernel calls
-    :meth:`__getitem__` here: one counted HBM read per element, ``A[i, j] = x`` one counted write,
-    ``cuda.atomic.add(A, (i, j), x)`` one counted atomic (not a read plus a write; needs
-    :func:`install_simulator_patches`). On a real GPU a kernel cannot take this object; IO-budget tests
-    are simulator-only.
-
-    Attributes
-    ----------
-    data : ndarray
-        The underlying array (read it after the launch for the kernel's output).
-    reads, writes, atomics : ndarray of int64
-        Per-element counts, the shape of ``data``.
-
-    Examples
-    --------
-    >>> a = CountingArray(np.arange(6.0).reshape(2, 3), "A")
-    >>> x = a[1, 2]; a[0, 0] = x
-    >>> int(a.reads.sum()), int(a.writes[0, 0])
-    (1, 1)
-    """
-
-    def __init__(self, data, name: str = "?"):
-        self.data = np.asarray(data)
-        self.name = name
-        self.reads = np.zeros(self.data.shape, np.int64)
-        self.writes = np.zeros(self.data.shape, np.int64)
-        self.atomics = np.zeros(self.data.shape, np.int64)
-        self._lock = threading.Lock()  # simulator threads are real Python threads
-
-    shape = property(lambda self: self.data.shape)
-    ndim = property(lambda self: self.data.ndim)
-    size = property(lambda self: self.data.size)
-    dtype = property(lambda self: self.data.dtype)
-
-    def __len__(self):
-        return len(self.data)
-
-    def __getitem__(self, idx):
-        value = self.data[idx]  # raises IndexError on an out-of-bounds load (a GPU would read garbage)
-        with self._lock:
-            self.reads[idx] += 1
-        return value
-
-    def __setitem__(self, idx, value):
-        self.data[idx] = value
-        with self._lock:
-            self.writes[idx] += 1
-
-    def atomic_add(self, idx, value):
-        """``cuda.atomic.add`` on this array: one counted atomic; returns the old value."""
-        with self._lock:
-            old = self.data[idx]
-            self.data[idx] += value
-            self.atomics[idx] += 1
-        return old
-
-    def describe(self) -> str:
-        """One line: total and per-element maximum of reads, writes (and atomics, if any)."""
-        text = (
-            f"{self.name}: {int(self.reads.sum())} reads (max {int(self.reads.max(initial=0))} per element), "
-            f"{int(self.writes.sum())} writes (max {int(self.writes.max(initial=0))} per element)"
-        )
-        if self.atomics.any():
-            text += f", {int(self.atomics.sum())} atomics (max {int(self.atomics.max())} per element)"
-        return text
-
-
 def counting(arrays: dict) -> dict:
     """``{name: CountingArray(array, name)}`` for a dict of NumPy arrays."""
     return {name: CountingArray(a, name) for name, a in arrays.items()}
-
-
-class BlockStream:
-    """Column blocks ``(S_j, V_j)`` handed out one at a time, checking that the consumer keeps only the current one.
-
-    When block ``j`` is requested, blocks ``j - 2`` and older must be garbage (the previous block may
-    still be bound to the consumer's loop variables). Problems are recorded in :attr:`problems` (not
-    raised into the consumer's code, which could swallow them); :attr:`handed` counts the blocks.
-    Defined here, not in an autograder, because the graded code itself iterates it.
-    """
-
-    def __init__(self, S, V, Bc):
-        self._S, self._V, self._Bc = S, V, Bc
-        self._j = 0
-        self._alive = []
-        self.handed = 0
-        self.problems: list[str] = []
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        import gc
-        import weakref
-
-        if self._j >= self._S.shape[1]:
-            raise StopIteration
-        gc.collect()
-        kept = [k for k, ref in enumerate(self._alive[:-1]) if ref() is not None]
-        if kept:
-            self.problems.append(f"blocks {kept} are still referenced when block {len(self._alive)} is requested")
-        j, Bc = self._j, self._Bc
-        S_j, V_j = self._S[:, j : j + Bc].copy(), self._V[j : j + Bc].copy()
-        self._alive.append(weakref.ref(S_j))
-        self._j += Bc
-        self.handed += 1
-        return S_j, V_j
 
 
 def simulator() -> bool:
@@ -469,76 +366,6 @@ def keep_mask(keep, seed: int, N: int, N_k: int, threshold: int, label: str = "d
 # Simulator hooks: the locked shared allocation, atomics on CountingArrays, barrier epochs, all from
 # numba-flash's one simulator patch layer (numba_flash.runtime.simulator)
 # ----------------------------------------------------------------------------------------------
-class SharedRaceArray:
-    """A shared array whose every access is checked against the barrier epochs of the simulator's threads.
-
-    Each thread counts the barriers it has passed (its *epoch*). Two accesses to one element by two
-    threads in the same epoch, at least one a write, are a race: no barrier orders them, whatever
-    order they happened to run in.
-    """
-
-    def __init__(self, data, where, log):
-        self.data = data
-        self.where = where
-        self._log = log
-        self._lock = threading.Lock()
-        self._last_write = {}
-        self._readers = {}
-
-    shape = property(lambda self: self.data.shape)
-    ndim = property(lambda self: self.data.ndim)
-    size = property(lambda self: self.data.size)
-    dtype = property(lambda self: self.data.dtype)
-
-    def __len__(self):
-        return len(self.data)
-
-    @staticmethod
-    def _who():
-        t = threading.current_thread()
-        return tuple(getattr(t, "threadIdx", (-1,))), getattr(t, "_nf_epoch", 0)
-
-    @staticmethod
-    def _key(idx):
-        if isinstance(idx, tuple):
-            return tuple(int(i) for i in idx)
-        return (int(idx),)
-
-    def _race(self, kind, key, other, me, epoch):
-        if len(self._log) < 20:
-            self._log.append(
-                f"{kind} race on shared array {self.where}[{', '.join(map(str, key))}]: threads {other} and {me} "
-                f"touch it between the same two barriers (barrier interval {epoch})"
-            )
-
-    def __getitem__(self, idx):
-        me, epoch = self._who()
-        key = self._key(idx)
-        with self._lock:
-            w = self._last_write.get(key)
-            if w is not None and w[1] == epoch and w[0] != me:
-                self._race("write-read", key, w[0], me, epoch)
-            r = self._readers.get(key)
-            if r is None or r[0] != epoch:
-                self._readers[key] = (epoch, {me})
-            else:
-                r[1].add(me)
-        return self.data[idx]
-
-    def __setitem__(self, idx, value):
-        me, epoch = self._who()
-        key = self._key(idx)
-        with self._lock:
-            w = self._last_write.get(key)
-            if w is not None and w[1] == epoch and w[0] != me:
-                self._race("write-write", key, w[0], me, epoch)
-            r = self._readers.get(key)
-            if r is not None and r[0] == epoch and (r[1] - {me}):
-                self._race("read-write", key, sorted(r[1] - {me})[0], me, epoch)
-            self._last_write[key] = (me, epoch)
-        self.data[idx] = value
-
-
 def install_simulator_patches() -> None:
     """Make the simulator fit for grading (idempotent; does nothing on a GPU). See the module docstring.
 
@@ -570,8 +397,12 @@ def shared_memory_races():
 
     install_simulator_patches()
     log: list[str] = []
-    with sim.watch_shared_arrays(lambda data, where: SharedRaceArray(data, where, log)):
-        yield log
+    probes.ACTIVE.append(("races", log))  # a sandboxed call's launches are watched too (assignments.sandbox)
+    try:
+        with sim.watch_shared_arrays(lambda data, where: SharedRaceArray(data, where, log)):
+            yield log
+    finally:
+        probes.ACTIVE.remove(("races", log))
 
 
 @contextlib.contextmanager
@@ -587,13 +418,19 @@ def record_shared_memory():
     from numba_flash.runtime import simulator as sim
 
     with sim.record_shared_memory() as sizes:
-        yield sizes
+        probes.ACTIVE.append(("smem", sizes))  # a sandboxed call's launches are measured too (assignments.sandbox)
+        try:
+            yield sizes
+        finally:
+            probes.ACTIVE.remove(("smem", sizes))
 
 
 # ----------------------------------------------------------------------------------------------
 # House rules on kernel source
 # ----------------------------------------------------------------------------------------------
 def _source(fn):
+    if isinstance(fn, probes.KernelSource):  # a kernel a sandboxed call returned
+        return textwrap.dedent(fn.source), fn.first_line
     fn = getattr(fn, "py_func", fn)
     fn = inspect.unwrap(fn)
     fn = getattr(fn, "py_func", fn)
@@ -628,6 +465,11 @@ def kernel_source_problems(fn) -> list[str]:
         if code.count("cuda.shared.array(") > 1:
             problems.append(f"line {first + i}: two cuda.shared.array on one line (they alias in the simulator)")
     return problems
+
+
+def kernel_source(fn) -> str:
+    """The Python source of a kernel, a function, or a :class:`assignments.probes.KernelSource`."""
+    return _source(fn)[0]
 
 
 def count_calls(fn, dotted_name: str) -> int:

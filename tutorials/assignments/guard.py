@@ -51,8 +51,10 @@ What it does **not** catch, by design or by limits of an in-process check (cours
   ``tests/test_tutorials.py`` reached all three through ``numba.core``), ``operator.attrgetter``. A
   gadget not on that list would still get through. The static check makes that deliberate
   and visible in the source; the grade script prints the static report for every submission. This is
-  a guard against taking a shortcut through the package, not a sandbox: run untrusted code in a
-  container, as you would any student code.
+  a guard against taking a shortcut through the package, not a sandbox. The assignments of
+  :data:`assignments.sandbox.SANDBOXED` are graded in one (:mod:`assignments.sandbox`): a worker process
+  that holds no answer, whose irremovable audit hook refuses every route to the package. Run untrusted
+  code in a container all the same, as you would any student code.
 
 The grader's own oracles (float64 references, float32 yardsticks) run outside the window; only the
 student's functions run inside it (:class:`GuardedModule`).
