@@ -88,6 +88,7 @@ import math
 from numba import cuda, float32, uint64
 
 from ._launch import STATIC_SMEM_BYTES, ForwardOutput, KernelLaunch, Problem, block_mask_arrays, ceil_div
+from ._tiles_readable import load_tile, zero_tile
 from .device.dropout import head_key, keep, row_key
 from .runtime import backend as _backend
 
@@ -222,7 +223,6 @@ def forward_kernel(BR: int, BC: int, D: int, CAUSAL: bool, DROPOUT: bool, TY: in
     BCP = BC | 1
     RED_SHAPE = (1, 1) if SHUFFLE else (RR * TY, TX)  # partial row reductions (simulator path only)
     QO_LOADS = ceil_div(BR * D, NT)
-    KV_LOADS = ceil_div(BC * D, NT)
     FULL_MASK = 0xFFFFFFFF
     NEG_INF = float32(-math.inf)
 
@@ -304,19 +304,9 @@ def forward_kernel(BR: int, BC: int, D: int, CAUSAL: bool, DROPOUT: bool, TY: in
             if SPARSE and gcol[mb, mh, j] == 0:  # Dev: Alg.5, no non-zero tile in column j: K_j, V_j are not even loaded
                 continue
             c0 = j * BC
-            # Alg.1 L6 / Alg.2 L7 / Alg.5 L6: load K_j, V_j from HBM to on-chip SRAM
-            for t in range(KV_LOADS):
-                e = tid + NT * t
-                if e < BC * D:
-                    c = e // D
-                    x = e % D
-                    kx = float32(0.0)  # Dev: rows past s_k (ragged last block) are zeros, masked below
-                    vx = float32(0.0)
-                    if c0 + c < s_k:
-                        kx = gK[bi, c0 + c, hk, x]  # HBM read: Bc*d
-                        vx = gV[bi, c0 + c, hk, x]  # HBM read: Bc*d
-                    sK_j[c, x] = kx
-                    sV_j[c, x] = vx
+            # Alg.1 L6 / Alg.2 L7 / Alg.5 L6: load K_j, V_j from HBM to on-chip SRAM (Dev: rows past s_k, the ragged last block, are zeros, masked below)
+            load_tile(sK_j, gK, bi, c0, hk, s_k, tid, NT)  # HBM read: Bc*d
+            load_tile(sV_j, gV, bi, c0, hk, s_k, tid, NT)  # HBM read: Bc*d
             # Alg.1 L7 / Alg.2 L8 / Alg.5 L7: for 1 <= i <= Tr
             for i in range(Tr):
                 # Alg.5 L8: if M_ij != 0: a zero tile costs no FLOP, no barrier and no HBM access (dense: no test)
@@ -351,9 +341,7 @@ def forward_kernel(BR: int, BC: int, D: int, CAUSAL: bool, DROPOUT: bool, TY: in
                 cuda.syncthreads()  # Sync: K_j, V_j, Q_i, O_i, l_i, m_i in SRAM before L9 reads them
 
                 # Alg.1 L9 / Alg.2 L10 / Alg.5 L10: S_ij = Q_i K_j^T (this thread's RR x CS entries; Alg.2's tau comes next)
-                for a in range(RR):
-                    for c in range(CS):
-                        rS[a, c] = 0.0
+                zero_tile(rS)
                 for x in range(D):
                     for a in range(RR):
                         rq[a] = sQ_i[min(ty + TY * a, BR - 1), x]
@@ -438,9 +426,7 @@ def forward_kernel(BR: int, BC: int, D: int, CAUSAL: bool, DROPOUT: bool, TY: in
                     r_l_new[a] = alpha * sl_i[rc] + beta * rl_tilde[a]
 
                 # Alg.1 L12 / Alg.2 L15 / Alg.5 L15: O_i <- diag(l_new)^-1 (diag(l_i) e^(m_i - m_new) O_i + e^(m~_ij - m_new) P~_ij V_j), to HBM
-                for a in range(RR):
-                    for c in range(CO):
-                        rPV[a, c] = 0.0
+                zero_tile(rPV)
                 for kk in range(BC):
                     for a in range(RR):
                         rq[a] = sP_ij[min(ty + TY * a, BR - 1), kk]

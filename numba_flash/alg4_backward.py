@@ -100,6 +100,7 @@ import numpy as np
 from numba import cuda, float32
 
 from ._launch import STATIC_SMEM_BYTES, KernelLaunch, Problem, block_mask_arrays, ceil_div
+from ._tiles_readable import load_tile
 from .device.dropout import head_key, keep, row_key
 from .device.gqa import group_sum, per_head_grads
 from .runtime import backend as _backend
@@ -203,17 +204,16 @@ class Alg4Config:
         return self.threads // self.TLX
 
     @property
-    def loads(self) -> tuple[int, int, int]:
-        """(RL, CL, KV_LOADS): rows and columns of Q_i per loading thread (L10), K_j, V_j loads per thread (L7)."""
-        return ceil_div(self.Br, self.TLY), ceil_div(self.d, self.TLX), ceil_div(self.Bc * self.d, self.threads)
+    def loads(self) -> tuple[int, int]:
+        """(RL, CL): rows and columns of Q_i per loading thread (L10). K_j, V_j (L7) are strided over all threads."""
+        return ceil_div(self.Br, self.TLY), ceil_div(self.d, self.TLX)
 
     @property
     def exact(self) -> tuple[bool, ...]:
         """Which register-tile indices never run past the tile (else they are clamped on read, skipped on
-        write): rows and columns of the L11-L20 tile, rows of dV~_j, dK~_j and of dQ_i, columns of d, the L7 loads."""
-        kv_loads = self.loads[2]
+        write): rows and columns of the L11-L20 tile, rows of dV~_j, dK~_j and of dQ_i, columns of d."""
         return (self.TAY * self.RA == self.Br, self.TAX * self.CA == self.Bc, self.TBY * self.RB == self.Bc,
-                self.TBY * self.RQ == self.Br, self.TBX * self.CB == self.d, kv_loads * self.threads == self.Bc * self.d)
+                self.TBY * self.RQ == self.Br, self.TBX * self.CB == self.d)
 
     @property
     def sram_bytes(self) -> int:
@@ -240,9 +240,9 @@ def alg4_kernel(cfg: Alg4Config, causal: bool, dropout: bool, stats_from_lse: bo
     TAX, TAY, RA, CA = cfg.TAX, cfg.TAY, cfg.RA, cfg.CA
     TBX, TBY, RB, RQ, CB = cfg.TBX, cfg.TBY, cfg.RB, cfg.RQ, cfg.CB
     TLX, TLY = cfg.TLX, cfg.TLY
-    RL, CL, KV_LOADS = cfg.loads  # L10: RL rows x CL columns of Q_i per loading thread; L7: loads per thread
+    RL, CL = cfg.loads  # L10: RL rows x CL columns of Q_i per loading thread
     # Which register-tile indices can run past the tile (then they are clamped on read, skipped on write).
-    A_ROWS_EXACT, A_COLS_EXACT, B_ROWS_EXACT, Q_ROWS_EXACT, B_COLS_EXACT, KV_EXACT = cfg.exact
+    A_ROWS_EXACT, A_COLS_EXACT, B_ROWS_EXACT, Q_ROWS_EXACT, B_COLS_EXACT = cfg.exact
     CAUSAL, DROPOUT, FROM_LSE, SPARSE = bool(causal), bool(dropout), bool(stats_from_lse), bool(sparse)
     # GPU only (the simulator rejects the option): cap registers so that NT threads fit one SM's 64K.
     jit_options = {} if _backend.is_simulator() else {"max_registers": min(255, 65536 // NT // 8 * 8)}
@@ -275,6 +275,10 @@ def alg4_kernel(cfg: Alg4Config, causal: bool, dropout: bool, stats_from_lse: bo
         tau, R           tau, seed              kernel arguments
         ===============  =====================  ====================================
         """
+        # Written out whole on purpose: lines 11 and 17 (S_ij = Q_i K_j^T, dP_ij = dO_i V_j^T), 16 and 22
+        # (dV~_j += P~^T dO_i, dK~_j += dS^T Q_i), 21 and 24 (guarded HBM stores) are the same loops on other
+        # operands, but the paper gives each its own line, and the reader sees each product where its line
+        # is, in the register layout it runs in (RA x CA, RB x CB, RQ x CB). Only the tile copy is shared.
         sK_j = cuda.shared.array((BC, DP), float32)  # (Bc, d) SRAM
         sV_j = cuda.shared.array((BC, DP), float32)  # (Bc, d) SRAM
         sQ_i = cuda.shared.array((BR, DP), float32)  # (Br, d) SRAM
@@ -324,18 +328,8 @@ def alg4_kernel(cfg: Alg4Config, causal: bool, dropout: bool, stats_from_lse: bo
             col0 = j * BC
             # Alg.4 L7: load K_j, V_j into SRAM (zeros past s_k)
             if not SPARSE or gcol[mb, mh, j] != 0:  # Dev: Alg.5 loads no K_j, V_j for a column with no non-zero tile
-                for e in range(KV_LOADS):  # HBM read: 2*Bc*d
-                    idx = t + NT * e
-                    if KV_EXACT or idx < BC * D:
-                        r = idx // D
-                        c = idx - r * D
-                        col = col0 + r
-                        if col < s_k:
-                            sK_j[r, c] = gK[bi, col, hk, c]
-                            sV_j[r, c] = gV[bi, col, hk, c]
-                        else:
-                            sK_j[r, c] = ZERO
-                            sV_j[r, c] = ZERO
+                load_tile(sK_j, gK, bi, col0, hk, s_k, t, NT)  # HBM read: Bc*d
+                load_tile(sV_j, gV, bi, col0, hk, s_k, t, NT)  # HBM read: Bc*d
             # Alg.4 L8: dK~_j = dV~_j = 0 (Bc x d), on chip
             for a in range(RB):
                 for e in range(CB):

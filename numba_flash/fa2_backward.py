@@ -47,6 +47,7 @@ import math
 from numba import cuda, float32, uint64
 
 from ._launch import STATIC_SMEM_BYTES, KernelLaunch, Problem, bh_grid, ceil_div
+from ._tiles_readable import load_tile
 from .device.dropout import head_key, keep, row_key
 from .device.grid import folded_batch_head
 from .device.prepass import allocate_grads, row_dot
@@ -146,6 +147,10 @@ def fa2_backward_kernel(BR: int, BC: int, D: int, CAUSAL: bool, DROPOUT: bool, A
     S, P, dP (one entry)      s, P, dP            registers: thread c handles column c
     dS_ij                     sdS_ij              SRAM (Br, Bc): shared for the dQ sum (L15)
     ========================  ==================  ==========================================
+
+    Line 9's load of ``Q_i, dO_i`` (and ``L_i, D_i``) is written out in the body on purpose: it is the step
+    that differs from FA1 (no ``O_i``: the pre-pass made ``D_i``); the plain ``K_j, V_j`` copy of line 6 is
+    the readable kernels' shared ``load_tile`` (``numba_flash/_tiles_readable.py``).
     """
     DK = D + 1  # Dev: +1 pad: thread c reads row c of K_j, V_j; rows of 32 floats would share one bank
     row_stats = row_stats_fn(FROM_LSE)
@@ -175,12 +180,8 @@ def fa2_backward_kernel(BR: int, BC: int, D: int, CAUSAL: bool, DROPOUT: bool, A
         col0 = cuda.blockIdx.x * BC
         col = col0 + t
         # FA2.2 L6: load K_j, V_j from HBM to SRAM (rows past N_k are zero)
-        for e in range(t, BC * D, BC):
-            c = e // D
-            x = e % D
-            inside = col0 + c < s_k
-            sK_j[c, x] = gK[b, col0 + c, hk, x] if inside else float32(0.0)  # HBM read: Bc*d
-            sV_j[c, x] = gV[b, col0 + c, hk, x] if inside else float32(0.0)  # HBM read: Bc*d
+        load_tile(sK_j, gK, b, col0, hk, s_k, t, BC)  # HBM read: Bc*d
+        load_tile(sV_j, gV, b, col0, hk, s_k, t, BC)  # HBM read: Bc*d
         # FA2.2 L7: dK_j = (0), dV_j = (0) on chip
         for x in range(D):
             rdK_j[x] = float32(0.0)
@@ -298,12 +299,9 @@ def fa2_dq_kernel(BR: int, BC: int, D: int, CAUSAL: bool, DROPOUT: bool, FROM_LS
         hk = h // group
         row0 = cuda.blockIdx.x * BR
         row = row0 + t
-        for e in range(t, BR * D, BR):
-            r = e // D
-            x = e % D
-            inside = row0 + r < s_q
-            sQ_i[r, x] = gQ[b, row0 + r, h, x] if inside else float32(0.0)  # HBM read: Br*d
-            sdO_i[r, x] = gdO[b, row0 + r, h, x] if inside else float32(0.0)  # HBM read: Br*d
+        # Dev: Q_i and dO_i once per thread block (the forward's geometry); K_j, V_j for every key block below
+        load_tile(sQ_i, gQ, b, row0, h, s_q, t, BR)  # HBM read: Br*d
+        load_tile(sdO_i, gdO, b, row0, h, s_q, t, BR)  # HBM read: Br*d
         m_r, il_r = row_stats(gm, gl, b, h, row, s_q)  # L_r as m_r, 1/l_r (see row_stats_fn)
         D_r = gD[b, h, row] if row < s_q else float32(0.0)
         for x in range(D):
@@ -315,12 +313,8 @@ def fa2_dq_kernel(BR: int, BC: int, D: int, CAUSAL: bool, DROPOUT: bool, FROM_LS
         for j in range(n_blocks):
             col0 = j * BC
             cuda.syncthreads()  # Sync: K_{j-1}, V_{j-1} read by every thread (and Q_i, dO_i stored) before overwriting
-            for e in range(t, BC * D, BR):
-                c = e // D
-                x = e % D
-                inside = col0 + c < s_k
-                sK_j[c, x] = gK[b, col0 + c, hk, x] if inside else float32(0.0)  # HBM read: Bc*d
-                sV_j[c, x] = gV[b, col0 + c, hk, x] if inside else float32(0.0)  # HBM read: Bc*d
+            load_tile(sK_j, gK, b, col0, hk, s_k, t, BR)  # HBM read: Bc*d
+            load_tile(sV_j, gV, b, col0, hk, s_k, t, BR)  # HBM read: Bc*d
             cuda.syncthreads()  # Sync: K_j, V_j in SRAM before they are read
             masked = col0 + BC > s_k or (CAUSAL and col0 + BC - 1 > row0 + causal_offset)
             for c in range(BC):

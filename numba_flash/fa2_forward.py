@@ -52,6 +52,7 @@ from numba_flash_reference.common import block_sizes as fa1_block_sizes
 from numba import cuda, float32, uint64
 
 from ._launch import STATIC_SMEM_BYTES, ForwardOutput, KernelLaunch, Problem, bh_grid, ceil_div
+from ._tiles_readable import load_tile
 from .device.dropout import head_key, keep, row_key
 from .device.grid import folded_batch_head
 
@@ -127,10 +128,7 @@ def fa2_forward_kernel(BR: int, BC: int, D: int, CAUSAL: bool, DROPOUT: bool):
         row = row0 + t
 
         # FA2.1 L4: load Q_i from HBM to SRAM (rows past N_q are zero: computed, never stored)
-        for e in range(t, BR * D, BR):
-            r = e // D
-            c = e % D
-            sQ_i[r, c] = gQ[b, row0 + r, h, c] if row0 + r < s_q else float32(0.0)  # HBM read: Br*d
+        load_tile(sQ_i, gQ, b, row0, h, s_q, t, BR)  # HBM read: Br*d
         # FA2.1 L5: on chip, O_i = (0) Br x d, l_i = (0) Br, m_i = (-inf) Br
         for c in range(D):
             rO_i[c] = float32(0.0)
@@ -149,12 +147,8 @@ def fa2_forward_kernel(BR: int, BC: int, D: int, CAUSAL: bool, DROPOUT: bool):
             col0 = j * BC
             cuda.syncthreads()  # Sync: every thread is done with K_{j-1}, V_{j-1} before they are overwritten
             # FA2.1 L7: load K_j, V_j from HBM to SRAM (all threads together; ragged rows zero)
-            for e in range(t, BC * D, BR):
-                c = e // D
-                x = e % D
-                inside = col0 + c < s_k
-                sK_j[c, x] = gK[b, col0 + c, hk, x] if inside else float32(0.0)  # HBM read: Bc*d
-                sV_j[c, x] = gV[b, col0 + c, hk, x] if inside else float32(0.0)  # HBM read: Bc*d
+            load_tile(sK_j, gK, b, col0, hk, s_k, t, BR)  # HBM read: Bc*d
+            load_tile(sV_j, gV, b, col0, hk, s_k, t, BR)  # HBM read: Bc*d
             cuda.syncthreads()  # Sync: K_j, V_j in SRAM before L8 and L10 read them
 
             # [doc:fa2-inner-loop]

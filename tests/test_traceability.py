@@ -507,7 +507,9 @@ _S_QK = rule("S = (tau) Q K^T: a product of Q_i and K_j", (_Q, _K, _PRODUCT), (_
 _S_TAU_QK = rule("S = tau Q K^T: the product, or the scale by tau", *_S_QK.alternatives, r"\btau\s*\*")
 _SPLIT = rule("split into blocks: Tr, Tc or the row/column blocks", r"\bT[rc]\b|seq_blocks|row_blocks|col_blocks")
 _LOOP = rule("a loop (or the thread block's index)", r"\bfor\b|\bblockIdx\b|\bkey_block\(|\bquery_block\(")
-_LOAD_KV = rule("K_j and V_j read from HBM", (r"\bgK\[", r"\bgV\["), r"\bload_kv?\(", (r"\bload_k_async\(", r"\bload_v_async\("))
+_LOAD_KV = rule("K_j and V_j read from HBM", (r"\bgK\[", r"\bgV\["), r"\bload_kv?\(", (r"\bload_k_async\(", r"\bload_v_async\("),
+                # the readable kernels' shared copy (numba_flash._tiles_readable.load_tile), with the paper's names
+                (r"\bload_tile\(\s*sK_j\s*,\s*gK\b", r"\bload_tile\(\s*sV_j\s*,\s*gV\b"))
 _BLOCK_SIZES = rule("block sizes Br, Bc", r"\bB[rcRC]\b|block_sizes|\bBCC?\b")
 _INIT_O_L_M = rule("O = 0, l = 0 and m = -inf", (_ZERO, _NEG_INF), r"\binit_o_l_m\(")
 _LOAD_Q_O_L_M = rule("Q_i, O_i, l_i, m_i read from HBM", (r"\bgQ\[", r"\bgO\[", r"\bgl\[", r"\bgm\["))
@@ -567,7 +569,7 @@ CONTENT_RULES: dict[tuple[str, int], ContentRule] = {
     ("Alg.4", 19): _D_ROWSUM, ("Alg.4", 20): _DS_RULE, ("Alg.4", 21): _DQ_UPDATE, ("Alg.4", 22): _DK_UPDATE,
     ("Alg.4", 24): _WRITE_DK_DV, ("Alg.4", 26): _RETURN,
     ("FA2.1", 1): _SPLIT, ("FA2.1", 2): rule("O and L split into Tr blocks", r"\bT[rc]\b|\bg(?:O|L)\b"),
-    ("FA2.1", 3): _LOOP, ("FA2.1", 4): rule("Q_i read from HBM", r"\bgQ\[", r"\bload_q\(\s*gQ\b"), ("FA2.1", 5): _INIT_O_L_M,
+    ("FA2.1", 3): _LOOP, ("FA2.1", 4): rule("Q_i read from HBM", r"\bgQ\[", r"\bload_q\(\s*gQ\b", r"\bload_tile\(\s*sQ_i\s*,\s*gQ\b"), ("FA2.1", 5): _INIT_O_L_M,
     ("FA2.1", 6): _LOOP, ("FA2.1", 7): _LOAD_KV, ("FA2.1", 8): _S_QK,
     ("FA2.1", 9): rule("m_new = max(m, rowmax S); P~ = exp(S - m_new); l = e^(m_old - m_new) l + rowsum P~",
                        (_MAX, _EXP, r"=\s*\w*alpha\w*(?:\[\w+\])?\s*\*|softmax_p_tile\("), r"\bonline_softmax\("),
