@@ -6,7 +6,7 @@ the online softmax, ``dS_ij = P_ij o (dP_ij - D_i)`` ...) stays written out in e
 kernel tags the call with the paper line it performs, with the paper's names as arguments::
 
     # FA2.1 L7: load K_j, V_j from HBM to SRAM (all threads together; ragged rows zero)
-    load_tile(sK_j, gK, b, col0, hk, s_k, t, BR)  # HBM read: Bc*d
+    load_tile(sK_j, gK, b, col0, hk, s_k, D, t, BR)  # HBM read: Bc*d
 
 Used by :mod:`numba_flash.alg1_forward`, :mod:`numba_flash.alg4_backward`,
 :mod:`numba_flash.fa2_forward` and :mod:`numba_flash.fa2_backward`. A readable-wing module: it imports
@@ -20,15 +20,17 @@ from numba import cuda, float32
 
 # [doc:load-tile]
 @cuda.jit(device=True, inline="always")
-def load_tile(s_tile, g, b, row0, head, n_rows, t, nthreads):
-    """Copy rows ``row0 .. row0 + R - 1`` of ``g[b, :, head, :]`` into the SRAM tile ``s_tile`` (R its rows).
+def load_tile(s_tile, g, b, row0, head, n_rows, d, t, nthreads):
+    """Copy rows ``row0 .. row0 + R - 1`` of ``g[b, :, head, :]`` (head dim ``d``) into the SRAM tile ``s_tile``.
+
+    ``d`` is the kernel's compile-time head dim ``D``: inlined, the index arithmetic divides by a constant (a
+    multiply and a shift), not by a run-time shape.
 
     The ``nthreads`` threads of the block share the ``R * d`` elements: thread ``t`` copies elements
     ``t, t + nthreads, ...`` in row-major order, so consecutive threads read consecutive addresses of a
     row (coalesced). Rows at or past ``n_rows`` (the ragged last block) are filled with zeros: the
     kernel masks them or never stores them. Padding columns of ``s_tile`` past ``d`` are not written.
     """
-    d = g.shape[3]
     for e in range(t, s_tile.shape[0] * d, nthreads):
         r = e // d
         x = e % d

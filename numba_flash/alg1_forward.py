@@ -305,8 +305,8 @@ def forward_kernel(BR: int, BC: int, D: int, CAUSAL: bool, DROPOUT: bool, TY: in
                 continue
             c0 = j * BC
             # Alg.1 L6 / Alg.2 L7 / Alg.5 L6: load K_j, V_j from HBM to on-chip SRAM (Dev: rows past s_k, the ragged last block, are zeros, masked below)
-            load_tile(sK_j, gK, bi, c0, hk, s_k, tid, NT)  # HBM read: Bc*d
-            load_tile(sV_j, gV, bi, c0, hk, s_k, tid, NT)  # HBM read: Bc*d
+            load_tile(sK_j, gK, bi, c0, hk, s_k, D, tid, NT)  # HBM read: Bc*d
+            load_tile(sV_j, gV, bi, c0, hk, s_k, D, tid, NT)  # HBM read: Bc*d
             # Alg.1 L7 / Alg.2 L8 / Alg.5 L7: for 1 <= i <= Tr
             for i in range(Tr):
                 # Alg.5 L8: if M_ij != 0: a zero tile costs no FLOP, no barrier and no HBM access (dense: no test)

@@ -328,8 +328,8 @@ def alg4_kernel(cfg: Alg4Config, causal: bool, dropout: bool, stats_from_lse: bo
             col0 = j * BC
             # Alg.4 L7: load K_j, V_j into SRAM (zeros past s_k)
             if not SPARSE or gcol[mb, mh, j] != 0:  # Dev: Alg.5 loads no K_j, V_j for a column with no non-zero tile
-                load_tile(sK_j, gK, bi, col0, hk, s_k, t, NT)  # HBM read: Bc*d
-                load_tile(sV_j, gV, bi, col0, hk, s_k, t, NT)  # HBM read: Bc*d
+                load_tile(sK_j, gK, bi, col0, hk, s_k, D, t, NT)  # HBM read: Bc*d
+                load_tile(sV_j, gV, bi, col0, hk, s_k, D, t, NT)  # HBM read: Bc*d
             # Alg.4 L8: dK~_j = dV~_j = 0 (Bc x d), on chip
             for a in range(RB):
                 for e in range(CB):

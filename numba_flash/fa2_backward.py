@@ -180,8 +180,8 @@ def fa2_backward_kernel(BR: int, BC: int, D: int, CAUSAL: bool, DROPOUT: bool, A
         col0 = cuda.blockIdx.x * BC
         col = col0 + t
         # FA2.2 L6: load K_j, V_j from HBM to SRAM (rows past N_k are zero)
-        load_tile(sK_j, gK, b, col0, hk, s_k, t, BC)  # HBM read: Bc*d
-        load_tile(sV_j, gV, b, col0, hk, s_k, t, BC)  # HBM read: Bc*d
+        load_tile(sK_j, gK, b, col0, hk, s_k, D, t, BC)  # HBM read: Bc*d
+        load_tile(sV_j, gV, b, col0, hk, s_k, D, t, BC)  # HBM read: Bc*d
         # FA2.2 L7: dK_j = (0), dV_j = (0) on chip
         for x in range(D):
             rdK_j[x] = float32(0.0)
@@ -300,8 +300,8 @@ def fa2_dq_kernel(BR: int, BC: int, D: int, CAUSAL: bool, DROPOUT: bool, FROM_LS
         row0 = cuda.blockIdx.x * BR
         row = row0 + t
         # Dev: Q_i and dO_i once per thread block (the forward's geometry); K_j, V_j for every key block below
-        load_tile(sQ_i, gQ, b, row0, h, s_q, t, BR)  # HBM read: Br*d
-        load_tile(sdO_i, gdO, b, row0, h, s_q, t, BR)  # HBM read: Br*d
+        load_tile(sQ_i, gQ, b, row0, h, s_q, D, t, BR)  # HBM read: Br*d
+        load_tile(sdO_i, gdO, b, row0, h, s_q, D, t, BR)  # HBM read: Br*d
         m_r, il_r = row_stats(gm, gl, b, h, row, s_q)  # L_r as m_r, 1/l_r (see row_stats_fn)
         D_r = gD[b, h, row] if row < s_q else float32(0.0)
         for x in range(D):
@@ -313,8 +313,8 @@ def fa2_dq_kernel(BR: int, BC: int, D: int, CAUSAL: bool, DROPOUT: bool, FROM_LS
         for j in range(n_blocks):
             col0 = j * BC
             cuda.syncthreads()  # Sync: K_{j-1}, V_{j-1} read by every thread (and Q_i, dO_i stored) before overwriting
-            load_tile(sK_j, gK, b, col0, hk, s_k, t, BR)  # HBM read: Bc*d
-            load_tile(sV_j, gV, b, col0, hk, s_k, t, BR)  # HBM read: Bc*d
+            load_tile(sK_j, gK, b, col0, hk, s_k, D, t, BR)  # HBM read: Bc*d
+            load_tile(sV_j, gV, b, col0, hk, s_k, D, t, BR)  # HBM read: Bc*d
             cuda.syncthreads()  # Sync: K_j, V_j in SRAM before they are read
             masked = col0 + BC > s_k or (CAUSAL and col0 + BC - 1 > row0 + causal_offset)
             for c in range(BC):

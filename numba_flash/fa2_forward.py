@@ -128,7 +128,7 @@ def fa2_forward_kernel(BR: int, BC: int, D: int, CAUSAL: bool, DROPOUT: bool):
         row = row0 + t
 
         # FA2.1 L4: load Q_i from HBM to SRAM (rows past N_q are zero: computed, never stored)
-        load_tile(sQ_i, gQ, b, row0, h, s_q, t, BR)  # HBM read: Br*d
+        load_tile(sQ_i, gQ, b, row0, h, s_q, D, t, BR)  # HBM read: Br*d
         # FA2.1 L5: on chip, O_i = (0) Br x d, l_i = (0) Br, m_i = (-inf) Br
         for c in range(D):
             rO_i[c] = float32(0.0)
@@ -147,8 +147,8 @@ def fa2_forward_kernel(BR: int, BC: int, D: int, CAUSAL: bool, DROPOUT: bool):
             col0 = j * BC
             cuda.syncthreads()  # Sync: every thread is done with K_{j-1}, V_{j-1} before they are overwritten
             # FA2.1 L7: load K_j, V_j from HBM to SRAM (all threads together; ragged rows zero)
-            load_tile(sK_j, gK, b, col0, hk, s_k, t, BR)  # HBM read: Bc*d
-            load_tile(sV_j, gV, b, col0, hk, s_k, t, BR)  # HBM read: Bc*d
+            load_tile(sK_j, gK, b, col0, hk, s_k, D, t, BR)  # HBM read: Bc*d
+            load_tile(sV_j, gV, b, col0, hk, s_k, D, t, BR)  # HBM read: Bc*d
             cuda.syncthreads()  # Sync: K_j, V_j in SRAM before L8 and L10 read them
 
             # [doc:fa2-inner-loop]

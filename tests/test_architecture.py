@@ -8,10 +8,14 @@
   algorithm and pass.
 * Every subpackage is listed in the page's table of wings, and every ``:func:``/``:mod:``/``:class:``
   target on the page exists.
+* No function in ``numba_flash`` is longer than :data:`MAX_FUNCTION_LINES` (a kernel factory that grows past it
+  is split into step factories, as ``tensorcore/forward_steps.py`` does), and no docstring cites a commit (git
+  and the performance log keep the history).
 """
 
 from __future__ import annotations
 
+import ast
 import importlib
 import re
 from pathlib import Path
@@ -90,3 +94,48 @@ def test_every_name_the_page_cites_exists(role, target):
             obj = getattr(obj, attr)
         return
     pytest.fail(f"{target} does not import")
+
+
+#: The longest a function in ``numba_flash`` may be, docstring included.
+MAX_FUNCTION_LINES = 300
+#: A commit cited in prose: 7 to 12 hex digits with at least one letter and one digit, not part of a longer word.
+COMMIT = re.compile(r"(?<![0-9A-Za-z_])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,12}(?![0-9A-Za-z_])")
+
+
+def _package_files():
+    return sorted((ROOT / "numba_flash").rglob("*.py"))
+
+
+def long_functions(path: Path, limit: int = MAX_FUNCTION_LINES) -> list[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return [f"{node.name} ({node.end_lineno - node.lineno + 1} lines, from line {node.lineno})"
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > limit]
+
+
+def docstring_commits(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            doc = ast.get_docstring(node, clean=False) or ""
+            found += [f"{getattr(node, 'name', 'module')}: {m}" for m in COMMIT.findall(doc)]
+    return found
+
+
+def test_no_function_in_the_package_is_longer_than_300_lines():
+    rel = {p.relative_to(ROOT).as_posix(): long_functions(p) for p in _package_files()}
+    assert not {k: v for k, v in rel.items() if v}
+
+
+def test_no_docstring_in_the_package_cites_a_commit():
+    rel = {p.relative_to(ROOT).as_posix(): docstring_commits(p) for p in _package_files()}
+    assert not {k: v for k, v in rel.items() if v}
+
+
+def test_the_size_and_commit_checks_catch_what_they_claim(tmp_path):
+    f = tmp_path / "k.py"
+    body = "\n".join(f"    x{i} = {i}" for i in range(300))
+    f.write_text(f'"""Fixed in a1b2c3d, timed at 4096 and 0x1f2e."""\n\n\ndef short():\n    return 1\n\n\ndef big():\n{body}\n')
+    assert long_functions(f) == ["big (301 lines, from line 8)"]
+    assert docstring_commits(f) == ["module: a1b2c3d"]
