@@ -576,7 +576,7 @@ CONTENT_RULES: dict[tuple[str, int], ContentRule] = {
     ("FA2.1", 10): rule("O = diag(e^(m_old - m_new)) O + P~ V_j", (r"\w*alpha", _V), (r"\w*alpha", r"\bpv_tile\(")),
     ("FA2.1", 12): rule("O_i = diag(l_i)^-1 O_i: a division by l", _DIV_L, _WRITE_O_L),
     ("FA2.1", 13): rule("L_i = m_i + log(l_i)", r"\blog\(", r"\bnatural_stats\(", _WRITE_O_L),
-    ("FA2.1", 14): rule("O_i written to HBM", r"\bgO\[[^\]]*\]\s*=", _WRITE_O_L),
+    ("FA2.1", 14): rule("O_i written to HBM", r"\bgO\[[^\]]*\]\s*=", _WRITE_O_L, r"\bstore_o_row\("),
     ("FA2.1", 15): rule("L_i written to HBM", r"\bgL\[[^\]]*\]\s*=", _WRITE_O_L),
     ("FA2.1", 17): _RETURN,
     ("FA2.2", 1): _SPLIT, ("FA2.2", 2): rule("O, dO, L split into Tr blocks", r"\bT[rc]\b|\bg(?:O|dO|L)\b"),

@@ -25,3 +25,33 @@ def batch_head(nheads):
     bh = cuda.blockIdx.x
     b = bh // nheads
     return bh, b, bh % nheads
+
+
+# The prologues of the fast kernels: this block's heads and the problem's sizes, read from the arrays
+# ``gQ (b, s_q, h, d)``, ``gK (b, s_k, h_k, d)``. A kernel that gets ``b >= gQ.shape[0]`` returns.
+
+
+@cuda.jit(device=True, inline=True)
+def folded_query_head(gQ, gK):
+    """``(nheads, b, h, s_q, s_k, d)`` of a query-block grid (FA2's forward, the fast dQ kernel): query head ``h`` of
+    batch ``b`` (:func:`folded_batch_head`). The kernel forms ``hk = h // group`` after its ``b`` test: formed here,
+    before the test, the division changed the d = 64 fast forward's machine code."""
+    nheads = gQ.shape[2]
+    _, b, h = folded_batch_head(nheads)
+    return nheads, b, h, gQ.shape[1], gK.shape[1], gQ.shape[3]
+
+
+@cuda.jit(device=True, inline=True)
+def folded_kv_head(gQ, gK):
+    """``(nheads, b, hk, s_q, s_k, d)`` of a key-block grid (FA2's backward): key/value head ``hk`` of batch ``b``
+    (:func:`folded_batch_head` over ``b * h_k``)."""
+    _, b, hk = folded_batch_head(gK.shape[2])
+    return gQ.shape[2], b, hk, gQ.shape[1], gK.shape[1], gQ.shape[3]
+
+
+@cuda.jit(device=True, inline=True)
+def query_head(gQ, gK, group):
+    """``(bh, b, h, hk, s_q, s_k, d)`` of FA1's grid (:func:`batch_head`): ``bh = b * nheads + h`` (also the
+    dropout hash's head index), key/value head ``hk = h // group`` (GQA/MQA)."""
+    bh, b, h = batch_head(gQ.shape[2])
+    return bh, b, h, h // group, gQ.shape[1], gK.shape[1], gQ.shape[3]

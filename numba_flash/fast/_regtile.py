@@ -28,16 +28,18 @@ make_mask_tile       S masked: -inf past N_k or above the causal diagonal   FA1 
 make_row_reductions  rowmax S and rowsum P~ over the TPR lanes of a row     FA1 / FA2 forward
 make_softmax_p_tile  m_new, e^(m_old - m_new), P~ = exp2(S - m_new), l      FA1 / FA2 forward
 make_pv_tile         O_i += P~ V_j (TM x DP/TPR register tile)              FA1 / FA2 forward
+make_store_o_row     one row of that O_i tile, times 1/l_i, to HBM          FA1 / FA2 forward
 make_natural_stats   base-2 m, l -> the saved m, l (natural units), L       FA1 / FA2 forward
-make_forward_steps   the six above for one tiling, as a tuple               FA1 / FA2 forward
+make_forward_steps   the seven above for one tiling, as a tuple               FA1 / FA2 forward
 make_s_dp_p_ds       S, dP~ (register tiles); P, P o Z, tau dS to SRAM      FA1 / FA2 backward
 make_row_stats       the saved m, l (or L) -> M, 1/l for P = exp2(S - M)/l  FA1 / FA2 backward
 make_dv_dk_update    dV_j += P~^T dO_i and dK_j += tau dS^T Q_i             FA1 / FA2 backward
 make_store_dk_dv     write dK_j, dV_j to HBM                                FA1 / FA2 backward
 ===================  =====================================================  ==================
 
-One plain device function sits beside them: :func:`min_keep_nan`, the cap ``min(S - M, 64)`` of the fast backwards
-(these two and the half ones; the 3xTF32 one's is its PTX twin) that keeps a NaN on a GPU as in the simulator.
+Plain device functions sit beside them: :func:`min_keep_nan`, the cap ``min(S - M, 64)`` of the fast backwards
+(these two and the half ones; the 3xTF32 one's is its PTX twin) that keeps a NaN on a GPU as in the simulator;
+:func:`load4` and :func:`dot4_add`, the 16-byte SRAM load and the 4-term multiply-add of the tile products.
 """
 
 from __future__ import annotations
@@ -76,6 +78,18 @@ def load4(smem, addr, r, a):
     r[4 * a + 1] = smem[addr + U1]
     r[4 * a + 2] = smem[addr + U2]
     r[4 * a + 3] = smem[addr + U3]
+
+
+@cuda.jit(device=True, inline="always")
+def dot4_add(acc, e, r, a, x0, x1, x2, x3):
+    """``acc[e] += r[4 a .. 4 a + 3] . (x0, x1, x2, x3)``, summed left to right: one 4-column step of a register-tile
+    product (the loaded :func:`load4` row ``a`` times four SRAM values)."""
+    s = acc[e]
+    s += r[4 * a] * x0
+    s += r[4 * a + 1] * x1
+    s += r[4 * a + 2] * x2
+    s += r[4 * a + 3] * x3
+    acc[e] = s
 
 
 def _shuffle_offsets(TPR: int):
@@ -118,12 +132,7 @@ def make_qkt_tile(TM: int, TN: int, NK4: int, RG: int, TPR: int, SQ: int):
                 k2 = smem[ka + U2]
                 k3 = smem[ka + U3]
                 for a in range(TM):
-                    acc = rS[a * TN + bb]
-                    acc += rq[4 * a] * k0
-                    acc += rq[4 * a + 1] * k1
-                    acc += rq[4 * a + 2] * k2
-                    acc += rq[4 * a + 3] * k3
-                    rS[a * TN + bb] = acc
+                    dot4_add(rS, a * TN + bb, rq, a, k0, k1, k2, k3)
 
     return qkt_tile
 
@@ -171,6 +180,14 @@ def make_row_reductions(TM: int, TN: int, RG: int, TPR: int, SHFL: bool):
     SRAM_REDUCE = not SHFL
 
     @cuda.jit(device=True, inline="always")
+    def stage_partials(smem, rbase, rg, tc, r):
+        """(no shuffles) this lane's partials ``r[a]`` of its TM rows into the scratch, column ``tc``."""
+        cuda.syncthreads()  # Sync: (no shuffles) the previous reduction's reads of the scratch are done
+        for a in range(TM):
+            smem[rbase + (rg + uRG * U(a)) * uTPR + tc] = r[a]
+        cuda.syncthreads()  # Sync: (no shuffles) every lane's partials are in SRAM
+
+    @cuda.jit(device=True, inline="always")
     def row_max_tile(smem, rbase, rg, tc, rS, rmax):
         for a in range(TM):
             mt = rS[a * TN]
@@ -178,10 +195,7 @@ def make_row_reductions(TM: int, TN: int, RG: int, TPR: int, SHFL: bool):
                 mt = max(mt, rS[a * TN + bb])
             rmax[a] = mt
         if SRAM_REDUCE:
-            cuda.syncthreads()  # Sync: (no shuffles) the previous reduction's reads of the scratch are done
-            for a in range(TM):
-                smem[rbase + (rg + uRG * U(a)) * uTPR + tc] = rmax[a]
-            cuda.syncthreads()  # Sync: (no shuffles) every lane's partial row max is in SRAM
+            stage_partials(smem, rbase, rg, tc, rmax)  # the lanes' partial row maxima
             for a in range(TM):
                 mt = rmax[a]
                 for lane in range(TPR):
@@ -203,10 +217,7 @@ def make_row_reductions(TM: int, TN: int, RG: int, TPR: int, SHFL: bool):
     @cuda.jit(device=True, inline="always")
     def row_sum_lanes(smem, rbase, rg, tc, rl):
         if SRAM_REDUCE:
-            cuda.syncthreads()  # Sync: (no shuffles) the last reduction's reads of the scratch are done
-            for a in range(TM):
-                smem[rbase + (rg + uRG * U(a)) * uTPR + tc] = rl[a]
-            cuda.syncthreads()  # Sync: (no shuffles) every lane's partial row sum is in SRAM
+            stage_partials(smem, rbase, rg, tc, rl)  # the lanes' partial row sums
             for a in range(TM):
                 acc = float32(0.0)
                 for lane in range(TPR):
@@ -325,6 +336,23 @@ def make_inverse_row_sum(DROPOUT: bool):
 
 
 @functools.cache
+def make_store_o_row(DV: int, TPR: int):
+    """``store_o_row(gO, ub, row, uh, tc, d, rO, a, inv_l)``: row ``a`` of this thread's O tile (the layout of
+    :func:`make_pv_tile`) times ``inv_l`` to row ``row`` of ``gO (b, s_q, h, d)``, columns past ``d`` skipped; 4
+    consecutive floats per lane, the lanes of a row consecutive."""
+
+    @cuda.jit(device=True, inline="always")
+    def store_o_row(gO, ub, row, uh, tc, d, rO, a, inv_l):
+        for ev in range(DV):
+            for x4 in range(4):
+                x = 4 * int(tc) + 4 * TPR * ev + x4
+                if x < d:
+                    gO[ub, U(row), uh, U(x)] = rO[(a * DV + ev) * 4 + x4] * inv_l  # HBM write: Br*d
+
+    return store_o_row
+
+
+@functools.cache
 def make_natural_stats():
     """``natural_stats(m2, l) -> (m, l_m, L)``: a forward's base-2 row statistics as the kernels save them.
 
@@ -360,14 +388,14 @@ def make_natural_stats():
 def make_forward_steps(TM: int, TN: int, DV: int, RG: int, TPR: int, DP: int, SQ: int, SPS: int, W: int, CAUSAL: bool,
                        DROPOUT: bool, SHFL: bool, SCALE_KEPT: bool):
     """The forward steps above for one tiling, as both FFMA forwards take them: ``(qkt_tile, mask_tile, row_max_tile,
-    row_sum_lanes, softmax_p_tile, pv_tile, natural_stats)``. ``W``: the key columns of one S tile (FA2's ``Bc``, FA1's
+    row_sum_lanes, softmax_p_tile, pv_tile, store_o_row, natural_stats)``. ``W``: the key columns of one S tile (FA2's ``Bc``, FA1's
     chunk ``BCC``), so ``W / 4`` 4-key steps of ``P~ V`` and ``DP / 4`` 4-column steps of ``Q K^T``."""
     NK4 = DP // 4  # 4-column steps of Q K^T (16-byte loads)
     NC4 = W // 4  # 4-key steps of P~ V
     row_max_tile, row_sum_lanes = make_row_reductions(TM, TN, RG, TPR, SHFL)
     return (make_qkt_tile(TM, TN, NK4, RG, TPR, SQ), make_mask_tile(TM, TN, RG, TPR, W, CAUSAL), row_max_tile,
             row_sum_lanes, make_softmax_p_tile(TM, TN, RG, TPR, SPS, DROPOUT, SCALE_KEPT),
-            make_pv_tile(TM, DV, NC4, RG, TPR, SQ, SPS), make_natural_stats())
+            make_pv_tile(TM, DV, NC4, RG, TPR, SQ, SPS), make_store_o_row(DV, TPR), make_natural_stats())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -423,18 +451,8 @@ def make_s_dp_p_ds(TM: int, TN: int, NK4: int, RG: int, TPR: int, SQ: int, SP: i
                 v2 = smem[OFF_V + ka + U2]
                 v3 = smem[OFF_V + ka + U3]
                 for a in range(TM):
-                    acc = rS[a * TN + bb]
-                    acc += rq[4 * a] * k0
-                    acc += rq[4 * a + 1] * k1
-                    acc += rq[4 * a + 2] * k2
-                    acc += rq[4 * a + 3] * k3
-                    rS[a * TN + bb] = acc
-                    acc = rdP[a * TN + bb]
-                    acc += rdo[4 * a] * v0
-                    acc += rdo[4 * a + 1] * v1
-                    acc += rdo[4 * a + 2] * v2
-                    acc += rdo[4 * a + 3] * v3
-                    rdP[a * TN + bb] = acc
+                    dot4_add(rS, a * TN + bb, rq, a, k0, k1, k2, k3)
+                    dot4_add(rdP, a * TN + bb, rdo, a, v0, v1, v2, v3)
         masked = col0 + BC > s_k or (CAUSAL and col0 + BC - 1 > row0 + causal_offset)
         # Dev: branch-free (selects, not branches) so that the TM x TN loops unroll and rS, rdP stay in registers
         for a in range(TM):

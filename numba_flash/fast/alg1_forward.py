@@ -93,7 +93,7 @@ from .._launch import ForwardOutput, KernelLaunch, Problem
 from ..device.constants import FULL_MASK as _FULL_MASK
 from ..device.constants import LOG2E, U
 from ..device.dropout import head_key, row_key
-from ..device.grid import batch_head
+from ..device.grid import query_head
 from ..runtime import backend as _backend
 from ..runtime import smem as _smem
 from . import _plan, _regtile, _tiles
@@ -204,7 +204,7 @@ def alg1_forward_fast_kernel(NW: int, WS: int, TM: int, TPR: int, BCC: int, NCH:
     uBRDP = U(BR * DP)
 
     # Dev: dropout's 1/(1-p) on each kept P~ (FA1 Alg.2 L14)
-    qkt_tile, mask_tile, row_max_tile, row_sum_lanes, softmax_p_tile, pv_tile, natural_stats = _regtile.make_forward_steps(
+    qkt_tile, mask_tile, row_max_tile, row_sum_lanes, softmax_p_tile, pv_tile, store_o_row, natural_stats = _regtile.make_forward_steps(
         TM, TN, DV, RGW, TPR, DP, SQ, SPS, BCC, CAUSAL, DROPOUT, not SRAM_REDUCE, True)
 
     # [doc:alg1-fast-kernel]
@@ -230,12 +230,7 @@ def alg1_forward_fast_kernel(NW: int, WS: int, TM: int, TPR: int, BCC: int, NCH:
         lane = tid % uWS
         rgw = lane // uTPR
         tc = lane % uTPR
-        s_q = gQ.shape[1]
-        s_k = gK.shape[1]
-        nheads = gQ.shape[2]
-        d = gQ.shape[3]
-        bh, b, h = batch_head(nheads)  # FA1: one thread block per (batch, head)
-        hk = h // group  # GQA/MQA: the key/value head of query head h
+        bh, b, h, hk, s_q, s_k, d = query_head(gQ, gK, group)  # FA1: one thread block per (batch, head); GQA/MQA: hk
         ub, uh, uhk = U(b), U(h), U(hk)  # Dev: unsigned HBM indices: no negative-index wrap-around code
         k_bh = head_key(seed, bh) if DROPOUT else uint64(0)
         qbase = OFF_Q + w * U(BR * SQ)  # this worker's Q_i tile
@@ -361,11 +356,7 @@ def alg1_forward_fast_kernel(NW: int, WS: int, TM: int, TPR: int, BCC: int, NCH:
                     if row < s_q:
                         l_new = rl[a]
                         inv_l = float32(1.0) / l_new if l_new > 0 else float32(0.0)
-                        for ev in range(DV):
-                            for x4 in range(4):
-                                x = 4 * int(tc) + 4 * TPR * ev + x4
-                                if x < d:
-                                    gO[ub, U(row), uh, U(x)] = rO[(a * DV + ev) * 4 + x4] * inv_l  # HBM write: Br*d
+                        store_o_row(gO, ub, row, uh, tc, d, rO, a, inv_l)  # HBM write: Br*d
                         # Alg.1 L13 / Alg.2 L16: l_i <- l_new, m_i <- m_new, to HBM
                         # Dev: m_i in base 2, exactly as the next step uses it: a natural-unit m read back as
                         # m log2 e rounds (by ~ulp(m): at logits ~1e10 that is 2^10, and exp2 of it overflows)
@@ -379,10 +370,7 @@ def alg1_forward_fast_kernel(NW: int, WS: int, TM: int, TPR: int, BCC: int, NCH:
         # Dev: m to natural units with l relative to it as the backward reads it back (_regtile.make_natural_stats),
         # and L = m + log l (flash-attn's softmax_lse; +inf where a row saw no key)
         for r in range(int(tid), s_q, NT):
-            m_nat, l_m, L_r = natural_stats(gm[b, h, r], gl[b, h, r])
-            gm[b, h, r] = m_nat  # HBM write: N
-            gl[b, h, r] = l_m  # HBM write: N
-            glse[b, h, r] = L_r  # HBM write: N
+            gm[b, h, r], gl[b, h, r], glse[b, h, r] = natural_stats(gm[b, h, r], gl[b, h, r])  # HBM write: 3 N (m, l, L)
 
     # [/doc:alg1-fast-kernel]
     return kernel

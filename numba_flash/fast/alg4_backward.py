@@ -99,7 +99,7 @@ from .._launch import KernelLaunch, Problem
 from ..device.constants import LOG2E, U
 from ..device.dropout import head_key, row_key
 from ..device.gqa import group_sum, per_head_grads
-from ..device.grid import batch_head
+from ..device.grid import query_head
 from ..runtime import backend as _backend
 from ..runtime import smem as _smem
 from . import _plan, _regtile
@@ -202,6 +202,7 @@ def alg4_backward_fast_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool, 
     @cuda.jit(fastmath=False)
     def kernel(gQ, gK, gV, gO, gdO, gm, gl, gDs, gdQ, gdK, gdV, tau, group, causal_offset, seed, threshold, dropout_scale):
         smem = cuda.shared.array(0, float32, alignment=ALIGN)  # all tiles; offsets OFF_*
+        tid = U(cuda.threadIdx.x)
         c = float32(tau * LOG2E)  # Dev: the forward's Q scale tau log2 e, rounded as the host rounded it for the forward
         tau = float32(tau)  # Dev: float32 scalars, so no float64 arithmetic creeps into the tile loops
         dropout_scale = float32(dropout_scale)
@@ -224,13 +225,7 @@ def alg4_backward_fast_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool, 
         rKn = cuda.local.array(NLK, float32)
         rVn = cuda.local.array(NLK, float32)
 
-        tid = U(cuda.threadIdx.x)
-        nheads = gQ.shape[2]
-        s_q = gQ.shape[1]
-        s_k = gK.shape[1]
-        d = gQ.shape[3]
-        bh, b, h = batch_head(nheads)  # bh = batch * nheads + query head: also the dropout hash's head index
-        hk = h // group  # the key/value head this query head reads (GQA/MQA)
+        bh, b, h, hk, s_q, s_k, d = query_head(gQ, gK, group)  # bh = b nheads + h: also the dropout hash's head index
         ub, uh, uhk = U(b), U(h), U(hk)
         cy = tid // uXT
         tx = tid % uXT

@@ -101,7 +101,7 @@ from numba import cuda, float32, uint64
 from .._launch import KernelLaunch, Problem, bh_grid, ceil_div
 from ..device.constants import LOG2E, U
 from ..device.dropout import head_key, row_key
-from ..device.grid import folded_batch_head
+from ..device.grid import folded_kv_head, folded_query_head
 from ..device.prepass import allocate_grads
 from ..runtime import backend as _backend
 from ..runtime import smem as _smem
@@ -229,11 +229,31 @@ def _device_functions(NT, BR, BC, DP, CAUSAL, DROPOUT):
                     for a in range(TM2):
                         rdQ[a * DX2 + e] += rds[4 * a + cx] * kv
 
+    def dq_writer(ATOMIC):
+        @cuda.jit(device=True, inline="always")
+        def write_dq(gdQ, ub, uh, row0, tid, s_q, d, rdQ):
+            """rdQ (the dq_tile layout) to rows row0.. of dQ_i in HBM (ATOMIC: atomic adds), rows past N_q and columns
+            past d skipped."""
+            rg2 = tid // uTPR2
+            tc2 = tid % uTPR2
+            for a in range(TM2):
+                row = row0 + int(rg2 + uRG2 * U(a))
+                if row < s_q:
+                    for e in range(DX2):
+                        x = tc2 + uTPR2 * U(e)
+                        if x < U(d):
+                            if ATOMIC:
+                                cuda.atomic.add(gdQ, (ub, U(row), uh, x), rdQ[a * DX2 + e])  # HBM read+write: Br*d
+                            else:
+                                gdQ[ub, U(row), uh, x] = rdQ[a * DX2 + e]  # HBM write: Br*d
+
+        return write_dq
+
     offs = dict(OFF_Q=OFF_Q, OFF_DO=OFF_DO, OFF_K=OFF_K, OFF_V=OFF_V, OFF_P=OFF_P, OFF_DS=OFF_DS, OFF_M=OFF_M, OFF_D=OFF_D,
                 OFF_IL=OFF_IL)
     return dict(NLQ=NLQ, NLK=NLK, load_q=load_q, store_q=store_q, load_k=load_k, store_k=store_k,
                 n_key_blocks=n_key_blocks, first_row_block=first_row_block, s_dp_p_ds=s_dp_p_ds, dq_tile=dq_tile,
-                offs=offs, g=g)
+                add_dq=dq_writer(True), store_dq=dq_writer(False), offs=offs, g=g)
 
 
 @functools.cache
@@ -267,16 +287,16 @@ def fa2_backward_fast_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool, D
     """
     fns = _device_functions(NT, BR, BC, DP, CAUSAL, DROPOUT)
     g = fns["g"]
-    TM, TC, CW, DVX, XT, CG, TM2, DX2, RG2, TPR2 = (g[k] for k in ("TM", "TC", "CW", "DVX", "XT", "CG", "TM2", "DX2", "RG2", "TPR2"))
+    TM, TC, CW, DVX, XT, CG, TM2, DX2 = (g[k] for k in ("TM", "TC", "CW", "DVX", "XT", "CG", "TM2", "DX2"))
     NLQ, NLK = fns["NLQ"], fns["NLK"]
     load_q, store_q, load_k, store_k = fns["load_q"], fns["store_q"], fns["load_k"], fns["store_k"]
-    s_dp_p_ds, dq_tile, first_row_block = fns["s_dp_p_ds"], fns["dq_tile"], fns["first_row_block"]
+    s_dp_p_ds, dq_tile, add_dq, first_row_block = fns["s_dp_p_ds"], fns["dq_tile"], fns["add_dq"], fns["first_row_block"]
     o = fns["offs"]
     OFF_Q, OFF_DO, OFF_K, OFF_V, OFF_P, OFF_DS, OFF_M, OFF_D, OFF_IL = (o[k] for k in ("OFF_Q", "OFF_DO", "OFF_K", "OFF_V", "OFF_P", "OFF_DS", "OFF_M", "OFF_D", "OFF_IL"))
     row_stats = _regtile.make_row_stats(FROM_LSE)
     SQ = DP + 4
     SP = BC + 4
-    uXT, uTPR2, uRG2, uBR = U(XT), U(TPR2), U(RG2), U(BR)
+    uXT, uBR = U(XT), U(BR)
     NQC = TC // CW  # chunks of CW key rows per thread in the dK/dV map
     dv_dk_update = _regtile.make_dv_dk_update(BR, NQC, CW, CG, DVX, XT, TC, SP, SQ, OFF_P, OFF_DS, OFF_DO, OFF_Q)
     store_dk_dv = _regtile.make_store_dk_dv(NQC, CW, CG, DVX, XT)
@@ -316,12 +336,7 @@ def fa2_backward_fast_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool, D
         rVn = cuda.local.array(NLK, float32)
 
         tid = U(cuda.threadIdx.x)
-        nheads = gQ.shape[2]
-        nheads_k = gK.shape[2]
-        s_q = gQ.shape[1]
-        s_k = gK.shape[1]
-        d = gQ.shape[3]
-        _, b, hk = folded_batch_head(nheads_k)  # Dev: b*h_k folded over grid y, z (y <= 65535)
+        nheads, b, hk, s_q, s_k, d = folded_kv_head(gQ, gK)  # Dev: b*h_k folded over grid y, z (y <= 65535)
         if b >= gQ.shape[0]:
             return  # Dev: past b*h_k in the last z slab of the fold
         ub, uhk = U(b), U(hk)
@@ -405,15 +420,7 @@ def fa2_backward_fast_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool, D
                 for a in range(NQ2):
                     rdQ[a] = float32(0.0)
                 dq_tile(smem, tid, rdQ, rds4)
-                rg2 = tid // uTPR2
-                tc2 = tid % uTPR2
-                for a in range(TM2):
-                    row = row0 + int(rg2 + uRG2 * U(a))
-                    if row < s_q:
-                        for e in range(DX2):
-                            x = tc2 + uTPR2 * U(e)
-                            if x < U(d):
-                                cuda.atomic.add(gdQ, (ub, U(row), U(h), x), rdQ[a * DX2 + e])  # HBM read+write: Br*d
+                add_dq(gdQ, ub, U(h), row0, tid, s_q, d, rdQ)  # HBM read+write: Br*d
             # [/doc:fa2-fast-bwd-inner-loop]
             if HEAD_SUMS and t % n_i == n_i - 1:
                 # Dev: the last query block of head h: its dK_j, dV_j added to the group's sum in HBM (the first head's
@@ -443,14 +450,14 @@ def fa2_backward_fast_dq_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool
     """
     fns = _device_functions(NT, BR, BC, DP, CAUSAL, DROPOUT)
     g = fns["g"]
-    TM, TM2, DX2, RG2, TPR2 = (g[k] for k in ("TM", "TM2", "DX2", "RG2", "TPR2"))
+    TM, TM2, DX2 = (g[k] for k in ("TM", "TM2", "DX2"))
     NLQ, NLK = fns["NLQ"], fns["NLK"]
     load_q, store_q, load_k, store_k = fns["load_q"], fns["store_q"], fns["load_k"], fns["store_k"]
-    s_dp_p_ds, dq_tile, n_key_blocks = fns["s_dp_p_ds"], fns["dq_tile"], fns["n_key_blocks"]
+    s_dp_p_ds, dq_tile, store_dq, n_key_blocks = fns["s_dp_p_ds"], fns["dq_tile"], fns["store_dq"], fns["n_key_blocks"]
     o = fns["offs"]
     OFF_Q, OFF_DO, OFF_K, OFF_V, OFF_M, OFF_D, OFF_IL = (o[k] for k in ("OFF_Q", "OFF_DO", "OFF_K", "OFF_V", "OFF_M", "OFF_D", "OFF_IL"))
     row_stats = _regtile.make_row_stats(FROM_LSE)
-    uTPR2, uRG2, uBR = U(TPR2), U(RG2), U(BR)
+    uBR = U(BR)
     TPR_, RG_ = g["TPR"], g["RG"]  # S/dP map: lanes per row group, row groups
     # Register-array sizes (local-array sizes must be plain constants):
     NS = g["TM"] * g["TN"]  # rS, rdP: the TM x TN tiles of S_ij, dP_ij
@@ -477,11 +484,7 @@ def fa2_backward_fast_dq_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool
         rVn = cuda.local.array(NLK, float32)
 
         tid = U(cuda.threadIdx.x)
-        nheads = gQ.shape[2]
-        s_q = gQ.shape[1]
-        s_k = gK.shape[1]
-        d = gQ.shape[3]
-        _, b, h = folded_batch_head(nheads)  # Dev: b*h folded over grid y, z (y <= 65535)
+        nheads, b, h, s_q, s_k, d = folded_query_head(gQ, gK)  # Dev: b*h folded over grid y, z (y <= 65535)
         if b >= gQ.shape[0]:
             return  # Dev: past b*h in the last z slab of the fold
         hk = h // group
@@ -522,15 +525,7 @@ def fa2_backward_fast_dq_kernel(NT: int, BR: int, BC: int, DP: int, CAUSAL: bool
             cuda.syncthreads()  # Sync: tau dS_ij in SRAM before L15 reads it
             # FA2.2 L15: dQ_i += tau dS_ij K_j -- Dev: deterministic: each thread sums its tile over j in a fixed order
             dq_tile(smem, tid, rdQ, rds4)
-        rg2 = tid // uTPR2
-        tc2 = tid % uTPR2
-        for a in range(TM2):
-            row = row0 + int(rg2 + uRG2 * U(a))
-            if row < s_q:
-                for e in range(DX2):
-                    x = tc2 + uTPR2 * U(e)
-                    if x < U(d):
-                        gdQ[ub, U(row), uh, x] = rdQ[a * DX2 + e]  # HBM write: Br*d
+        store_dq(gdQ, ub, uh, row0, tid, s_q, d, rdQ)  # HBM write: Br*d
 
     return kernel
 

@@ -77,7 +77,7 @@ from .._launch import ForwardOutput, KernelLaunch, Problem, bh_grid, ceil_div
 from ..device.constants import FULL_MASK as _FULL_MASK
 from ..device.constants import U
 from ..device.dropout import head_key, row_key
-from ..device.grid import folded_batch_head
+from ..device.grid import folded_query_head
 from ..runtime import backend as _backend
 from . import _plan, _regtile, _tiles
 
@@ -185,13 +185,14 @@ def fa2_forward_fast_kernel(NT: int, TM: int, TPR: int, BC: int, DP: int, CAUSAL
     n_key_blocks, _ = _tiles.make_block_counts(BR, BC, CAUSAL)
 
     # Dev: dropout's 1/(1-p) once, at L12 (not on each P~)
-    qkt_tile, mask_tile, row_max_tile, row_sum_lanes, softmax_p_tile, pv_tile, natural_stats = _regtile.make_forward_steps(
+    qkt_tile, mask_tile, row_max_tile, row_sum_lanes, softmax_p_tile, pv_tile, store_o_row, natural_stats = _regtile.make_forward_steps(
         TM, TN, DV, RG, TPR, DP, SQ, SPS, BC, CAUSAL, DROPOUT, not SRAM_REDUCE, False)
 
     # [doc:fa2-fast-kernel]
     @cuda.jit(fastmath=False)
     def kernel(gQ, gK, gV, gO, gL, gm, gl, scale_log2, group, causal_offset, seed, threshold, dropout_scale):
         smem = cuda.shared.array(0, float32, alignment=ALIGN)  # all tiles; offsets OFF_*
+        tid = U(cuda.threadIdx.x)
         scale_log2 = float32(scale_log2)  # Dev: float32, so the backward rounds tau log2 e Q exactly as here
         rS = cuda.local.array(NS, float32)  # S_ij tile (registers)
         rO = cuda.local.array(NO, float32)  # O_i tile (registers)
@@ -204,14 +205,9 @@ def fa2_forward_fast_kernel(NT: int, TM: int, TPR: int, BC: int, DP: int, CAUSAL
         rKn = cuda.local.array(NL, float32)  # K_j / K_{j+1} in flight (registers)
         rVn = cuda.local.array(NL, float32)
 
-        tid = U(cuda.threadIdx.x)
         rg = tid // uTPR
         tc = tid % uTPR
-        nheads = gQ.shape[2]
-        s_q = gQ.shape[1]
-        s_k = gK.shape[1]
-        d = gQ.shape[3]
-        _, b, h = folded_batch_head(nheads)  # Dev: b*h folded over grid y, z (y <= 65535)
+        nheads, b, h, s_q, s_k, d = folded_query_head(gQ, gK)  # Dev: b*h folded over grid y, z (y <= 65535)
         if b >= gQ.shape[0]:
             return  # Dev: past b*h in the last z slab of the fold
         hk = h // group
@@ -292,11 +288,7 @@ def fa2_forward_fast_kernel(NT: int, TM: int, TPR: int, BC: int, DP: int, CAUSAL
                 # Dev: m_i (natural units) and l_i are saved too, apart, for the backward's P (make_natural_stats)
                 m_nat, l_m, L_i = natural_stats(rm[a], l_i)
                 # FA2.1 L14: write O_i to HBM (4 consecutive floats per lane, lanes consecutive)
-                for ev in range(DV):
-                    for x4 in range(4):
-                        x = 4 * int(tc) + 4 * TPR * ev + x4
-                        if x < d:
-                            gO[ub, U(row), uh, U(x)] = rO[(a * DV + ev) * 4 + x4] * inv_l  # HBM write: Br*d
+                store_o_row(gO, ub, row, uh, tc, d, rO, a, inv_l)  # HBM write: Br*d
                 # FA2.1 L15: write L_i to HBM (one lane per row)
                 if tc == U0:
                     gL[b, h, row] = L_i  # HBM write: Br
