@@ -71,6 +71,11 @@ handles = fa2_forward_half.handles
 stride = fa2_forward_half.stride
 
 
+#: :func:`backward` puts nothing on the GPU but the allocator's outputs and launches through ``_smem.launch`` (the
+#: pre-pass, the main kernel, the deterministic dQ kernel): an eager call's backward may be replayed
+#: (:mod:`numba_flash.runtime.replay`)
+REPLAYABLE = True
+
 #: The allocator hands this module half inputs as words of two halves (:meth:`numba_flash._launch.Allocator.to_words`).
 TAKES_WORDS = True
 

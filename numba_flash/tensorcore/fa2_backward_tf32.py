@@ -78,6 +78,11 @@ from ..runtime import smem as _smem
 from . import backward_steps, fa2_forward_tf32, ptx
 from .ptx import available  # noqa: F401  (the kernel contract's optional available())
 
+#: :func:`backward` puts nothing on the GPU but the allocator's outputs and launches through ``_smem.launch`` (the
+#: pre-pass, the main kernel, the deterministic dQ kernel): an eager call's backward may be replayed
+#: (:mod:`numba_flash.runtime.replay`)
+REPLAYABLE = True
+
 #: Largest head dim of this kernel: the 3xTF32 forward's (:data:`numba_flash.tensorcore.fa2_forward_tf32.TC_MAX_HEADDIM`).
 TF32_MAX_HEADDIM = fa2_forward_tf32.TC_MAX_HEADDIM
 

@@ -79,6 +79,10 @@ from .ptx import available  # noqa: F401  (the kernel contract's optional availa
 HALF_MAX_HEADDIM = 128
 
 
+#: :func:`forward` puts nothing on the GPU but the allocator's outputs and launches through ``_smem.launch``: an eager
+#: call may be replayed (:mod:`numba_flash.runtime.replay`), as the 3xTF32 forward's may
+REPLAYABLE = True
+
 #: The allocator hands this module half inputs as words of two halves (:meth:`numba_flash._launch.Allocator.to_words`).
 TAKES_WORDS = True
 

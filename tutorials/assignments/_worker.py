@@ -25,7 +25,7 @@ def main():
     sys.stdout = sys.stderr
     config = pickle.load(proto_in)
     sys.dont_write_bytecode = True
-    sys.path.insert(0, config["tutorials"])
+    sys.path[:] = [config["tutorials"], *config["sys_path"]]
     sys.setswitchinterval(1e-3)  # as tutorials/conftest.py: the simulator's threads hand over the GIL more often
 
     import numpy as np

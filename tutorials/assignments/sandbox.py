@@ -108,6 +108,9 @@ class _Worker:
             "allowed_files": [str(submission), str(HERE / "probes.py"), str(HERE / "__init__.py"), str(HERE / "_worker.py")],
             "simulator_patch": _simulator_patch_file(),
             "tutorials": str(TUTORIALS),
+            # the grader's own sys.path (its numpy, its numba; the package too, which the hook refuses by name):
+            # ``-I`` drops PYTHONPATH, and a worker with other libraries than the grader's would grade otherwise
+            "sys_path": [p for p in sys.path if p],
             "forbidden_imports": FORBIDDEN_IMPORTS,
             "harmless_imports": HARMLESS_IMPORTS,
             "refused_events": REFUSED_EVENTS,
