@@ -41,7 +41,19 @@ class _Pickles:
         self._lock = threading.Lock()
 
 
-class CountingArray(_Pickles):
+class _ArrayLike(_Pickles):
+    """A probe that stands for the array ``self.data`` in a kernel: its shape, size, dtype and length."""
+
+    shape = property(lambda self: self.data.shape)
+    ndim = property(lambda self: self.data.ndim)
+    size = property(lambda self: self.data.size)
+    dtype = property(lambda self: self.data.dtype)
+
+    def __len__(self):
+        return len(self.data)
+
+
+class CountingArray(_ArrayLike):
     """A kernel argument whose every element read, write and atomic update is counted (simulator only).
 
     Pass it to a ``@cuda.jit`` kernel in place of a NumPy array. The simulator hands non-NumPy
@@ -73,14 +85,6 @@ class CountingArray(_Pickles):
         self.writes = np.zeros(self.data.shape, np.int64)
         self.atomics = np.zeros(self.data.shape, np.int64)
         self._lock = threading.Lock()  # simulator threads are real Python threads
-
-    shape = property(lambda self: self.data.shape)
-    ndim = property(lambda self: self.data.ndim)
-    size = property(lambda self: self.data.size)
-    dtype = property(lambda self: self.data.dtype)
-
-    def __len__(self):
-        return len(self.data)
 
     def __getitem__(self, idx):
         value = self.data[idx]  # raises IndexError on an out-of-bounds load (a GPU would read garbage)
@@ -159,7 +163,7 @@ class BlockStream(_Pickles):
 
 
 
-class SharedRaceArray(_Pickles):
+class SharedRaceArray(_ArrayLike):
     """A shared array whose every access is checked against the barrier epochs of the simulator's threads.
 
     Each thread counts the barriers it has passed (its *epoch*). Two accesses to one element by two
@@ -174,14 +178,6 @@ class SharedRaceArray(_Pickles):
         self._lock = threading.Lock()
         self._last_write = {}
         self._readers = {}
-
-    shape = property(lambda self: self.data.shape)
-    ndim = property(lambda self: self.data.ndim)
-    size = property(lambda self: self.data.size)
-    dtype = property(lambda self: self.data.dtype)
-
-    def __len__(self):
-        return len(self.data)
 
     @staticmethod
     def _who():
