@@ -611,12 +611,11 @@ def fa2_backward_half_dq_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool
 def default_features() -> dict:
     """``PREFETCH``: load the next step's Q_i, dO_i (main kernel) or K_j, V_j (dQ kernel) into registers
     during the compute of this one. ``RED2``: add the dQ fragments with ``red.global.add.v2.f32`` (two
-    columns per instruction). None: on compute capability 9.0+ (``red`` of two floats is sm_90's). Before
-    bfef7ac it was off for causal at d > 64, where, measured before ``LSE_P``, the vector form's extra registers
+    columns per instruction). None: on compute capability 9.0+ (``red`` of two floats is sm_90's). Until the
+    performance log's section "Half backward: RED2 for causal d = 128 again" it was off for causal at d > 64, where, measured before ``LSE_P``, the vector form's extra registers
     made ptxas spill 144 B instead of 80 B and the kernel 17-21 % slower
     (``docs/results/sweeps/half_bwd_sweep_h100_v2_red2.json``; elsewhere 1-8 % faster); with ``LSE_P`` the causal d = 128 kernel spills 12 B with it and 24/44 B without, and
-    its main loop is 1404 SASS instructions against 1894 (offline, CUDA 13.5's ptxas; the performance log's
-    section "Half backward: RED2 for causal d = 128 again"). ``CP_ASYNC``: the main
+    its main loop is 1404 SASS instructions against 1894 (offline, CUDA 13.5's ptxas; that section). ``CP_ASYNC``: the main
     kernel's Q_i, dO_i by ``cp.async`` into two SRAM stages where the head dim allows it
     (:func:`numba_flash.tensorcore.fa2_forward_half.cp_async_ok`) and Q, dO are 16-byte aligned: on an H100 forward +
     backward is 17-23 % faster at d = 64 and 3-25 % at d = 128 with the RED2 policy above

@@ -23,8 +23,9 @@ What changes from the FFMA kernel
   the 3xTF32 forward's and ``P = exp2(S' - M) / l`` is the forward's ``P``. An FFMA backward recomputes
   ``S`` with FFMAs, 4-12 float32 roundings away from the 3xTF32 forward's, and sharp softmaxes magnify that
   past the error rule; with this pair the simulator's sharp-softmax and large-logit cases pass, and on an
-  H100 so does the sharp-softmax case against the in-order float32 baseline (``tests/attn_testing.matmul32``,
-  b7c3ad5; it missed by 1.55x on dV against the BLAS one). ``variant="auto"`` trains float32 with this pair.
+  H100 so does the sharp-softmax case against the in-order float32 baseline (``tests/attn_testing.matmul32``; it
+  missed by 1.55x on dV against the BLAS one: the performance log's section "Float32 training default: the
+  tensor-core pair"). ``variant="auto"`` trains float32 with this pair.
 * **P and dS through SRAM, read back by renaming the queries.** ``P o Z`` and ``tau dS`` go to SRAM
   (``Br x (Bc + 4)``, row = query); each warp reads back only its own key columns (``syncwarp``). The A operand
   of ``dV_j += P^T dO_i`` (keys x 8 queries) is read with the k index renamed: the order of a summed index is
