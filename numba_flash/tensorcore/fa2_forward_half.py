@@ -254,14 +254,11 @@ def make_half_o_store(MW: int, DP: int, KIND: str, SIM: bool):
 
 @functools.cache
 def fa2_forward_half_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROPOUT: bool, PREFETCH: bool, SIM: bool, KIND: str,
-                            CP_ASYNC: bool = False, EX2_FTZ: bool = False, HEAVY_FIRST: bool = False):
+                            CP_ASYNC: bool = False, EX2_FTZ: bool = False):
     """The fp16/bf16 FA2 forward kernel for one specialization (see the module docstring), composed of steps: line 7
     from :func:`numba_flash.tensorcore.forward_steps.make_kv_pipeline`, line 8 from :func:`make_half_s_step`, line 9
     from :func:`numba_flash.tensorcore.forward_steps.make_online_softmax`, line 10 from :func:`make_half_pv_step`,
     lines 12-15 from :func:`numba_flash.tensorcore.forward_steps.make_write_o_l` with :func:`make_half_o_store`.
-
-    ``HEAVY_FIRST`` (causal): every head's last (heaviest) query block starts first, as in the 3xTF32 forward
-    (:func:`numba_flash.tensorcore.forward_steps.make_query_block`); the same blocks and bits as without it.
 
     ``CP_ASYNC`` (d a multiple of 8): Q_i, K_j, V_j go HBM -> SRAM by ``cp.async`` into two SRAM stages of
     K_j, V_j (``PREFETCH`` is then unused); otherwise through registers into one stage (``PREFETCH``: the
@@ -307,7 +304,7 @@ def fa2_forward_half_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DR
     _, load_kv_async = _tiles.make_word_loader_async(BC, DW, NT, SQ, SIM)
     _copy16, cp_commit, cp_wait0 = ptx.make_cp_async(SIM)
     n_key_blocks, _ = _tiles.make_block_counts(BR, BC, CAUSAL)
-    query_block = forward_steps.make_query_block(HEAVY_FIRST)
+    query_block = forward_steps.make_query_block(False)  # Dev: each head's blocks in turn (all heads' heaviest first gained nothing here)
 
     exp2 = ptx.make_exp2(EX2_FTZ, SIM)  # EX2_FTZ: one MUFU.EX2 instead of four instructions (see default_features)
     init_o_l_m = forward_steps.make_init_o_l_m(MW, NO, DROPOUT)
@@ -347,10 +344,10 @@ def fa2_forward_half_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DR
         s_q = gQ.shape[1]
         s_k = gK.shape[1]
         dw = gQ.shape[3]  # words of a row: d / 2
-        # FA2.1 L3: for i = 1..Tr -- one thread block per i; Dev: the heaviest (causal) blocks first (HEAVY_FIRST: of all heads)
+        # FA2.1 L3: for i = 1..Tr -- one thread block per i; Dev: the heaviest (causal) blocks first
         i, bh, b, h = query_block(gQ.shape[0], nheads)  # Dev: b*h folded over grid y, z (y <= 65535)
-        if b >= gQ.shape[0] or (HEAVY_FIRST and i < 0):
-            return  # Dev: past b*h (HEAVY_FIRST: past Tr) in the last z slab of the fold
+        if b >= gQ.shape[0]:
+            return  # Dev: past b*h in the last z slab of the fold
         ub, uh, uhk = U(b), U(h), U(h // group)
         row0 = i * BR
         wrow = U(16 * MW) * U(warp)  # this warp's first row within the block
@@ -404,10 +401,8 @@ def default_features() -> dict:
     ``EX2_FTZ``: ``P~ = 2^(S' - m)`` by ``ex2.approx.ftz.f32`` (:func:`numba_flash.tensorcore.ptx.make_exp2`): one
     instruction instead of four, and 0 instead of a subnormal below 2^-126; on since an H100 timed it 1.02-1.13x
     faster at N = 16k (bf16, three paired runs; the performance log's section "Half forward: one instruction per
-    exp2"). ``HEAVY_FIRST``: with causal, the blocks of all heads start heaviest first (:func:`fa2_forward_half_kernel`);
-    off until a GPU times it (on for the 3xTF32 forward, 1.03-1.09x on an H200: the performance log's section "3xTF32
-    forward: the heaviest query blocks of all heads first")."""
-    return {"CP_ASYNC": True, "PREFETCH": True, "EX2_FTZ": True, "HEAVY_FIRST": False}
+    exp2")."""
+    return {"CP_ASYNC": True, "PREFETCH": True, "EX2_FTZ": True}
 
 
 def tiling(prob: Problem, block_sizes=None, features=None) -> tuple:
@@ -433,7 +428,7 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None):
     nbytes = 4 * smem_words(NW, MW, Bc, DP, kv_stages(cp_async))
     _plan.check_sram(nbytes, Br, Bc, d)
     kernel = fa2_forward_half_kernel(NW, MW, Bc, DP, prob.causal, prob.dropout_p > 0, prefetch, sim, ptx.HALF_KINDS[prob.dtype], cp_async,
-                                     bool(feats["EX2_FTZ"]), prob.causal and bool(feats["HEAVY_FIRST"]))
+                                     bool(feats["EX2_FTZ"]))
     grid = bh_grid(ceil_div(prob.seqlen_q, Br), prob.batch * prob.nheads)
     return kernel, grid, 32 * NW, nbytes
 
