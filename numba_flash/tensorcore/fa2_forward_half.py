@@ -170,17 +170,26 @@ def make_mma16_pair(MW: int, NX: int, KIND: str, SIM: bool):
 
 
 @functools.cache
-def make_half_s_step(MW: int, NB: int, DP: int, KIND: str, SIM: bool):
-    """``mma_qk(smem, rS, OFF_Q, kbase, wrow, lanes, sx, wbase, lane)``: line 8, ``S_i^(j) = Q_i K_j^T`` into the warp's
-    ``MW x NB`` float32 fragments ``rS``: per 16-wide k step, A = the warp's rows of ``Q_i`` (16 x 16 per m16 tile, one
-    ``ldmatrix.x4``), B = ``K_j^T`` (16 x 8 per key tile: lane word ``K[g, 2t:2t+2]`` is ``B[2t:2t+2, g]``; one
-    ``ldmatrix.x4`` for two key tiles); ``lanes``: this lane's ldmatrix rows and words (:func:`ldmatrix_lanes`)."""
+def make_half_steps(MW: int, NB: int, DP: int, KIND: str, SIM: bool):
+    """``(mma_qk, mma_pv)``: lines 8 and 10 on the warp's ``MW x NB`` float32 fragments.
+
+    * ``mma_qk(smem, rS, OFF_Q, kbase, wrow, lanes, sx, wbase, lane)``: line 8, ``S_i^(j) = Q_i K_j^T`` into ``rS``:
+      per 16-wide k step, A = the warp's rows of ``Q_i`` (16 x 16 per m16 tile, one ``ldmatrix.x4``), B = ``K_j^T``
+      (16 x 8 per key tile: lane word ``K[g, 2t:2t+2]`` is ``B[2t:2t+2, g]``; one ``ldmatrix.x4`` for two key tiles);
+      ``lanes``: this lane's ldmatrix rows and words (:func:`ldmatrix_lanes`).
+    * ``mma_pv(smem, rS, rO, ralpha, vbase, lanes, sx, wbase, lane)``: line 10, ``O_i = diag(e^(m_old - m_new)) O_i +
+      P~ V_j``: A = ``P~`` from the registers (``rS``'s 8-key tiles ``2 kt``, ``2 kt + 1`` are the A operand of 16-key
+      step ``kt``, rounded to half in pairs), B = ``V_j`` by ``ldmatrix.x4.trans`` (two column tiles per instruction).
+    """
     KD = DP // 16  # 16-wide k steps of Q K^T
+    NK = NB // 2  # 16-key steps of P~ V_j
+    ND = DP // 8  # 8-column tiles of O
     NS = MW * NB * 4
     NA = MW * 4  # words of one A operand (4 per m16 tile)
     uSQ = U(stride(DP))
-    _, _, ldsm, _ = ptx.make_half_ops(KIND, SIM)
-    mma16_pair = make_mma16_pair(MW, NB, KIND, SIM)
+    pack2, _, ldsm, ldsm_t = ptx.make_half_ops(KIND, SIM)
+    mma16_pair_s = make_mma16_pair(MW, NB, KIND, SIM)
+    mma16_pair_o = make_mma16_pair(MW, ND, KIND, SIM)
 
     @cuda.jit(device=True, inline="always")
     def mma_qk(smem, rS, OFF_Q, kbase, wrow, lanes, sx, wbase, lane):
@@ -193,22 +202,7 @@ def make_half_s_step(MW: int, NB: int, DP: int, KIND: str, SIM: bool):
                 rA[mt * 4], rA[mt * 4 + 1], rA[mt * 4 + 2], rA[mt * 4 + 3] = ldsm(smem, OFF_Q + (wrow + U(16 * mt) + lr) * uSQ + U(8 * ks) + lw, sx, wbase, lane)
             for np2 in range(NB // 2):  # b of key tiles 2 np2, 2 np2 + 1 = (K[g, 2t:2t+2], K[g, 2t+8:2t+10]) each
                 kb0, kb1, kb2, kb3 = ldsm(smem, kbase + (U(16 * np2) + kr) * uSQ + U(8 * ks) + kw, sx, wbase, lane)
-                mma16_pair(rA, rS, np2, kb0, kb1, kb2, kb3, sx, wbase, lane)
-
-    return mma_qk
-
-
-@functools.cache
-def make_half_pv_step(MW: int, NB: int, DP: int, KIND: str, SIM: bool):
-    """``mma_pv(smem, rS, rO, ralpha, vbase, lanes, sx, wbase, lane)``: line 10, ``O_i = diag(e^(m_old - m_new)) O_i + P~ V_j``:
-    A = ``P~`` from the registers (``rS``'s 8-key tiles ``2 kt``, ``2 kt + 1`` are the A operand of 16-key step
-    ``kt``, rounded to half in pairs), B = ``V_j`` by ``ldmatrix.x4.trans`` (two column tiles per instruction)."""
-    NK = NB // 2  # 16-key steps of P~ V_j
-    ND = DP // 8  # 8-column tiles of O
-    NA = MW * 4  # words of one A operand (4 per m16 tile)
-    uSQ = U(stride(DP))
-    pack2, _, _, ldsm_t = ptx.make_half_ops(KIND, SIM)
-    mma16_pair = make_mma16_pair(MW, ND, KIND, SIM)
+                mma16_pair_s(rA, rS, np2, kb0, kb1, kb2, kb3, sx, wbase, lane)
 
     @cuda.jit(device=True, inline="always")
     def mma_pv(smem, rS, rO, ralpha, vbase, lanes, sx, wbase, lane):
@@ -229,9 +223,9 @@ def make_half_pv_step(MW: int, NB: int, DP: int, KIND: str, SIM: bool):
                 rA[mt * 4 + 3] = pack2(rS[f1 + 2], rS[f1 + 3])
             for dp2 in range(ND // 2):  # b of column tiles 2 dp2, 2 dp2 + 1 = (V[2t:2t+2, g], V[2t+8:2t+10, g]) each
                 vb0, vb1, vb2, vb3 = ldsm_t(smem, vbase + (U(16 * kt) + lr) * uSQ + U(8 * dp2) + lw, sx, wbase, lane)
-                mma16_pair(rA, rO, dp2, vb0, vb1, vb2, vb3, sx, wbase, lane)
+                mma16_pair_o(rA, rO, dp2, vb0, vb1, vb2, vb3, sx, wbase, lane)
 
-    return mma_pv
+    return mma_qk, mma_pv
 
 
 @functools.cache
@@ -256,8 +250,8 @@ def make_half_o_store(MW: int, DP: int, KIND: str, SIM: bool):
 def fa2_forward_half_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROPOUT: bool, PREFETCH: bool, SIM: bool, KIND: str,
                             CP_ASYNC: bool = False, EX2_FTZ: bool = False):
     """The fp16/bf16 FA2 forward kernel for one specialization (see the module docstring), composed of steps: line 7
-    from :func:`numba_flash.tensorcore.forward_steps.make_kv_pipeline`, line 8 from :func:`make_half_s_step`, line 9
-    from :func:`numba_flash.tensorcore.forward_steps.make_online_softmax`, line 10 from :func:`make_half_pv_step`,
+    from :func:`numba_flash.tensorcore.forward_steps.make_kv_pipeline`, line 8 from :func:`make_half_steps`, line 9
+    from :func:`numba_flash.tensorcore.forward_steps.make_online_softmax`, line 10 from it too,
     lines 12-15 from :func:`numba_flash.tensorcore.forward_steps.make_write_o_l` with :func:`make_half_o_store`.
 
     ``CP_ASYNC`` (d a multiple of 8): Q_i, K_j, V_j go HBM -> SRAM by ``cp.async`` into two SRAM stages of
@@ -311,10 +305,9 @@ def fa2_forward_half_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DR
     load_kv_first, load_kv = forward_steps.make_kv_pipeline(BC, OFF_K, OFF_V, uSTAGE, True, CP_ASYNC, PREFETCH, CP_ASYNC,
                                                             load_q_async, load_kv_async, load_kv_async, cp_commit, cp_wait0,
                                                             load_pair, store_pair)
-    mma_qk = make_half_s_step(MW, NB, DP, KIND, SIM)
+    mma_qk, mma_pv = make_half_steps(MW, NB, DP, KIND, SIM)
     mask_s, _ = fragments.make_fragment_steps(MW, NB, BC, CAUSAL)
     online_softmax = forward_steps.make_online_softmax(MW, NB, BC, CAUSAL, DROPOUT, SIM, exp2, True)
-    mma_pv = make_half_pv_step(MW, NB, DP, KIND, SIM)
     write_o_l = forward_steps.make_write_o_l(MW, SIM, DROPOUT, make_half_o_store(MW, DP, KIND, SIM))
 
     # [doc:fa2-half-kernel]
