@@ -7,7 +7,8 @@ loop over the query heads of the KV head's group and their visible query blocks.
 products (three TF32 ``mma`` against one half ``mma``) and the layout of their tiles; the steps around the products
 are the same logic, so they live here once:
 
-* :func:`make_key_block`: which key block and (batch, KV head) a thread block owns (line 5);
+* :func:`make_key_block`: which key block and (batch, KV head) a thread block owns (line 5); :func:`query_block_head`:
+  the (batch, head) of a block of the deterministic dQ kernels;
 * :func:`make_query_steps`: the query blocks that see the key block, times the group's heads (line 8's trip count);
 * :func:`make_q_do_pipeline`: line 9, ``Q_i, dO_i`` into SRAM (by ``cp.async`` into two stages or through
   registers) and the statistics ``L_i`` (as ``M_i, 1/l_i``), ``D_i`` and the dropout row keys beside them;
@@ -26,6 +27,7 @@ from numba import cuda, float32
 
 from ..device.constants import U
 from ..device.dropout import head_key, row_key
+from ..device.grid import folded_batch_head
 from ..fast import _regtile, _tiles
 
 
@@ -42,6 +44,25 @@ def make_key_block(HEAVY_FIRST: bool):
         return j, bhk // nheads_k, bhk % nheads_k
 
     return key_block
+
+
+@cuda.jit(device=True, inline="always")
+def lane_coords():
+    """``(tid, lane, warp, g, t)``: this thread's index (``U``), its lane and warp, and the lane's row ``g`` and column
+    pair ``t`` (``U``) in the fragment layouts of ``mma.sync``."""
+    tid = U(cuda.threadIdx.x)
+    lane = cuda.threadIdx.x % 32
+    warp = cuda.threadIdx.x // 32
+    return tid, lane, warp, U(lane // 4), U(lane % 4)
+
+
+@cuda.jit(device=True, inline="always")
+def query_block_head(nbatch, nheads):
+    """``(b, h, past)``: the (batch, head) of a thread block of the deterministic dQ kernels, one block per query block
+    as in the forwards' grid (:func:`numba_flash.device.grid.folded_batch_head`), and whether it is past ``nbatch``:
+    the padding of the folded grid, for which the kernel returns."""
+    _, b, h = folded_batch_head(nheads)
+    return b, h, b >= nbatch
 
 
 @functools.cache
