@@ -22,6 +22,7 @@ paper tags stand at the kernels' call sites.
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 from numba import cuda, float32
 
@@ -44,6 +45,50 @@ def make_key_block(HEAVY_FIRST: bool):
         return j, bhk // nheads_k, bhk % nheads_k
 
     return key_block
+
+
+class KeyBlockLayout(NamedTuple):
+    """The compile-time sizes and SRAM offsets both column-block kernels share (:func:`key_block_layout`)."""
+
+    NT: int  # threads of the block
+    BC: int  # keys of the block: 16 MW NW
+    QST: int  # SRAM stages of Q_i, dO_i and of the statistics (2 with CP_ASYNC)
+    OFF_Q: U  # Q_i (stage 0), then dO_i, then stage 1 of both (uQSTAGE on), then K_j, V_j
+    OFF_DO: U
+    uQSTAGE: U
+    OFF_K: U
+    OFF_V: U
+    END_KV: int  # the first SRAM element past V_j (the kernel's own tiles follow)
+    QPW: int  # dQ split over the warps: query m16 tiles per warp, warps per query tile, n8 column tiles per warp
+    DSPLIT: int
+    NDW: int
+    NS: int  # fragment registers of S (and dP): MW x (Br/8) tiles
+    NKV: int  # of dK_j (and dV_j): MW x (DP/8) tiles
+    NQ: int  # of the warp's dQ_i slice
+    NA: int  # A-operand words of the warp's MW m16 tiles
+    NSR: int  # query rows whose statistics one thread moves
+    SXN: int  # the simulator's lane-exchange scratch (1 on a GPU)
+    SCR: int  # one warp's share of it
+    NSTAT: int  # statistics (and dropout row keys) of QST stages
+    NSKEY: int
+
+
+def key_block_layout(name: str, NW: int, MW: int, BR: int, DP: int, SQ: int, CP_ASYNC: bool, DROPOUT: bool, SIM: bool,
+                     split, scratch_per_warp: int) -> KeyBlockLayout:
+    """The layout of a column-block backward kernel of ``NW`` warps of ``16 MW`` keys and query steps of ``BR`` rows,
+    the head dim padded to ``DP`` (``DP / 8`` n8 column tiles) and tile rows ``SQ`` elements apart: ``Q_i, dO_i`` (two
+    stages with ``CP_ASYNC``), then ``K_j, V_j`` in the dynamic SRAM; ``split``: the module's ``dq_split`` of the dQ
+    tile over the warps (a ValueError that names ``name`` when it is None). Plain Python, computed by the factories."""
+    NT, BC, ND = 32 * NW, 16 * MW * NW, DP // 8
+    if split is None:
+        raise ValueError(f"{name}: Br={BR}, Bc={BC} (d padded to {DP}) cannot split dQ over {NW} warps")
+    QPW, DSPLIT = split
+    QST = 2 if CP_ASYNC else 1
+    q_do = QST * 2 * BR * SQ
+    return KeyBlockLayout(NT, BC, QST, U(0), U(BR * SQ), U(2 * BR * SQ), U(q_do), U(q_do + BC * SQ), q_do + 2 * BC * SQ,
+                          QPW, DSPLIT, ND // DSPLIT, MW * (BR // 8) * 4, MW * ND * 4, QPW * (ND // DSPLIT) * 4, MW * 4,
+                          (BR + NT - 1) // NT, NW * scratch_per_warp if SIM else 1, scratch_per_warp, QST * BR,
+                          QST * (BR if DROPOUT else 1))
 
 
 @cuda.jit(device=True, inline="always")

@@ -271,38 +271,19 @@ def fa2_backward_half_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
     dQ_i slice                rdQ                  registers: QPW x (DP/(8 DSPLIT)) fragments
     ========================  ===================  ==================================================
     """
-    NT = 32 * NW
-    BC = 16 * MW * NW
+    SQ = stride(DP)
+    (NT, BC, QST, OFF_Q, OFF_DO, uQSTAGE, OFF_K, OFF_V, END_KV, QPW, DSPLIT, NDW, NS, NKV, NQ, NA, NSR, SXN, SCR, NSTAT,
+     NSKEY) = backward_steps.key_block_layout("half backward", NW, MW, BR, DP, SQ, CP_ASYNC, DROPOUT, SIM, dq_split(NW, BR, DP),
+                                              ptx.HALF_SIM_SCRATCH_PER_WARP)
     NB = BR // 8  # n8 query tiles of S^T
     NQ16 = BR // 16  # 16-query k steps of P^T dO_i and dS^T Q_i
     NKB = BC // 16  # 16-key k steps of dS K_j
     KD = DP // 16  # 16-wide d steps of K Q^T and V dO^T
     ND = DP // 8  # n8 column tiles of dK, dV
     DW = DP // 2
-    SQ = stride(DP)
     SD = BR // 2 + 4  # row stride (words) of dS^T: BR / 2 is a multiple of 8, so 4 mod 8 (conflict-free ldmatrix)
     uSQ, uSD = U(SQ), U(SD)
-    QST = 2 if CP_ASYNC else 1  # SRAM stages of Q_i, dO_i and of the statistics
-    OFF_Q = U(0)
-    OFF_DO = U(BR * SQ)
-    uQSTAGE = U(2 * BR * SQ)  # CP_ASYNC: stage 1 (Q_i, dO_i of the odd steps) follows stage 0
-    OFF_K = U(QST * 2 * BR * SQ)
-    OFF_V = U(QST * 2 * BR * SQ + BC * SQ)
-    OFF_DS = U(QST * 2 * BR * SQ + 2 * BC * SQ)
-    split = dq_split(NW, BR, DP)
-    if split is None:
-        raise ValueError(f"half backward: Br={BR}, Bc={BC} (d padded to {DP}) cannot split dQ over {NW} warps")
-    QPW, DSPLIT = split
-    NDW = ND // DSPLIT  # n8 column tiles of dQ per warp
-    NS = MW * NB * 4
-    NKV = MW * ND * 4
-    NQ = QPW * NDW * 4
-    NA = MW * 4
-    NSR = (BR + NT - 1) // NT  # query rows whose statistics one thread moves
-    SXN = NW * ptx.HALF_SIM_SCRATCH_PER_WARP if SIM else 1
-    SCR = ptx.HALF_SIM_SCRATCH_PER_WARP
-    NKEY = BR if DROPOUT else 1
-    NSTAT, NSKEY = QST * BR, QST * NKEY  # statistics (and dropout row keys) of QST stages
+    OFF_DS = U(END_KV)  # dS^T after K_j, V_j
     ZERO = float32(0.0)
     CAP = float32(64.0)
     exp2 = ptx.make_exp2(EX2_FTZ, SIM)  # EX2_FTZ: one MUFU.EX2 per P element (see default_features)

@@ -578,43 +578,24 @@ def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
     dQ_i slice                rdQ                  registers: QPW x (DP/(8 DSPLIT)) fragments
     ========================  ===================  ==================================================
     """
-    NT = 32 * NW
-    BC = 16 * MW * NW
+    # row stride of Q_i, dO_i, K_j, V_j: 4 mod 8 (A/B loads conflict free), 4 or 12 mod 16 (renamed rows); WIDE: DP
+    # (a multiple of 32) with the tiles swizzled (make_score_products_wide, make_rows_2t)
+    SQ = DP if WIDE else DP + 4
+    _check_switches(DP, 2 * MW * NW, CP_ASYNC, WIDE, DQ_UNROLL, KV_ASYNC, SPLIT_QDO, QDO_PAIRS)  # the Bc / 8 k steps of dS K_j
+    (NT, BC, QST, OFF_Q, OFF_DO, uQSTAGE, OFF_K, OFF_V, END_KV, QPW, DSPLIT, NDW, NS, NKV, NQ, NA, NSR, SXN, SCR, NSTAT,
+     NSKEY) = backward_steps.key_block_layout("3xTF32 backward", NW, MW, BR, DP, SQ, CP_ASYNC, DROPOUT, SIM, dq_split(NW, BR, DP),
+                                              ptx.SIM_SCRATCH_PER_WARP)
     NB = BR // 8  # 8-query k steps of P^T dO_i, dS^T Q_i
     QT = BR // 16  # m16 query tiles of S, dP
     NKN = 2 * MW  # n8 key tiles of S, dP (the warp's 16 MW keys)
     NKB = BC // 8  # 8-key k steps of dS K_j
     KD = DP // 8  # 8-wide d steps of K Q^T and V dO^T
     ND = DP // 8  # n8 column tiles of dK, dV
-    # row stride of Q_i, dO_i, K_j, V_j: 4 mod 8 (A/B loads conflict free), 4 or 12 mod 16 (renamed rows); WIDE: DP
-    # (a multiple of 32) with the tiles swizzled (make_score_products_wide, make_rows_2t)
-    SQ = DP if WIDE else DP + 4
     SD = BC + 4  # row stride of dS: 4 mod 16 (the stores of dS^T fragments hit bank 8t + g)
     uSD = U(SD)
-    _check_switches(DP, NKB, CP_ASYNC, WIDE, DQ_UNROLL, KV_ASYNC, SPLIT_QDO, QDO_PAIRS)
-    QST = 2 if CP_ASYNC else 1  # SRAM stages of Q_i, dO_i and of the statistics
-    OFF_Q = U(0)
-    OFF_DO = U(BR * SQ)
-    uQSTAGE = U(2 * BR * SQ)  # CP_ASYNC: stage 1 (Q_i, dO_i of the odd steps) follows stage 0
-    OFF_K = U(QST * 2 * BR * SQ)
-    OFF_V = U(QST * 2 * BR * SQ + BC * SQ)
-    OFF_P = U(QST * 2 * BR * SQ + 2 * BC * SQ)
-    OFF_DS = U(QST * 2 * BR * SQ + 2 * BC * SQ + BR * SD)
-    split_dq = dq_split(NW, BR, DP)
-    if split_dq is None:
-        raise ValueError(f"3xTF32 backward: Br={BR}, Bc={BC} (d padded to {DP}) cannot split dQ over {NW} warps")
-    QPW, DSPLIT = split_dq
-    NDW = ND // DSPLIT  # n8 column tiles of dQ per warp
-    NS = MW * NB * 4
-    NKV = MW * ND * 4
-    NQ = QPW * NDW * 4
-    NA = MW * 4
+    OFF_P = U(END_KV)  # P o Z, then tau dS, after K_j, V_j
+    OFF_DS = U(END_KV + BR * SD)
     NQA = QPW * 4
-    NSR = (BR + NT - 1) // NT  # query rows whose statistics one thread moves
-    SXN = NW * ptx.SIM_SCRATCH_PER_WARP if SIM else 1
-    SCR = ptx.SIM_SCRATCH_PER_WARP
-    NKEY = BR if DROPOUT else 1
-    NSTAT, NSKEY = QST * BR, QST * NKEY  # statistics (and dropout row keys) of QST stages
     ZERO = float32(0.0)
     CAP = float32(64.0)
     cap_nan = ptx.make_min_keep_nan(SIM)  # Dev: min(x, CAP) keeping a NaN x (min.NaN.f32 on a GPU)
