@@ -221,7 +221,7 @@ def _kernel(name: str, d: int, causal: bool, tiling=None):
     if name.startswith("fa2_forward_half_"):
         NW, MW, BC, DP, f, prefetch, cp_async = _forward_tiling(H, d, tiling)
         return H.fa2_forward_half_kernel(NW, MW, BC, DP, causal, False, prefetch, False, name.rsplit("_", 1)[1], cp_async,
-                                         bool(f["EX2_FTZ"]), causal and bool(f["HEAVY_FIRST"]))
+                                         bool(f["EX2_FTZ"]))
     if name == "alg4_backward_fast":
         f = A4.default_features()
         return A4.alg4_backward_fast_kernel(*A4.config_for(d), causal, False, False, f["VEC"])

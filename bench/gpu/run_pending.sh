@@ -97,10 +97,6 @@
 #                causal forward at d = 128 (the 4 x 1 x 32 default and 8 x 2 x 16, each per head and heavy first) and d = 64
 #                (default, per head and heavy first), N 1k/2k/4k/8k/16k (the performance log's section "3xTF32 forward: the
 #                heaviest query blocks of all heads first") -> OUTDIR/heavy_fwd_tests.txt, heavy_fwd_d128.json/.log, _d64
-#   heavy_fwd_half  the half forward's causal block order (HEAVY_FIRST, off by default until this step): its GPU tests,
-#                then the half forward's default tilings with it off and on, twice, alternating (half_sweep --default-only, N
-#                1k/4k/16k, bf16; the causal rows are the ones it changes) -> OUTDIR/heavy_half_tests.txt,
-#                heavy_half_{off,on}_{1,2}.json/.log and their rows -> OUTDIR/heavy_half_pairs.txt
 #   dq_unroll    the 3xTF32 backward's line 15 two or four k steps a pass (DQ_UNROLL): its GPU tests, then the backward
 #                alone at the default tilings with DQ_UNROLL 1, 2, 4 (tf32_bwd_sweep rows default-dqu1/2/4), N 1k/4k/16k,
 #                d 64/128, causal and not, two rounds in one process (compiled once; the performance log's section "3xTF32
@@ -500,18 +496,6 @@ for s in "${steps[@]}"; do
           --out "$out/heavy_fwd_4k_$r.json"
       done
       tail -n 8 "$out/heavy_fwd_4k_1.log" "$out/heavy_fwd_4k_2.log" ;;
-    heavy_fwd_half)
-      step heavy_half_tests.txt python3 -m pytest -q -p no:cacheprovider -rfE -m gpu tests/kernels/test_key_block_order.py
-      for r in 1 2; do
-        for x in off:false on:true; do
-          IFS=: read -r tag val <<< "$x"
-          step "heavy_half_${tag}_$r.log" timeout 100 python3 -m bench.half_sweep --seqlens 1024 4096 16384 --default-only \
-            --features "{\"HEAVY_FIRST\": $val}" --out "$out/heavy_half_${tag}_$r.json"
-        done
-      done
-      for n in heavy_half_off_1 heavy_half_on_1 heavy_half_off_2 heavy_half_on_2; do
-        echo "== $n"; grep "^half" "$out/$n.log"
-      done | tee "$out/heavy_half_pairs.txt" ;;
     wide_bwd)
       step wide_bwd_tests.txt python3 -m pytest -q -p no:cacheprovider -rfE tests/kernels/test_tf32_backward_wide.py \
         tests/kernels/test_tc_wide.py

@@ -99,12 +99,12 @@ import math
 from numba import cuda, float32, uint64
 
 from .._launch import KernelLaunch, Problem, bh_grid, ceil_div
-from ..device.constants import LOG2E, U
+from ..device.backward_launch import launch_fa2_backward
+from ..device.constants import U
 from ..device.dropout import head_key, row_key
 from ..device.grid import folded_kv_head, folded_query_head
 from ..device.prepass import allocate_grads
 from ..runtime import backend as _backend
-from ..runtime import smem as _smem
 from . import _plan, _regtile, _tiles
 from . import _prepass as _prepass_kernel
 
@@ -597,14 +597,6 @@ def backward(dout, q, k, v, out, fwd, prob: Problem, alloc, block_sizes=None, de
     """
     from_lse = fwd.m is None or fwd.l is None
     main, grid, dqk, grid_dq, NT, nbytes = plan(prob, block_sizes, config, features, deterministic, from_lse)
-    # Dev: D before dQ's zeros: the GPU runs the pre-pass while the host allocates and launches the rest
-    delta = _prepass(out, dout, prob, alloc)  # D = rowsum(dO o O), line 4
-    dq, dk, dv = _allocate_grads(prob, alloc, deterministic)
-    tau = prob.softmax_scale
-    opts = (tau, tau * LOG2E, prob.group, prob.causal_offset, prob.seed, prob.threshold, prob.dropout_scale)
-    m, l = (fwd.lse, fwd.lse) if from_lse else (fwd.m, fwd.l)
-    _smem.launch(main, grid, NT, nbytes, q, k, v, dout, m, l, delta, dq, dk, dv, *opts)
-    if deterministic:
-        _smem.launch(dqk, grid_dq, NT, nbytes, q, k, v, dout, m, l, delta, dq, *opts)
-    # FA2.2 L20: return dQ, dK, dV
-    return dq, dk, dv
+    # FA2.2 L20: return dQ, dK, dV -- after line 4's D, line 3's gradients and the launches (device.backward_launch)
+    return launch_fa2_backward((main, grid, dqk, grid_dq, (NT, NT), (nbytes, nbytes)), _prepass, _allocate_grads, dout, q, k, v,
+                               out, fwd, prob, alloc, deterministic, from_lse)

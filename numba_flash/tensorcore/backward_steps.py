@@ -7,7 +7,8 @@ loop over the query heads of the KV head's group and their visible query blocks.
 products (three TF32 ``mma`` against one half ``mma``) and the layout of their tiles; the steps around the products
 are the same logic, so they live here once:
 
-* :func:`make_key_block`: which key block and (batch, KV head) a thread block owns (line 5);
+* :func:`make_key_block`: which key block and (batch, KV head) a thread block owns (line 5); :func:`query_block_head`:
+  the (batch, head) of a block of the deterministic dQ kernels;
 * :func:`make_query_steps`: the query blocks that see the key block, times the group's heads (line 8's trip count);
 * :func:`make_q_do_pipeline`: line 9, ``Q_i, dO_i`` into SRAM (by ``cp.async`` into two stages or through
   registers) and the statistics ``L_i`` (as ``M_i, 1/l_i``), ``D_i`` and the dropout row keys beside them;
@@ -21,11 +22,13 @@ paper tags stand at the kernels' call sites.
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 from numba import cuda, float32
 
 from ..device.constants import U
 from ..device.dropout import head_key, row_key
+from ..device.grid import folded_batch_head
 from ..fast import _regtile, _tiles
 
 
@@ -42,6 +45,69 @@ def make_key_block(HEAVY_FIRST: bool):
         return j, bhk // nheads_k, bhk % nheads_k
 
     return key_block
+
+
+class KeyBlockLayout(NamedTuple):
+    """The compile-time sizes and SRAM offsets both column-block kernels share (:func:`key_block_layout`)."""
+
+    NT: int  # threads of the block
+    BC: int  # keys of the block: 16 MW NW
+    QST: int  # SRAM stages of Q_i, dO_i and of the statistics (2 with CP_ASYNC)
+    OFF_Q: U  # Q_i (stage 0), then dO_i, then stage 1 of both (uQSTAGE on), then K_j, V_j
+    OFF_DO: U
+    uQSTAGE: U
+    OFF_K: U
+    OFF_V: U
+    END_KV: int  # the first SRAM element past V_j (the kernel's own tiles follow)
+    QPW: int  # dQ split over the warps: query m16 tiles per warp, warps per query tile, n8 column tiles per warp
+    DSPLIT: int
+    NDW: int
+    NS: int  # fragment registers of S (and dP): MW x (Br/8) tiles
+    NKV: int  # of dK_j (and dV_j): MW x (DP/8) tiles
+    NQ: int  # of the warp's dQ_i slice
+    NA: int  # A-operand words of the warp's MW m16 tiles
+    NSR: int  # query rows whose statistics one thread moves
+    SXN: int  # the simulator's lane-exchange scratch (1 on a GPU)
+    SCR: int  # one warp's share of it
+    NSTAT: int  # statistics (and dropout row keys) of QST stages
+    NSKEY: int
+
+
+def key_block_layout(name: str, NW: int, MW: int, BR: int, DP: int, SQ: int, CP_ASYNC: bool, DROPOUT: bool, SIM: bool,
+                     split, scratch_per_warp: int) -> KeyBlockLayout:
+    """The layout of a column-block backward kernel of ``NW`` warps of ``16 MW`` keys and query steps of ``BR`` rows,
+    the head dim padded to ``DP`` (``DP / 8`` n8 column tiles) and tile rows ``SQ`` elements apart: ``Q_i, dO_i`` (two
+    stages with ``CP_ASYNC``), then ``K_j, V_j`` in the dynamic SRAM; ``split``: the module's ``dq_split`` of the dQ
+    tile over the warps (a ValueError that names ``name`` when it is None). Plain Python, computed by the factories."""
+    NT, BC, ND = 32 * NW, 16 * MW * NW, DP // 8
+    if split is None:
+        raise ValueError(f"{name}: Br={BR}, Bc={BC} (d padded to {DP}) cannot split dQ over {NW} warps")
+    QPW, DSPLIT = split
+    QST = 2 if CP_ASYNC else 1
+    q_do = QST * 2 * BR * SQ
+    return KeyBlockLayout(NT, BC, QST, U(0), U(BR * SQ), U(2 * BR * SQ), U(q_do), U(q_do + BC * SQ), q_do + 2 * BC * SQ,
+                          QPW, DSPLIT, ND // DSPLIT, MW * (BR // 8) * 4, MW * ND * 4, QPW * (ND // DSPLIT) * 4, MW * 4,
+                          (BR + NT - 1) // NT, NW * scratch_per_warp if SIM else 1, scratch_per_warp, QST * BR,
+                          QST * (BR if DROPOUT else 1))
+
+
+@cuda.jit(device=True, inline="always")
+def lane_coords():
+    """``(tid, lane, warp, g, t)``: this thread's index (``U``), its lane and warp, and the lane's row ``g`` and column
+    pair ``t`` (``U``) in the fragment layouts of ``mma.sync``."""
+    tid = U(cuda.threadIdx.x)
+    lane = cuda.threadIdx.x % 32
+    warp = cuda.threadIdx.x // 32
+    return tid, lane, warp, U(lane // 4), U(lane % 4)
+
+
+@cuda.jit(device=True, inline="always")
+def query_block_head(nbatch, nheads):
+    """``(b, h, past)``: the (batch, head) of a thread block of the deterministic dQ kernels, one block per query block
+    as in the forwards' grid (:func:`numba_flash.device.grid.folded_batch_head`), and whether it is past ``nbatch``:
+    the padding of the folded grid, for which the kernel returns."""
+    _, b, h = folded_batch_head(nheads)
+    return b, h, b >= nbatch
 
 
 @functools.cache

@@ -58,11 +58,11 @@ import numpy as np
 from numba import cuda, float32, int32, uint32, uint64
 
 from .._launch import KernelLaunch, Problem, bh_grid, ceil_div
-from ..device.constants import LOG2E, U
+from ..device.backward_launch import launch_fa2_backward
+from ..device.constants import U
 from ..device.dropout import head_key, keep, row_key
 from ..fast import _plan, _prepass, _regtile, _tiles
 from ..runtime import backend as _backend
-from ..runtime import smem as _smem
 from . import backward_steps, fa2_forward_half, forward_steps, ptx
 from .ptx import available  # noqa: F401  (the kernel contract's optional available())
 
@@ -141,6 +141,66 @@ def row_dot_words(out, dout, prob: Problem, alloc):
 
 
 @functools.cache
+def make_mma16_add(KIND: str, SIM: bool):
+    """``mma16_add(rA, q, b, rC, f, sx, wbase, lane)``: one ``mma.m16n8k16`` of the kernels' products: the A words of m16
+    tile ``q`` (``rA[4 q ..]``) times the B words ``b``, accumulated into ``rC[f .. f + 3]``."""
+    _, mma16, _, _ = ptx.make_half_ops(KIND, SIM)
+
+    @cuda.jit(device=True, inline="always")
+    def mma16_add(rA, q, b, rC, f, sx, wbase, lane):
+        acc = mma16((rA[q * 4], rA[q * 4 + 1], rA[q * 4 + 2], rA[q * 4 + 3]), b, (rC[f], rC[f + 1], rC[f + 2], rC[f + 3]),
+                    sx, wbase, lane)
+        for c in range(4):
+            rC[f + c] = acc[c]
+
+    return mma16_add
+
+
+@functools.cache
+def make_mma16_pairs(MW: int, NX: int, KIND: str, SIM: bool):
+    """``mma16_pairs(rA, rA2, rC, rC2, pair, b0, b1, b2, b3, c0, c1, c2, c3, sx, wbase, lane)``: two products of one
+    16-wide k step side by side, into the n8 tiles ``2 pair`` and ``2 pair + 1`` of each of the warp's ``MW`` m16 tiles
+    (tile ``n`` of m16 tile ``mt`` at ``[(mt NX + n) 4 ..]``): ``rC += A B`` (A words in ``rA``; B words ``(b0, b1)``,
+    ``(b2, b3)`` of the two tiles, as one ``ldmatrix.x4`` gives them) and ``rC2 += A2 B2`` (``rA2``; ``(c0, c1)``,
+    ``(c2, c3)``), the two ``mma`` of a tile one after the other (the forward's
+    :func:`numba_flash.tensorcore.fa2_forward_half.make_mma16_pair` runs one product)."""
+    mma16_add = make_mma16_add(KIND, SIM)
+
+    @cuda.jit(device=True, inline="always")
+    def mma16_pairs(rA, rA2, rC, rC2, pair, b0, b1, b2, b3, c0, c1, c2, c3, sx, wbase, lane):
+        for h2 in range(2):
+            bb = (b0, b1) if h2 == 0 else (b2, b3)
+            bc = (c0, c1) if h2 == 0 else (c2, c3)
+            for mt in range(MW):
+                f = (mt * NX + 2 * pair + h2) * 4
+                mma16_add(rA, mt, bb, rC, f, sx, wbase, lane)
+                mma16_add(rA2, mt, bc, rC2, f, sx, wbase, lane)
+
+    return mma16_pairs
+
+
+@functools.cache
+def make_row_words_store(ND: int, KIND: str, SIM: bool, PAIR: bool):
+    """``store_row(gX, rX, gY, rY, ub, row, uh, dw, f0, t)``: a lane's part of one fragment row to HBM in half words:
+    word ``4 dn + t`` of row ``row`` of ``gX[ub, :, uh, :]`` is the pair of floats ``rX[f0 + 4 dn ..]`` rounded to half
+    (``ND`` n8 tiles; words past ``dw`` left out); with ``PAIR`` the same of ``rY`` into ``gY``, word by word (dK_j with
+    dV_j)."""
+    pack2, _, _, _ = ptx.make_half_ops(KIND, SIM)
+
+    @cuda.jit(device=True, inline="always")
+    def store_row(gX, rX, gY, rY, ub, row, uh, dw, f0, t):
+        for dn in range(ND):
+            x = U(4 * dn) + t
+            if x < U(dw):
+                f = f0 + 4 * dn
+                gX[ub, U(row), uh, x] = int32(pack2(rX[f], rX[f + 1]))
+                if PAIR:
+                    gY[ub, U(row), uh, x] = int32(pack2(rY[f], rY[f + 1]))
+
+    return store_row
+
+
+@functools.cache
 def make_fragment_products(MW: int, NB: int, KD: int, SQ: int, KIND: str, SIM: bool):
     """``(mma_pair_products, pack_a)``: the steps both half backward kernels run on m16n8k16 fragments.
 
@@ -153,7 +213,8 @@ def make_fragment_products(MW: int, NB: int, KD: int, SQ: int, KIND: str, SIM: b
     * ``pack_a(rX, f0) -> 4 words``: fragments ``f0`` and ``f0 + 4`` (two adjacent n8 tiles) of ``rX`` rounded
       to half in pairs: the A operand of a 16-wide k step (the accumulator layout is the A layout).
     """
-    pack2, mma16, ldsm, _ = ptx.make_half_ops(KIND, SIM)
+    pack2, _, ldsm, _ = ptx.make_half_ops(KIND, SIM)
+    mma16_pairs = make_mma16_pairs(MW, NB, KIND, SIM)
     uSQ = U(SQ)
     NS = MW * NB * 4
     ZERO = float32(0.0)
@@ -172,20 +233,7 @@ def make_fragment_products(MW: int, NB: int, KD: int, SQ: int, KIND: str, SIM: b
                 ba = (U(16 * np2) + kr) * uSQ + U(8 * ks) + kw
                 b0, b1, b2, b3 = ldsm(smem, OFF_B + ba, sx, wbase, lane)
                 c0, c1, c2, c3 = ldsm(smem, OFF_B2 + ba, sx, wbase, lane)
-                for h2 in range(2):
-                    nt = 2 * np2 + h2
-                    bb = (b0, b1) if h2 == 0 else (b2, b3)
-                    bc = (c0, c1) if h2 == 0 else (c2, c3)
-                    for mt in range(MW):
-                        f = (mt * NB + nt) * 4
-                        acc = mma16((rA[mt * 4], rA[mt * 4 + 1], rA[mt * 4 + 2], rA[mt * 4 + 3]), bb,
-                                    (rS[f], rS[f + 1], rS[f + 2], rS[f + 3]), sx, wbase, lane)
-                        for c in range(4):
-                            rS[f + c] = acc[c]
-                        acc = mma16((rA2[mt * 4], rA2[mt * 4 + 1], rA2[mt * 4 + 2], rA2[mt * 4 + 3]), bc,
-                                    (rS2[f], rS2[f + 1], rS2[f + 2], rS2[f + 3]), sx, wbase, lane)
-                        for c in range(4):
-                            rS2[f + c] = acc[c]
+                mma16_pairs(rA, rA2, rS, rS2, np2, b0, b1, b2, b3, c0, c1, c2, c3, sx, wbase, lane)
 
     @cuda.jit(device=True, inline="always")
     def pack_a(rX, f0):
@@ -228,38 +276,19 @@ def fa2_backward_half_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
     dQ_i slice                rdQ                  registers: QPW x (DP/(8 DSPLIT)) fragments
     ========================  ===================  ==================================================
     """
-    NT = 32 * NW
-    BC = 16 * MW * NW
+    SQ = stride(DP)
+    (NT, BC, QST, OFF_Q, OFF_DO, uQSTAGE, OFF_K, OFF_V, END_KV, QPW, DSPLIT, NDW, NS, NKV, NQ, NA, NSR, SXN, SCR, NSTAT,
+     NSKEY) = backward_steps.key_block_layout("half backward", NW, MW, BR, DP, SQ, CP_ASYNC, DROPOUT, SIM, dq_split(NW, BR, DP),
+                                              ptx.HALF_SIM_SCRATCH_PER_WARP)
     NB = BR // 8  # n8 query tiles of S^T
     NQ16 = BR // 16  # 16-query k steps of P^T dO_i and dS^T Q_i
     NKB = BC // 16  # 16-key k steps of dS K_j
     KD = DP // 16  # 16-wide d steps of K Q^T and V dO^T
     ND = DP // 8  # n8 column tiles of dK, dV
     DW = DP // 2
-    SQ = stride(DP)
     SD = BR // 2 + 4  # row stride (words) of dS^T: BR / 2 is a multiple of 8, so 4 mod 8 (conflict-free ldmatrix)
     uSQ, uSD = U(SQ), U(SD)
-    QST = 2 if CP_ASYNC else 1  # SRAM stages of Q_i, dO_i and of the statistics
-    OFF_Q = U(0)
-    OFF_DO = U(BR * SQ)
-    uQSTAGE = U(2 * BR * SQ)  # CP_ASYNC: stage 1 (Q_i, dO_i of the odd steps) follows stage 0
-    OFF_K = U(QST * 2 * BR * SQ)
-    OFF_V = U(QST * 2 * BR * SQ + BC * SQ)
-    OFF_DS = U(QST * 2 * BR * SQ + 2 * BC * SQ)
-    split = dq_split(NW, BR, DP)
-    if split is None:
-        raise ValueError(f"half backward: Br={BR}, Bc={BC} (d padded to {DP}) cannot split dQ over {NW} warps")
-    QPW, DSPLIT = split
-    NDW = ND // DSPLIT  # n8 column tiles of dQ per warp
-    NS = MW * NB * 4
-    NKV = MW * ND * 4
-    NQ = QPW * NDW * 4
-    NA = MW * 4
-    NSR = (BR + NT - 1) // NT  # query rows whose statistics one thread moves
-    SXN = NW * ptx.HALF_SIM_SCRATCH_PER_WARP if SIM else 1
-    SCR = ptx.HALF_SIM_SCRATCH_PER_WARP
-    NKEY = BR if DROPOUT else 1
-    NSTAT, NSKEY = QST * BR, QST * NKEY  # statistics (and dropout row keys) of QST stages
+    OFF_DS = U(END_KV)  # dS^T after K_j, V_j
     ZERO = float32(0.0)
     CAP = float32(64.0)
     exp2 = ptx.make_exp2(EX2_FTZ, SIM)  # EX2_FTZ: one MUFU.EX2 per P element (see default_features)
@@ -275,6 +304,8 @@ def fa2_backward_half_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
         BR, NT, OFF_Q, OFF_DO, uQSTAGE, CP_ASYNC, PREFETCH, False, DROPOUT, FROM_LSE, load_q_do, store_q_do, load_q_async,
         cp_commit, cp_wait0)
     pack2, mma16, _, ldsm_t = ptx.make_half_ops(KIND, SIM)
+    mma16_pairs_kv = make_mma16_pairs(MW, ND, KIND, SIM)  # L12 with L16: dV_j and dK_j side by side
+    store_dk_dv = make_row_words_store(ND, KIND, SIM, True)
     mma_pair_products, pack_a = make_fragment_products(MW, NB, KD, SQ, KIND, SIM)
     dq_atomic_add = backward_steps.make_dq_atomic_add(QPW, NW // DSPLIT, NDW, True, ptx.make_atomic_add2(RED2, SIM))
 
@@ -304,15 +335,10 @@ def fa2_backward_half_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
         rIn = cuda.local.array(NSR, float32)
         rDn = cuda.local.array(NSR, float32)
 
-        tid = U(cuda.threadIdx.x)
-        lane = cuda.threadIdx.x % 32
-        warp = cuda.threadIdx.x // 32
-        g = U(lane // 4)
-        t = U(lane % 4)
-        lr = U(lane % 8 + 8 * ((lane // 8) % 2))  # A operands (K, V rows) and the .trans B operands: row in a 16-row slab
-        lw = U(4 * (lane // 16))
-        kr = U(lane % 8 + 8 * (lane // 16))  # B operands of two n8 tiles (Q, dO rows) and the .trans A of dS
-        kw = U(4 * ((lane // 8) % 2))
+        tid, lane, warp, g, t = backward_steps.lane_coords()
+        # ldmatrix rows and words: lr, lw of the A operands (K, V rows) and the .trans B operands; kr, kw of the B operands
+        # of two n8 tiles (Q, dO rows) and the .trans A of dS
+        lr, lw, kr, kw = fa2_forward_half.ldmatrix_lanes(lane)
         wbase = warp * SCR
         nheads = gQ.shape[2]
         nheads_k = gK.shape[2]
@@ -398,20 +424,7 @@ def fa2_backward_half_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
                     ra = (U(16 * kt) + lr) * uSQ + U(8 * dp2) + lw
                     ob0, ob1, ob2, ob3 = ldsm_t(smem, OFF_DO + qs + ra, sx, wbase, lane)
                     qb0, qb1, qb2, qb3 = ldsm_t(smem, OFF_Q + qs + ra, sx, wbase, lane)
-                    for h2 in range(2):
-                        dn = 2 * dp2 + h2
-                        bo = (ob0, ob1) if h2 == 0 else (ob2, ob3)
-                        bq = (qb0, qb1) if h2 == 0 else (qb2, qb3)
-                        for mt in range(MW):
-                            f = (mt * ND + dn) * 4
-                            acc = mma16((rA[mt * 4], rA[mt * 4 + 1], rA[mt * 4 + 2], rA[mt * 4 + 3]), bo,
-                                        (rdV[f], rdV[f + 1], rdV[f + 2], rdV[f + 3]), sx, wbase, lane)
-                            for c in range(4):
-                                rdV[f + c] = acc[c]
-                            acc = mma16((rB[mt * 4], rB[mt * 4 + 1], rB[mt * 4 + 2], rB[mt * 4 + 3]), bq,
-                                        (rdK[f], rdK[f + 1], rdK[f + 2], rdK[f + 3]), sx, wbase, lane)
-                            for c in range(4):
-                                rdK[f + c] = acc[c]
+                    mma16_pairs_kv(rA, rB, rdV, rdK, dp2, ob0, ob1, ob2, ob3, qb0, qb1, qb2, qb3, sx, wbase, lane)
             if ATOMIC_DQ:
                 cuda.syncthreads()  # Sync: every warp's dS^T in SRAM before L15 reads it
                 # FA2.2 L15: dQ_i += tau dS_ij K_j -- A = dS (16 queries x 16 keys) by ldmatrix.trans of dS^T,
@@ -438,12 +451,7 @@ def fa2_backward_half_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
             for hf in range(2):
                 key = col0 + int(wrow) + 16 * mt + 8 * hf + int(g)
                 if key < s_k:
-                    for dn in range(ND):
-                        x = U(4 * dn) + t
-                        if x < U(dw):
-                            f = (mt * ND + dn) * 4 + 2 * hf
-                            gdK[ub, U(key), uhk, x] = int32(pack2(rdK[f], rdK[f + 1]))  # HBM write: Bc*d halves
-                            gdV[ub, U(key), uhk, x] = int32(pack2(rdV[f], rdV[f + 1]))  # HBM write: Bc*d halves
+                    store_dk_dv(gdK, rdK, gdV, rdV, ub, key, uhk, dw, mt * ND * 4 + 2 * hf, t)  # HBM write: 2 Bc*d halves
 
     # [/doc:fa2-half-bwd-kernel]
     return kernel
@@ -489,8 +497,10 @@ def fa2_backward_half_dq_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool
     NLK, load_kv, store_kv = _tiles.make_word_loader(BC, DW, NT, SQ)
     n_key_blocks, _ = _tiles.make_block_counts(BR, BC, CAUSAL)
     pack2, mma16, _, ldsm_t = ptx.make_half_ops(KIND, SIM)
+    mma16_add = make_mma16_add(KIND, SIM)
     mma_pair_products, pack_a = make_fragment_products(MW, NB, KD, SQ, KIND, SIM)
     row_stats = _regtile.make_row_stats(FROM_LSE)
+    store_dq = make_row_words_store(ND, KIND, SIM, False)
 
     @cuda.jit(fastmath=False)
     def kernel(gQ, gK, gV, gdO, gm, gl, gD, gdQ, tau, c1, group, causal_offset, seed, threshold, dropout_scale):
@@ -512,24 +522,15 @@ def fa2_backward_half_dq_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool
         rKn = cuda.local.array(NLK, uint32)
         rVn = cuda.local.array(NLK, uint32)
 
-        tid = U(cuda.threadIdx.x)
-        lane = cuda.threadIdx.x % 32
-        warp = cuda.threadIdx.x // 32
-        g = U(lane // 4)
-        t = U(lane % 4)
-        lr = U(lane % 8 + 8 * ((lane // 8) % 2))
-        lw = U(4 * (lane // 16))
-        kr = U(lane % 8 + 8 * (lane // 16))
-        kw = U(4 * ((lane // 8) % 2))
+        tid, lane, warp, g, t = backward_steps.lane_coords()
+        lr, lw, kr, kw = fa2_forward_half.ldmatrix_lanes(lane)  # the forward's ldmatrix rows and words
         wbase = warp * SCR
         nheads = gQ.shape[2]
         s_q = gQ.shape[1]
         s_k = gK.shape[1]
         dw = gQ.shape[3]
-        bh = cuda.blockIdx.y + cuda.gridDim.y * cuda.blockIdx.z  # Dev: b*h folded over grid y, z (y <= 65535)
-        b = bh // nheads
-        h = bh % nheads
-        if b >= gQ.shape[0]:
+        b, h, past = backward_steps.query_block_head(gQ.shape[0], nheads)  # Dev: b*h folded over grid y, z (y <= 65535)
+        if past:
             return  # Dev: past b*h in the last z slab of the fold
         ub, uh, uhk = U(b), U(h), U(h // group)
         i = cuda.gridDim.x - 1 - cuda.blockIdx.x  # Dev: the heaviest (causal) blocks first
@@ -596,19 +597,12 @@ def fa2_backward_half_dq_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool
                         bb = (kb0, kb1) if h2 == 0 else (kb2, kb3)
                         for mt in range(MW):
                             f = (mt * ND + dn) * 4
-                            acc = mma16((rA[mt * 4], rA[mt * 4 + 1], rA[mt * 4 + 2], rA[mt * 4 + 3]), bb,
-                                        (rdQ[f], rdQ[f + 1], rdQ[f + 2], rdQ[f + 3]), sx, wbase, lane)
-                            for c in range(4):
-                                rdQ[f + c] = acc[c]
+                            mma16_add(rA, mt, bb, rdQ, f, sx, wbase, lane)
         for r in range(NR):
             mt, hf = r // 2, r % 2
             row = row0 + int(wrow) + 16 * mt + 8 * hf + int(g)
             if row < s_q:
-                for dn in range(ND):
-                    x = U(4 * dn) + t
-                    if x < U(dw):
-                        f = (mt * ND + dn) * 4 + 2 * hf
-                        gdQ[ub, U(row), uh, x] = int32(pack2(rdQ[f], rdQ[f + 1]))  # HBM write: Br*d halves
+                store_dq(gdQ, rdQ, gdQ, rdQ, ub, row, uh, dw, mt * ND * 4 + 2 * hf, t)  # HBM write: Br*d halves
 
     return kernel
 
@@ -616,12 +610,11 @@ def fa2_backward_half_dq_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool
 def default_features() -> dict:
     """``PREFETCH``: load the next step's Q_i, dO_i (main kernel) or K_j, V_j (dQ kernel) into registers
     during the compute of this one. ``RED2``: add the dQ fragments with ``red.global.add.v2.f32`` (two
-    columns per instruction). None: on compute capability 9.0+ (``red`` of two floats is sm_90's). Before
-    bfef7ac it was off for causal at d > 64, where, measured before ``LSE_P``, the vector form's extra registers
+    columns per instruction). None: on compute capability 9.0+ (``red`` of two floats is sm_90's). Until the
+    performance log's section "Half backward: RED2 for causal d = 128 again" it was off for causal at d > 64, where, measured before ``LSE_P``, the vector form's extra registers
     made ptxas spill 144 B instead of 80 B and the kernel 17-21 % slower
     (``docs/results/sweeps/half_bwd_sweep_h100_v2_red2.json``; elsewhere 1-8 % faster); with ``LSE_P`` the causal d = 128 kernel spills 12 B with it and 24/44 B without, and
-    its main loop is 1404 SASS instructions against 1894 (offline, CUDA 13.5's ptxas; the performance log's
-    section "Half backward: RED2 for causal d = 128 again"). ``CP_ASYNC``: the main
+    its main loop is 1404 SASS instructions against 1894 (offline, CUDA 13.5's ptxas; that section). ``CP_ASYNC``: the main
     kernel's Q_i, dO_i by ``cp.async`` into two SRAM stages where the head dim allows it
     (:func:`numba_flash.tensorcore.fa2_forward_half.cp_async_ok`) and Q, dO are 16-byte aligned: on an H100 forward +
     backward is 17-23 % faster at d = 64 and 3-25 % at d = 128 with the RED2 policy above
@@ -699,15 +692,6 @@ def backward(dout, q, k, v, out, fwd, prob: Problem, alloc, block_sizes=None, de
     features = _plan.register_path_if_unaligned(features, default_features(), q, dout)  # Dev: cp.async of Q, dO rows
     lse_p = {**default_features(), **(features or {})}["LSE_P"]
     from_lse = fwd.m is None or fwd.l is None or bool(lse_p)
-    main, grid, dqk, grid_dq, (nt, nt_dq), (nbytes, nbytes_dq) = plan(prob, block_sizes, config, features, deterministic, from_lse)
-    # Dev: D before dQ's zeros: the GPU runs the pre-pass while the host allocates and launches the rest
-    delta = row_dot_words(out, dout, prob, alloc)  # D = rowsum(dO o O), line 4
-    dq, dk, dv = _allocate_grads(prob, alloc, deterministic)
-    tau = prob.softmax_scale
-    opts = (tau, tau * LOG2E, prob.group, prob.causal_offset, prob.seed, prob.threshold, prob.dropout_scale)
-    m, l = (fwd.lse, fwd.lse) if from_lse else (fwd.m, fwd.l)
-    _smem.launch(main, grid, nt, nbytes, q, k, v, dout, m, l, delta, dq, dk, dv, *opts)
-    if deterministic:
-        _smem.launch(dqk, grid_dq, nt_dq, nbytes_dq, q, k, v, dout, m, l, delta, dq, *opts)
-    # FA2.2 L20: return dQ, dK, dV
-    return dq, dk, dv
+    kernels = plan(prob, block_sizes, config, features, deterministic, from_lse)
+    # FA2.2 L20: return dQ, dK, dV -- after line 4's D, line 3's gradients and the launches (device.backward_launch)
+    return launch_fa2_backward(kernels, row_dot_words, _allocate_grads, dout, q, k, v, out, fwd, prob, alloc, deterministic, from_lse)

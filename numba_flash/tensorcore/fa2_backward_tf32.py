@@ -23,8 +23,9 @@ What changes from the FFMA kernel
   the 3xTF32 forward's and ``P = exp2(S' - M) / l`` is the forward's ``P``. An FFMA backward recomputes
   ``S`` with FFMAs, 4-12 float32 roundings away from the 3xTF32 forward's, and sharp softmaxes magnify that
   past the error rule; with this pair the simulator's sharp-softmax and large-logit cases pass, and on an
-  H100 so does the sharp-softmax case against the in-order float32 baseline (``tests/attn_testing.matmul32``,
-  b7c3ad5; it missed by 1.55x on dV against the BLAS one). ``variant="auto"`` trains float32 with this pair.
+  H100 so does the sharp-softmax case against the in-order float32 baseline (``tests/attn_testing.matmul32``; it
+  missed by 1.55x on dV against the BLAS one: the performance log's section "Float32 training default: the
+  tensor-core pair"). ``variant="auto"`` trains float32 with this pair.
 * **P and dS through SRAM, read back by renaming the queries.** ``P o Z`` and ``tau dS`` go to SRAM
   (``Br x (Bc + 4)``, row = query); each warp reads back only its own key columns (``syncwarp``). The A operand
   of ``dV_j += P^T dO_i`` (keys x 8 queries) is read with the k index renamed: the order of a summed index is
@@ -68,7 +69,8 @@ import math
 from numba import cuda, float32, uint32, uint64
 
 from .._launch import KernelLaunch, Problem, bh_grid, ceil_div
-from ..device.constants import LOG2E, U
+from ..device.backward_launch import launch_fa2_backward
+from ..device.constants import U
 from ..device.dropout import head_key, keep, row_key
 from ..device.prepass import allocate_grads
 from ..fast import _plan, _regtile, _tiles
@@ -375,17 +377,56 @@ def make_rows_2t(SQ: int, WIDE: bool):
 
 
 @functools.cache
+def make_row_store(ND: int, PAIR: bool, SCALED: bool):
+    """``store_row(gX, rX, gY, rY, ub, row, uh, d, f0, t, c1)``: a lane's part of one fragment row to HBM: columns
+    ``8 dn + 2t``, ``+ 1`` of row ``row`` of ``gX[ub, :, uh, :]`` are ``rX[f0 + 4 dn ..]`` (``ND`` n8 tiles; columns past
+    ``d`` left out), divided by ``c1`` with ``SCALED``; with ``PAIR`` the same of ``rY`` (never divided) into ``gY``,
+    element by element (dK_j with dV_j)."""
+
+    @cuda.jit(device=True, inline="always")
+    def store_row(gX, rX, gY, rY, ub, row, uh, d, f0, t, c1):
+        for dn in range(ND):
+            for cc in range(2):
+                x = 8 * dn + 2 * int(t) + cc
+                if x < d:
+                    f = f0 + 4 * dn + cc
+                    gX[ub, U(row), uh, U(x)] = rX[f] / c1 if SCALED else rX[f]
+                    if PAIR:
+                        gY[ub, U(row), uh, U(x)] = rY[f]
+
+    return store_row
+
+
+@functools.cache
+def make_mma3_add(SIM: bool):
+    """``mma3_add(rAb, rAs, q, b, bs, rC, f, sx, wbase, lane)``: one staged 3xTF32 ``mma`` of the kernels' products: the A
+    fragment of m16 tile ``q`` (big parts ``rAb[4 q ..]``, small ``rAs[4 q ..]``) times the B fragment (parts ``b``,
+    ``bs``) into a zeroed accumulator, added to ``rC[f .. f + 3]`` with IEEE float32 adds."""
+    _, mma3, _, _ = ptx.make_warp_ops(SIM)
+    ZERO = float32(0.0)
+    Z4 = (ZERO, ZERO, ZERO, ZERO)
+
+    @cuda.jit(device=True, inline="always")
+    def mma3_add(rAb, rAs, q, b, bs, rC, f, sx, wbase, lane):
+        acc = mma3((rAb[q * 4], rAb[q * 4 + 1], rAb[q * 4 + 2], rAb[q * 4 + 3]),
+                   (rAs[q * 4], rAs[q * 4 + 1], rAs[q * 4 + 2], rAs[q * 4 + 3]), b, bs, Z4, sx, wbase, lane)
+        for c in range(4):
+            rC[f + c] += acc[c]
+
+    return mma3_add
+
+
+@functools.cache
 def make_dq_k_step(NQT: int, QSTRIDE: int, NDW: int, SD: int, OFF_DS: int, SQ: int, WIDE: bool, SIM: bool):
     """Line 15's k step of 8 keys for ``NQT`` query m16 tiles (rows ``q0``, ``q0 + QSTRIDE``, ...) and ``NDW`` n8
     column tiles of dQ (from column tile ``dq0``): ``rdQ += tau dS[:, 8 kb ..] K_j[8 kb .., :]``, each tile's three
     ``mma`` into a zeroed accumulator then added (staged). A = ``tau dS`` rows from SRAM at ``OFF_DS`` (row stride
     ``SD``), B = ``K_j`` rows ``2t, 2t + 1`` of the k step (:func:`make_rows_2t`). The atomic kernel calls it for its
     warp's slice of ``dQ_i`` (``DQ_UNROLL`` at a time), the deterministic dQ kernel for its warp's own query rows."""
-    split, mma3, _, _ = ptx.make_warp_ops(SIM)
+    split, _, _, _ = ptx.make_warp_ops(SIM)
+    mma3_add = make_mma3_add(SIM)
     rows_2t = make_rows_2t(SQ, WIDE)
     uSD, uOFF_DS = U(SD), U(OFF_DS)
-    ZERO = float32(0.0)
-    Z4 = (ZERO, ZERO, ZERO, ZERO)
 
     # [doc:fa2-tf32-bwd-dq-step]
     @cuda.jit(device=True, inline="always")
@@ -402,10 +443,7 @@ def make_dq_k_step(NQT: int, QSTRIDE: int, NDW: int, SD: int, OFF_DS: int, SQ: i
             kb1, ks1 = split(smem[ka1])
             for qq in range(NQT):
                 f = (qq * NDW + dn) * 4
-                acc = mma3((rAb[qq * 4], rAb[qq * 4 + 1], rAb[qq * 4 + 2], rAb[qq * 4 + 3]),
-                           (rAs[qq * 4], rAs[qq * 4 + 1], rAs[qq * 4 + 2], rAs[qq * 4 + 3]), (kb0, kb1), (ks0, ks1), Z4, sx, wbase, lane)
-                for c in range(4):
-                    rdQ[f + c] += acc[c]
+                mma3_add(rAb, rAs, qq, (kb0, kb1), (ks0, ks1), rdQ, f, sx, wbase, lane)
     # [/doc:fa2-tf32-bwd-dq-step]
 
     return dq_k_step
@@ -424,11 +462,10 @@ def make_dv_dk_update(MW: int, NB: int, ND: int, SD: int, OFF_P, OFF_DS, OFF_Q, 
     (:func:`make_rows_2t`), split here or (``SPLIT_QDO``) the parts the split pass left, ``uQSTAGE`` words apart
     (``QDO_PAIRS``: two adjacent words of one part's quad chunk).
     """
-    split, mma3, _, _ = ptx.make_warp_ops(SIM)
+    split, _, _, _ = ptx.make_warp_ops(SIM)
+    mma3_add = make_mma3_add(SIM)
     rows_2t = make_rows_2t(SQ, WIDE)
     uSQ, uSD = U(SQ), U(SD)
-    ZERO = float32(0.0)
-    Z4 = (ZERO, ZERO, ZERO, ZERO)
 
     @cuda.jit(device=True, inline="always")
     def pair_parts(words, off, r0, c0, g, t):
@@ -468,14 +505,8 @@ def make_dv_dk_update(MW: int, NB: int, ND: int, SD: int, OFF_P, OFF_DS, OFF_Q, 
                     qb1, qs1 = b_parts(smem, words, OFF_Q + qs + ra1)
                 for mt in range(MW):
                     f = (mt * ND + dn) * 4
-                    acc = mma3((rKb[mt * 4], rKb[mt * 4 + 1], rKb[mt * 4 + 2], rKb[mt * 4 + 3]),
-                               (rKs[mt * 4], rKs[mt * 4 + 1], rKs[mt * 4 + 2], rKs[mt * 4 + 3]), (ob0, ob1), (os0, os1), Z4, sx, wbase, lane)
-                    for c in range(4):
-                        rdV[f + c] += acc[c]
-                    acc = mma3((rVb[mt * 4], rVb[mt * 4 + 1], rVb[mt * 4 + 2], rVb[mt * 4 + 3]),
-                               (rVs[mt * 4], rVs[mt * 4 + 1], rVs[mt * 4 + 2], rVs[mt * 4 + 3]), (qb0, qb1), (qs0, qs1), Z4, sx, wbase, lane)
-                    for c in range(4):
-                        rdK[f + c] += acc[c]
+                    mma3_add(rKb, rKs, mt, (ob0, ob1), (os0, os1), rdV, f, sx, wbase, lane)
+                    mma3_add(rVb, rVs, mt, (qb0, qb1), (qs0, qs1), rdK, f, sx, wbase, lane)
 
     return dv_dk_update
 
@@ -552,43 +583,24 @@ def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
     dQ_i slice                rdQ                  registers: QPW x (DP/(8 DSPLIT)) fragments
     ========================  ===================  ==================================================
     """
-    NT = 32 * NW
-    BC = 16 * MW * NW
+    # row stride of Q_i, dO_i, K_j, V_j: 4 mod 8 (A/B loads conflict free), 4 or 12 mod 16 (renamed rows); WIDE: DP
+    # (a multiple of 32) with the tiles swizzled (make_score_products_wide, make_rows_2t)
+    SQ = DP if WIDE else DP + 4
+    _check_switches(DP, 2 * MW * NW, CP_ASYNC, WIDE, DQ_UNROLL, KV_ASYNC, SPLIT_QDO, QDO_PAIRS)  # the Bc / 8 k steps of dS K_j
+    (NT, BC, QST, OFF_Q, OFF_DO, uQSTAGE, OFF_K, OFF_V, END_KV, QPW, DSPLIT, NDW, NS, NKV, NQ, NA, NSR, SXN, SCR, NSTAT,
+     NSKEY) = backward_steps.key_block_layout("3xTF32 backward", NW, MW, BR, DP, SQ, CP_ASYNC, DROPOUT, SIM, dq_split(NW, BR, DP),
+                                              ptx.SIM_SCRATCH_PER_WARP)
     NB = BR // 8  # 8-query k steps of P^T dO_i, dS^T Q_i
     QT = BR // 16  # m16 query tiles of S, dP
     NKN = 2 * MW  # n8 key tiles of S, dP (the warp's 16 MW keys)
     NKB = BC // 8  # 8-key k steps of dS K_j
     KD = DP // 8  # 8-wide d steps of K Q^T and V dO^T
     ND = DP // 8  # n8 column tiles of dK, dV
-    # row stride of Q_i, dO_i, K_j, V_j: 4 mod 8 (A/B loads conflict free), 4 or 12 mod 16 (renamed rows); WIDE: DP
-    # (a multiple of 32) with the tiles swizzled (make_score_products_wide, make_rows_2t)
-    SQ = DP if WIDE else DP + 4
     SD = BC + 4  # row stride of dS: 4 mod 16 (the stores of dS^T fragments hit bank 8t + g)
     uSD = U(SD)
-    _check_switches(DP, NKB, CP_ASYNC, WIDE, DQ_UNROLL, KV_ASYNC, SPLIT_QDO, QDO_PAIRS)
-    QST = 2 if CP_ASYNC else 1  # SRAM stages of Q_i, dO_i and of the statistics
-    OFF_Q = U(0)
-    OFF_DO = U(BR * SQ)
-    uQSTAGE = U(2 * BR * SQ)  # CP_ASYNC: stage 1 (Q_i, dO_i of the odd steps) follows stage 0
-    OFF_K = U(QST * 2 * BR * SQ)
-    OFF_V = U(QST * 2 * BR * SQ + BC * SQ)
-    OFF_P = U(QST * 2 * BR * SQ + 2 * BC * SQ)
-    OFF_DS = U(QST * 2 * BR * SQ + 2 * BC * SQ + BR * SD)
-    split_dq = dq_split(NW, BR, DP)
-    if split_dq is None:
-        raise ValueError(f"3xTF32 backward: Br={BR}, Bc={BC} (d padded to {DP}) cannot split dQ over {NW} warps")
-    QPW, DSPLIT = split_dq
-    NDW = ND // DSPLIT  # n8 column tiles of dQ per warp
-    NS = MW * NB * 4
-    NKV = MW * ND * 4
-    NQ = QPW * NDW * 4
-    NA = MW * 4
+    OFF_P = U(END_KV)  # P o Z, then tau dS, after K_j, V_j
+    OFF_DS = U(END_KV + BR * SD)
     NQA = QPW * 4
-    NSR = (BR + NT - 1) // NT  # query rows whose statistics one thread moves
-    SXN = NW * ptx.SIM_SCRATCH_PER_WARP if SIM else 1
-    SCR = ptx.SIM_SCRATCH_PER_WARP
-    NKEY = BR if DROPOUT else 1
-    NSTAT, NSKEY = QST * BR, QST * NKEY  # statistics (and dropout row keys) of QST stages
     ZERO = float32(0.0)
     CAP = float32(64.0)
     cap_nan = ptx.make_min_keep_nan(SIM)  # Dev: min(x, CAP) keeping a NaN x (min.NaN.f32 on a GPU)
@@ -616,6 +628,7 @@ def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
     mma_score_products = make_score_products(QT, NKN, KD, SQ, SIM)
     mma_score_products_wide = make_score_products_wide(QT, NKN, KD, SQ, SIM, True, int(uQSTAGE) if SPLIT_QDO else 0, QDO_PAIRS)
     dq_atomic_add = backward_steps.make_dq_atomic_add(QPW, NW // DSPLIT, NDW, False, ptx.make_atomic_add2(RED2, SIM))
+    store_dk_dv = make_row_store(ND, True, SPLIT_QDO)
     dq_k_step = make_dq_k_step(QPW, 16 * (NW // DSPLIT), NDW, SD, int(OFF_DS), SQ, WIDE, SIM)
     dv_dk_update = make_dv_dk_update(MW, NB, ND, SD, OFF_P, OFF_DS, OFF_Q, OFF_DO, SQ, uQSTAGE, WIDE, SPLIT_QDO, QDO_PAIRS, SIM)
 
@@ -669,11 +682,7 @@ def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
         rIn = cuda.local.array(NSR, float32)
         rDn = cuda.local.array(NSR, float32)
 
-        tid = U(cuda.threadIdx.x)
-        lane = cuda.threadIdx.x % 32
-        warp = cuda.threadIdx.x // 32
-        g = U(lane // 4)
-        t = U(lane % 4)
+        tid, lane, warp, g, t = backward_steps.lane_coords()
         wbase = warp * SCR
         nheads = gQ.shape[2]
         nheads_k = gK.shape[2]
@@ -781,14 +790,8 @@ def fa2_backward_tf32_kernel(NW: int, MW: int, BR: int, DP: int, CAUSAL: bool, D
         for mt in range(MW):
             for hf in range(2):
                 key = col0 + int(wrow) + 16 * mt + 8 * hf + int(g)
-                if key < s_k:
-                    for dn in range(ND):
-                        for cc in range(2):
-                            x = 8 * dn + 2 * int(t) + cc
-                            if x < d:
-                                f = (mt * ND + dn) * 4 + 2 * hf + cc
-                                gdK[ub, U(key), uhk, U(x)] = rdK[f] / c1 if SPLIT_QDO else rdK[f]  # HBM write: Bc*d
-                                gdV[ub, U(key), uhk, U(x)] = rdV[f]  # HBM write: Bc*d
+                if key < s_k:  # Dev: SPLIT_QDO: dK_j was summed from Q_i tau log2 e
+                    store_dk_dv(gdK, rdK, gdV, rdV, ub, key, uhk, d, mt * ND * 4 + 2 * hf, t, c1)  # HBM write: 2 Bc*d
 
     # [/doc:fa2-tf32-bwd-kernel]
     return kernel
@@ -831,7 +834,6 @@ def fa2_backward_tf32_dq_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool
     SXN = NW * ptx.SIM_SCRATCH_PER_WARP if SIM else 1
     SCR = ptx.SIM_SCRATCH_PER_WARP
     ZERO = float32(0.0)
-    Z4 = (ZERO, ZERO, ZERO, ZERO)
     CAP = float32(64.0)
     cap_nan = ptx.make_min_keep_nan(SIM)  # Dev: min(x, CAP) keeping a NaN x (min.NaN.f32 on a GPU)
 
@@ -839,11 +841,13 @@ def fa2_backward_tf32_dq_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool
     NLQ, load_q, store_q = _tiles.make_pair_loader(BR, DP, NT, SQ, QUIET_NAN=True, SWIZZLE=SWZ)
     NLK, load_kv, store_kv = _tiles.make_pair_loader(BC, DP, NT, SQ, QUIET_NAN=True, SWIZZLE=SWZ)
     n_key_blocks, _ = _tiles.make_block_counts(BR, BC, CAUSAL)
-    split, mma3, _, _ = ptx.make_warp_ops(SIM)
+    split, _, _, _ = ptx.make_warp_ops(SIM)
+    mma3_add = make_mma3_add(SIM)
     split_nan = ptx.make_split_keep_nan(SIM)  # Dev: Q_i tau log2 e's NaN is 0x7fffffff, which split would make -0.0
     mma_score_products_wide = make_score_products_wide(MW, NB, KD, SQ, SIM, False)
     dq_k_step = make_dq_k_step(MW, 16, ND, SD, int(OFF_DS), SQ, WIDE, SIM)
     row_stats = _regtile.make_row_stats(FROM_LSE)
+    store_dq = make_row_store(ND, False, False)
     QNAN = _tiles.QNAN
 
     @cuda.jit(fastmath=False)
@@ -869,25 +873,19 @@ def fa2_backward_tf32_dq_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool
         rKn = cuda.local.array(NLK, float32)
         rVn = cuda.local.array(NLK, float32)
 
-        tid = U(cuda.threadIdx.x)
-        lane = cuda.threadIdx.x % 32
-        warp = cuda.threadIdx.x // 32
-        g = U(lane // 4)
-        t = U(lane % 4)
-        wbase = warp * SCR
+        tid, lane, warp, g, t = backward_steps.lane_coords()
         nheads = gQ.shape[2]
         s_q = gQ.shape[1]
         s_k = gK.shape[1]
         d = gQ.shape[3]
-        bh = cuda.blockIdx.y + cuda.gridDim.y * cuda.blockIdx.z  # Dev: b*h folded over grid y, z (y <= 65535)
-        b = bh // nheads
-        h = bh % nheads
-        if b >= gQ.shape[0]:
+        b, h, past = backward_steps.query_block_head(gQ.shape[0], nheads)  # Dev: b*h folded over grid y, z (y <= 65535)
+        if past:
             return  # Dev: past b*h in the last z slab of the fold
         ub, uh, uhk = U(b), U(h), U(h // group)
         i = cuda.gridDim.x - 1 - cuda.blockIdx.x  # Dev: the heaviest (causal) blocks first
         row0 = i * BR
         wrow = U(16 * MW) * U(warp)
+        wbase = warp * SCR  # this warp's share of the simulator's scratch (unused on a GPU)
         load_q(gQ, gdO, ub, uh, row0, s_q, d, tid, rQn, rdOn)  # HBM read: 2 Br*d
         store_q(smem, OFF_Q, OFF_DO, tid, rQn, rdOn)
         for r in range(NR):  # this lane's rows: m16 tile r // 2, row g (+ 8 for odd r)
@@ -928,14 +926,8 @@ def fa2_backward_tf32_dq_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool
                     vb1, vs1 = split(smem[OFF_V + k0 + U(4)])
                     for mt in range(MW):
                         f = (mt * NB + nt) * 4
-                        acc = mma3((rAb[mt * 4], rAb[mt * 4 + 1], rAb[mt * 4 + 2], rAb[mt * 4 + 3]),
-                                   (rAs[mt * 4], rAs[mt * 4 + 1], rAs[mt * 4 + 2], rAs[mt * 4 + 3]), (kb0, kb1), (ks0, ks1), Z4, sx, wbase, lane)
-                        for c in range(4):
-                            rS[f + c] += acc[c]
-                        acc = mma3((rA2b[mt * 4], rA2b[mt * 4 + 1], rA2b[mt * 4 + 2], rA2b[mt * 4 + 3]),
-                                   (rA2s[mt * 4], rA2s[mt * 4 + 1], rA2s[mt * 4 + 2], rA2s[mt * 4 + 3]), (vb0, vb1), (vs0, vs1), Z4, sx, wbase, lane)
-                        for c in range(4):
-                            rdP[f + c] += acc[c]
+                        mma3_add(rAb, rAs, mt, (kb0, kb1), (ks0, ks1), rS, f, sx, wbase, lane)
+                        mma3_add(rA2b, rA2s, mt, (vb0, vb1), (vs0, vs1), rdP, f, sx, wbase, lane)
             # FA2.2 L11: P_ij = exp(S_ij - L_i) as exp2(S' - M_i) / l_i, masked
             # FA2.2 L14: tau dS_ij = tau P_ij o (dP_ij o Z_ij - D_i)
             masked = col0 + BC > s_k or (CAUSAL and col0 + BC - 1 > row0 + causal_offset)
@@ -967,11 +959,7 @@ def fa2_backward_tf32_dq_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool
             mt, hf = r // 2, r % 2
             row = row0 + int(wrow) + 16 * mt + 8 * hf + int(g)
             if row < s_q:
-                for dn in range(ND):
-                    for cc in range(2):
-                        x = 8 * dn + 2 * int(t) + cc
-                        if x < d:
-                            gdQ[ub, U(row), uh, U(x)] = rdQ[(mt * ND + dn) * 4 + 2 * hf + cc]  # HBM write: Br*d
+                store_dq(gdQ, rdQ, gdQ, rdQ, ub, row, uh, d, mt * ND * 4 + 2 * hf, t, c1)  # HBM write: Br*d
 
     return kernel
 
@@ -1135,15 +1123,6 @@ def backward(dout, q, k, v, out, fwd, prob: Problem, alloc, block_sizes=None, de
     features = features_for(prob.headdim, features, fa2_forward_tf32.wide_for(prob, k, v))
     features = _plan.register_path_if_unaligned(features, {}, q, dout)
     features = _plan.registers_if_unaligned(features, {}, "KV_ASYNC", k, v)  # Dev: cp.async of K, V rows
-    main, grid, dqk, grid_dq, (nt, nt_dq), (nbytes, nbytes_dq) = plan(prob, block_sizes, config, features, deterministic, from_lse)
-    # Dev: D before dQ's zeros: the GPU runs the pre-pass while the host allocates and launches the rest
-    delta = _prepass(out, dout, prob, alloc)  # D = rowsum(dO o O), line 4
-    dq, dk, dv = _allocate_grads(prob, alloc, deterministic)
-    tau = prob.softmax_scale
-    opts = (tau, tau * LOG2E, prob.group, prob.causal_offset, prob.seed, prob.threshold, prob.dropout_scale)
-    m, l = (fwd.lse, fwd.lse) if from_lse else (fwd.m, fwd.l)
-    _smem.launch(main, grid, nt, nbytes, q, k, v, dout, m, l, delta, dq, dk, dv, *opts)
-    if deterministic:
-        _smem.launch(dqk, grid_dq, nt_dq, nbytes_dq, q, k, v, dout, m, l, delta, dq, *opts)
-    # FA2.2 L20: return dQ, dK, dV
-    return dq, dk, dv
+    kernels = plan(prob, block_sizes, config, features, deterministic, from_lse)
+    # FA2.2 L20: return dQ, dK, dV -- after line 4's D, line 3's gradients and the launches (device.backward_launch)
+    return launch_fa2_backward(kernels, _prepass, _allocate_grads, dout, q, k, v, out, fwd, prob, alloc, deterministic, from_lse)

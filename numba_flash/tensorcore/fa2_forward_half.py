@@ -174,17 +174,26 @@ def make_mma16_pair(MW: int, NX: int, KIND: str, SIM: bool):
 
 
 @functools.cache
-def make_half_s_step(MW: int, NB: int, DP: int, KIND: str, SIM: bool):
-    """``mma_qk(smem, rS, OFF_Q, kbase, wrow, lanes, sx, wbase, lane)``: line 8, ``S_i^(j) = Q_i K_j^T`` into the warp's
-    ``MW x NB`` float32 fragments ``rS``: per 16-wide k step, A = the warp's rows of ``Q_i`` (16 x 16 per m16 tile, one
-    ``ldmatrix.x4``), B = ``K_j^T`` (16 x 8 per key tile: lane word ``K[g, 2t:2t+2]`` is ``B[2t:2t+2, g]``; one
-    ``ldmatrix.x4`` for two key tiles); ``lanes``: this lane's ldmatrix rows and words (:func:`ldmatrix_lanes`)."""
+def make_half_steps(MW: int, NB: int, DP: int, KIND: str, SIM: bool):
+    """``(mma_qk, mma_pv)``: lines 8 and 10 on the warp's ``MW x NB`` float32 fragments.
+
+    * ``mma_qk(smem, rS, OFF_Q, kbase, wrow, lanes, sx, wbase, lane)``: line 8, ``S_i^(j) = Q_i K_j^T`` into ``rS``:
+      per 16-wide k step, A = the warp's rows of ``Q_i`` (16 x 16 per m16 tile, one ``ldmatrix.x4``), B = ``K_j^T``
+      (16 x 8 per key tile: lane word ``K[g, 2t:2t+2]`` is ``B[2t:2t+2, g]``; one ``ldmatrix.x4`` for two key tiles);
+      ``lanes``: this lane's ldmatrix rows and words (:func:`ldmatrix_lanes`).
+    * ``mma_pv(smem, rS, rO, ralpha, vbase, lanes, sx, wbase, lane)``: line 10, ``O_i = diag(e^(m_old - m_new)) O_i +
+      P~ V_j``: A = ``P~`` from the registers (``rS``'s 8-key tiles ``2 kt``, ``2 kt + 1`` are the A operand of 16-key
+      step ``kt``, rounded to half in pairs), B = ``V_j`` by ``ldmatrix.x4.trans`` (two column tiles per instruction).
+    """
     KD = DP // 16  # 16-wide k steps of Q K^T
+    NK = NB // 2  # 16-key steps of P~ V_j
+    ND = DP // 8  # 8-column tiles of O
     NS = MW * NB * 4
     NA = MW * 4  # words of one A operand (4 per m16 tile)
     uSQ = U(stride(DP))
-    _, _, ldsm, _ = ptx.make_half_ops(KIND, SIM)
-    mma16_pair = make_mma16_pair(MW, NB, KIND, SIM)
+    pack2, _, ldsm, ldsm_t = ptx.make_half_ops(KIND, SIM)
+    mma16_pair_s = make_mma16_pair(MW, NB, KIND, SIM)
+    mma16_pair_o = make_mma16_pair(MW, ND, KIND, SIM)
 
     @cuda.jit(device=True, inline="always")
     def mma_qk(smem, rS, OFF_Q, kbase, wrow, lanes, sx, wbase, lane):
@@ -197,22 +206,7 @@ def make_half_s_step(MW: int, NB: int, DP: int, KIND: str, SIM: bool):
                 rA[mt * 4], rA[mt * 4 + 1], rA[mt * 4 + 2], rA[mt * 4 + 3] = ldsm(smem, OFF_Q + (wrow + U(16 * mt) + lr) * uSQ + U(8 * ks) + lw, sx, wbase, lane)
             for np2 in range(NB // 2):  # b of key tiles 2 np2, 2 np2 + 1 = (K[g, 2t:2t+2], K[g, 2t+8:2t+10]) each
                 kb0, kb1, kb2, kb3 = ldsm(smem, kbase + (U(16 * np2) + kr) * uSQ + U(8 * ks) + kw, sx, wbase, lane)
-                mma16_pair(rA, rS, np2, kb0, kb1, kb2, kb3, sx, wbase, lane)
-
-    return mma_qk
-
-
-@functools.cache
-def make_half_pv_step(MW: int, NB: int, DP: int, KIND: str, SIM: bool):
-    """``mma_pv(smem, rS, rO, ralpha, vbase, lanes, sx, wbase, lane)``: line 10, ``O_i = diag(e^(m_old - m_new)) O_i + P~ V_j``:
-    A = ``P~`` from the registers (``rS``'s 8-key tiles ``2 kt``, ``2 kt + 1`` are the A operand of 16-key step
-    ``kt``, rounded to half in pairs), B = ``V_j`` by ``ldmatrix.x4.trans`` (two column tiles per instruction)."""
-    NK = NB // 2  # 16-key steps of P~ V_j
-    ND = DP // 8  # 8-column tiles of O
-    NA = MW * 4  # words of one A operand (4 per m16 tile)
-    uSQ = U(stride(DP))
-    pack2, _, _, ldsm_t = ptx.make_half_ops(KIND, SIM)
-    mma16_pair = make_mma16_pair(MW, ND, KIND, SIM)
+                mma16_pair_s(rA, rS, np2, kb0, kb1, kb2, kb3, sx, wbase, lane)
 
     @cuda.jit(device=True, inline="always")
     def mma_pv(smem, rS, rO, ralpha, vbase, lanes, sx, wbase, lane):
@@ -233,9 +227,9 @@ def make_half_pv_step(MW: int, NB: int, DP: int, KIND: str, SIM: bool):
                 rA[mt * 4 + 3] = pack2(rS[f1 + 2], rS[f1 + 3])
             for dp2 in range(ND // 2):  # b of column tiles 2 dp2, 2 dp2 + 1 = (V[2t:2t+2, g], V[2t+8:2t+10, g]) each
                 vb0, vb1, vb2, vb3 = ldsm_t(smem, vbase + (U(16 * kt) + lr) * uSQ + U(8 * dp2) + lw, sx, wbase, lane)
-                mma16_pair(rA, rO, dp2, vb0, vb1, vb2, vb3, sx, wbase, lane)
+                mma16_pair_o(rA, rO, dp2, vb0, vb1, vb2, vb3, sx, wbase, lane)
 
-    return mma_pv
+    return mma_qk, mma_pv
 
 
 @functools.cache
@@ -258,14 +252,11 @@ def make_half_o_store(MW: int, DP: int, KIND: str, SIM: bool):
 
 @functools.cache
 def fa2_forward_half_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROPOUT: bool, PREFETCH: bool, SIM: bool, KIND: str,
-                            CP_ASYNC: bool = False, EX2_FTZ: bool = False, HEAVY_FIRST: bool = False):
+                            CP_ASYNC: bool = False, EX2_FTZ: bool = False):
     """The fp16/bf16 FA2 forward kernel for one specialization (see the module docstring), composed of steps: line 7
-    from :func:`numba_flash.tensorcore.forward_steps.make_kv_pipeline`, line 8 from :func:`make_half_s_step`, line 9
-    from :func:`numba_flash.tensorcore.forward_steps.make_online_softmax`, line 10 from :func:`make_half_pv_step`,
+    from :func:`numba_flash.tensorcore.forward_steps.make_kv_pipeline`, line 8 from :func:`make_half_steps`, line 9
+    from :func:`numba_flash.tensorcore.forward_steps.make_online_softmax`, line 10 from it too,
     lines 12-15 from :func:`numba_flash.tensorcore.forward_steps.make_write_o_l` with :func:`make_half_o_store`.
-
-    ``HEAVY_FIRST`` (causal): every head's last (heaviest) query block starts first, as in the 3xTF32 forward
-    (:func:`numba_flash.tensorcore.forward_steps.make_query_block`); the same blocks and bits as without it.
 
     ``CP_ASYNC`` (d a multiple of 8): Q_i, K_j, V_j go HBM -> SRAM by ``cp.async`` into two SRAM stages of
     K_j, V_j (``PREFETCH`` is then unused); otherwise through registers into one stage (``PREFETCH``: the
@@ -311,17 +302,16 @@ def fa2_forward_half_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DR
     _, load_kv_async = _tiles.make_word_loader_async(BC, DW, NT, SQ, SIM)
     _copy16, cp_commit, cp_wait0 = ptx.make_cp_async(SIM)
     n_key_blocks, _ = _tiles.make_block_counts(BR, BC, CAUSAL)
-    query_block = forward_steps.make_query_block(HEAVY_FIRST)
+    query_block = forward_steps.make_query_block(False)  # Dev: each head's blocks in turn (all heads' heaviest first gained nothing here)
 
     exp2 = ptx.make_exp2(EX2_FTZ, SIM)  # EX2_FTZ: one MUFU.EX2 instead of four instructions (see default_features)
     init_o_l_m = forward_steps.make_init_o_l_m(MW, NO, DROPOUT)
     load_kv_first, load_kv = forward_steps.make_kv_pipeline(BC, OFF_K, OFF_V, uSTAGE, True, CP_ASYNC, PREFETCH, CP_ASYNC,
                                                             load_q_async, load_kv_async, load_kv_async, cp_commit, cp_wait0,
                                                             load_pair, store_pair)
-    mma_qk = make_half_s_step(MW, NB, DP, KIND, SIM)
+    mma_qk, mma_pv = make_half_steps(MW, NB, DP, KIND, SIM)
     mask_s, _ = fragments.make_fragment_steps(MW, NB, BC, CAUSAL)
     online_softmax = forward_steps.make_online_softmax(MW, NB, BC, CAUSAL, DROPOUT, SIM, exp2, True)
-    mma_pv = make_half_pv_step(MW, NB, DP, KIND, SIM)
     write_o_l = forward_steps.make_write_o_l(MW, SIM, DROPOUT, make_half_o_store(MW, DP, KIND, SIM))
 
     # [doc:fa2-half-kernel]
@@ -351,10 +341,10 @@ def fa2_forward_half_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DR
         s_q = gQ.shape[1]
         s_k = gK.shape[1]
         dw = gQ.shape[3]  # words of a row: d / 2
-        # FA2.1 L3: for i = 1..Tr -- one thread block per i; Dev: the heaviest (causal) blocks first (HEAVY_FIRST: of all heads)
+        # FA2.1 L3: for i = 1..Tr -- one thread block per i; Dev: the heaviest (causal) blocks first
         i, bh, b, h = query_block(gQ.shape[0], nheads)  # Dev: b*h folded over grid y, z (y <= 65535)
-        if b >= gQ.shape[0] or (HEAVY_FIRST and i < 0):
-            return  # Dev: past b*h (HEAVY_FIRST: past Tr) in the last z slab of the fold
+        if b >= gQ.shape[0]:
+            return  # Dev: past b*h in the last z slab of the fold
         ub, uh, uhk = U(b), U(h), U(h // group)
         row0 = i * BR
         wrow = U(16 * MW) * U(warp)  # this warp's first row within the block
@@ -408,10 +398,8 @@ def default_features() -> dict:
     ``EX2_FTZ``: ``P~ = 2^(S' - m)`` by ``ex2.approx.ftz.f32`` (:func:`numba_flash.tensorcore.ptx.make_exp2`): one
     instruction instead of four, and 0 instead of a subnormal below 2^-126; on since an H100 timed it 1.02-1.13x
     faster at N = 16k (bf16, three paired runs; the performance log's section "Half forward: one instruction per
-    exp2"). ``HEAVY_FIRST``: with causal, the blocks of all heads start heaviest first (:func:`fa2_forward_half_kernel`);
-    off until a GPU times it (on for the 3xTF32 forward, 1.03-1.09x on an H200: the performance log's section "3xTF32
-    forward: the heaviest query blocks of all heads first")."""
-    return {"CP_ASYNC": True, "PREFETCH": True, "EX2_FTZ": True, "HEAVY_FIRST": False}
+    exp2")."""
+    return {"CP_ASYNC": True, "PREFETCH": True, "EX2_FTZ": True}
 
 
 def tiling(prob: Problem, block_sizes=None, features=None) -> tuple:
@@ -437,7 +425,7 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None):
     nbytes = 4 * smem_words(NW, MW, Bc, DP, kv_stages(cp_async))
     _plan.check_sram(nbytes, Br, Bc, d)
     kernel = fa2_forward_half_kernel(NW, MW, Bc, DP, prob.causal, prob.dropout_p > 0, prefetch, sim, ptx.HALF_KINDS[prob.dtype], cp_async,
-                                     bool(feats["EX2_FTZ"]), prob.causal and bool(feats["HEAVY_FIRST"]))
+                                     bool(feats["EX2_FTZ"]))
     grid = bh_grid(ceil_div(prob.seqlen_q, Br), prob.batch * prob.nheads)
     return kernel, grid, 32 * NW, nbytes
 

@@ -210,6 +210,20 @@ def _make_mma_3xtf32(mma_tf32):
     return mma_3xtf32
 
 
+def _sim_mma_of_scratch(sx, A, B, K, c, g, t):
+    """The simulator twins' ``mma`` once each lane has put its fragments in the warp's scratch: lane ``(g, t)``'s
+    accumulator elements (rows ``g, g + 8``, columns ``2t, 2t + 1``) of ``A B + c``, A row-major 16 x ``K`` at ``A``, B
+    row-major ``K`` x 8 at ``B``, each sum in float64 rounded once to float32."""
+    cuda.syncthreads()  # Sync: (simulator) the whole warp's fragments are in the scratch
+    d = []
+    for i, (r, n) in enumerate(((g, 2 * t), (g, 2 * t + 1), (g + 8, 2 * t), (g + 8, 2 * t + 1))):
+        acc = float(c[i])
+        for kk in range(K):
+            acc += float(sx[A + r * K + kk]) * float(sx[B + kk * 8 + n])
+        d.append(float32(acc))
+    return d[0], d[1], d[2], d[3]
+
+
 @functools.cache
 def make_warp_ops(simulator: bool | None = None):
     """``(split_tf32, mma_3xtf32, quad_max, quad_sum)`` for the backend (the simulator's when ``simulator``).
@@ -263,14 +277,7 @@ def make_warp_ops(simulator: bool | None = None):
         sx[A + (g + 8) * 8 + t + 4] = _bits_as_f32_host(a[3])
         sx[B + t * 8 + g] = _bits_as_f32_host(b[0])
         sx[B + (t + 4) * 8 + g] = _bits_as_f32_host(b[1])
-        cuda.syncthreads()  # Sync: (simulator) the whole warp's fragments are in the scratch
-        d = []
-        for i, (r, n) in enumerate(((g, 2 * t), (g, 2 * t + 1), (g + 8, 2 * t), (g + 8, 2 * t + 1))):
-            acc = float(c[i])
-            for kk in range(8):
-                acc += float(sx[A + r * 8 + kk]) * float(sx[B + kk * 8 + n])
-            d.append(float32(acc))
-        return d[0], d[1], d[2], d[3]
+        return _sim_mma_of_scratch(sx, A, B, 8, c, g, t)
 
     def _quad(x, sx, wbase, lane, op):
         cuda.syncthreads()  # Sync: (simulator) the previous exchange's reads are done
@@ -599,14 +606,7 @@ def make_half_ops(kind: str, simulator: bool | None = None):
         for i, k in enumerate((2 * t, 2 * t + 8)):
             sx[B + k * 8 + g] = half_value_host(int(b[i]), kind)
             sx[B + (k + 1) * 8 + g] = half_value_host(int(b[i]) >> 16, kind)
-        cuda.syncthreads()  # Sync: (simulator) the whole warp's fragments are in the scratch
-        d = []
-        for i, (r, n) in enumerate(((g, 2 * t), (g, 2 * t + 1), (g + 8, 2 * t), (g + 8, 2 * t + 1))):
-            acc = float(c[i])
-            for kk in range(16):
-                acc += float(sx[A + r * 16 + kk]) * float(sx[B + kk * 8 + n])
-            d.append(float32(acc))
-        return d[0], d[1], d[2], d[3]
+        return _sim_mma_of_scratch(sx, A, B, 16, c, g, t)
 
     def _ldsm(smem, i, sx, wbase, lane, trans):
         # scratch: the 8 16-bit patterns of each lane's row (lane-major), as floats (exact below 2^24)

@@ -12,12 +12,12 @@ Claims checked:
   over z (the y limit lowered to 2, as :mod:`tests.kernels.test_launch_limits` does), and the padding blocks of a
   folded grid get ``j`` past the key blocks or a head past the last (the kernels return for those).
 * With ``HEAVY_FIRST`` ``j`` never decreases along the linear number: no lighter block starts before a heavier one.
-* The forwards' blocks own query blocks ``i``, and under a causal mask the last is the heaviest. The 3xTF32 and half
-  forwards' ``HEAVY_FIRST`` reads the linear number ``i``-major from the last: every (i, head) pair once (plain and folded
+* The forwards' blocks own query blocks ``i``, and under a causal mask the last is the heaviest. The 3xTF32
+  forward's ``HEAVY_FIRST`` reads the linear number ``i``-major from the last: every (i, head) pair once (plain and folded
   grids), ``i`` never increasing along the linear number; without it each head's blocks go from the last query block
-  down, one head after another (the order the kernel had before). O, L, m and l are bit for bit the same with and
-  without it (a block's work does not depend on when it starts), causal with GQA and ragged rows (in the simulator,
-  and on a GPU at realistic shapes), for both forwards.
+  down, one head after another (the order the kernel had before, and the half forward's). O, L, m and l are bit for bit
+  the same with and without it (a block's work does not depend on when it starts), causal with GQA and ragged rows (in
+  the simulator, and on a GPU at realistic shapes).
 """
 
 from __future__ import annotations
@@ -25,16 +25,14 @@ from __future__ import annotations
 from numba_flash import _launch
 from numba_flash._launch import bh_grid, check_attention_args
 from numba_flash.fast import _tiles
-from numba_flash.tensorcore import fa2_forward_half, fa2_forward_tf32
+from numba_flash.tensorcore import fa2_forward_tf32
 from numba_flash_reference.alg0_standard import standard_attention
 
 import numpy as np
 import pytest
 from attn_testing import (
     assert_error_rule,
-    assert_half_feature_keeps_bits,
     assert_same_bits,
-    half_inputs,
     make_qkv,
     naive_attention_float32,
     run_tc_forward,
@@ -129,18 +127,3 @@ def test_the_tc_forward_causal_defaults_from_512_rows_on_gpu(rng, n, block_sizes
     assert fa2_forward_tf32.choose_block_sizes(check_attention_args(q, k, v, 0.0, None, True, 0)) == block_sizes
     (out, *_), _ = run_tc_forward(q, k, v, True, 0.0, 0, None, None)
     assert_error_rule(out, standard_attention(q, k, v, causal=True).O, naive_attention_float32(q, k, v, causal=True), what="O")
-
-
-@pytest.mark.parametrize(("s_q", "s_k", "block_sizes"), [(45, 40, (16, 16)), (40, 21, (32, 16))], ids=["ragged", "sq>sk"])
-def test_the_half_forward_keeps_its_outputs_with_the_heavy_blocks_first(rng, s_q, s_k, block_sizes):
-    th = half_inputs(rng, torch.bfloat16, 1, s_q, s_k, 2, 1, 16)
-    prob = check_attention_args(*th, 0.0, None, True, 0)
-    kernels = [fa2_forward_half.plan(prob, block_sizes, None, {"HEAVY_FIRST": heavy})[0] for heavy in (True, False)]
-    assert kernels[0] is not kernels[1], "the plan ignores HEAVY_FIRST: the comparison below would be of one kernel"
-    assert_half_feature_keeps_bits(th, True, 0.0, 0, block_sizes, "HEAVY_FIRST")
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize(("n", "d"), [(1000, 128), (2049, 64)])
-def test_the_half_forward_keeps_its_outputs_with_the_heavy_blocks_first_on_gpu(rng, n, d):
-    assert_half_feature_keeps_bits(half_inputs(rng, torch.bfloat16, 2, n, n, 4, 2, d, "cuda"), True, 0.0, 0, None, "HEAVY_FIRST")
