@@ -55,5 +55,7 @@ def draw_tflops(ax, rows, style: dict, keep) -> None:
 
 def suptitle(what: str, prov: dict) -> str:
     """The figure title: what is plotted, then the device, date and versions of the run that measured it."""
-    return (f"FlashAttention-2 in Numba vs torch, {what} - {prov.get('device', '?')}, {prov.get('date_utc', '')}, "
-            f"numba {prov.get('numba', '?')}, torch {prov.get('torch', '?')}")
+    return (
+        f"FlashAttention-2 in Numba vs torch, {what} - {prov.get('device', '?')}, {prov.get('date_utc', '')}, "
+        f"numba {prov.get('numba', '?')}, torch {prov.get('torch', '?')}"
+    )

@@ -58,8 +58,14 @@ def dry_run(dims, seqlen):
             cfg = alg4_backward.Alg4Config(Br, Bc, d, nt)
             fits = cfg.sram_bytes <= STATIC_SMEM_BYTES
             launch = alg4_backward.compiled_kernels(prob, (Br, Bc), num_threads=nt)[0] if fits else None
-            print(f"d={d} Br={Br} Bc={Bc} threads={nt}: {cfg.sram_bytes} B SRAM"
-                  + (f", {launch.name}, {launch.blocks} blocks of {launch.threads} threads" if fits else " (over 48 KB: skipped)"))
+            print(
+                f"d={d} Br={Br} Bc={Bc} threads={nt}: {cfg.sram_bytes} B SRAM"
+                + (
+                    f", {launch.name}, {launch.blocks} blocks of {launch.threads} threads"
+                    if fits
+                    else " (over 48 KB: skipped)"
+                )
+            )
     return 0
 
 
@@ -91,7 +97,9 @@ def sweep_headdim(d, seqlen, repeats, rows):
         return row
 
     def alg4(Br, Bc, nt):
-        return alg4_backward.backward(kg, kq, kk, kv, fwd1.out, fwd1, prob, Allocator(q), block_sizes=(Br, Bc), num_threads=nt)
+        return alg4_backward.backward(
+            kg, kq, kk, kv, fwd1.out, fwd1, prob, Allocator(q), block_sizes=(Br, Bc), num_threads=nt
+        )
 
     fwd1 = alg1_forward.forward(kq, kk, kv, prob, alloc)
     bu.synchronize()
@@ -101,7 +109,11 @@ def sweep_headdim(d, seqlen, repeats, rows):
     bu.synchronize()
     ref_t = [torch.as_tensor(x, device="cuda").clone() for x in ref]
     del ref
-    timed("standard backward (Alg. 3)", lambda: alg3_backward.backward(kg, kq, kk, kv, fwd1.out, fwd1, prob, Allocator(q)), f_bwd)
+    timed(
+        "standard backward (Alg. 3)",
+        lambda: alg3_backward.backward(kg, kq, kk, kv, fwd1.out, fwd1, prob, Allocator(q)),
+        f_bwd,
+    )
     bu.free_memory()
     for Br, Bc, nt in candidates(d):
         cfg = alg4_backward.Alg4Config(Br, Bc, d, nt)
@@ -119,8 +131,14 @@ def sweep_headdim(d, seqlen, repeats, rows):
         launch = alg4_backward.compiled_kernels(prob, (Br, Bc), num_threads=nt)[0]
         if row is not None:
             regs = _inspect.kernel_resources(launch.dispatcher)["regs_per_thread"]
-            row.update(Br=Br, Bc=Bc, threads=nt, rel_err_vs_alg3=errs, smem=cfg.sram_bytes, compile_s=compile_s, regs=regs)
-            print(f"      rel err vs Alg.3 {['%.1e' % e for e in errs]}  regs {regs}  smem {cfg.sram_bytes}  first call {compile_s:.1f}s", flush=True)
+            row.update(
+                Br=Br, Bc=Bc, threads=nt, rel_err_vs_alg3=errs, smem=cfg.sram_bytes, compile_s=compile_s, regs=regs
+            )
+            print(
+                f"      rel err vs Alg.3 {['%.1e' % e for e in errs]}  regs {regs}  smem {cfg.sram_bytes}  first call "
+                f"{compile_s:.1f}s",
+                flush=True,
+            )
     for impl in ("torch_naive", "sdpa_mem_efficient"):
         qg, kg_, vg = (x.detach().requires_grad_(True) for x in (q, k, v))
         attn = bu.torch_naive_attention if impl == "torch_naive" else bu.torch_sdpa_mem_efficient

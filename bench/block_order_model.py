@@ -50,7 +50,9 @@ def parser() -> argparse.ArgumentParser:
     """The command line of ``python -m bench.block_order_model``."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seqlens", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
-    ap.add_argument("--fixed", type=float, default=2.0, help="per-block work independent of i, in key blocks (default 2)")
+    ap.add_argument(
+        "--fixed", type=float, default=2.0, help="per-block work independent of i, in key blocks (default 2)"
+    )
     return ap
 
 

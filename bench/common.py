@@ -1,4 +1,5 @@
-"""The one helper module of the benchmarks: provenance, inputs, timing, FLOPs, memory, baselines, cases and the IO model.
+"""The one helper module of the benchmarks: provenance, inputs, timing, FLOPs, memory, baselines, cases and the IO
+model.
 
 Used by the pytest-benchmark suites (``tests/benchmarks/test_bench_*.py`` and their conftest) and by
 the tools of this package (``python -m bench.fa2_sweep`` ...). It lives here, in the repository's
@@ -61,14 +62,21 @@ TOKENS = 16384
 HIDDEN = 2048
 #: Sequence lengths and head dims of the sweep (the simulator runs only SIM_SHAPE). A quick run may
 #: restrict them: NUMBA_FLASH_BENCH_SEQLENS="1024,4096" NUMBA_FLASH_BENCH_HEADDIMS="64".
-SEQLENS = tuple(int(n) for n in os.environ.get("NUMBA_FLASH_BENCH_SEQLENS", "256,512,1024,2048,4096,8192,16384").split(","))
+SEQLENS = tuple(
+    int(n) for n in os.environ.get("NUMBA_FLASH_BENCH_SEQLENS", "256,512,1024,2048,4096,8192,16384").split(",")
+)
 HEADDIMS = tuple(int(n) for n in os.environ.get("NUMBA_FLASH_BENCH_HEADDIMS", "64,128").split(","))
 #: The one shape a simulator run uses (functional only).
 SIM_SHAPE = dict(batch=1, nheads=1, seqlen=32, headdim=16)
 
 ALGORITHMS = ("standard", "flash1", "flash2", "block-sparse")
 #: The variants measured per algorithm (None: the algorithm has one kernel set).
-VARIANTS = {"standard": (None,), "flash1": ("fast", "readable"), "flash2": ("fast", "tensorcore", "readable"), "block-sparse": (None,)}
+VARIANTS = {
+    "standard": (None,),
+    "flash1": ("fast", "readable"),
+    "flash2": ("fast", "tensorcore", "readable"),
+    "block-sparse": (None,),
+}
 #: Variants that exist for the forward pass only (their backward is another variant's).
 FORWARD_ONLY = {("flash2", "tensorcore")}
 #: The algorithms that have more than one variant (``variant=`` of the public API).
@@ -115,7 +123,11 @@ def _git(*args) -> str | None:
 def command_line() -> str:
     """This process's command line as typed: ``python -m bench.fa2_sweep --seqlens 4096``, ``python -m pytest ...``."""
     spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-    prog = f"python -m {spec.name.removesuffix('.__main__')}" if spec is not None and spec.name else f"python {sys.argv[0]}"
+    prog = (
+        f"python -m {spec.name.removesuffix('.__main__')}"
+        if spec is not None and spec.name
+        else f"python {sys.argv[0]}"
+    )
     return " ".join([prog, *(shlex.quote(a) for a in sys.argv[1:])])
 
 
@@ -129,8 +141,8 @@ def device_name() -> str:
 
 
 def _gpu_info() -> dict:
-    """Compute capability, SM count, L2 size (bytes), memory and CUDA runtime from torch, the CUDA driver API version from
-    numba, the driver from nvidia-smi; {} in the simulator."""
+    """Compute capability, SM count, L2 size (bytes), memory and CUDA runtime from torch, the CUDA driver API version
+    from numba, the driver from nvidia-smi; {} in the simulator."""
     if not ON_GPU:
         return {}
     import torch
@@ -149,7 +161,12 @@ def _gpu_info() -> dict:
     except Exception:  # pragma: no cover
         pass
     try:
-        smi = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True, timeout=30)
+        smi = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         info["driver"] = smi.stdout.strip().splitlines()[0] if smi.returncode == 0 and smi.stdout.strip() else None
     except Exception:
         info["driver"] = None
@@ -200,8 +217,10 @@ def header_line(torch) -> str:
     """``# command; date; device; CPU cores; versions; commit``: the first line of a GPU probe's text output (the
     command, date and commit of :func:`provenance`)."""
     prov = provenance()
-    return (f"# {prov['command']}; {prov['date_utc']}; device: {prov['device']}; {os.cpu_count()} CPU cores; python "
-            f"{prov['python']}, torch {torch.__version__}, numba {prov['numba']}; commit {prov['commit'] or 'unknown'}")
+    return (
+        f"# {prov['command']}; {prov['date_utc']}; device: {prov['device']}; {os.cpu_count()} CPU cores; python "
+        f"{prov['python']}, torch {torch.__version__}, numba {prov['numba']}; commit {prov['commit'] or 'unknown'}"
+    )
 
 
 def write_json(path, data) -> Path:
@@ -287,7 +306,18 @@ def compulsory_bytes(pass_: str, batch: int, nheads: int, N: int, d: int) -> int
 # ----------------------------------------------------------------------------------------------
 # Inputs
 # ----------------------------------------------------------------------------------------------
-def make_inputs(batch, nheads, seqlen, headdim, nheads_k=None, seed=0, requires_grad=False, dtype="float32", dout=False, as_torch=False):
+def make_inputs(
+    batch,
+    nheads,
+    seqlen,
+    headdim,
+    nheads_k=None,
+    seed=0,
+    requires_grad=False,
+    dtype="float32",
+    dout=False,
+    as_torch=False,
+):
     """Random q, k, v (q ``(batch, seqlen, nheads, headdim)``, k and v with ``nheads_k`` heads) and, with ``dout``, an
     upstream gradient of q's shape drawn after them: ``(q, k, v)`` or ``(q, k, v, dout)``.
 
@@ -304,7 +334,9 @@ def make_inputs(batch, nheads, seqlen, headdim, nheads_k=None, seed=0, requires_
 
         device = "cuda" if ON_GPU else "cpu"
         gen = torch.Generator(device=device).manual_seed(seed)
-        out = [torch.randn(s, device=device, dtype=torch.float32, generator=gen).to(getattr(torch, dtype)) for s in shapes]
+        out = [
+            torch.randn(s, device=device, dtype=torch.float32, generator=gen).to(getattr(torch, dtype)) for s in shapes
+        ]
         for x in out[:3]:
             x.requires_grad_(requires_grad)
         return tuple(out)
@@ -413,7 +445,8 @@ def time_median(fn, warmup: int = 2, repeats: int = 10) -> float:
 def host_us_per_call(fn, calls: int, repeats: int, warmup: int, sync=None) -> float:
     """Host time of ``fn`` in microseconds per call: the median over ``repeats`` loops of ``calls`` back-to-back calls
     (nothing synchronized inside a loop), after ``warmup`` untimed calls; ``sync`` (e.g. ``torch.cuda.synchronize``),
-    when given, runs after the warm-up and after each loop, untimed, so that no loop waits on the previous one's work."""
+    when given, runs after the warm-up and after each loop, untimed, so that no loop waits on the previous one's
+    work."""
     return 1e3 * float(np.median(_times_ms({"fn": fn}, _HostClock(sync), warmup, repeats, calls)["fn"]))
 
 
@@ -617,7 +650,7 @@ def tiles(algorithm: str, variant: str | None, pass_: str, d: int):
 # Masks, the IO model
 # ----------------------------------------------------------------------------------------------
 def block_mask(pattern: str, Tr: int, Tc: int, density: float | None = None) -> np.ndarray:
-    """"butterfly" (the flat block butterfly), "banded" (``density`` of the blocks, same count per row) or "dense"."""
+    """ "butterfly" (the flat block butterfly), "banded" (``density`` of the blocks, same count per row) or "dense"."""
     from numba_flash_reference.alg5_block_sparse import butterfly_block_mask
     from numba_flash_reference.io_model import banded_block_mask
 
@@ -639,10 +672,18 @@ def _io_one(algorithm, pass_, batch, nheads, N, d, tile, mask):
         return c, c
     Br, Bc = tile
     if algorithm == "flash1":
-        c = io_model.io_alg1_forward(N, d, Br=Br, Bc=Bc, **kw) if pass_ == "forward" else io_model.io_alg4_backward(N, d, Br=Br, Bc=Bc, **kw)
+        c = (
+            io_model.io_alg1_forward(N, d, Br=Br, Bc=Bc, **kw)
+            if pass_ == "forward"
+            else io_model.io_alg4_backward(N, d, Br=Br, Bc=Bc, **kw)
+        )
         return c, c
     if algorithm == "flash2":
-        c = io_model.io_fa2_forward(N, d, Br=Br, Bc=Bc, **kw) if pass_ == "forward" else io_model.io_fa2_backward(N, d, Br=Br, Bc=Bc, **kw)
+        c = (
+            io_model.io_fa2_forward(N, d, Br=Br, Bc=Bc, **kw)
+            if pass_ == "forward"
+            else io_model.io_fa2_backward(N, d, Br=Br, Bc=Bc, **kw)
+        )
         return c, c
     if algorithm == "block-sparse":
         from numba_flash._launch import Problem
@@ -652,32 +693,47 @@ def _io_one(algorithm, pass_, batch, nheads, N, d, tile, mask):
         prob = Problem(batch, N, N, nheads, nheads, d, 1.0 / np.sqrt(d), False, 0.0, 0)
         bm = BlockMask(mask=np.ascontiguousarray(np.broadcast_to(mask, (1, 1) + mask.shape)), block_size=tuple(tile))
         kernel = hbm_accesses(bm, prob, pass_)
-        paper = (io_model.io_alg5_block_sparse(N, d, mask, Br=Br, Bc=Bc, **kw) if pass_ == "forward"
-                 else io_alg5_backward(N, d, mask, Br=Br, Bc=Bc, **kw))
+        paper = (
+            io_model.io_alg5_block_sparse(N, d, mask, Br=Br, Bc=Bc, **kw)
+            if pass_ == "forward"
+            else io_alg5_backward(N, d, mask, Br=Br, Bc=Bc, **kw)
+        )
         return kernel, paper
     raise ValueError(algorithm)
 
 
-def model_count(algorithm: str, pass_: str, batch: int, nheads: int, N: int, d: int, tile=None, bwd_tile=None, mask=None) -> dict:
+def model_count(
+    algorithm: str, pass_: str, batch: int, nheads: int, N: int, d: int, tile=None, bwd_tile=None, mask=None
+) -> dict:
     """The IO model's HBM traffic of a case, in bytes: ``{"model_read", "model_write", "model_bytes",
     "paper_model_bytes"}`` (the two differ only for block-sparse, whose kernels' exact count departs
     from Proposition 4's by documented details); fwd+bwd adds the two passes (``bwd_tile`` for the
     backward's tiles)."""
-    passes = [("forward", tile), ("backward", bwd_tile if bwd_tile is not None else tile)] if pass_ == "fwd+bwd" else [(pass_, tile)]
+    passes = (
+        [("forward", tile), ("backward", bwd_tile if bwd_tile is not None else tile)]
+        if pass_ == "fwd+bwd"
+        else [(pass_, tile)]
+    )
     r = w = paper = 0
     for p, t in passes:
         exact, pap = _io_one(algorithm, p, batch, nheads, N, d, t, mask)
         r += exact.reads
         w += exact.writes
         paper += pap.total
-    return {"model_read": r * ITEMSIZE, "model_write": w * ITEMSIZE, "model_bytes": (r + w) * ITEMSIZE,
-            "paper_model_bytes": paper * ITEMSIZE}
+    return {
+        "model_read": r * ITEMSIZE,
+        "model_write": w * ITEMSIZE,
+        "model_bytes": (r + w) * ITEMSIZE,
+        "paper_model_bytes": paper * ITEMSIZE,
+    }
 
 
 # ----------------------------------------------------------------------------------------------
 # The call a case makes
 # ----------------------------------------------------------------------------------------------
-def prepare(algorithm, variant, pass_, batch, nheads, N, d, mask=None, block_sizes=None, seed=0, dtype="float32", causal=False):
+def prepare(
+    algorithm, variant, pass_, batch, nheads, N, d, mask=None, block_sizes=None, seed=0, dtype="float32", causal=False
+):
     """The call of one case as a function of no arguments (inputs built here in ``dtype``: torch tensors, CPU ones in
     the simulator; see the module docstring; ``causal`` for the dense algorithms).
 
@@ -693,7 +749,9 @@ def prepare(algorithm, variant, pass_, batch, nheads, N, d, mask=None, block_siz
 
     def forward():
         if algorithm == "block-sparse":
-            return block_sparse_attn_func(q, k, v, torch.from_numpy(np.asarray(mask)), block_size=tuple(block_sizes or BLOCK_SPARSE_TILES))
+            return block_sparse_attn_func(
+                q, k, v, torch.from_numpy(np.asarray(mask)), block_size=tuple(block_sizes or BLOCK_SPARSE_TILES)
+            )
         with selected_variant(algorithm, variant) as extra:
             return flash_attn_func(q, k, v, causal=causal, algorithm=algorithm, block_sizes=block_sizes, **extra)
 
@@ -701,14 +759,18 @@ def prepare(algorithm, variant, pass_, batch, nheads, N, d, mask=None, block_siz
         # The backward runs on this thread, not on autograd's CUDA worker thread: NVTX ranges are per
         # thread, so under Nsight Compute (``--nvtx-include``) a worker-thread backward would profile
         # no kernel at all (seen on an H100: "0 kernel(s) profiled" for every backward case).
-        with selected_variant(algorithm if algorithm != "block-sparse" else "", variant), \
-                torch.autograd.set_multithreading_enabled(False):
+        with (
+            selected_variant(algorithm if algorithm != "block-sparse" else "", variant),
+            torch.autograd.set_multithreading_enabled(False),
+        ):
             return torch.autograd.grad(out, (q, k, v), g, retain_graph=True)
 
     if pass_ == "forward":
+
         def fn():
             with torch.no_grad():
                 return forward()
+
         return fn
     if pass_ == "backward":
         out = forward()

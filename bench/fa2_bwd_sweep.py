@@ -82,7 +82,19 @@ def run_backward(cfg, feats, det, q, k, v, dout, causal, dropout_p=0.0, seed=0):
     def bwd():
         if cfg == "readable":
             return fa2_backward.backward(kdo, kq, kk, kv, fwd.out, fwd, prob, alloc, deterministic=det)
-        return fa2_backward_fast.backward(kdo, kq, kk, kv, fwd.out, fwd, prob, alloc, deterministic=det, config=_config(cfg, prob.headdim), features=feats)
+        return fa2_backward_fast.backward(
+            kdo,
+            kq,
+            kk,
+            kv,
+            fwd.out,
+            fwd,
+            prob,
+            alloc,
+            deterministic=det,
+            config=_config(cfg, prob.headdim),
+            features=feats,
+        )
 
     return bwd, alloc
 
@@ -93,7 +105,9 @@ def plan_variant(cfg, feats, det, prob):
         launches = fa2_backward.compiled_kernels(prob, deterministic=det)
         Br, Bc = fa2_backward.choose_block_sizes(prob)
         return launches[0].dispatcher, launches[1].dispatcher if det else None, f"{Br}x{Bc}", launches[0].threads, 0
-    main, grid, dqk, grid_dq, NT, nbytes = fa2_backward_fast.plan(prob, config=_config(cfg, prob.headdim), features=feats, deterministic=det)
+    main, grid, dqk, grid_dq, NT, nbytes = fa2_backward_fast.plan(
+        prob, config=_config(cfg, prob.headdim), features=feats, deterministic=det
+    )
     c = _config(cfg, prob.headdim) or fa2_backward_fast.config_for(prob.headdim)
     return main, dqk, f"{c[1]}x{c[2]}", NT, nbytes
 
@@ -104,8 +118,10 @@ def dry_run(headdims, seqlen, names):
         for name, (cfg, feats, det) in _select(d, names).items():
             for causal in (False, True) if name in CAUSAL_TOO else (False,):
                 _, dqk, tile, threads, nbytes = plan_variant(cfg, feats, det, bu.fa2_problem(seqlen, d, causal))
-                print(f"d={d} N={seqlen} causal={int(causal)} {name:22} tile {tile:>6} threads {threads:>4} "
-                      f"dynamic SRAM {nbytes / 1024:6.1f} KB{' + dQ kernel' if dqk is not None else ''}")
+                print(
+                    f"d={d} N={seqlen} causal={int(causal)} {name:22} tile {tile:>6} threads {threads:>4} "
+                    f"dynamic SRAM {nbytes / 1024:6.1f} KB{' + dQ kernel' if dqk is not None else ''}"
+                )
     return 0
 
 
@@ -126,7 +142,9 @@ def resources(cfg, feats, det, q, k, v, causal):
     res = _inspect.kernel_resources(main)
     smem = (res["shared_mem_per_block"] or 0) + nbytes
     occ = _inspect.theoretical_occupancy(res["regs_per_thread"], smem, threads)
-    out = dict(tile=tile, threads=threads, regs=res["regs_per_thread"], smem=smem, local=res["local_mem_per_thread"], **occ)
+    out = dict(
+        tile=tile, threads=threads, regs=res["regs_per_thread"], smem=smem, local=res["local_mem_per_thread"], **occ
+    )
     if dqk is not None:
         r2 = _inspect.kernel_resources(dqk)
         out.update(dq_regs=r2["regs_per_thread"], dq_local=r2["local_mem_per_thread"])
@@ -179,7 +197,13 @@ def check_backward(makers, d, log):
             for g, r, n in zip(grads, ref, naive):
                 err = float((g.double() - r).abs().max())
                 base = float((n.double() - r).abs().max())
-                res.append(dict(err=err, naive32_err=base, ok=bool(math.isfinite(err) and err <= 3 * base + 4 * 1.19e-7 * max(1.0, float(r.abs().max())))))
+                res.append(
+                    dict(
+                        err=err,
+                        naive32_err=base,
+                        ok=bool(math.isfinite(err) and err <= 3 * base + 4 * 1.19e-7 * max(1.0, float(r.abs().max()))),
+                    )
+                )
             out[name] = res
         except Exception as exc:
             out[name] = [dict(err=float("nan"), naive32_err=float("nan"), ok=False)]
@@ -189,13 +213,16 @@ def check_backward(makers, d, log):
 
 def check(variants, d, log):
     """:func:`check_backward` of this sweep's variants ``(cfg, feats, deterministic)``."""
-    return check_backward({name: functools.partial(run_backward, cfg, feats, det) for name, (cfg, feats, det) in variants.items()}, d, log)
+    return check_backward(
+        {name: functools.partial(run_backward, cfg, feats, det) for name, (cfg, feats, det) in variants.items()}, d, log
+    )
 
 
 def time_backward(variants, n, d, causals, repeats, sgemm, rows, log, interleave=False):
-    """Time each variant's backward at ``n`` (the causal rows for :data:`CAUSAL_TOO`); append the rows. ``interleave``: all
-    of one mask's variants in rounds of one call each (:func:`bench.common.cuda_time_ms_interleaved`), not one after
-    another (where a variant's place in the list weighed on its time: ``docs/notes/performance-log.md``, ``SPLIT_KV``)."""
+    """Time each variant's backward at ``n`` (the causal rows for :data:`CAUSAL_TOO`); append the rows. ``interleave``:
+    all of one mask's variants in rounds of one call each (:func:`bench.common.cuda_time_ms_interleaved`), not one after
+    another (where a variant's place in the list weighed on its time: ``docs/notes/performance-log.md``,
+    ``SPLIT_KV``)."""
     import torch
 
     shape = bu.fa2_shape(n, d)
@@ -212,11 +239,22 @@ def time_backward(variants, n, d, causals, repeats, sgemm, rows, log, interleave
             try:
                 bwd, alloc = run_backward(cfg, feats, det, q, k, v, dout, causal)
                 if interleave:
-                    bwd()  # Dev: the one warm-up call, here: a backward that raises is reported, not timed in the rounds
+                    bwd()  # Dev: the one warm-up call, here: a backward that raises is reported, not timed in the
+                    # rounds
                 ready[name] = (row, bwd, alloc, cfg, feats, det)
                 if not interleave:
-                    _time_one(ready.pop(name), bu.cuda_time_ms(bwd, warmup=1, repeats=2 if cfg == "readable" else repeats),
-                              flops, sgemm, q, k, v, causal, rows, log)
+                    _time_one(
+                        ready.pop(name),
+                        bu.cuda_time_ms(bwd, warmup=1, repeats=2 if cfg == "readable" else repeats),
+                        flops,
+                        sgemm,
+                        q,
+                        k,
+                        v,
+                        causal,
+                        rows,
+                        log,
+                    )
             except Exception as exc:
                 failed(row, log, f"{name} N={n} d={d} causal={causal}", exc)
                 ready.pop(name, None)
@@ -302,7 +340,10 @@ def _time_fwd_bwd_one(q, k, v, repeats, sgemm, rows, log):
     steps = {  # name -> (step, repeats)
         "flash2": (autograd_step(lambda: flash_attn_func(q, k, v, algorithm="flash2")), repeats),
         "flash2-fast": (autograd_step(lambda: flash_attn_func(q, k, v, algorithm="flash2", variant="fast")), repeats),
-        "flash2-deterministic": (autograd_step(lambda: flash_attn_func(q, k, v, algorithm="flash2", deterministic=True)), repeats),
+        "flash2-deterministic": (
+            autograd_step(lambda: flash_attn_func(q, k, v, algorithm="flash2", deterministic=True)),
+            repeats,
+        ),
         "torch_naive": (autograd_step(lambda: bu.torch_naive_attention(q, k, v)), repeats),
         "sdpa_mem_efficient": (autograd_step(lambda: bu.torch_sdpa_mem_efficient(q, k, v)), repeats),
     }
@@ -323,10 +364,14 @@ def _time_fwd_bwd_one(q, k, v, repeats, sgemm, rows, log):
 def _line(r):
     if "error" in r:
         return f"{r['pass_']:8} {r['impl']:22} {r['N']:>6} {r['d']:>4} {int(r['causal'])} ERROR {r['error'][:100]}"
-    return (f"{r['pass_']:8} {r['impl']:22} {r['N']:>6} {r['d']:>4} {int(r['causal'])} {r['ms']:9.3f} {r['tflops']:6.2f} {r['pct_sgemm']:5.1f} "
-            f"{r.get('tile', ''):>7} {r.get('threads', ''):>4} {r.get('regs', '') if r.get('regs') is not None else '':>4} "
-            f"{(r['smem'] / 1024) if r.get('smem') else 0:6.1f} {r.get('local', '') if r.get('local') is not None else '':>4} "
-            f"{r.get('blocks_per_sm', ''):>6} {r.get('occupancy', 0) or 0:5.2f}")
+    return (
+        f"{r['pass_']:8} {r['impl']:22} {r['N']:>6} {r['d']:>4} {int(r['causal'])} {r['ms']:9.3f} {r['tflops']:6.2f} "
+        f"{r['pct_sgemm']:5.1f} "
+        f"{r.get('tile', ''):>7} {r.get('threads', ''):>4} {r.get('regs', '') if r.get('regs') is not None else '':>4} "
+        f"{(r['smem'] / 1024) if r.get('smem') else 0:6.1f} "
+        f"{r.get('local', '') if r.get('local') is not None else '':>4} "
+        f"{r.get('blocks_per_sm', ''):>6} {r.get('occupancy', 0) or 0:5.2f}"
+    )
 
 
 def warm_up(variants, d, log):
@@ -353,11 +398,21 @@ def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seqlen", type=int, default=4096)
     ap.add_argument("--headdims", type=int, nargs="+", default=[64, 128])
-    ap.add_argument("--variants", nargs="*", default=None, help="names to keep (default: all; see VARIANTS_D64 / VARIANTS_D128)")
+    ap.add_argument(
+        "--variants", nargs="*", default=None, help="names to keep (default: all; see VARIANTS_D64 / VARIANTS_D128)"
+    )
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--interleave", action="store_true", help="time a mask's variants in rounds, one call each, not one after another")
-    ap.add_argument("--fwdbwd", type=int, nargs="*", default=[1024, 4096], help="seqlens for fwd+bwd at d=64 (none: skip)")
-    ap.add_argument("--wait-pid", type=int, default=None, help="compile first, then wait for this process to exit before timing")
+    ap.add_argument(
+        "--interleave",
+        action="store_true",
+        help="time a mask's variants in rounds, one call each, not one after another",
+    )
+    ap.add_argument(
+        "--fwdbwd", type=int, nargs="*", default=[1024, 4096], help="seqlens for fwd+bwd at d=64 (none: skip)"
+    )
+    ap.add_argument(
+        "--wait-pid", type=int, default=None, help="compile first, then wait for this process to exit before timing"
+    )
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "fa2_bwd_sweep.json"))
     ap.add_argument("--dry-run", action="store_true", help="list each variant's tiling, threads and SRAM; run nothing")
     return ap
@@ -385,12 +440,22 @@ def main(argv=None):
     for d, variants in table.items():
         checks[d] = check(variants, d, log)
         for name, res in checks[d].items():
-            print(f"check d={d} {name:22} " + " ".join(("ok" if r["ok"] else "FAIL") + f"({r['err']:.1e}/{r['naive32_err']:.1e})" for r in res), flush=True)
+            print(
+                f"check d={d} {name:22} "
+                + " ".join(("ok" if r["ok"] else "FAIL") + f"({r['err']:.1e}/{r['naive32_err']:.1e})" for r in res),
+                flush=True,
+            )
         time_backward(variants, args.seqlen, d, (False, True), args.repeats, sgemm, rows, log, args.interleave)
         print(f"[{time.time() - t0:.0f}s] d={d} timed", flush=True)
     if args.fwdbwd:
         time_fwd_bwd(args.fwdbwd, 64, args.repeats, sgemm, rows, log)
-    result = dict(provenance=bu.provenance(), sgemm_tflops=sgemm, checks={str(k): v for k, v in checks.items()}, rows=rows, errors=log)
+    result = dict(
+        provenance=bu.provenance(),
+        sgemm_tflops=sgemm,
+        checks={str(k): v for k, v in checks.items()},
+        rows=rows,
+        errors=log,
+    )
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as fh:
         json.dump(result, fh, indent=1, default=str)

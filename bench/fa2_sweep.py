@@ -20,7 +20,8 @@ Run on a GPU machine from the repository root::
 The JSON holds every row plus provenance; the table printed last is the summary. ``--dry-run``
 lists each variant's tiling, threads and shared memory without running anything (works in the
 simulator). The sweeps behind the defaults were ``docs/results/sweeps/fa2_sweep_h200_*.json`` and
-``sweep_tc*_h200.json``, last in the tree at e0e5a9b; ``bench/README.md`` says which variant produced which documented number.
+``sweep_tc*_h200.json``, last in the tree at e0e5a9b; ``bench/README.md`` says which variant produced which documented
+number.
 """
 
 from __future__ import annotations
@@ -55,8 +56,8 @@ WARP_SKIP = {f"tc-ws{int(a)}": (("tc", None), {"WARP_SKIP": a}) for a in (False,
 SPLIT_KV = {f"tc-skv{int(a)}": (("tc", None), {"SPLIT_KV": a}) for a in (False, True)}
 #: ... and V_j alone split once per block (SPLIT_K False: K_j split by each warp, as without SPLIT_KV; 2026-11-27)
 SPLIT_KV["tc-skv1-v"] = (("tc", None), {"SPLIT_KV": True, "SPLIT_K": False})
-#: the default tiling with line 10's rescale of O as its own FMUL or in the first 8-key step's add, one FFMA (RESCALE_FMA,
-#: 2026-11-28; it acts only where STAGE_O_STEP is on: MW = 2 at d > 64)
+#: the default tiling with line 10's rescale of O as its own FMUL or in the first 8-key step's add, one FFMA
+#: (RESCALE_FMA, 2026-11-28; it acts only where STAGE_O_STEP is on: MW = 2 at d > 64)
 RESCALE_FMA = {f"tc-fma{int(a)}": (("tc", None), {"RESCALE_FMA": a}) for a in (False, True)}
 VARIANTS_D64 = {
     "readable": ("readable", {}),
@@ -73,7 +74,8 @@ VARIANTS_D64 = {
     # tensor cores (3xTF32, numba_flash.tensorcore.fa2_forward_tf32): ("tc", (NW, MW, Bc)) or ("tc", None) = its default
     "tc": (("tc", None), {}),  # S and O staged (the default; "tc-stageS" of sweep_tc2)
     "tc-stageO": (("tc", None), {"STAGE_S": False}),  # O staged only ("tc" of sweep_tc2)
-    "tc-unstaged": (("tc", None), {"STAGE_S": False, "STAGE_O": False}),  # accumulate in the mma ("tc-nostageO" of sweep_tc2)
+    "tc-unstaged": (("tc", None), {"STAGE_S": False, "STAGE_O": False}),  # accumulate in the mma ("tc-nostageO" of
+    # sweep_tc2)
     "tc-noprefetch": (("tc", None), {"PREFETCH": False}),
     "tc-MW1": (("tc", (4, 1, 64)), {}),
     "tc-Bc32": (("tc", (4, 2, 32)), {}),
@@ -87,7 +89,8 @@ VARIANTS_D64 = {
     # short causal sequences: smaller query blocks (Br 64: more blocks, less tail) or 8 warps of MW = 1
     "tc-cp-4x1x32": (("tc", (4, 1, 32)), {"CP_ASYNC": True}),
     "tc-cp-8x1x32": (("tc", (8, 1, 32)), {"CP_ASYNC": True}),
-    "tc-cp-wide": (("tc", None), {"CP_ASYNC": True, "WIDE": True}),  # 16-byte fragment loads (2026-11-27; 248 registers)
+    "tc-cp-wide": (("tc", None), {"CP_ASYNC": True, "WIDE": True}),  # 16-byte fragment loads (2026-11-27; 248
+    # registers)
     # causal: every head's heaviest query blocks first (HEAVY_FIRST, 2026-11-27) or each head's in turn
     "tc-cp-hf": (("tc", None), {"CP_ASYNC": True, "HEAVY_FIRST": True}),
     "tc-cp-perhead": (("tc", None), {"CP_ASYNC": True, "HEAVY_FIRST": False}),
@@ -120,8 +123,8 @@ VARIANTS_D128 = {
     # Br = 64, Bc = 16 with STAGE_O_STEP: 71.5 KB of SRAM and, offline sm_90, 166 registers (168 causal; 222 without
     # STAGE_O_STEP): three blocks of 4 warps per SM, 12 warps where every d = 128 default has 8 (2026-11-26)
     "tc-cp-4x1x16-ostep": (("tc", (4, 1, 16)), {"CP_ASYNC": True, "STAGE_O_STEP": True}),
-    # WIDE: 16-byte fragment loads with the dot products' terms reordered, Q_i / K_j swizzled (2026-11-27; offline sm_90:
-    # 8 x 2 x 16 254 registers, 8 x 1 x 32 174, 4 x 1 x 32 178-181, no spill; LDS per key block a third)
+    # WIDE: 16-byte fragment loads with the dot products' terms reordered, Q_i / K_j swizzled (2026-11-27; offline
+    # sm_90: 8 x 2 x 16 254 registers, 8 x 1 x 32 174, 4 x 1 x 32 178-181, no spill; LDS per key block a third)
     "tc-cp-wide": (("tc", None), {"CP_ASYNC": True, "WIDE": True}),
     "tc-cp-8x2x16-wide": (("tc", (8, 2, 16)), {"CP_ASYNC": True, "STAGE_O_STEP": True, "WIDE": True}),
     "tc-cp-8x1x32-wide": (("tc", (8, 1, 32)), {"CP_ASYNC": True, "WIDE": True}),
@@ -130,8 +133,14 @@ VARIANTS_D128 = {
     # default (4 x 1 x 32) and at 8 x 2 x 16 (Br = 256: the longest blocks, the most to gain from the order)
     "tc-cp-4x1x32-wide-hf": (("tc", (4, 1, 32)), {"CP_ASYNC": True, "WIDE": True, "HEAVY_FIRST": True}),
     "tc-cp-4x1x32-wide-perhead": (("tc", (4, 1, 32)), {"CP_ASYNC": True, "WIDE": True, "HEAVY_FIRST": False}),
-    "tc-cp-8x2x16-wide-hf": (("tc", (8, 2, 16)), {"CP_ASYNC": True, "STAGE_O_STEP": True, "WIDE": True, "HEAVY_FIRST": True}),
-    "tc-cp-8x2x16-wide-perhead": (("tc", (8, 2, 16)), {"CP_ASYNC": True, "STAGE_O_STEP": True, "WIDE": True, "HEAVY_FIRST": False}),
+    "tc-cp-8x2x16-wide-hf": (
+        ("tc", (8, 2, 16)),
+        {"CP_ASYNC": True, "STAGE_O_STEP": True, "WIDE": True, "HEAVY_FIRST": True},
+    ),
+    "tc-cp-8x2x16-wide-perhead": (
+        ("tc", (8, 2, 16)),
+        {"CP_ASYNC": True, "STAGE_O_STEP": True, "WIDE": True, "HEAVY_FIRST": False},
+    ),
     # 4 warps of MW = 2 with Bc = 16 (Br = 128): 8 x 2 x 16's warps (255 registers, no spill, offline sm_90) in blocks
     # half as tall, 107 KB of SRAM: two blocks per SM, whose prologues and epilogues overlap (2026-11-27)
     "tc-cp-4x2x16": (("tc", (4, 2, 16)), {"CP_ASYNC": True}),
@@ -198,7 +207,9 @@ def kernel_resources(name, cfg, feats, q, k, v, causal):
     res = _inspect.kernel_resources(kernel)
     smem = (res["shared_mem_per_block"] or 0) + nbytes
     occ = _inspect.theoretical_occupancy(res["regs_per_thread"], smem, threads)
-    return dict(tile=tile, threads=threads, regs=res["regs_per_thread"], smem=smem, local=res["local_mem_per_thread"], **occ)
+    return dict(
+        tile=tile, threads=threads, regs=res["regs_per_thread"], smem=smem, local=res["local_mem_per_thread"], **occ
+    )
 
 
 def dry_run(headdims, seqlens, causals, names):
@@ -213,7 +224,10 @@ def dry_run(headdims, seqlens, causals, names):
                     except ValueError as exc:  # Dev: e.g. SPLIT_KV's 221.5 KB plus the simulator's exchange scratch
                         print(f"d={d} N={n} causal={int(causal)} {name:28} does not fit this backend: {exc}")
                         continue
-                    print(f"d={d} N={n} causal={int(causal)} {name:28} tile {tile:>7} threads {threads:>4} dynamic SRAM {nbytes / 1024:6.1f} KB")
+                    print(
+                        f"d={d} N={n} causal={int(causal)} {name:28} tile {tile:>7} threads {threads:>4} dynamic SRAM "
+                        f"{nbytes / 1024:6.1f} KB"
+                    )
     return 0
 
 
@@ -242,7 +256,14 @@ def torch_reference(q, k, v, causal, dropout_p, seed, dtype):
         S = S.masked_fill(~torch.tensor(causal_mask(s_q, s_k), device=q.device), float("-inf"))
     P = torch.softmax(S, -1).nan_to_num(0.0)
     if dropout_p > 0:
-        Z = np.stack([np.stack([dropout_scale_matrix(seed, bi * h + hi, range(s_q), range(s_k), dropout_p) for hi in range(h)]) for bi in range(b)])
+        Z = np.stack(
+            [
+                np.stack(
+                    [dropout_scale_matrix(seed, bi * h + hi, range(s_q), range(s_k), dropout_p) for hi in range(h)]
+                )
+                for bi in range(b)
+            ]
+        )
         P = P * torch.tensor(Z, device=q.device, dtype=dtype)
     return torch.einsum("bhij,bjhd->bihd", P, vv)
 
@@ -304,7 +325,10 @@ def _time_forward_one(variants, q, k, v, causal, repeats, sgemm, rows, log, base
 
     b, n, h, d = q.shape
     flops = bu.flops_forward(b, h, n, n, d, causal)
-    impls = {name: (lambda cfg=cfg, feats=feats, name=name: run_variant(name, cfg, feats, q, k, v, causal)) for name, (cfg, feats) in variants.items()}
+    impls = {
+        name: (lambda cfg=cfg, feats=feats, name=name: run_variant(name, cfg, feats, q, k, v, causal))
+        for name, (cfg, feats) in variants.items()
+    }
     if baselines:
         impls["torch_naive"] = lambda: bu.torch_naive_attention(q, k, v, causal=causal)
         impls["sdpa_mem_efficient"] = lambda: bu.torch_sdpa_mem_efficient(q, k, v, causal=causal)
@@ -316,9 +340,21 @@ def _time_forward_one(variants, q, k, v, causal, repeats, sgemm, rows, log, base
                 fn()
             except Exception as exc:
                 failed[name] = exc
-        timed = bu.cuda_time_ms_interleaved({m: f for m, f in impls.items() if m not in failed}, warmup=1, repeats=repeats, calls=calls)
+        timed = bu.cuda_time_ms_interleaved(
+            {m: f for m, f in impls.items() if m not in failed}, warmup=1, repeats=repeats, calls=calls
+        )
     for name, fn in impls.items():
-        row = dict(pass_="forward", impl=name, N=n, d=d, batch=b, nheads=h, causal=causal, interleaved=bool(interleave), calls=calls)
+        row = dict(
+            pass_="forward",
+            impl=name,
+            N=n,
+            d=d,
+            batch=b,
+            nheads=h,
+            causal=causal,
+            interleaved=bool(interleave),
+            calls=calls,
+        )
         try:
             if name in failed:
                 raise failed[name]
@@ -383,15 +419,23 @@ def _time_fwd_bwd_one(q, k, v, causal, repeats, sgemm, rows, log):
 
 
 def table(rows):
-    lines = [f"{'pass':8} {'impl':20} {'N':>6} {'d':>4} {'c':>1} {'ms':>9} {'TF/s':>6} {'%sg':>5} {'tile':>7} {'thr':>4} {'regs':>4} {'smemKB':>6} {'lmem':>4} {'blk/SM':>6} {'occ':>5}"]
+    lines = [
+        f"{'pass':8} {'impl':20} {'N':>6} {'d':>4} {'c':>1} {'ms':>9} {'TF/s':>6} {'%sg':>5} {'tile':>7} {'thr':>4} "
+        f"{'regs':>4} {'smemKB':>6} {'lmem':>4} {'blk/SM':>6} {'occ':>5}"
+    ]
     for r in rows:
         if "error" in r:
-            lines.append(f"{r['pass_']:8} {r['impl']:20} {r['N']:>6} {r['d']:>4} {int(r['causal'])} ERROR {r['error'][:80]}")
+            lines.append(
+                f"{r['pass_']:8} {r['impl']:20} {r['N']:>6} {r['d']:>4} {int(r['causal'])} ERROR {r['error'][:80]}"
+            )
             continue
         lines.append(
-            f"{r['pass_']:8} {r['impl']:20} {r['N']:>6} {r['d']:>4} {int(r['causal'])} {r['ms']:9.3f} {r['tflops']:6.2f} {r['pct_sgemm']:5.1f} "
-            f"{r.get('tile', ''):>7} {r.get('threads', ''):>4} {r.get('regs', '') if r.get('regs') is not None else '':>4} "
-            f"{(r['smem'] / 1024) if r.get('smem') else 0:6.1f} {r.get('local', '') if r.get('local') is not None else '':>4} "
+            f"{r['pass_']:8} {r['impl']:20} {r['N']:>6} {r['d']:>4} {int(r['causal'])} {r['ms']:9.3f} "
+            f"{r['tflops']:6.2f} {r['pct_sgemm']:5.1f} "
+            f"{r.get('tile', ''):>7} {r.get('threads', ''):>4} "
+            f"{r.get('regs', '') if r.get('regs') is not None else '':>4} "
+            f"{(r['smem'] / 1024) if r.get('smem') else 0:6.1f} "
+            f"{r.get('local', '') if r.get('local') is not None else '':>4} "
             f"{r.get('blocks_per_sm', ''):>6} {r.get('occupancy', 0) or 0:5.2f}"
         )
     return "\n".join(lines)
@@ -403,13 +447,26 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--seqlens", type=int, nargs="+", default=[4096])
     ap.add_argument("--headdims", type=int, nargs="+", default=[64, 128])
     ap.add_argument("--causal", choices=["both", "no", "yes"], default="both")
-    ap.add_argument("--variants", nargs="*", default=None, help="names to keep (default: all; see VARIANTS_D64 / VARIANTS_D128)")
+    ap.add_argument(
+        "--variants", nargs="*", default=None, help="names to keep (default: all; see VARIANTS_D64 / VARIANTS_D128)"
+    )
     ap.add_argument("--repeats", type=int, default=10)
-    ap.add_argument("--interleave", action="store_true", help="time the variants (and baselines) in rounds, one call each, not one after another")
-    ap.add_argument("--calls", type=int, default=1, help="back-to-back calls per timing (more than 1: the kernels' time, "
-                    "the host's work hidden behind the launch queue; 1: one call, the host's work before its launch included)")
+    ap.add_argument(
+        "--interleave",
+        action="store_true",
+        help="time the variants (and baselines) in rounds, one call each, not one after another",
+    )
+    ap.add_argument(
+        "--calls",
+        type=int,
+        default=1,
+        help="back-to-back calls per timing (more than 1: the kernels' time, "
+        "the host's work hidden behind the launch queue; 1: one call, the host's work before its launch included)",
+    )
     ap.add_argument("--no-check", action="store_true")
-    ap.add_argument("--no-baselines", action="store_true", help="do not time torch's naive attention and SDPA beside the variants")
+    ap.add_argument(
+        "--no-baselines", action="store_true", help="do not time torch's naive attention and SDPA beside the variants"
+    )
     ap.add_argument("--fwdbwd", type=int, nargs="*", default=[], help="seqlens for flash2 fwd+bwd at d=64")
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "fa2_sweep.json"))
     ap.add_argument("--dry-run", action="store_true", help="list each variant's tiling, threads and SRAM; run nothing")
@@ -435,13 +492,34 @@ def main(argv=None):
         if not args.no_check:
             checks[d] = check(variants, d, log)
             for name, res in checks[d].items():
-                print(f"check d={d} {name:20} " + " ".join(("ok" if r["ok"] else "FAIL") + f"({r['err']:.1e}/{r['naive32_err']:.1e})" for r in res), flush=True)
-        time_forward(variants, args.seqlens, d, causals, args.repeats, sgemm, rows, log, baselines=not args.no_baselines, interleave=args.interleave,
-                     calls=args.calls)
+                print(
+                    f"check d={d} {name:20} "
+                    + " ".join(("ok" if r["ok"] else "FAIL") + f"({r['err']:.1e}/{r['naive32_err']:.1e})" for r in res),
+                    flush=True,
+                )
+        time_forward(
+            variants,
+            args.seqlens,
+            d,
+            causals,
+            args.repeats,
+            sgemm,
+            rows,
+            log,
+            baselines=not args.no_baselines,
+            interleave=args.interleave,
+            calls=args.calls,
+        )
         print(f"[{time.time() - t0:.0f}s] d={d} timed", flush=True)
     if args.fwdbwd:
         time_fwd_bwd(args.fwdbwd, 64, (False,), args.repeats, sgemm, rows, log)
-    result = dict(provenance=bu.provenance(), sgemm_tflops=sgemm, checks={str(k): v for k, v in checks.items()}, rows=rows, errors=log)
+    result = dict(
+        provenance=bu.provenance(),
+        sgemm_tflops=sgemm,
+        checks={str(k): v for k, v in checks.items()},
+        rows=rows,
+        errors=log,
+    )
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as fh:
         json.dump(result, fh, indent=1, default=str)

@@ -65,9 +65,19 @@ class Runner:
         self.repeats = 1 if tiny else repeats
         self.warmup = 0 if tiny else 2  # the simulator compiles nothing
         self.ncu = ncu_mod.find_ncu() if (use_ncu and not tiny and common.ON_GPU) else None
-        self.why_not_measured = None if self.ncu else (
-            "tiny run (simulator sizes)" if tiny else "no GPU" if not common.ON_GPU else
-            "ncu not found" if use_ncu else "--no-ncu")
+        self.why_not_measured = (
+            None
+            if self.ncu
+            else (
+                "tiny run (simulator sizes)"
+                if tiny
+                else "no GPU"
+                if not common.ON_GPU
+                else "ncu not found"
+                if use_ncu
+                else "--no-ncu"
+            )
+        )
         self._ncu_mod = ncu_mod
 
     def time(self, algorithm, variant, pass_, shape, **kw) -> dict:
@@ -89,11 +99,19 @@ class Runner:
     def bytes(self, algorithm, variant, pass_, shape, mask=None, block_sizes=None) -> dict:
         if self.ncu is None:
             return {"dram_bytes": None, "not_measured": self.why_not_measured}
-        spec = {"algorithm": algorithm, "variant": variant, "pass": pass_, **shape,
-                "mask": None if mask is None else np.asarray(mask).astype(int).tolist(),
-                "block_sizes": None if block_sizes is None else list(block_sizes)}
+        spec = {
+            "algorithm": algorithm,
+            "variant": variant,
+            "pass": pass_,
+            **shape,
+            "mask": None if mask is None else np.asarray(mask).astype(int).tolist(),
+            "block_sizes": None if block_sizes is None else list(block_sizes),
+        }
         m = self._ncu_mod.measure(spec, self.ncu)
-        return {k: m.get(k) for k in ("dram_read_bytes", "dram_write_bytes", "dram_bytes", "error", "tiles_forward", "tiles_backward")}
+        return {
+            k: m.get(k)
+            for k in ("dram_read_bytes", "dram_write_bytes", "dram_bytes", "error", "tiles_forward", "tiles_backward")
+        }
 
 
 def _tiles(algorithm, variant, shape, measured=None):
@@ -115,18 +133,26 @@ def left_panel(run: Runner, shape: dict) -> dict:
         meas = run.bytes(alg, None, "fwd+bwd", shape)
         tiles = _tiles(alg, None, shape, meas)
         model = common.model_count(alg, "fwd+bwd", **shape, tile=tiles["forward"], bwd_tile=tiles["backward"])
-        rows.append({
-            "algorithm": alg, "variant_forward": variant, "variant_backward": bwd_variant, "tiles": tiles,
-            "gflop": common.matmul_flops(alg, "fwd+bwd", **shape) / 1e9,
-            "forward_ms": fwd.get("median_ms"), "runtime_ms": both.get("median_ms"),
-            "hbm_gb_measured": None if meas.get("dram_bytes") is None else meas["dram_bytes"] / 1e9,
-            "hbm_read_gb_measured": None if meas.get("dram_read_bytes") is None else meas["dram_read_bytes"] / 1e9,
-            "hbm_write_gb_measured": None if meas.get("dram_write_bytes") is None else meas["dram_write_bytes"] / 1e9,
-            "hbm_gb_model": model["model_bytes"] / 1e9,
-            "hbm_gb_compulsory": common.compulsory_bytes("fwd+bwd", **shape) / 1e9,
-            "error": fwd.get("error") or both.get("error") or meas.get("error"),
-            "not_measured": meas.get("not_measured"),
-        })
+        rows.append(
+            {
+                "algorithm": alg,
+                "variant_forward": variant,
+                "variant_backward": bwd_variant,
+                "tiles": tiles,
+                "gflop": common.matmul_flops(alg, "fwd+bwd", **shape) / 1e9,
+                "forward_ms": fwd.get("median_ms"),
+                "runtime_ms": both.get("median_ms"),
+                "hbm_gb_measured": None if meas.get("dram_bytes") is None else meas["dram_bytes"] / 1e9,
+                "hbm_read_gb_measured": None if meas.get("dram_read_bytes") is None else meas["dram_read_bytes"] / 1e9,
+                "hbm_write_gb_measured": None
+                if meas.get("dram_write_bytes") is None
+                else meas["dram_write_bytes"] / 1e9,
+                "hbm_gb_model": model["model_bytes"] / 1e9,
+                "hbm_gb_compulsory": common.compulsory_bytes("fwd+bwd", **shape) / 1e9,
+                "error": fwd.get("error") or both.get("error") or meas.get("error"),
+                "not_measured": meas.get("not_measured"),
+            }
+        )
     return {"shape": shape, "pass": "fwd+bwd", "rows": rows}
 
 
@@ -139,12 +165,18 @@ def middle_panel(run: Runner, shape: dict, bcs, br) -> dict:
         t = run.time("flash1", variant, "forward", shape, block_sizes=bs)
         meas = run.bytes("flash1", variant, "forward", shape, block_sizes=bs) if "error" not in t else {}
         model = common.model_count("flash1", "forward", **shape, tile=bs)
-        rows.append({
-            "Br": br, "Bc": bc, "Tc": -(-shape["N"] // bc), "runtime_ms": t.get("median_ms"),
-            "hbm_gb_measured": None if meas.get("dram_bytes") is None else meas["dram_bytes"] / 1e9,
-            "hbm_gb_model": model["model_bytes"] / 1e9,
-            "error": t.get("error") or meas.get("error"), "not_measured": meas.get("not_measured"),
-        })
+        rows.append(
+            {
+                "Br": br,
+                "Bc": bc,
+                "Tc": -(-shape["N"] // bc),
+                "runtime_ms": t.get("median_ms"),
+                "hbm_gb_measured": None if meas.get("dram_bytes") is None else meas["dram_bytes"] / 1e9,
+                "hbm_gb_model": model["model_bytes"] / 1e9,
+                "error": t.get("error") or meas.get("error"),
+                "not_measured": meas.get("not_measured"),
+            }
+        )
     return {"shape": shape, "pass": "forward", "algorithm": "flash1", "variant": variant, "rows": rows}
 
 
@@ -159,14 +191,31 @@ def right_panel(run: Runner, shape: dict, tiles, densities) -> dict:
         fwd = run.time("block-sparse", None, "forward", shape, mask=mask, block_sizes=tiles)
         both = run.time("block-sparse", None, "fwd+bwd", shape, mask=mask, block_sizes=tiles)
         model = common.model_count("block-sparse", "fwd+bwd", **shape, tile=tiles, bwd_tile=tiles, mask=mask)
-        rows.append({"pattern": pattern, "density": density, "forward_ms": fwd.get("median_ms"), "runtime_ms": both.get("median_ms"),
-                     "hbm_gb_model": model["model_bytes"] / 1e9, "gflop": common.matmul_flops("block-sparse", "fwd+bwd", **shape, density=density) / 1e9,
-                     "error": fwd.get("error") or both.get("error")})
+        rows.append(
+            {
+                "pattern": pattern,
+                "density": density,
+                "forward_ms": fwd.get("median_ms"),
+                "runtime_ms": both.get("median_ms"),
+                "hbm_gb_model": model["model_bytes"] / 1e9,
+                "gflop": common.matmul_flops("block-sparse", "fwd+bwd", **shape, density=density) / 1e9,
+                "error": fwd.get("error") or both.get("error"),
+            }
+        )
     dense = run.time("flash1", None, "fwd+bwd", shape)
     dense_fwd = run.time("flash1", None, "forward", shape)
-    return {"shape": shape, "pass": "fwd+bwd", "block_size": list(tiles), "rows": rows,
-            "flash1_dense": {"variant": common.default_variant("flash1", "forward"), "runtime_ms": dense.get("median_ms"),
-                             "forward_ms": dense_fwd.get("median_ms"), "error": dense.get("error") or dense_fwd.get("error")}}
+    return {
+        "shape": shape,
+        "pass": "fwd+bwd",
+        "block_size": list(tiles),
+        "rows": rows,
+        "flash1_dense": {
+            "variant": common.default_variant("flash1", "forward"),
+            "runtime_ms": dense.get("median_ms"),
+            "forward_ms": dense_fwd.get("median_ms"),
+            "error": dense.get("error") or dense_fwd.get("error"),
+        },
+    }
 
 
 # ----------------------------------------------------------------------------------------------
@@ -190,9 +239,11 @@ def plot(data: dict, out: Path) -> list[str]:
         rows = left["rows"]
         names = [r["algorithm"] for r in rows]
         fig, axes = plt.subplots(1, 3, figsize=(10, 3.4))
-        series = [("GFLOP (matmul)", [r["gflop"] for r in rows], None),
-                  ("HBM GB (fwd+bwd)", [r["hbm_gb_measured"] for r in rows], [r["hbm_gb_model"] for r in rows]),
-                  ("runtime fwd+bwd (ms)", [r["runtime_ms"] for r in rows], None)]
+        series = [
+            ("GFLOP (matmul)", [r["gflop"] for r in rows], None),
+            ("HBM GB (fwd+bwd)", [r["hbm_gb_measured"] for r in rows], [r["hbm_gb_model"] for r in rows]),
+            ("runtime fwd+bwd (ms)", [r["runtime_ms"] for r in rows], None),
+        ]
         for ax, (title, vals, model) in zip(axes, series):
             x = np.arange(len(names))
             ax.bar(x, [v if v is not None else 0 for v in vals], color="tab:blue", label="measured" if model else None)
@@ -273,7 +324,9 @@ def _save(fig, path: Path, plt) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.figure2", description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="output folder: figure2.json and figure2_{left,middle,right}.png")
-    ap.add_argument("--tiny", action="store_true", help="tiny shapes, no ncu: a functional run that takes seconds (simulator)")
+    ap.add_argument(
+        "--tiny", action="store_true", help="tiny shapes, no ncu: a functional run that takes seconds (simulator)"
+    )
     ap.add_argument("--panels", default="left,middle,right", help="comma-separated subset of left, middle, right")
     ap.add_argument("--no-ncu", action="store_true", help="do not measure DRAM bytes (timings and model only)")
     ap.add_argument("--repeats", type=int, default=10, help="timed repeats per call (median reported)")
@@ -289,9 +342,15 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     run = Runner(args.tiny, not args.no_ncu, args.repeats)
     t0 = time.time()
-    data = {"kind": "numba_flash.figure2", "version": 1, "tiny": bool(args.tiny), "provenance": common.provenance(),
-            "hbm_measured_with": "ncu: " + run._ncu_mod.command_line(run.ncu) if run.ncu else None,
-            "not_measured": run.why_not_measured, "dtype": "float32"}
+    data = {
+        "kind": "numba_flash.figure2",
+        "version": 1,
+        "tiny": bool(args.tiny),
+        "provenance": common.provenance(),
+        "hbm_measured_with": "ncu: " + run._ncu_mod.command_line(run.ncu) if run.ncu else None,
+        "not_measured": run.why_not_measured,
+        "dtype": "float32",
+    }
     if run.ncu:
         data["provenance"]["ncu"] = run._ncu_mod.ncu_version(run.ncu)
     old = _previous(out / "figure2.json", args.tiny)
@@ -301,11 +360,19 @@ def main(argv=None) -> int:
     if "left" in panels:
         data["left"] = left_panel(run, TINY["left"] if args.tiny else GPT2)
     if "middle" in panels:
-        data["middle"] = middle_panel(run, TINY["middle"] if args.tiny else GPT2, TINY["middle_bc"] if args.tiny else MIDDLE_BC,
-                                      TINY["middle_br"] if args.tiny else MIDDLE_BR)
+        data["middle"] = middle_panel(
+            run,
+            TINY["middle"] if args.tiny else GPT2,
+            TINY["middle_bc"] if args.tiny else MIDDLE_BC,
+            TINY["middle_br"] if args.tiny else MIDDLE_BR,
+        )
     if "right" in panels:
-        data["right"] = right_panel(run, TINY["right"] if args.tiny else RIGHT, TINY["right_tiles"] if args.tiny else RIGHT_TILES,
-                                    TINY["right_densities"] if args.tiny else RIGHT_DENSITIES)
+        data["right"] = right_panel(
+            run,
+            TINY["right"] if args.tiny else RIGHT,
+            TINY["right_tiles"] if args.tiny else RIGHT_TILES,
+            TINY["right_densities"] if args.tiny else RIGHT_DENSITIES,
+        )
     for name in panels:  # each panel says where and when it was measured (panels may come from separate runs)
         data[name]["provenance"] = {k: data["provenance"].get(k) for k in ("device", "date_utc", "commit", "command")}
     data["elapsed_s"] = round(time.time() - t0, 1)
@@ -313,9 +380,16 @@ def main(argv=None) -> int:
     common.write_json(out / "figure2.json", data)
     data["plots"] = plot(data, out)
     common.write_json(out / "figure2.json", data)
-    errors = [r.get("error") for p in ("left", "middle", "right") for r in (data.get(p) or {}).get("rows", []) if r.get("error")]
-    print(f"figure2: {len(panels)} panel(s) in {data['elapsed_s']} s -> {out / 'figure2.json'} "
-          f"{', '.join(data['plots'])}" + (f"; {len(errors)} case(s) with errors (see the JSON)" if errors else ""))
+    errors = [
+        r.get("error")
+        for p in ("left", "middle", "right")
+        for r in (data.get(p) or {}).get("rows", [])
+        if r.get("error")
+    ]
+    print(
+        f"figure2: {len(panels)} panel(s) in {data['elapsed_s']} s -> {out / 'figure2.json'} "
+        f"{', '.join(data['plots'])}" + (f"; {len(errors)} case(s) with errors (see the JSON)" if errors else "")
+    )
     return 0
 
 

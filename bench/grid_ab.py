@@ -34,13 +34,16 @@ def format_report(quotients: dict, old: dict, new: dict, tolerance: float, basel
     for (dtype, pas, d, causal, n), q in quotients.items():
         mark = "" if abs(q - 1) <= tolerance else "  OUTSIDE"
         key = (dtype, pas, d, causal)
-        lines.append(f"{dtype:>8} {pas:>16} {d:>4} {int(causal):>6} {n:>6} {old[key][n]:6.2f} {new[key][n]:6.2f}"
-                     f" {q:8.3f}{mark}")
+        lines.append(
+            f"{dtype:>8} {pas:>16} {d:>4} {int(causal):>6} {n:>6} {old[key][n]:6.2f} {new[key][n]:6.2f} {q:8.3f}{mark}"
+        )
     qs = list(quotients.values())
     outside = sum(abs(q - 1) > tolerance for q in qs)
     if qs:
-        lines.append(f"{outside} of {len(qs)} cells outside {1 - tolerance:.2f}-{1 + tolerance:.2f}x "
-                     f"(ratios against {baseline}); new/old range {min(qs):.3f}-{max(qs):.3f}")
+        lines.append(
+            f"{outside} of {len(qs)} cells outside {1 - tolerance:.2f}-{1 + tolerance:.2f}x "
+            f"(ratios against {baseline}); new/old range {min(qs):.3f}-{max(qs):.3f}"
+        )
     else:
         lines.append("no cell common to both files")
     return "\n".join(lines)

@@ -1,8 +1,8 @@
 """Tiling sweep of the fp16/bf16 FA2 forward (:mod:`numba_flash.tensorcore.fa2_forward_half`) or, with ``--backward``,
 backward (:mod:`numba_flash.tensorcore.fa2_backward_half`) for one GPU call.
 
-For each tiling ``(NW, MW, Bc, PREFETCH)`` (backward: ``(NW, MW, Br, PREFETCH, RED2, CP_ASYNC)``, ``Bc = 16 MW NW``) at each
-head dim (forward: the tilings of :data:`TILINGS` with the default cp.async pipeline, then those of
+For each tiling ``(NW, MW, Bc, PREFETCH)`` (backward: ``(NW, MW, Br, PREFETCH, RED2, CP_ASYNC)``, ``Bc = 16 MW NW``) at
+each head dim (forward: the tilings of :data:`TILINGS` with the default cp.async pipeline, then those of
 :data:`REGISTER_TILINGS` on the register path, ``CP_ASYNC=False``) it
 
 1. checks correctness on a ragged causal GQA shape: the error against torch float64 at most 2x that of
@@ -55,18 +55,33 @@ def forward_tilings(d: int) -> list[tuple]:
     """The forward rows of one head dim: ``(NW, MW, Bc, PREFETCH, CP_ASYNC)``."""
     return [(*t, True) for t in TILINGS[d]] + [(*t, False) for t in REGISTER_TILINGS[d]]
 
+
 #: head dim -> backward tilings (NW, MW, Br, PREFETCH, RED2, CP_ASYNC); the first is the module's default
-#: (:func:`numba_flash.tensorcore.fa2_backward_half.default_features`: cp.async, RED2 None = its policy, on sm_90 off only for
-#: causal at d = 128), which ``--default-only`` runs. The register-path rows (CP_ASYNC False) were the default before
-#: the cp.async rows, which offline (sm_90) drop the spills (d = 64: 28/36 B -> 0, d = 128: 72/84 B -> 12/12 B
+#: (:func:`numba_flash.tensorcore.fa2_backward_half.default_features`: cp.async, RED2 None = its policy, on sm_90 off
+#: only for causal at d = 128), which ``--default-only`` runs. The register-path rows (CP_ASYNC False) were the default
+#: before the cp.async rows, which offline (sm_90) drop the spills (d = 64: 28/36 B -> 0, d = 128: 72/84 B -> 12/12 B
 #: non-causal, 44/76 -> 4/4 causal) and 8-10 % of the SASS instructions; until 2026-11-26 a register-path row stood
 #: first, so ``--default-only`` ran it (the first LSE_P pairs, ``docs/results/sweeps/lse_p_h100_5d25ee7_*``,
 #: last in the tree at e0e5a9b).
 BWD_TILINGS = {
-    64: [(8, 1, 64, True, None, True), (8, 1, 64, True, True, False), (8, 1, 64, True, False, False), (8, 1, 32, True, True, False),
-         (4, 1, 64, True, True, False), (8, 1, 64, True, False, True), (4, 1, 64, True, True, True)],
-    128: [(8, 1, 32, True, None, True), (8, 1, 32, True, True, False), (8, 1, 32, True, False, False), (8, 1, 32, False, True, False),
-          (8, 1, 16, False, True, False), (8, 1, 32, True, True, True), (8, 1, 32, True, False, True)],
+    64: [
+        (8, 1, 64, True, None, True),
+        (8, 1, 64, True, True, False),
+        (8, 1, 64, True, False, False),
+        (8, 1, 32, True, True, False),
+        (4, 1, 64, True, True, False),
+        (8, 1, 64, True, False, True),
+        (4, 1, 64, True, True, True),
+    ],
+    128: [
+        (8, 1, 32, True, None, True),
+        (8, 1, 32, True, True, False),
+        (8, 1, 32, True, False, False),
+        (8, 1, 32, False, True, False),
+        (8, 1, 16, False, True, False),
+        (8, 1, 32, True, True, True),
+        (8, 1, 32, True, False, True),
+    ],
 }
 
 
@@ -91,7 +106,9 @@ def _call(q, k, v, causal, tiling):
 
     def run():
         alloc = Allocator(q)
-        fwd = H.forward(alloc.to_words(q), alloc.to_words(k), alloc.to_words(v), prob, alloc, config=cfg, features=_features(tiling))
+        fwd = H.forward(
+            alloc.to_words(q), alloc.to_words(k), alloc.to_words(v), prob, alloc, config=cfg, features=_features(tiling)
+        )
         return alloc.result(fwd.out, q.dtype)
 
     return run, prob, cfg
@@ -175,13 +192,26 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--headdims", type=int, nargs="+", default=[64, 128])
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--repeats", type=int, default=20)
-    ap.add_argument("--calls", type=int, default=1, help="back-to-back calls per timing (bench.common.cuda_time_ms): with "
-                    "10 or so, short sequences time the kernels rather than one call's host work")
+    ap.add_argument(
+        "--calls",
+        type=int,
+        default=1,
+        help="back-to-back calls per timing (bench.common.cuda_time_ms): with "
+        "10 or so, short sequences time the kernels rather than one call's host work",
+    )
     ap.add_argument("--backward", action="store_true", help="sweep the backward's tilings (forward + backward timed)")
-    ap.add_argument("--features", metavar="JSON", help="features over every row's, e.g. '{\"EX2_FTZ\": true}' (in each row)")
-    ap.add_argument("--default-only", action="store_true", help="only the first tiling of each head dim (the module's default)")
+    ap.add_argument(
+        "--features", metavar="JSON", help="features over every row's, e.g. '{\"EX2_FTZ\": true}' (in each row)"
+    )
+    ap.add_argument(
+        "--default-only", action="store_true", help="only the first tiling of each head dim (the module's default)"
+    )
     ap.add_argument("--out")
-    ap.add_argument("--dry-run", action="store_true", help="list each tiling's threads and SRAM; run nothing (works in the simulator)")
+    ap.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="list each tiling's threads and SRAM; run nothing (works in the simulator)",
+    )
     return ap
 
 
@@ -194,22 +224,30 @@ def main(argv=None):
             DP = HB.config_for(d)[3]
             for NW, MW, Br, pf, red2, cp in BWD_TILINGS[d]:
                 cp = cp and H.cp_async_ok(d)
-                print(f"backward d={d} NW={NW} MW={MW} Br={Br} Bc={16 * NW * MW} prefetch={pf} red2={red2} cp_async={cp}: {32 * NW} "
-                      f"threads, {4 * HB.smem_words(NW, MW, Br, DP, 2 if cp else 1)} B dynamic SRAM")
+                print(
+                    f"backward d={d} NW={NW} MW={MW} Br={Br} Bc={16 * NW * MW} prefetch={pf} red2={red2} "
+                    f"cp_async={cp}: {32 * NW} "
+                    f"threads, {4 * HB.smem_words(NW, MW, Br, DP, 2 if cp else 1)} B dynamic SRAM"
+                )
         return 0
     if args.dry_run:
         for d in args.headdims:
             DP = H.config_for(d)[3]
             for NW, MW, Bc, pf, cp in forward_tilings(d):
                 cp = cp and H.cp_async_ok(d)
-                print(f"d={d} NW={NW} MW={MW} Br={16 * NW * MW} Bc={Bc} prefetch={pf}: cp_async={cp}, {32 * NW} threads, "
-                      f"{4 * H.smem_words(NW, MW, Bc, DP, H.kv_stages(cp))} B dynamic SRAM")
+                print(
+                    f"d={d} NW={NW} MW={MW} Br={16 * NW * MW} Bc={Bc} prefetch={pf}: cp_async={cp}, {32 * NW} threads, "
+                    f"{4 * H.smem_words(NW, MW, Bc, DP, H.kv_stages(cp))} B dynamic SRAM"
+                )
         return 0
     import torch
 
     dtype = getattr(torch, args.dtype)
-    tilings, call, plan, chk = ((BWD_TILINGS, _call_bwd, HB.plan, check_bwd) if args.backward else
-                                ({d: forward_tilings(d) for d in TILINGS}, _call, H.plan, check))
+    tilings, call, plan, chk = (
+        (BWD_TILINGS, _call_bwd, HB.plan, check_bwd)
+        if args.backward
+        else ({d: forward_tilings(d) for d in TILINGS}, _call, H.plan, check)
+    )
     tag = "half bwd" if args.backward else "half"
     rows = []
     for d in args.headdims:
@@ -219,11 +257,23 @@ def main(argv=None):
             q, k, v = bu.make_inputs(b, h, n, d, seed=n + d, dtype=args.dtype, requires_grad=args.backward)
             for causal in (False, True):
                 flops = bu.flops_forward(b, h, n, n, d, causal) * (3.5 if args.backward else 1.0)
-                cands = [("sdpa_" + be, _sdpa_call(q, k, v, causal, be, args.backward), None) for be in ("flash", "cudnn", "efficient")]
-                cands += [(f"{tag} NW{t[0]} MW{t[1]} {'Br' if args.backward else 'Bc'}{t[2]} pf{int(t[3])}"
-                           + (f" red2{'-' if t[4] is None else int(t[4])} cp{int(t[5])}" if args.backward else f" cp{int(t[4])}"),
-                           None, t)
-                          for t in (tilings[d][:1] if args.default_only else tilings[d])]
+                cands = [
+                    ("sdpa_" + be, _sdpa_call(q, k, v, causal, be, args.backward), None)
+                    for be in ("flash", "cudnn", "efficient")
+                ]
+                cands += [
+                    (
+                        f"{tag} NW{t[0]} MW{t[1]} {'Br' if args.backward else 'Bc'}{t[2]} pf{int(t[3])}"
+                        + (
+                            f" red2{'-' if t[4] is None else int(t[4])} cp{int(t[5])}"
+                            if args.backward
+                            else f" cp{int(t[4])}"
+                        ),
+                        None,
+                        t,
+                    )
+                    for t in (tilings[d][:1] if args.default_only else tilings[d])
+                ]
                 for name, fn, tiling in cands:
                     row = dict(impl=name, N=n, d=d, batch=b, nheads=h, causal=causal, dtype=args.dtype)
                     if tiling is not None and EXTRA_FEATURES:
@@ -235,8 +285,13 @@ def main(argv=None):
                             kernel = plan(prob, config=cfg, features=feats)[0]
                             fn()  # compile
                             res = _inspect.kernel_resources(kernel)
-                            row.update(regs=res["regs_per_thread"], local=res["local_mem_per_thread"],
-                                       err_over_bound=chk(tiling, d, dtype, torch) if n == args.seqlens[0] and not causal else None)
+                            row.update(
+                                regs=res["regs_per_thread"],
+                                local=res["local_mem_per_thread"],
+                                err_over_bound=chk(tiling, d, dtype, torch)
+                                if n == args.seqlens[0] and not causal
+                                else None,
+                            )
                         med, lo, hi = bu.cuda_time_ms(fn, warmup=2, repeats=args.repeats, calls=args.calls)
                         row.update(time_ms=med, tflops=bu.tflops(flops, med / 1e3), calls_per_timing=args.calls)
                     except Exception as exc:  # a tiling that does not fit is a row, not the end of the sweep
@@ -250,8 +305,10 @@ def main(argv=None):
     for r in rows:
         if "time_ms" in r:
             e = r.get("err_over_bound")
-            print(f"{r['impl']:28s} {r['d']:4d} {r['N']:6d} {int(r['causal']):6d} {r['time_ms']:7.3f} {r['tflops']:8.1f} "
-                  f"{r.get('regs', ''):>5} {r.get('local', ''):>5} {'' if e is None else f'{e:.2f}'}")
+            print(
+                f"{r['impl']:28s} {r['d']:4d} {r['N']:6d} {int(r['causal']):6d} {r['time_ms']:7.3f} {r['tflops']:8.1f} "
+                f"{r.get('regs', ''):>5} {r.get('local', ''):>5} {'' if e is None else f'{e:.2f}'}"
+            )
         else:
             print(f"{r['impl']:28s} {r['d']:4d} {r['N']:6d} {int(r['causal']):6d} {r.get('error')}")
     return 0

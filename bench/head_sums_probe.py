@@ -60,8 +60,11 @@ def main(argv=None) -> int:
                         for hs in (False, True):
                             times[hs].append(bu.cuda_time_ms(fns[hs], warmup=1, repeats=10, calls=5)[0])
                     off, on = min(times[False]), min(times[True])
-                    print(f"d={d:4} N={n:6} group={group:2} causal={int(causal)}  off {off:8.3f} ms  on {on:8.3f} ms  "
-                          f"off/on {off / on:.3f}", flush=True)
+                    print(
+                        f"d={d:4} N={n:6} group={group:2} causal={int(causal)}  off {off:8.3f} ms  on {on:8.3f} ms  "
+                        f"off/on {off / on:.3f}",
+                        flush=True,
+                    )
                     bu.free_memory()
     return 0
 

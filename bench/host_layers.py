@@ -16,7 +16,8 @@ back-to-back calls measures the host alone, and it peels the call one layer at a
   (and ``api-fwd+bwd-replay-core`` / ``-packed``): replayed with cuda.core's launch or with packed launches
   (:class:`numba_flash.runtime.direct.PackedLaunch`), the recipes made anew at each switch;
 * ``op``: ``torch.ops.numba_flash.attention_forward`` called directly (no argument checks above it);
-* ``run``: the op's body: ``check_attention_args``, ``registry.resolve``, an ``Allocator``, ``_run.forward``, the results;
+* ``run``: the op's body: ``check_attention_args``, ``registry.resolve``, an ``Allocator``, ``_run.forward``, the
+  results;
 * ``module``: the kernel module's ``forward`` on kernel arrays converted once (plan, outputs, launch);
 * ``plan``: the module's ``plan(prob)`` alone;
 * ``smem-launch``: ``_smem.launch`` on preallocated arguments (the opt-in's typing, then numba's launch);
@@ -25,23 +26,27 @@ back-to-back calls measures the host alone, and it peels the call one layer at a
 * ``raw``: cuda.core's ``launch`` on marshalled arguments: the floor of any Python launch;
 
 and single operations: ``cuda.as_cuda_array`` of a tensor, its ``__cuda_array_interface__``, ``torch.empty``,
-``check_attention_args`` (remembered) and ``check (not remembered)``, ``cuda.get_current_device()``, ``_smem.max_optin_bytes()``, ``Allocator(q)``.
+``check_attention_args`` (remembered) and ``check (not remembered)``, ``cuda.get_current_device()``,
+``_smem.max_optin_bytes()``, ``Allocator(q)``.
 
 Each line: the median over ``--repeats`` loops of ``--calls`` back-to-back calls (no synchronization inside a
-loop; one between loops), microseconds per call. ``--profile`` instead prints, for bf16 at d = 64 (``--dtype``, ``--headdim``: another), a cProfile of
-``--calls`` calls of ``flash_attn_func`` without grad, with it (forward only), and of forward and backward, by own
-time (replay on, the default): which functions of the host time a call still spends to cache or drop (cProfile
-inflates many small Python calls: read it for the order, the layers above for the time; the autograd engine runs a
-CUDA backward in a thread of its own, which cProfile does not see). ``--kernels`` instead prints, for bf16 training
-steps (forward and ``backward(dout)``) at b 8, N 256, d 64 and at the half grid's short d = 128 cells, the kernels'
-GPU time per step (torch.profiler) against the synchronized wall time of a step, replay off and on, SDPA beside:
-their difference is the time the GPU waited on the host. ``--timeline`` places that wait: one synchronized call of the
-half grid's cells nearest 1.0x (the causal training step at d = 128, N = 1k; the causal forward at N = 512), ours and
-SDPA memory-efficient's, event by event (the host's launches, allocations and synchronize, the GPU's kernels, each
+loop; one between loops), microseconds per call. ``--profile`` instead prints, for bf16 at d = 64 (``--dtype``,
+``--headdim``: another), a cProfile of ``--calls`` calls of ``flash_attn_func`` without grad, with it (forward only),
+and of forward and backward, by own time (replay on, the default): which functions of the host time a call still spends
+to cache or drop (cProfile inflates many small Python calls: read it for the order, the layers above for the time; the
+autograd engine runs a CUDA backward in a thread of its own, which cProfile does not see). ``--kernels`` instead prints,
+for bf16 training steps (forward and ``backward(dout)``) at b 8, N 256, d 64 and at the half grid's short d = 128 cells,
+the kernels' GPU time per step (torch.profiler) against the synchronized wall time of a step, replay off and on, SDPA
+beside: their difference is the time the GPU waited on the host. ``--timeline`` places that wait: one synchronized call
+of the half grid's cells nearest 1.0x (the causal training step at d = 128, N = 1k; the causal forward at N = 512), ours
+and SDPA memory-efficient's, event by event (the host's launches, allocations and synchronize, the GPU's kernels, each
 from the call's start). Run on a GPU machine from the repository root::
 
     source bench/gpu/setup_env.sh
-    python3 -m bench.host_layers [--calls 300] [--repeats 7] [--profile [--dtype float32 --headdim 128] | --kernels | --timeline [--dtype float32]]
+    python3 -m bench.host_layers [--calls 300] [--repeats 7]
+    python3 -m bench.host_layers --profile [--dtype float32 --headdim 128]
+    python3 -m bench.host_layers --kernels
+    python3 -m bench.host_layers --timeline [--dtype float32]
 """
 
 from __future__ import annotations
@@ -68,7 +73,7 @@ def layers(torch, dtype, d: int, calls: int, repeats: int) -> list[tuple[str, fl
     q, k, v = (torch.randn(b, n, h, d, device="cuda", generator=gen).to(dtype) for _ in range(3))
     qg, kg, vg = (x.detach().clone().requires_grad_(True) for x in (q, k, v))
     sync = torch.cuda.synchronize
-    scale = d ** -0.5
+    scale = d**-0.5
     prob = check_attention_args(q, k, v, 0.0, None, False, 0)
     kernel = registry.resolve("flash2", "forward", "auto", prob)
     module = kernel.module
@@ -97,6 +102,7 @@ def layers(torch, dtype, d: int, calls: int, repeats: int) -> list[tuple[str, fl
                 return fn()
             finally:
                 _replay.ENABLED = was
+
         return call
 
     def packed(on, fn):  # fn with replays packed (fast._direct.PACKED) or through cuda.core; recipes made anew
@@ -105,6 +111,7 @@ def layers(torch, dtype, d: int, calls: int, repeats: int) -> list[tuple[str, fl
                 _direct.PACKED = on
                 _replay._recipes.clear()
             return fn()
+
         return call
 
     def train_step(fwd, args, grad):
@@ -130,11 +137,20 @@ def layers(torch, dtype, d: int, calls: int, repeats: int) -> list[tuple[str, fl
         ("api-replay-core", packed(False, replay(True, lambda: flash_attn_func(q, k, v)))),
         ("api-replay-packed", packed(True, replay(True, lambda: flash_attn_func(q, k, v)))),
         ("api-grad-replay", replay(True, lambda: flash_attn_func(qg, kg, vg))),
-        ("sdpa-fwd+bwd", lambda: train_step(torch.nn.functional.scaled_dot_product_attention, (qgt, kgt, vgt), dout.transpose(1, 2))),
+        (
+            "sdpa-fwd+bwd",
+            lambda: train_step(torch.nn.functional.scaled_dot_product_attention, (qgt, kgt, vgt), dout.transpose(1, 2)),
+        ),
         ("api-fwd+bwd", replay(False, lambda: train_step(flash_attn_func, (qg, kg, vg), dout))),
         ("api-fwd+bwd-replay", replay(True, lambda: train_step(flash_attn_func, (qg, kg, vg), dout))),
-        ("api-fwd+bwd-replay-core", packed(False, replay(True, lambda: train_step(flash_attn_func, (qg, kg, vg), dout)))),
-        ("api-fwd+bwd-replay-packed", packed(True, replay(True, lambda: train_step(flash_attn_func, (qg, kg, vg), dout)))),
+        (
+            "api-fwd+bwd-replay-core",
+            packed(False, replay(True, lambda: train_step(flash_attn_func, (qg, kg, vg), dout))),
+        ),
+        (
+            "api-fwd+bwd-replay-packed",
+            packed(True, replay(True, lambda: train_step(flash_attn_func, (qg, kg, vg), dout))),
+        ),
         ("backward", replay(False, lambda: torch.autograd.grad(saved_off, (qg, kg, vg), dout, retain_graph=True))),
         ("backward-replay", replay(True, lambda: torch.autograd.grad(saved_on, (qg, kg, vg), dout, retain_graph=True))),
         ("op", lambda: attention_forward(q, k, v, 0.0, scale, False, 0, "flash2", "auto", "auto", 0, 0, False)),
@@ -180,8 +196,11 @@ def profile(torch, calls: int, top: int = 30, dtype_name: str = "bfloat16", d: i
             x.grad = None
         flash_attn_func(*args).backward(dout)
 
-    for what, grad, fn in (("flash_attn_func", False, flash_attn_func), ("flash_attn_func", True, flash_attn_func),
-                           ("flash_attn_func(...).backward(dout)", True, fwd_bwd)):
+    for what, grad, fn in (
+        ("flash_attn_func", False, flash_attn_func),
+        ("flash_attn_func", True, flash_attn_func),
+        ("flash_attn_func(...).backward(dout)", True, fwd_bwd),
+    ):
         args = [x.detach().clone().requires_grad_(grad) for x in (q, k, v)]
         for _ in range(50):  # compile and warm up
             fn(*args)
@@ -202,8 +221,10 @@ def _training_steps(torch, b: int, n: int, h: int, d: int, causal: bool, dtype=N
     from numba_flash import flash_attn_func
 
     gen = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v = (torch.randn(b, n, h, d, device="cuda", generator=gen).to(dtype or torch.bfloat16).requires_grad_(True)
-               for _ in range(3))
+    q, k, v = (
+        torch.randn(b, n, h, d, device="cuda", generator=gen).to(dtype or torch.bfloat16).requires_grad_(True)
+        for _ in range(3)
+    )
     dout = torch.randn_like(q)
     qt, kt, vt = (x.detach().transpose(1, 2).requires_grad_(True) for x in (q, k, v))
 
@@ -254,15 +275,23 @@ def kernel_time(torch, steps: int = 20) -> None:
     from numba_flash.runtime import replay as _replay
 
     was = _replay.ENABLED
-    for b, n, h, d, causal in ((8, 256, 16, 64, False), (16, 1024, 16, 128, True), (16, 1024, 16, 128, False),
-                               (8, 2048, 16, 128, True)):
+    for b, n, h, d, causal in (
+        (8, 256, 16, 64, False),
+        (16, 1024, 16, 128, True),
+        (16, 1024, 16, 128, False),
+        (8, 2048, 16, 128, True),
+    ):
         ours, sdpa = _training_steps(torch, b, n, h, d, causal)
         for name, step, on in (("ours", ours, False), ("ours-replay", ours, True), ("sdpa", sdpa, was)):
             _replay.ENABLED = on
             wall, per_kernel = _wall_and_kernels(torch, step, steps)
             gpu = sum(per_kernel.values())
-            print(f"b={b} N={n} h={h} d={d} causal={int(causal)} {name:12} wall {wall:7.3f} ms/step, kernels {gpu:7.3f} ms, "
-                  f"GPU idle {wall - gpu:6.3f} ms", flush=True)
+            print(
+                f"b={b} N={n} h={h} d={d} causal={int(causal)} {name:12} wall {wall:7.3f} ms/step, kernels {gpu:7.3f} "
+                "ms, "
+                f"GPU idle {wall - gpu:6.3f} ms",
+                flush=True,
+            )
             for kname, ms in sorted(per_kernel.items(), key=lambda kv: -kv[1])[:6]:
                 print(f"    {ms:7.3f} ms  {kname[:110]}", flush=True)
     _replay.ENABLED = was
@@ -286,11 +315,29 @@ def _timeline_events(torch, step, steps: int):
                 torch.cuda.synchronize()
     events = prof.events()
     # Dev: the host's range of the last call (kineto also puts a GPU range of that name around its kernels)
-    t0, t1 = max((e.time_range.start, e.time_range.end) for e in events
-                 if e.name == "timeline::step" and e.device_type != torch.autograd.DeviceType.CUDA)
-    host = ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx", "cudaMemsetAsync", "cudaDeviceSynchronize",
-            "cudaStreamSynchronize", "aten::empty", "aten::fill_", "aten::zeros", "aten::to", "aten::copy_",
-            "autograd::engine", "EagerAttention", "cudaMalloc", "cudaFree", "nf::")
+    t0, t1 = max(
+        (e.time_range.start, e.time_range.end)
+        for e in events
+        if e.name == "timeline::step" and e.device_type != torch.autograd.DeviceType.CUDA
+    )
+    host = (
+        "cudaLaunchKernel",
+        "cuLaunchKernel",
+        "cuLaunchKernelEx",
+        "cudaMemsetAsync",
+        "cudaDeviceSynchronize",
+        "cudaStreamSynchronize",
+        "aten::empty",
+        "aten::fill_",
+        "aten::zeros",
+        "aten::to",
+        "aten::copy_",
+        "autograd::engine",
+        "EagerAttention",
+        "cudaMalloc",
+        "cudaFree",
+        "nf::",
+    )
     rows = []
     for e in events:
         start, dur = e.time_range.start - t0, e.time_range.end - e.time_range.start
@@ -317,11 +364,18 @@ def _forward_calls(torch, b: int, n: int, h: int, d: int, causal: bool, dtype=No
 
 #: The host functions ``--timeline`` marks with a profiler range ``nf::<name>`` (module, attribute), so that the
 #: Python between the call and its launches is placed, not only the torch operations in it.
-_MARKED = (("numba_flash.api", "check_attention_args"), ("numba_flash._torch_ops", "run_forward"),
-           ("numba_flash._torch_ops", "_forward"), ("numba_flash._torch_ops", "_backward_checked"),
-           ("numba_flash._torch_ops", "check_backward_args"), ("numba_flash._torch_ops", "_replay_key"),
-           ("numba_flash._torch_ops", "streams_to_join"), ("numba_flash.registry", "resolve"),
-           ("numba_flash.runtime.replay", "replay"), ("numba_flash.runtime.replay", "call_key"))
+_MARKED = (
+    ("numba_flash.api", "check_attention_args"),
+    ("numba_flash._torch_ops", "run_forward"),
+    ("numba_flash._torch_ops", "_forward"),
+    ("numba_flash._torch_ops", "_backward_checked"),
+    ("numba_flash._torch_ops", "check_backward_args"),
+    ("numba_flash._torch_ops", "_replay_key"),
+    ("numba_flash._torch_ops", "streams_to_join"),
+    ("numba_flash.registry", "resolve"),
+    ("numba_flash.runtime.replay", "replay"),
+    ("numba_flash.runtime.replay", "call_key"),
+)
 
 
 def _marked_functions():
@@ -343,6 +397,7 @@ def _marked_functions():
             def marked(*a, _real=real, _name=f"nf::{attr}", **kw):
                 with record_function(_name):
                     return _real(*a, **kw)
+
             saved.append((mod, attr, real))
             setattr(mod, attr, marked)
         try:
@@ -350,6 +405,7 @@ def _marked_functions():
         finally:
             for mod, attr, real in saved:
                 setattr(mod, attr, real)
+
     return patched()
 
 
@@ -357,26 +413,33 @@ def timeline(torch, steps: int = 8, dtype=None) -> None:
     """The ``--timeline`` output: the grid cells nearest 1.0x SDPA memory-efficient, one synchronized call
     event by event, ours (replay on, the default) and SDPA memory-efficient's, in ``dtype`` (None: bf16, the half
     grid's; float32: the fa2 grid's, whose causal d = 128 forward at N 512 is its cell furthest below): a training
-    step at causal d = 128, N = 1k (b 16, h 16) and the causal forward at N = 512 (b 32, d = 64 and 128, no grad). For each: the
-    median synchronized wall time of 20 unprofiled calls, then when the host launched each kernel and when the GPU
-    ran it, so that the GPU's idle time is placed (before the first kernel, between two, after the last); our host
+    step at causal d = 128, N = 1k (b 16, h 16) and the causal forward at N = 512 (b 32, d = 64 and 128, no grad). For
+    each: the median synchronized wall time of 20 unprofiled calls, then when the host launched each kernel and when the
+    GPU ran it, so that the GPU's idle time is placed (before the first kernel, between two, after the last); our host
     functions of :data:`_MARKED` appear as ``nf::`` ranges (in the profiled calls only)."""
     import statistics
     import time
 
     def sdpa_train(b, n, h, d, causal):
         gen = torch.Generator(device="cuda").manual_seed(0)
-        q, k, v = (torch.randn(b, n, h, d, device="cuda", generator=gen).to(dtype or torch.bfloat16).requires_grad_(True)
-                   for _ in range(3))
+        q, k, v = (
+            torch.randn(b, n, h, d, device="cuda", generator=gen).to(dtype or torch.bfloat16).requires_grad_(True)
+            for _ in range(3)
+        )
         dout = torch.randn_like(q)
 
         def step():
             for x in (q, k, v):
                 x.grad = None
             bu.torch_sdpa(q, k, v, causal, "efficient").backward(dout)
+
         return step
 
-    cases = [("train", 16, 1024, 16, 128, True), ("forward", 32, 512, 32, 64, True), ("forward", 32, 512, 16, 128, True)]
+    cases = [
+        ("train", 16, 1024, 16, 128, True),
+        ("forward", 32, 512, 32, 64, True),
+        ("forward", 32, 512, 16, 128, True),
+    ]
     for what, b, n, h, d, causal in cases:
         if what == "train":
             ours, _ = _training_steps(torch, b, n, h, d, causal, dtype)
@@ -396,8 +459,12 @@ def timeline(torch, steps: int = 8, dtype=None) -> None:
             with _marked_functions():
                 rows, span = _timeline_events(torch, step, steps)
             busy_until, idle, gpu = 0.0, 0.0, 0.0
-            print(f"## {what} {str(dtype or torch.bfloat16)[6:]} b={b} N={n} h={h} d={d} causal={int(causal)} {name}: wall {statistics.median(walls):.1f} us "
-                  f"unprofiled (median of 20); the profiled call, us from its start:", flush=True)
+            print(
+                f"## {what} {str(dtype or torch.bfloat16)[6:]} b={b} N={n} h={h} d={d} causal={int(causal)} {name}: "
+                f"wall {statistics.median(walls):.1f} us "
+                f"unprofiled (median of 20); the profiled call, us from its start:",
+                flush=True,
+            )
             for start, dur, kind, ev in rows:
                 gap = ""
                 if kind == "gpu":
@@ -407,8 +474,12 @@ def timeline(torch, steps: int = 8, dtype=None) -> None:
                     busy_until = max(busy_until, start + dur)
                     gpu += dur
                 print(f"  {start:9.1f} {dur:9.1f}  {kind}  {ev[:80]}{gap}", flush=True)
-            print(f"  profiled call {span:.1f} us: kernels {gpu:.1f} us, GPU idle before and between kernels {idle:.1f} us, "
-                  f"after the last {span - busy_until:.1f} us", flush=True)
+            print(
+                f"  profiled call {span:.1f} us: kernels {gpu:.1f} us, GPU idle before and between kernels {idle:.1f} "
+                "us, "
+                f"after the last {span - busy_until:.1f} us",
+                flush=True,
+            )
 
 
 def parser() -> argparse.ArgumentParser:
@@ -417,14 +488,24 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--calls", type=int, default=300, help="back-to-back calls per timed loop")
     ap.add_argument("--repeats", type=int, default=7, help="timed loops; the median is printed")
     ap.add_argument("--profile", action="store_true", help="a cProfile of flash_attn_func instead of the layer table")
-    ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"),
-                    help="--profile, --timeline: the inputs' dtype (default bfloat16)")
+    ap.add_argument(
+        "--dtype",
+        default="bfloat16",
+        choices=("bfloat16", "float16", "float32"),
+        help="--profile, --timeline: the inputs' dtype (default bfloat16)",
+    )
     ap.add_argument("--headdim", type=int, default=64, help="--profile: the head dim (default 64)")
-    ap.add_argument("--kernels", action="store_true",
-                    help="per training step: the kernels' GPU time against the synchronized wall time, replay off and on")
-    ap.add_argument("--timeline", action="store_true",
-                    help="the grid cells nearest 1.0x (causal training step at d 128, N 1k; causal forward at N 512), "
-                    "ours and SDPA memory-efficient's, event by event")
+    ap.add_argument(
+        "--kernels",
+        action="store_true",
+        help="per training step: the kernels' GPU time against the synchronized wall time, replay off and on",
+    )
+    ap.add_argument(
+        "--timeline",
+        action="store_true",
+        help="the grid cells nearest 1.0x (causal training step at d 128, N 1k; causal forward at N 512), "
+        "ours and SDPA memory-efficient's, event by event",
+    )
     return ap
 
 
@@ -432,7 +513,9 @@ def main(argv=None) -> int:
     args = parser().parse_args(argv)
     torch = bu.torch_or_none()
     if torch is None or not bu.ON_GPU:
-        print("host_layers needs torch and a GPU (it times numba-cuda's launch path, which the simulator does not have)")
+        print(
+            "host_layers needs torch and a GPU (it times numba-cuda's launch path, which the simulator does not have)"
+        )
         return 1
     print(bu.header_line(torch), flush=True)
     if args.profile:

@@ -2,8 +2,8 @@
 
 Why it exists: at N = 1k on an H100 the bf16 forward kernel takes 0.70 ms, but one ``flash_attn_func`` call
 costs 1.15-1.32 ms of host time, against 0.44-0.58 ms for the kernel module's own ``forward`` on arrays
-converted once (``docs/results/sweeps/short_seq_probe_h100.txt``, last in the tree at e0e5a9b). This tool splits the layers above the
-module, which are plain Python and torch and so can be measured on any machine, without a GPU:
+converted once (``docs/results/sweeps/short_seq_probe_h100.txt``, last in the tree at e0e5a9b). This tool splits the
+layers above the module, which are plain Python and torch and so can be measured on any machine, without a GPU:
 
 * ``dispatch``: one call of a torch custom operator with ``flash_attn_func``'s signature (13 arguments, 4
   outputs, a fake and an autograd formula registered, the body only allocating its outputs), against a
@@ -12,8 +12,8 @@ module, which are plain Python and torch and so can be measured on any machine, 
   stub (``numba_flash._run.forward`` patched) that converts q, k, v as ``_run.forward`` does and returns
   preallocated outputs: the argument checks, the registry's choice, the eager ``autograd.Function`` (with inputs
   that require grad; since 2026-11-26 eager calls no longer go through the custom operator, which
-  ``torch.compile`` traces), the allocator's conversions and results, no plan and no launch. On CPU tensors this is the simulator's path (the
-  conversions copy); on a GPU, CUDA tensors (the conversions are ``cuda.as_cuda_array``).
+  ``torch.compile`` traces), the allocator's conversions and results, no plan and no launch. On CPU tensors this is the
+  simulator's path (the conversions copy); on a GPU, CUDA tensors (the conversions are ``cuda.as_cuda_array``).
 
 Each line is the median over ``--repeats`` loops of ``--calls`` back-to-back calls, in microseconds per call.
 Run from the repository root (any machine)::
@@ -36,16 +36,34 @@ def _per_call_us(fn, calls: int, repeats: int) -> float:
 
 def dispatch(torch, calls: int, repeats: int) -> list[str]:
     """The ``dispatch`` lines of the module docstring."""
+
     def body(q):
         return torch.empty_like(q), q.new_empty(q.shape[:3]), q.new_empty(q.shape[:3]), q.new_empty(q.shape[:3])
 
     # The schema is spelled out: this module's annotations are strings (``from __future__ import annotations``),
     # which torch cannot resolve for a function defined inside another.
-    schema = ("(Tensor q, Tensor k, Tensor v, float dropout_p, float softmax_scale, bool causal, int seed, str algorithm, "
-              "str forward_variant, str backward_variant, int br, int bc, bool deterministic) -> (Tensor, Tensor, Tensor, Tensor)")
+    schema = (
+        "(Tensor q, Tensor k, Tensor v, float dropout_p, float softmax_scale, bool causal, int seed, str algorithm, "
+        "str forward_variant, str backward_variant, int br, int bc, bool deterministic) -> (Tensor, Tensor, Tensor, "
+        "Tensor)"
+    )
 
     @torch.library.custom_op("numba_flash_bench::noop_forward", mutates_args=(), schema=schema)
-    def noop(q, k, v, dropout_p, softmax_scale, causal, seed, algorithm, forward_variant, backward_variant, br, bc, deterministic):
+    def noop(
+        q,
+        k,
+        v,
+        dropout_p,
+        softmax_scale,
+        causal,
+        seed,
+        algorithm,
+        forward_variant,
+        backward_variant,
+        br,
+        bc,
+        deterministic,
+    ):
         return body(q)
 
     @noop.register_fake
@@ -77,7 +95,11 @@ def dispatch(torch, calls: int, repeats: int) -> list[str]:
     lines = []
     for grad in (True, False):
         q, k, v = (torch.randn(1, 64, 2, 64, requires_grad=grad) for _ in range(3))
-        for name, fn in (("custom op", noop), ("autograd.Function", NoopFunction.apply), ("body alone", lambda q, *a: body(q))):
+        for name, fn in (
+            ("custom op", noop),
+            ("autograd.Function", NoopFunction.apply),
+            ("body alone", lambda q, *a: body(q)),
+        ):
             us = _per_call_us(lambda fn=fn: fn(q, k, v, *options), calls, repeats)  # noqa: B023
             lines.append(f"dispatch  {name:18} inputs requires_grad={grad!s:5}  {us:7.1f} us/call")
     return lines
@@ -104,15 +126,19 @@ def api(torch, calls: int, repeats: int) -> list[str]:
                     to_kernel(x)
                 if "fwd" not in outs:  # the outputs of the first call, handed back by every call after it
                     o = alloc.empty((b, n, h, d // 2), dtype=np.int32) if half else alloc.empty((b, n, h, d))
-                    outs["fwd"] = ForwardOutput(out=o, lse=alloc.empty((b, h, n)), m=alloc.empty((b, h, n)), l=alloc.empty((b, h, n)))
+                    outs["fwd"] = ForwardOutput(
+                        out=o, lse=alloc.empty((b, h, n)), m=alloc.empty((b, h, n)), l=alloc.empty((b, h, n))
+                    )
                 return outs["fwd"]
 
             _run.forward = stub
             for grad in (False, True):
                 q, k, v = (torch.randn(b, n, h, d, device=device, dtype=dtype, requires_grad=grad) for _ in range(3))
                 us = _per_call_us(lambda q=q, k=k, v=v: flash_attn_func(q, k, v), calls, repeats)
-                lines.append(f"api       flash_attn_func minus the kernel module, {str(dtype)[6:]:8} on {device}, "
-                             f"requires_grad={grad!s:5}  {us:7.1f} us/call")
+                lines.append(
+                    f"api       flash_attn_func minus the kernel module, {str(dtype)[6:]:8} on {device}, "
+                    f"requires_grad={grad!s:5}  {us:7.1f} us/call"
+                )
     finally:
         _run.forward = real
     return lines
@@ -141,8 +167,13 @@ def main(argv=None) -> int:
         print("host_overhead needs torch")
         return 1
     prov = bu.provenance()
-    print(f"# {prov['command']} (--calls {args.calls} --repeats {args.repeats}); {prov['date_utc']}; device: {prov['device']}; "
-          f"CPU: {_cpu_model()}, {os.cpu_count()} cores; python {prov['python']}, torch {torch.__version__}, numba {prov['numba']}", flush=True)
+    print(
+        f"# {prov['command']} (--calls {args.calls} --repeats {args.repeats}); {prov['date_utc']}; device: "
+        f"{prov['device']}; "
+        f"CPU: {_cpu_model()}, {os.cpu_count()} cores; python {prov['python']}, torch {torch.__version__}, numba "
+        f"{prov['numba']}",
+        flush=True,
+    )
     for line in dispatch(torch, args.calls, args.repeats) + api(torch, args.calls, args.repeats):
         print(line, flush=True)
     return 0

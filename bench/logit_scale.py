@@ -65,7 +65,11 @@ def main(argv=None) -> int:
                     err, base = max_err(g, r), max_err(n, r)
                     worst[name] = max(worst[name], err / base if base > 0 else float("inf"))
                     holds &= bool(np.all(np.isfinite(g))) and err <= 3.0 * base + ulp_floor(r)
-            print(f"{algorithm},{variant},{scale:g},{worst['dq']:.2f},{worst['dk']:.2f},{worst['dv']:.2f},{'yes' if holds else 'no'}", flush=True)
+            print(
+                f"{algorithm},{variant},{scale:g},"
+                f"{worst['dq']:.2f},{worst['dk']:.2f},{worst['dv']:.2f},{'yes' if holds else 'no'}",
+                flush=True,
+            )
     return 0
 
 

@@ -83,8 +83,17 @@ def cases(parts=PARTS, only=None) -> list[dict]:
 
 
 def case_key(c: dict) -> tuple:
-    return (c["part"], c["algorithm"], c.get("variant"), c["pass"], c["batch"], c["nheads"], c["N"], c["d"],
-            (c.get("mask_info") or {}).get("pattern"))
+    return (
+        c["part"],
+        c["algorithm"],
+        c.get("variant"),
+        c["pass"],
+        c["batch"],
+        c["nheads"],
+        c["N"],
+        c["d"],
+        (c.get("mask_info") or {}).get("pattern"),
+    )
 
 
 def complete(spec: dict, measured: dict, l2_bytes=None) -> dict:
@@ -101,8 +110,19 @@ def complete(spec: dict, measured: dict, l2_bytes=None) -> dict:
     row["tiles"] = tiles
     row["tiles_source"] = measured.get("tiles_source")
     try:
-        row.update(common.model_count(alg, pass_, b, h, N, d, tile=tiles.get("forward") or tiles.get("backward"),
-                                      bwd_tile=tiles.get("backward"), mask=mask))
+        row.update(
+            common.model_count(
+                alg,
+                pass_,
+                b,
+                h,
+                N,
+                d,
+                tile=tiles.get("forward") or tiles.get("backward"),
+                bwd_tile=tiles.get("backward"),
+                mask=mask,
+            )
+        )
     except Exception as exc:  # a model that cannot be evaluated is reported, not fatal
         row["model_error"] = f"{type(exc).__name__}: {exc}"
     row["compulsory_bytes"] = common.compulsory_bytes(pass_, b, h, N, d)
@@ -122,18 +142,23 @@ def _gb(x) -> str:
 
 
 def format_rows(rows: list[dict]) -> str:
-    head = f"{'part':<6} {'algorithm':<12} {'variant':<10} {'pass':<8} {'b':>3} {'h':>3} {'N':>6} {'tiles':>11} " \
-           f"{'read GB':>8} {'write GB':>8} {'model GB':>8} {'meas/model':>10} {'compuls. GB':>11}"
+    head = (
+        f"{'part':<6} {'algorithm':<12} {'variant':<10} {'pass':<8} {'b':>3} {'h':>3} {'N':>6} {'tiles':>11} "
+        f"{'read GB':>8} {'write GB':>8} {'model GB':>8} {'meas/model':>10} {'compuls. GB':>11}"
+    )
     lines = [head, "-" * len(head)]
     for r in rows:
         t = r.get("tiles", {}).get(r["pass"]) if r["pass"] != "fwd+bwd" else None
         tiles = f"{t[0]}x{t[1]}" if t else "-"
         ratio = f"{r['measured_over_model']:10.2f}" if r.get("measured_over_model") else f"{'-':>10}"
         alg = r["algorithm"] + (f"/{r['mask_info']['pattern'][:4]}" if r.get("mask_info") else "")
-        lines.append(f"{r['part']:<6} {alg:<12} {str(r.get('variant') or '-'):<10} {r['pass']:<8} {r['batch']:>3} {r['nheads']:>3} "
-                     f"{r['N']:>6} {tiles:>11} {_gb(r.get('dram_read_bytes'))} {_gb(r.get('dram_write_bytes'))} "
-                     f"{_gb(r.get('model_bytes'))} {ratio} {_gb(r.get('compulsory_bytes')):>11}"
-                     + (f"  ERROR: {r['error'].splitlines()[0][:80]}" if r.get("error") else ""))
+        lines.append(
+            f"{r['part']:<6} {alg:<12} {str(r.get('variant') or '-'):<10} {r['pass']:<8} {r['batch']:>3} "
+            f"{r['nheads']:>3} "
+            f"{r['N']:>6} {tiles:>11} {_gb(r.get('dram_read_bytes'))} {_gb(r.get('dram_write_bytes'))} "
+            f"{_gb(r.get('model_bytes'))} {ratio} {_gb(r.get('compulsory_bytes')):>11}"
+            + (f"  ERROR: {r['error'].splitlines()[0][:80]}" if r.get("error") else "")
+        )
     return "\n".join(lines)
 
 
@@ -145,8 +170,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--out", default="io_measured.json", help="results file (JSON); parts merge into it")
-    ap.add_argument("--part", choices=(*PARTS, "all"), default="all", help="gpt2 (fwd and bwd, every variant), sweep (forward over N) or all")
-    ap.add_argument("--only", action="append", choices=common.ALGORITHMS, help="measure only this algorithm (repeatable)")
+    ap.add_argument(
+        "--part",
+        choices=(*PARTS, "all"),
+        default="all",
+        help="gpt2 (fwd and bwd, every variant), sweep (forward over N) or all",
+    )
+    ap.add_argument(
+        "--only", action="append", choices=common.ALGORITHMS, help="measure only this algorithm (repeatable)"
+    )
     ap.add_argument("--dry-run", action="store_true", help="list the cases and the ncu command; measure nothing")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds allowed per case under ncu")
 
@@ -159,13 +191,21 @@ def run(args) -> int:
     if args.dry_run:
         print(f"{len(todo)} case(s); each runs as: {ncu_mod.command_line()}")
         for c in todo:
-            mask = f" mask={c['mask_info']['pattern']} (density {c['mask_info']['density']:.3f})" if c.get("mask_info") else ""
-            print(f"  {c['part']:<6} {c['algorithm']:<12} {str(c.get('variant') or '-'):<10} {c['pass']:<8} "
-                  f"b={c['batch']} h={c['nheads']} N={c['N']} d={c['d']}{mask}")
+            mask = (
+                f" mask={c['mask_info']['pattern']} (density {c['mask_info']['density']:.3f})"
+                if c.get("mask_info")
+                else ""
+            )
+            print(
+                f"  {c['part']:<6} {c['algorithm']:<12} {str(c.get('variant') or '-'):<10} {c['pass']:<8} "
+                f"b={c['batch']} h={c['nheads']} N={c['N']} d={c['d']}{mask}"
+            )
         return 0
     if not common.ON_GPU:
-        print("io --measure needs a CUDA GPU and Nsight Compute (ncu); this is Numba's CUDA simulator: nothing measured "
-              "(try --dry-run to list the cases)")
+        print(
+            "io --measure needs a CUDA GPU and Nsight Compute (ncu); this is Numba's CUDA simulator: nothing measured "
+            "(try --dry-run to list the cases)"
+        )
         return 2
     ncu = ncu_mod.find_ncu()
     if ncu is None:
@@ -179,7 +219,10 @@ def run(args) -> int:
     rows = {case_key(r): r for r in old.get("results", [])}
     t0 = time.time()
     for n, spec in enumerate(todo, 1):
-        print(f"[{n}/{len(todo)}] {spec['algorithm']} {spec.get('variant') or ''} {spec['pass']} N={spec['N']} ...", flush=True)
+        print(
+            f"[{n}/{len(todo)}] {spec['algorithm']} {spec.get('variant') or ''} {spec['pass']} N={spec['N']} ...",
+            flush=True,
+        )
         measured = ncu_mod.measure(spec, ncu, timeout=args.timeout)
         rows[case_key(spec)] = complete(spec, measured, prov.get("l2_bytes"))
         data = {"kind": "numba_flash.measured_io", "version": 1, "provenance": prov, "results": list(rows.values())}

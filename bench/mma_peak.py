@@ -29,7 +29,10 @@ THREADS = 256
 @cuda.jit
 def k_dmma884(x, out, n):
     a = x[cuda.threadIdx.x]
-    c0 = (a, a); c1 = (a, a); c2 = (a, a); c3 = (a, a)
+    c0 = (a, a)
+    c1 = (a, a)
+    c2 = (a, a)
+    c3 = (a, a)
     for _ in range(n):
         c0 = ptx.dmma_m8n8k4_asm((a,), (a,), c0)
         c1 = ptx.dmma_m8n8k4_asm((a,), (a,), c1)
@@ -41,7 +44,10 @@ def k_dmma884(x, out, n):
 @cuda.jit
 def k_dmma1688(x, out, n):
     a = x[cuda.threadIdx.x]
-    c0 = (a, a, a, a); c1 = (a, a, a, a); c2 = (a, a, a, a); c3 = (a, a, a, a)
+    c0 = (a, a, a, a)
+    c1 = (a, a, a, a)
+    c2 = (a, a, a, a)
+    c3 = (a, a, a, a)
     for _ in range(n):
         c0 = ptx.dmma_m16n8k8_asm((a, a, a, a), (a, a), c0)
         c1 = ptx.dmma_m16n8k8_asm((a, a, a, a), (a, a), c1)
@@ -53,7 +59,8 @@ def k_dmma1688(x, out, n):
 @cuda.jit
 def k_dmma16816(x, out, n):
     a = x[cuda.threadIdx.x]
-    c0 = (a, a, a, a); c1 = (a, a, a, a)
+    c0 = (a, a, a, a)
+    c1 = (a, a, a, a)
     for _ in range(n):
         c0 = ptx.dmma_m16n8k16_asm((a, a, a, a, a, a, a, a), (a, a, a, a), c0)
         c1 = ptx.dmma_m16n8k16_asm((a, a, a, a, a, a, a, a), (a, a, a, a), c1)
@@ -64,7 +71,10 @@ def k_dmma16816(x, out, n):
 def k_tf32(x, out, n):
     a = float32(x[cuda.threadIdx.x])
     u = uint32(cuda.threadIdx.x)
-    c0 = (a, a, a, a); c1 = (a, a, a, a); c2 = (a, a, a, a); c3 = (a, a, a, a)
+    c0 = (a, a, a, a)
+    c1 = (a, a, a, a)
+    c2 = (a, a, a, a)
+    c3 = (a, a, a, a)
     for _ in range(n):
         c0 = ptx.tf32_m16n8k8_asm((u, u, u, u), (u, u), c0)
         c1 = ptx.tf32_m16n8k8_asm((u, u, u, u), (u, u), c1)
@@ -77,11 +87,24 @@ def k_tf32(x, out, n):
 def k_ffma(x, out, n):
     a = float32(x[cuda.threadIdx.x])
     b = float32(1.0000001)
-    c0 = a; c1 = a + 1; c2 = a + 2; c3 = a + 3; c4 = a + 4; c5 = a + 5; c6 = a + 6; c7 = a + 7
+    c0 = a
+    c1 = a + 1
+    c2 = a + 2
+    c3 = a + 3
+    c4 = a + 4
+    c5 = a + 5
+    c6 = a + 6
+    c7 = a + 7
     for _ in range(n):
         for _r in range(8):
-            c0 = c0 * b + a; c1 = c1 * b + a; c2 = c2 * b + a; c3 = c3 * b + a
-            c4 = c4 * b + a; c5 = c5 * b + a; c6 = c6 * b + a; c7 = c7 * b + a
+            c0 = c0 * b + a
+            c1 = c1 * b + a
+            c2 = c2 * b + a
+            c3 = c3 * b + a
+            c4 = c4 * b + a
+            c5 = c5 * b + a
+            c6 = c6 * b + a
+            c7 = c7 * b + a
     out[cuda.grid(1)] = float64(c0 + c1 + c2 + c3 + c4 + c5 + c6 + c7)
 
 
@@ -125,8 +148,17 @@ def main(argv=None) -> int:
             times.append(cuda.event_elapsed_time(start, stop))
         ms = sorted(times)[len(times) // 2]
         flops = 2.0 * fma_per_warp_iter * args.iters * blocks * THREADS // 32
-        print(json.dumps({"instr": name, "ms": round(ms, 3), "tflops": round(flops / ms / 1e9, 1),
-                          "device": dev.name.decode() if isinstance(dev.name, bytes) else dev.name, "sms": sms}))
+        print(
+            json.dumps(
+                {
+                    "instr": name,
+                    "ms": round(ms, 3),
+                    "tflops": round(flops / ms / 1e9, 1),
+                    "device": dev.name.decode() if isinstance(dev.name, bytes) else dev.name,
+                    "sms": sms,
+                }
+            )
+        )
     return 0
 
 

@@ -9,12 +9,13 @@ and on a small ragged shape::
 Until 2026-11-28 Q's NaN reached all of dV on the simulator and not on a GPU. The forward saves the row as one that
 sees no key (``l = 0``, printed per case), so ``row_stats`` gives it ``1/l = 0``; the cap ``min(S' - M, 64)`` was the
 builtin ``min``, ``fminf`` on a GPU, which drops the NaN, so the row's ``P`` was ``2^64 * 0 = 0``
-(``docs/results/gpu_runs/nan_reach_h200_5cae1b0.txt``, last in the tree at e0e5a9b; the performance log's section on ``QDO_PAIRS`` at 8k / 16k).
-The cap now keeps the NaN on both backends (``fast._regtile.min_keep_nan``; in this backward its PTX twin
-``fast._mma.min_nan_asm``): with ``SPLIT_QDO`` ``P`` is NaN and so is all of dV, as in torch
-(``gpu_runs/nan_reach_h200_51ae00a.txt``, last in the tree at e0e5a9b). Without it, on a GPU, the per-warp split of ``Q_i tau log2 e`` turned the
-row's NaN (the product's ``0x7fffffff``) into -0.0, so S was finite, ``P`` 0 again and dV clean. That split is now
-``fast._mma.make_split_keep_nan`` (its bits clamped below the carry first), and every build should show dV all NaN.
+(``docs/results/gpu_runs/nan_reach_h200_5cae1b0.txt``, last in the tree at e0e5a9b; the performance log's section on
+``QDO_PAIRS`` at 8k / 16k). The cap now keeps the NaN on both backends (``fast._regtile.min_keep_nan``; in this backward
+its PTX twin ``fast._mma.min_nan_asm``): with ``SPLIT_QDO`` ``P`` is NaN and so is all of dV, as in torch
+(``gpu_runs/nan_reach_h200_51ae00a.txt``, last in the tree at e0e5a9b). Without it, on a GPU, the per-warp split of
+``Q_i tau log2 e`` turned the row's NaN (the product's ``0x7fffffff``) into -0.0, so S was finite, ``P`` 0 again and dV
+clean. That split is now ``fast._mma.make_split_keep_nan`` (its bits clamped below the carry first), and every build
+should show dV all NaN.
 """
 
 from __future__ import annotations
@@ -34,8 +35,9 @@ def forward_stats(q, k, v, row):
     from numba_flash.tensorcore import fa2_forward_tf32
 
     alloc = Allocator(q)
-    fwd = fa2_forward_tf32.forward(*(alloc.to_kernel(x) for x in (q, k, v)), check_attention_args(q, k, v, 0.0, None, False, 0),
-                                 alloc, (16, 16))
+    fwd = fa2_forward_tf32.forward(
+        *(alloc.to_kernel(x) for x in (q, k, v)), check_attention_args(q, k, v, 0.0, None, False, 0), alloc, (16, 16)
+    )
     return tuple(float(alloc.result(x)[0, 0, row]) for x in (fwd.m, fwd.l, fwd.lse))
 
 
@@ -48,8 +50,10 @@ def show(tag, q, k, v, dout):
             x = x.reshape(x.shape[0], x.shape[1], -1)
             rows = sorted(set(np.nonzero(np.isnan(x))[1].tolist()))
             finite = np.abs(x[np.isfinite(x)])
-            parts.append(f"{name}: {int(np.isnan(x).sum())} NaN rows {rows[:30]} max|x| "
-                         f"{finite.max() if finite.size else float('nan'):.3g}")
+            parts.append(
+                f"{name}: {int(np.isnan(x).sum())} NaN rows {rows[:30]} max|x| "
+                f"{finite.max() if finite.size else float('nan'):.3g}"
+            )
         print(f"{tag} split={split:d} pairs={pairs:d}: " + " | ".join(parts), flush=True)
 
 

@@ -30,15 +30,33 @@ from . import common
 RANGE = "numba_flash_measure"
 METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum")
 #: Multipliers of the units ncu may print (``--print-units base`` asks for bytes).
-UNITS = {"byte": 1, "bytes": 1, "b": 1, "kbyte": 1e3, "mbyte": 1e6, "gbyte": 1e9, "tbyte": 1e12,
-         "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "kib": 1024, "mib": 1024**2, "gib": 1024**3}
+UNITS = {
+    "byte": 1,
+    "bytes": 1,
+    "b": 1,
+    "kbyte": 1e3,
+    "mbyte": 1e6,
+    "gbyte": 1e9,
+    "tbyte": 1e12,
+    "kb": 1e3,
+    "mb": 1e6,
+    "gb": 1e9,
+    "tb": 1e12,
+    "kib": 1024,
+    "mib": 1024**2,
+    "gib": 1024**3,
+}
 
 
 def find_ncu() -> str | None:
     """``$NCU``, ``ncu`` on the PATH, or the CUDA toolkit's (``/usr/local/cuda*/bin/ncu``)."""
     if os.environ.get("NCU"):
         return os.environ["NCU"] if os.path.exists(os.environ["NCU"]) else None
-    for cand in [shutil.which("ncu"), "/usr/local/cuda/bin/ncu", *sorted(glob.glob("/usr/local/cuda-*/bin/ncu"), reverse=True)]:
+    for cand in [
+        shutil.which("ncu"),
+        "/usr/local/cuda/bin/ncu",
+        *sorted(glob.glob("/usr/local/cuda-*/bin/ncu"), reverse=True),
+    ]:
         if cand and os.path.exists(cand):
             return cand
     return None
@@ -54,8 +72,18 @@ def ncu_version(ncu: str) -> str | None:
 
 def ncu_args(log_file: str, base_units: bool = True) -> list[str]:
     """The ncu options (without the executable and the profiled command)."""
-    args = ["--csv", "--metrics", ",".join(METRICS), "--nvtx", "--nvtx-include", f"{RANGE}/", "--clock-control", "none",
-            "--log-file", log_file]
+    args = [
+        "--csv",
+        "--metrics",
+        ",".join(METRICS),
+        "--nvtx",
+        "--nvtx-include",
+        f"{RANGE}/",
+        "--clock-control",
+        "none",
+        "--log-file",
+        log_file,
+    ]
     return args + (["--print-units", "base"] if base_units else [])
 
 
@@ -73,7 +101,7 @@ def parse_csv(text: str) -> list[dict]:
     start = next((n for n, ln in enumerate(lines) if ln.startswith('"ID"')), None)
     if start is None:
         return []
-    table = [lines[start]] + [ln for ln in lines[start + 1:] if ln.startswith('"')]
+    table = [lines[start]] + [ln for ln in lines[start + 1 :] if ln.startswith('"')]
     kernels: dict = {}
     for row in csv.DictReader(io.StringIO("\n".join(table))):
         name = row.get("Metric Name")
@@ -82,7 +110,9 @@ def parse_csv(text: str) -> list[dict]:
         unit = (row.get("Metric Unit") or "byte").strip().lower()
         if unit not in UNITS:
             raise ValueError(f"ncu reported {name} in unknown unit {row.get('Metric Unit')!r}")
-        k = kernels.setdefault(row.get("ID"), {"id": row.get("ID"), "kernel": row.get("Kernel Name"), "read": 0.0, "write": 0.0})
+        k = kernels.setdefault(
+            row.get("ID"), {"id": row.get("ID"), "kernel": row.get("Kernel Name"), "read": 0.0, "write": 0.0}
+        )
         k["read" if name == METRICS[0] else "write"] += _value(row["Metric Value"]) * UNITS[unit]
     return list(kernels.values())
 
@@ -92,15 +122,22 @@ def measure(spec: dict, ncu: str, timeout: float = 1800) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         log, meta_path = os.path.join(tmp, "ncu.csv"), os.path.join(tmp, "meta.json")
         child = [sys.executable, "-m", "bench.ncu", "--child", json.dumps(spec), "--meta-out", meta_path]
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(common.ROOT), os.environ.get("PYTHONPATH", "")) if p))
+        env = dict(
+            os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(common.ROOT), os.environ.get("PYTHONPATH", "")) if p)
+        )
         result = {}
         for base_units in (True, False):  # an ncu too old for --print-units: retry without it
             cmd = [ncu, *ncu_args(log, base_units), *child]
             try:
                 proc = subprocess.run(cmd, capture_output=True, text=True, cwd=common.ROOT, env=env, timeout=timeout)
             except subprocess.TimeoutExpired:
-                return {"error": f"timed out after {timeout:.0f} s under ncu", "kernels": [], "dram_read_bytes": None,
-                        "dram_write_bytes": None, "dram_bytes": None}
+                return {
+                    "error": f"timed out after {timeout:.0f} s under ncu",
+                    "kernels": [],
+                    "dram_read_bytes": None,
+                    "dram_write_bytes": None,
+                    "dram_bytes": None,
+                }
             if proc.returncode != 0 and base_units and "print-units" in (proc.stderr + proc.stdout):
                 continue
             break
@@ -132,14 +169,17 @@ def tc_forward_with_features(spec: dict):
     ``{"algorithm": "flash2", "variant": "tensorcore", "pass": "forward"}`` takes features (ValueError otherwise).
     ``run_pending.sh ncu_split_kv`` profiles ``SPLIT_KV`` off and on this way."""
     if (spec["algorithm"], spec.get("variant"), spec["pass"]) != ("flash2", "tensorcore", "forward"):
-        raise ValueError("features: only the flash2 tensorcore forward takes them, got "
-                         f"{spec['algorithm']!r} / {spec.get('variant')!r} / {spec['pass']!r}")
+        raise ValueError(
+            "features: only the flash2 tensorcore forward takes them, got "
+            f"{spec['algorithm']!r} / {spec.get('variant')!r} / {spec['pass']!r}"
+        )
     from numba_flash.tensorcore import fa2_forward_tf32
 
     from bench.fa2_sweep import run_variant
 
     q, k, v = common.make_inputs(spec["batch"], spec["nheads"], spec["N"], spec["d"], as_torch=True)
-    bs = spec.get("block_sizes")  # Dev: (Br, Bc) as flash_attn_func takes them; fa2_sweep's tc variants name (NW, MW, Bc)
+    bs = spec.get("block_sizes")  # Dev: (Br, Bc) as flash_attn_func takes them; fa2_sweep's tc variants name (NW, MW,
+    # Bc)
     cfg = ("tc", None) if bs is None else ("tc", fa2_forward_tf32.config_for(spec["d"], tuple(bs))[:3])
     feats, causal = dict(spec["features"]), bool(spec.get("causal", False))
     return lambda: run_variant("ncu", cfg, feats, q, k, v, causal)
@@ -151,19 +191,22 @@ SDPA = "sdpa_mem_efficient"
 
 
 def sdpa_forward(spec: dict):
-    """The call of a case whose ``algorithm`` is :data:`SDPA`: torch SDPA's memory-efficient forward on the case's inputs
-    (``bench.common.torch_sdpa_mem_efficient``, as the grid and ``bench.fa2_sweep`` time it), without grad. Its tiling is
-    torch's: ncu's launch statistics report it. Only the forward (ValueError for another ``pass``)."""
+    """The call of a case whose ``algorithm`` is :data:`SDPA`: torch SDPA's memory-efficient forward on the case's
+    inputs (``bench.common.torch_sdpa_mem_efficient``, as the grid and ``bench.fa2_sweep`` time it), without grad. Its
+    tiling is torch's: ncu's launch statistics report it. Only the forward (ValueError for another ``pass``)."""
     if spec["pass"] != "forward":
         raise ValueError(f"{SDPA}: only the forward pass is profiled, got pass {spec['pass']!r}")
     import torch
 
-    q, k, v = common.make_inputs(spec["batch"], spec["nheads"], spec["N"], spec["d"], dtype=spec.get("dtype", "float32"), as_torch=True)
+    q, k, v = common.make_inputs(
+        spec["batch"], spec["nheads"], spec["N"], spec["d"], dtype=spec.get("dtype", "float32"), as_torch=True
+    )
     causal = bool(spec.get("causal", False))
 
     def fn():
         with torch.no_grad():
             return common.torch_sdpa_mem_efficient(q, k, v, causal=causal)
+
     return fn
 
 
@@ -180,8 +223,19 @@ def run_child(spec: dict) -> dict:
     elif spec.get("features") is not None:
         fn = tc_forward_with_features(spec)
     else:
-        fn = common.prepare(alg, variant, pass_, b, h, N, d, mask=mask, block_sizes=spec.get("block_sizes"),
-                            dtype=spec.get("dtype", "float32"), causal=bool(spec.get("causal", False)))
+        fn = common.prepare(
+            alg,
+            variant,
+            pass_,
+            b,
+            h,
+            N,
+            d,
+            mask=mask,
+            block_sizes=spec.get("block_sizes"),
+            dtype=spec.get("dtype", "float32"),
+            causal=bool(spec.get("causal", False)),
+        )
     for _ in range(int(spec.get("warmup", 2))):
         fn()
     torch.cuda.synchronize()
@@ -190,7 +244,7 @@ def run_child(spec: dict) -> dict:
     torch.cuda.synchronize()
     torch.cuda.nvtx.range_pop()
     meta = {"ok": True}
-    for p in (("forward", "backward") if pass_ == "fwd+bwd" else (pass_,)):
+    for p in ("forward", "backward") if pass_ == "fwd+bwd" else (pass_,):
         if alg == SDPA:
             tile, src = None, "torch SDPA's own (ncu's launch statistics)"
         elif spec.get("block_sizes") is not None:

@@ -53,7 +53,8 @@ def read_rows(path: str) -> list[dict]:
 
 
 def opcode(source: str) -> str:
-    """The mnemonic of one SASS line without its modifiers and predicate: ``@P0 HMMA.1688.F32.TF32 R4, ...`` is ``HMMA``."""
+    """The mnemonic of one SASS line without its modifiers and predicate: ``@P0 HMMA.1688.F32.TF32 R4, ...`` is
+    ``HMMA``."""
     words = source.split()
     if words and words[0].startswith("@"):
         words = words[1:]
@@ -93,22 +94,34 @@ def summarize(rows: list[dict], min_share: float = 0.01) -> dict:
         "samples": total,
         "executed": executed,
         "reasons": [(c.removeprefix("stall_"), share(v)) for c, v in by_reason.most_common()],
-        "opcodes": [(op, share(v), op_exec[op] / executed if executed else 0.0,
-                     [(c.removeprefix("stall_"), x / v if v else 0.0) for c, x in op_reason[op].most_common(3)])
-                    for op, v in by_op.most_common()],
-        "regions": sorted(((a, b, e, share(n), src) for a, b, e, n, src in regions if share(n) >= min_share),
-                          key=lambda g: -g[3]),
+        "opcodes": [
+            (
+                op,
+                share(v),
+                op_exec[op] / executed if executed else 0.0,
+                [(c.removeprefix("stall_"), x / v if v else 0.0) for c, x in op_reason[op].most_common(3)],
+            )
+            for op, v in by_op.most_common()
+        ],
+        "regions": sorted(
+            ((a, b, e, share(n), src) for a, b, e, n, src in regions if share(n) >= min_share), key=lambda g: -g[3]
+        ),
     }
 
 
 def report(summary: dict, top: int = 16) -> str:
     """The three tables of :func:`summarize` as text."""
-    out = [f"samples {summary['samples']:,.0f}, instructions executed {summary['executed']:,.0f}", "",
-           "stall reason         share of samples"]
+    out = [
+        f"samples {summary['samples']:,.0f}, instructions executed {summary['executed']:,.0f}",
+        "",
+        "stall reason         share of samples",
+    ]
     out += [f"{name:20s} {s * 100:6.1f} %" for name, s in summary["reasons"] if s >= 0.001]
     out += ["", "opcode      samples  executed  top stall reasons (share of the opcode's samples)"]
     for op, s, e, tops in summary["opcodes"][:top]:
-        out.append(f"{op:10s} {s * 100:6.1f} %  {e * 100:6.1f} %  " + ", ".join(f"{n} {x * 100:.0f} %" for n, x in tops))
+        out.append(
+            f"{op:10s} {s * 100:6.1f} %  {e * 100:6.1f} %  " + ", ".join(f"{n} {x * 100:.0f} %" for n, x in tops)
+        )
     out += ["", "region (SASS rows)  instructions  executed each  samples  first instruction"]
     for a, b, e, s, src in summary["regions"]:
         out.append(f"{a:6d}-{b:<6d}       {b - a + 1:6d}  {e:13,.0f}  {s * 100:5.1f} %  {src[:60]}")
@@ -118,7 +131,9 @@ def report(summary: dict, top: int = 16) -> str:
 def parser() -> argparse.ArgumentParser:
     """The command line of ``python -m bench.ncu_source``."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("csv", help="Nsight Compute's source page as CSV (--page source --csv --print-source sass), or .csv.gz")
+    ap.add_argument(
+        "csv", help="Nsight Compute's source page as CSV (--page source --csv --print-source sass), or .csv.gz"
+    )
     ap.add_argument("--min-share", type=float, default=0.01, help="regions with at least this share of the samples")
     ap.add_argument("--top", type=int, default=16, help="opcodes to print")
     return ap

@@ -45,17 +45,17 @@ exits with status 0 (a skip, not a failure). ``--kernel NAME`` (repeatable) rest
 ``alg1_forward_fast``, ``fa2_forward_fast``, ``fa2_forward_tc``, ``fa2_forward_half_f16``,
 ``fa2_forward_half_bf16``, ``alg4_backward_fast``,
 ``fa2_backward_fast``, ``fa2_backward_fast_dq``, ``fa2_backward_half_f16``, ``fa2_backward_half_bf16`` or
-``fa2_backward_half_dq_bf16``, ``fa2_backward_tf32`` or ``fa2_backward_tf32_dq`` (the names of the table; the modules are
-``numba_flash/fast/alg1_forward.py`` ...); ``--d`` picks head dims; ``--sass-dir DIR`` keeps each kernel's
+``fa2_backward_half_dq_bf16``, ``fa2_backward_tf32`` or ``fa2_backward_tf32_dq`` (the names of the table; the modules
+are ``numba_flash/fast/alg1_forward.py`` ...); ``--d`` picks head dims; ``--sass-dir DIR`` keeps each kernel's
 disassembly there (to find spill stores, ``STL``, and the loops they sit in).
 
 ``--half-tiling NW,MW,BC,CP`` (repeatable) compiles the half forward (``fa2_forward_half_f16`` / ``_bf16``) and
-the 3xTF32 forward (``fa2_forward_tc``; ``CP`` 1 there where ``d % 4 == 0``) at that tiling instead of its default: ``NW`` warps of ``MW`` m16 tiles (``Br = 16 MW NW``), key block
-``BC``, ``CP`` 1 for the cp.async pipeline (``CP_ASYNC``; where ``d % 8 == 0``, as ``plan``) or 0 for the
-register path with prefetch; ``tiling`` in the table says which ran. For the half backward (``fa2_backward_half_f16`` /
-``_bf16``) the four numbers are ``NW,MW,BR,CP``: warps, key m16 tiles per warp (``Bc = 16 MW NW``), query rows per
-step and ``CP`` 1 for the ``cp.async`` stages of Q_i, dO_i (``CP_ASYNC``); the same for the 3xTF32 backward
-(``fa2_backward_tf32``). E.g. the d = 128 candidates::
+the 3xTF32 forward (``fa2_forward_tc``; ``CP`` 1 there where ``d % 4 == 0``) at that tiling instead of its default:
+``NW`` warps of ``MW`` m16 tiles (``Br = 16 MW NW``), key block ``BC``, ``CP`` 1 for the cp.async pipeline
+(``CP_ASYNC``; where ``d % 8 == 0``, as ``plan``) or 0 for the register path with prefetch; ``tiling`` in the table says
+which ran. For the half backward (``fa2_backward_half_f16`` / ``_bf16``) the four numbers are ``NW,MW,BR,CP``: warps,
+key m16 tiles per warp (``Bc = 16 MW NW``), query rows per step and ``CP`` 1 for the ``cp.async`` stages of Q_i, dO_i
+(``CP_ASYNC``); the same for the 3xTF32 backward (``fa2_backward_tf32``). E.g. the d = 128 candidates::
 
     cd /tmp && PYTHONPATH=/work/main:/tmp/cu13site LD_LIBRARY_PATH=/tmp/cu13site/nvidia/cu13/lib \
         NVDISASM=/tmp/cu13site/nvidia/cu13/bin/nvdisasm .venv/bin/python /work/main/bench/offline_resources.py \
@@ -75,16 +75,35 @@ import subprocess
 import sys
 import tempfile
 
-KERNELS = ("alg1_forward_fast", "fa2_forward_fast", "fa2_forward_tc", "fa2_forward_half_f16", "fa2_forward_half_bf16", "alg4_backward_fast",
-           "fa2_backward_fast", "fa2_backward_fast_dq", "fa2_backward_half_f16", "fa2_backward_half_bf16", "fa2_backward_half_dq_bf16",
-           "fa2_backward_tf32", "fa2_backward_tf32_dq")
+KERNELS = (
+    "alg1_forward_fast",
+    "fa2_forward_fast",
+    "fa2_forward_tc",
+    "fa2_forward_half_f16",
+    "fa2_forward_half_bf16",
+    "alg4_backward_fast",
+    "fa2_backward_fast",
+    "fa2_backward_fast_dq",
+    "fa2_backward_half_f16",
+    "fa2_backward_half_bf16",
+    "fa2_backward_half_dq_bf16",
+    "fa2_backward_tf32",
+    "fa2_backward_tf32_dq",
+)
 #: the kernels ``--half-tiling`` applies to (the others compile at their default tiling only)
-TAKES_TILING = ("fa2_forward_tc", "fa2_forward_half_f16", "fa2_forward_half_bf16", "fa2_backward_half_f16", "fa2_backward_half_bf16",
-                "fa2_backward_tf32")
+TAKES_TILING = (
+    "fa2_forward_tc",
+    "fa2_forward_half_f16",
+    "fa2_forward_half_bf16",
+    "fa2_backward_half_f16",
+    "fa2_backward_half_bf16",
+    "fa2_backward_tf32",
+)
 
 
 def _gpu_backend() -> None:
-    """Compile for the GPU even without one: set before anything imports ``numba.cuda`` (see numba_flash.runtime.backend)."""
+    """Compile for the GPU even without one: set before anything imports ``numba.cuda`` (see
+    numba_flash.runtime.backend)."""
     os.environ.setdefault("NUMBA_FLASH_BACKEND", "gpu")
     os.environ["NUMBA_ENABLE_CUDASIM"] = "0"
 
@@ -141,7 +160,8 @@ def _signatures():
         "alg1_forward_fast": (a4,) * 4 + (a3,) * 3 + (f32, i64, i64, i64, i64, f32),
         # gQ, gK, gV, gO, gL, gm, gl, scale_log2, group, causal_offset, seed, threshold, dropout_scale
         "fa2_forward_fast": (a4,) * 4 + (a3,) * 3 + (f64, i64, i64, i64, i64, f64),
-        # gQ, gK, gV, gO, gL, gm, gl, scale_log2, group, causal_offset, seed, threshold, dropout_scale (as the FFMA kernel)
+        # gQ, gK, gV, gO, gL, gm, gl, scale_log2, group, causal_offset, seed, threshold, dropout_scale (as the FFMA
+        # kernel)
         "fa2_forward_tc": (a4,) * 4 + (a3,) * 3 + (f64, i64, i64, i64, i64, f64),
         # the same with q, k, v, out as int32 arrays of half words
         "fa2_forward_half_f16": (w4,) * 4 + (a3,) * 3 + (f64, i64, i64, i64, i64, f64),
@@ -208,49 +228,110 @@ def _kernel(name: str, d: int, causal: bool, tiling=None):
         return A1.alg1_forward_fast_kernel(*A1.config_for(d), causal, False, f["SHFL"], f["VEC"])
     if name == "fa2_forward_fast":
         f = F2.default_features()
-        return F2.fa2_forward_fast_kernel(*F2.config_for(d), causal, False, f["SHFL"], f["VEC"], f["REVERSE"], f["PREFETCH"])
+        return F2.fa2_forward_fast_kernel(
+            *F2.config_for(d), causal, False, f["SHFL"], f["VEC"], f["REVERSE"], f["PREFETCH"]
+        )
     if name == "fa2_forward_tc":
         NW, MW, BC, DP, f, prefetch, cp_async = _forward_tiling(TC, d, tiling)
         o_step, wide = TC.stage_o_step(f["STAGE_O_STEP"], MW, DP), TC.wide_on(f["WIDE"], DP, cp_async)
         split_kv = TC.split_kv_on(f["SPLIT_KV"], wide, (NW, MW, BC))
-        return TC.fa2_forward_tc_kernel(NW, MW, BC, DP, causal, False, prefetch, False, f["STAGE_S"], f["STAGE_O"], cp_async,
-                                        o_step, wide,
-                                        causal and bool(f["HEAVY_FIRST"]), _plan.async_on(f["Q_ASYNC"], cp_async),
-                                        TC.warp_skip_on(f["WARP_SKIP"], causal, False, DP), split_kv,
-                                        f["SPLIT_K"], TC.rescale_fma_on(f["RESCALE_FMA"], o_step, causal, (NW, MW, BC)))
+        return TC.fa2_forward_tc_kernel(
+            NW,
+            MW,
+            BC,
+            DP,
+            causal,
+            False,
+            prefetch,
+            False,
+            f["STAGE_S"],
+            f["STAGE_O"],
+            cp_async,
+            o_step,
+            wide,
+            causal and bool(f["HEAVY_FIRST"]),
+            _plan.async_on(f["Q_ASYNC"], cp_async),
+            TC.warp_skip_on(f["WARP_SKIP"], causal, False, DP),
+            split_kv,
+            f["SPLIT_K"],
+            TC.rescale_fma_on(f["RESCALE_FMA"], o_step, causal, (NW, MW, BC)),
+        )
     if name.startswith("fa2_forward_half_"):
         NW, MW, BC, DP, f, prefetch, cp_async = _forward_tiling(H, d, tiling)
-        return H.fa2_forward_half_kernel(NW, MW, BC, DP, causal, False, prefetch, False, name.rsplit("_", 1)[1], cp_async,
-                                         bool(f["EX2_FTZ"]))
+        return H.fa2_forward_half_kernel(
+            NW, MW, BC, DP, causal, False, prefetch, False, name.rsplit("_", 1)[1], cp_async, bool(f["EX2_FTZ"])
+        )
     if name == "alg4_backward_fast":
         f = A4.default_features()
         return A4.alg4_backward_fast_kernel(*A4.config_for(d), causal, False, False, f["VEC"])
     if name.startswith("fa2_backward_half_dq_"):
         NW, MW, BC, DP = H.config_for(d)
-        return HB.fa2_backward_half_dq_kernel(NW, MW, BC, DP, causal, False, HB.default_features()["PREFETCH"], False, "bf16",
-                                              bool(_features(HB)["LSE_P"]), bool(_features(HB)["EX2_FTZ"]))
+        return HB.fa2_backward_half_dq_kernel(
+            NW,
+            MW,
+            BC,
+            DP,
+            causal,
+            False,
+            HB.default_features()["PREFETCH"],
+            False,
+            "bf16",
+            bool(_features(HB)["LSE_P"]),
+            bool(_features(HB)["EX2_FTZ"]),
+        )
     if name.startswith("fa2_backward_half_"):
         NW, MW, BR, DP, cp_async = _backward_tiling(HB.config_for(d), HB.default_features()["CP_ASYNC"], tiling)
         red2 = _features(HB)["RED2"]
         red2 = True if red2 is None else bool(red2)  # None: as HB.plan on compute capability 9.0
-        return HB.fa2_backward_half_kernel(NW, MW, BR, DP, causal, False, True, HB.default_features()["PREFETCH"], False,
-                                           name.rsplit("_", 1)[1], bool(_features(HB)["LSE_P"]), red2, cp_async and H.cp_async_ok(d),
-                                           bool(_features(HB)["EX2_FTZ"]))  # LSE_P: the FROM_LSE kernel, as HB.plan
+        return HB.fa2_backward_half_kernel(
+            NW,
+            MW,
+            BR,
+            DP,
+            causal,
+            False,
+            True,
+            HB.default_features()["PREFETCH"],
+            False,
+            name.rsplit("_", 1)[1],
+            bool(_features(HB)["LSE_P"]),
+            red2,
+            cp_async and H.cp_async_ok(d),
+            bool(_features(HB)["EX2_FTZ"]),
+        )  # LSE_P: the FROM_LSE kernel, as HB.plan
     if name.startswith("fa2_backward_tf32"):
         w = _features(TB)["WIDE"]  # None: as the default forward on aligned K, V (TB.plan)
         DP = 8 * ((d + 7) // 8)
         wide = TC.wide_on(_features(TC)["WIDE"], DP, TC.cp_async_ok(d)) if w is None else bool(w) and TC.wide_ok(DP)
         if name == "fa2_backward_tf32_dq":
             return TB.fa2_backward_tf32_dq_kernel(*TB.dq_config(d), causal, False, False, False, wide)
-        NW, MW, BR, DP, cp_async = _backward_tiling(TB.config_for(d, None, causal), TB.features_for(d, {"WIDE": wide})["CP_ASYNC"], tiling)
+        NW, MW, BR, DP, cp_async = _backward_tiling(
+            TB.config_for(d, None, causal), TB.features_for(d, {"WIDE": wide})["CP_ASYNC"], tiling
+        )
         red2 = d % 2 == 0  # as TB.plan on compute capability 9.0
         # Dev: SPLIT_QDO None as the plan resolves it from SPLIT_QDO_SEQLEN query rows (every backward cell of the grid)
-        split_qdo = TB.split_qdo_on(_features(TB)["SPLIT_QDO"], cp_async and TC.cp_async_ok(d), wide, TB.SPLIT_QDO_SEQLEN)
-        return TB.fa2_backward_tf32_kernel(NW, MW, BR, DP, causal, False, True, False, False, red2,
-                                           cp_async and TC.cp_async_ok(d), causal and bool(_features(TB)["HEAVY_FIRST"]), wide,
-                                           TB.dq_unroll_for(DP, 16 * MW * NW, _features(TB)["DQ_UNROLL"]),
-                                           TB.kv_async_for(DP, cp_async and TC.cp_async_ok(d), _features(TB)["KV_ASYNC"]),
-                                           split_qdo, TB.qdo_pairs_on(_features(TB)["QDO_PAIRS"], split_qdo))
+        split_qdo = TB.split_qdo_on(
+            _features(TB)["SPLIT_QDO"], cp_async and TC.cp_async_ok(d), wide, TB.SPLIT_QDO_SEQLEN
+        )
+        return TB.fa2_backward_tf32_kernel(
+            NW,
+            MW,
+            BR,
+            DP,
+            causal,
+            False,
+            True,
+            False,
+            False,
+            red2,
+            cp_async and TC.cp_async_ok(d),
+            causal and bool(_features(TB)["HEAVY_FIRST"]),
+            wide,
+            TB.dq_unroll_for(DP, 16 * MW * NW, _features(TB)["DQ_UNROLL"]),
+            TB.kv_async_for(DP, cp_async and TC.cp_async_ok(d), _features(TB)["KV_ASYNC"]),
+            split_qdo,
+            TB.qdo_pairs_on(_features(TB)["QDO_PAIRS"], split_qdo),
+        )
     f = B2.default_features()
     if name == "fa2_backward_fast":
         return B2.fa2_backward_fast_kernel(*B2.config_for(d), causal, False, True, f["VEC"], f["PREFETCH"])
@@ -278,11 +359,16 @@ def resources(name: str, d: int, causal: bool, nvdisasm: str, tiling=None) -> di
         sass = subprocess.run([nvdisasm, "-c", fh.name], capture_output=True, text=True, check=True).stdout
     if os.environ.get("NUMBA_FLASH_OFFLINE_SASS_DIR"):  # --sass-dir: keep the disassembly to read
         tag = "_".join(map(str, tiling)) if tiling else "default"
-        with open(os.path.join(os.environ["NUMBA_FLASH_OFFLINE_SASS_DIR"], f"{name}_d{d}_c{int(causal)}_{tag}.sass"), "w") as fh:
+        with open(
+            os.path.join(os.environ["NUMBA_FLASH_OFFLINE_SASS_DIR"], f"{name}_d{d}_c{int(causal)}_{tag}.sass"), "w"
+        ) as fh:
             fh.write(sass)
     # the mangled kernel name (relative-address operands) carries a hash of the closure: not machine code
-    instr = [re.sub(r"_ZN\w+", "<sym>", line.strip()) for line in sass.splitlines()
-             if re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+\S", line)]
+    instr = [
+        re.sub(r"_ZN\w+", "<sym>", line.strip())
+        for line in sass.splitlines()
+        if re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+\S", line)
+    ]
     n_sass = len(instr)
     loops = sass_loops(sass)
     return {
@@ -312,8 +398,11 @@ def sass_loops(sass: str, min_len: int = 50) -> list[dict]:
         m = re.search(r"BRA\s+`\((\.L_x_\d+)\)", line)
         if not m or labels.get(m.group(1), n) >= n:
             continue
-        body = [re.sub(r"^\s*/\*[0-9a-f]+\*/\s+(@!?U?P[T0-9]+\s+)?", "", x) for x in lines[labels[m.group(1)]:n + 1]
-                if re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+\S", x)]
+        body = [
+            re.sub(r"^\s*/\*[0-9a-f]+\*/\s+(@!?U?P[T0-9]+\s+)?", "", x)
+            for x in lines[labels[m.group(1)] : n + 1]
+            if re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+\S", x)
+        ]
         if len(body) >= min_len:
             ops = [b.split()[0].split(".")[0] for b in body]
             out.append({"instr": len(body), **{k: ops.count(k) for k in ("HMMA", "LDS", "STS")}})
@@ -352,14 +441,23 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--kernel", action="append", choices=KERNELS, help="kernel(s) to report (default: all)")
     ap.add_argument("--d", type=int, action="append", help="head dim(s) (default: 64 and 128)")
     ap.add_argument("--sass-dir", metavar="DIR", help="also write each kernel's disassembly (nvdisasm -c) to DIR")
-    ap.add_argument("--features", metavar="JSON", help="features of the 3xTF32 and half forwards and backwards over their defaults, "
-                    "e.g. '{\"EX2_FTZ\": true}' (the table does not say: name the run)")
+    ap.add_argument(
+        "--features",
+        metavar="JSON",
+        help="features of the 3xTF32 and half forwards and backwards over their defaults, "
+        "e.g. '{\"EX2_FTZ\": true}' (the table does not say: name the run)",
+    )
     ap.add_argument("--loops", action="store_true", help="also print each loop's instruction counts (sass_loops)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="compiles at once (one process each)")
     ap.add_argument("--one", nargs=3, metavar=("KERNEL", "D", "CAUSAL"), help=argparse.SUPPRESS)
-    ap.add_argument("--half-tiling", action="append", type=_tiling, metavar="NW,MW,BC,CP",
-                    help="half or 3xTF32 forward at this tiling (repeatable): warps, m16 tiles per warp, key block, cp.async 1/0; "
-                         "the half backward: warps, key m16 tiles per warp, query rows per step, cp.async of Q_i, dO_i 1/0")
+    ap.add_argument(
+        "--half-tiling",
+        action="append",
+        type=_tiling,
+        metavar="NW,MW,BC,CP",
+        help="half or 3xTF32 forward at this tiling (repeatable): warps, m16 tiles per warp, key block, cp.async 1/0; "
+        "the half backward: warps, key m16 tiles per warp, query rows per step, cp.async of Q_i, dO_i 1/0",
+    )
     return ap
 
 
@@ -378,20 +476,35 @@ def main(argv=None) -> int:
         print(json.dumps(resources(name, int(d), causal == "1", os.environ["NVDISASM"], tiling)))
         return 0
     nvd = _toolchain()
-    cases = [(name, d, causal, t) for name in args.kernel or KERNELS for d in args.d or (64, 128)
-             for t in (args.half_tiling or [None] if name in TAKES_TILING else [None])
-             for causal in (False, True)]
+    cases = [
+        (name, d, causal, t)
+        for name in args.kernel or KERNELS
+        for d in args.d or (64, 128)
+        for t in (args.half_tiling or [None] if name in TAKES_TILING else [None])
+        for causal in (False, True)
+    ]
     tcol = " tiling NW,MW,BC,CP" if args.half_tiling else ""
-    print(f"{'kernel':<22} {'d':>4} {'causal':>6} {'regs':>5} {'spill st/ld B':>14} {'stack B':>8} {'SASS':>6} "
-          f"{'LDS.v4 (ptx)':>12}  SASS sha256{tcol}")
+    print(
+        f"{'kernel':<22} {'d':>4} {'causal':>6} {'regs':>5} {'spill st/ld B':>14} {'stack B':>8} {'SASS':>6} "
+        f"{'LDS.v4 (ptx)':>12}  SASS sha256{tcol}"
+    )
     with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
         results = pool.map(lambda c: _one(c[0], c[1], c[2], nvd, c[3]), cases)
         for (name, d, causal, t), r in zip(cases, results):
-            print(f"{name:<22} {d:>4} {str(causal):>6} {r['regs']:>5} {str(r['spill_st']) + '/' + str(r['spill_ld']):>14} "
-                  f"{r['stack']:>8} {r['sass']:>6} {r['v4']:>12}  {r['sha']}" + (f" {','.join(map(str, t))}" if t else ""), flush=True)
+            print(
+                f"{name:<22} {d:>4} {str(causal):>6} {r['regs']:>5} "
+                f"{str(r['spill_st']) + '/' + str(r['spill_ld']):>14} "
+                f"{r['stack']:>8} {r['sass']:>6} {r['v4']:>12}  {r['sha']}"
+                + (f" {','.join(map(str, t))}" if t else ""),
+                flush=True,
+            )
             if args.loops:
                 for lp in r["loops"]:
-                    print(f"    loop: {lp['instr']:>5} instructions, HMMA {lp['HMMA']:>3}, LDS {lp['LDS']:>3}, STS {lp['STS']:>3}", flush=True)
+                    print(
+                        f"    loop: {lp['instr']:>5} instructions, HMMA {lp['HMMA']:>3}, LDS {lp['LDS']:>3}, STS "
+                        f"{lp['STS']:>3}",
+                        flush=True,
+                    )
     return 0
 
 

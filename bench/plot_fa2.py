@@ -5,8 +5,8 @@ Usage (from the repository root; needs matplotlib, ``pip install -e ".[plot]"``)
     python -m bench.plot_fa2 docs/results/fa2_h200.json -o docs/results/fa2_h200.png
 
 Panels: TFLOP/s against N for (d = 64, 128) x (non-causal, causal), the forward in the top row and
-forward + backward in the bottom one. Each implementation (``extra_info["algorithm"]``) is a line; the dashed line is the cuBLAS
-SGEMM rate measured in the same run. Device, date and versions come from the JSON's machine_info.
+forward + backward in the bottom one. Each implementation (``extra_info["algorithm"]``) is a line; the dashed line is
+the cuBLAS SGEMM rate measured in the same run. Device, date and versions come from the JSON's machine_info.
 """
 
 from __future__ import annotations
@@ -39,7 +39,14 @@ def main(argv=None):
     fig, grid = plt.subplots(2, len(cells), figsize=(4.4 * len(cells), 8.0), sharey=True)
     axes = list(grid.flat)
     for ax, (pas, d, causal) in zip(axes, panels):
-        _plot.draw_tflops(ax, rows, STYLE, lambda r, pas=pas, d=d, causal=causal: r.get("pass_") == pas and r["d"] == d and bool(r["causal"]) == causal)
+        _plot.draw_tflops(
+            ax,
+            rows,
+            STYLE,
+            lambda r, pas=pas, d=d, causal=causal: (
+                r.get("pass_") == pas and r["d"] == d and bool(r["causal"]) == causal
+            ),
+        )
         if sgemm:
             ax.axhline(sgemm, ls="--", color="k", lw=0.8, label=f"cuBLAS SGEMM {sgemm:.0f}")
         ax.set_title(f"{pas}, d={d}{', causal' if causal else ''}")

@@ -34,15 +34,28 @@ def main(argv=None):
     args = parser().parse_args(argv)
     plt = _plot.pyplot()
     rows, prov = _plot.benchmark_rows(args.json)
-    rows = [r for r in rows if r.get("shape", "fa2_grid") == "fa2_grid"]  # the FA1 Figure 2 shape is a table, not a line
-    lines = [(dt, pas) for pas in ("forward", "fwd+bwd") for dt in ("bfloat16", "float16")
-             if any(r["dtype"] == dt and r.get("pass_") == pas for r in rows)]
+    rows = [r for r in rows if r.get("shape", "fa2_grid") == "fa2_grid"]  # the FA1 Figure 2 shape is a table, not a
+    # line
+    lines = [
+        (dt, pas)
+        for pas in ("forward", "fwd+bwd")
+        for dt in ("bfloat16", "float16")
+        if any(r["dtype"] == dt and r.get("pass_") == pas for r in rows)
+    ]
     panels = [(64, False), (64, True), (128, False), (128, True)]
-    fig, axes = plt.subplots(len(lines), len(panels), figsize=(4.0 * len(panels), 3.9 * len(lines)), sharey=True, squeeze=False)
+    fig, axes = plt.subplots(
+        len(lines), len(panels), figsize=(4.0 * len(panels), 3.9 * len(lines)), sharey=True, squeeze=False
+    )
     for axrow, (dt, pas) in zip(axes, lines):
         for ax, (d, causal) in zip(axrow, panels):
-            _plot.draw_tflops(ax, rows, STYLE, lambda r, dt=dt, pas=pas, d=d, causal=causal: (
-                r["dtype"] == dt and r.get("pass_") == pas and r["d"] == d and bool(r["causal"]) == causal))
+            _plot.draw_tflops(
+                ax,
+                rows,
+                STYLE,
+                lambda r, dt=dt, pas=pas, d=d, causal=causal: (
+                    r["dtype"] == dt and r.get("pass_") == pas and r["d"] == d and bool(r["causal"]) == causal
+                ),
+            )
             ax.set_title(f"{dt} {pas}, d={d}{', causal' if causal else ''}", fontsize=9)
             ax.set_xlabel("N (batch = 16k / N)")
         axrow[0].set_ylabel("TFLOP/s")

@@ -35,7 +35,9 @@ def load(paths):
             lines = [json.loads(line) for line in Path(p).read_text().splitlines() if line.strip()]
             for rec in lines:
                 if "provenance" in rec:
-                    machine = {"numba_flash": dict(rec["provenance"], sgemm_tflops_4096_fp32=rec.get("sgemm_tflops_4096_fp32"))}
+                    machine = {
+                        "numba_flash": dict(rec["provenance"], sgemm_tflops_4096_fp32=rec.get("sgemm_tflops_4096_fp32"))
+                    }
                 else:
                     rows.append(rec)
             continue
@@ -83,8 +85,11 @@ def plot(rows, machine, out, what="forward"):
             ax.set_xlabel("sequence length N")
             ax.grid(True, alpha=0.3)
         ax_t.legend(fontsize=8)
-    fig.suptitle(f"{prov.get('device', '?')} | {prov.get('date_utc', '')} | numba {prov.get('numba', '?')}, "
-                 f"torch {prov.get('torch', '?')}", fontsize=9)
+    fig.suptitle(
+        f"{prov.get('device', '?')} | {prov.get('date_utc', '')} | numba {prov.get('numba', '?')}, "
+        f"torch {prov.get('torch', '?')}",
+        fontsize=9,
+    )
     fig.tight_layout()
     fig.savefig(out, dpi=120)
     return out

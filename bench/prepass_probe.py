@@ -34,10 +34,22 @@ def _time_shape(torch, name, d, n):
     dq = torch.empty(b, n, h, d, device="cuda")
     in_mb = 2 * o.numel() * o.element_size() / 1e6
     dq_mb = dq.numel() * 4 / 1e6
-    rows = [(f"fused, {r} row(s) a warp", in_mb + dq_mb,
-             lambda r=r: _prepass.row_dot(ko, kdo, prob, alloc, dq=dq, kind=kind, rows_per_group=r)) for r in (1, 2, 4, 8)]
-    rows += [(f"D only + zero_, {r} row(s)", in_mb + dq_mb,
-              lambda r=r: (_prepass.row_dot(ko, kdo, prob, alloc, kind=kind, rows_per_group=r), dq.zero_())) for r in (1, 4)]
+    rows = [
+        (
+            f"fused, {r} row(s) a warp",
+            in_mb + dq_mb,
+            lambda r=r: _prepass.row_dot(ko, kdo, prob, alloc, dq=dq, kind=kind, rows_per_group=r),
+        )
+        for r in (1, 2, 4, 8)
+    ]
+    rows += [
+        (
+            f"D only + zero_, {r} row(s)",
+            in_mb + dq_mb,
+            lambda r=r: (_prepass.row_dot(ko, kdo, prob, alloc, kind=kind, rows_per_group=r), dq.zero_()),
+        )
+        for r in (1, 4)
+    ]
     rows.append(("zero_ alone", dq_mb, dq.zero_))
     return [(label, mb, bu.cuda_time_ms(fn, warmup=2, repeats=10, calls=10)[0]) for label, mb, fn in rows]
 

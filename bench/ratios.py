@@ -22,7 +22,8 @@ from bench import _plot
 
 
 def cell_ratios(rows, ours: str, baseline: str, min_n: int = 0) -> dict:
-    """``{(dtype, pass, d, causal): {N: ratio}}`` of the rows of one benchmark JSON (:func:`bench._plot.benchmark_rows`)."""
+    """``{(dtype, pass, d, causal): {N: ratio}}`` of the rows of one benchmark JSON
+    (:func:`bench._plot.benchmark_rows`)."""
     times = {}
     for r in rows:
         if r.get("shape", "fa2_grid") != "fa2_grid" or r["N"] < min_n:
@@ -49,13 +50,17 @@ def format_tables(ratios: dict, ours: str, baseline: str) -> str:
         lines.append(f"## {dtype} {pas}: {baseline} time / {ours} time")
         lines.append(f"{'d':>4} {'causal':>6} " + " ".join(f"{n:>7}" for n in ns))
         for k in keys:
-            lines.append(f"{k[2]:>4} {int(k[3]):>6} " + " ".join(
-                f"{ratios[k][n]:7.2f}" if n in ratios[k] else f"{'':>7}" for n in ns))
+            lines.append(
+                f"{k[2]:>4} {int(k[3]):>6} "
+                + " ".join(f"{ratios[k][n]:7.2f}" if n in ratios[k] else f"{'':>7}" for n in ns)
+            )
         lines.append("")
     cells = [v for k in ratios for v in ratios[k].values()]
     below = sum(v < 1.0 for v in cells)
-    lines.append(f"{below} of {len(cells)} cells below 1.0x {baseline}"
-                 + (f"; range {min(cells):.2f}-{max(cells):.2f}" if cells else ""))
+    lines.append(
+        f"{below} of {len(cells)} cells below 1.0x {baseline}"
+        + (f"; range {min(cells):.2f}-{max(cells):.2f}" if cells else "")
+    )
     return "\n".join(lines)
 
 
@@ -73,7 +78,10 @@ def main(argv=None) -> int:
     args = parser().parse_args(argv)
     rows, prov = _plot.benchmark_rows(args.json)
     commit = re.search(r"commit (\w+)", prov.get("command", ""))
-    print(f"# {args.json}: {prov.get('device', '?')}, {prov.get('date_utc', '?')}, commit {commit.group(1) if commit else '?'}")
+    print(
+        f"# {args.json}: {prov.get('device', '?')}, {prov.get('date_utc', '?')}, commit "
+        f"{commit.group(1) if commit else '?'}"
+    )
     print(format_tables(cell_ratios(rows, args.ours, args.baseline, args.min_n), args.ours, args.baseline))
     return 0
 

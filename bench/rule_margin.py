@@ -48,13 +48,16 @@ def margins(torch, variant: str, draws: int, case=CASE, first: int = 0, base_see
             grads[dtype] = [x.grad.cpu().numpy() for x in xs]
         for deterministic in (False, True):
             xs = [x.detach().clone().requires_grad_(True) for x in (tq, tk, tv)]
-            flash_attn_func(*xs, p, causal=causal, algorithm="flash2", variant=variant, seed=seed,
-                            deterministic=deterministic).backward(dout)
+            flash_attn_func(
+                *xs, p, causal=causal, algorithm="flash2", variant=variant, seed=seed, deterministic=deterministic
+            ).backward(dout)
             for name, x, ref, naive in zip(("dq", "dk", "dv"), xs, grads[torch.float64], grads[torch.float32]):
                 got = x.grad.double().cpu().numpy()
                 bound = 3 * max_err(naive, ref) + ulp_floor(ref)
                 ratio = max_err(got, ref) / bound if np.all(np.isfinite(got)) else np.inf
-                rows.append((draw, deterministic, name, ratio, _where(got, ref, naive, case, name) if ratio > 1 else ""))
+                rows.append(
+                    (draw, deterministic, name, ratio, _where(got, ref, naive, case, name) if ratio > 1 else "")
+                )
     return rows
 
 
@@ -68,9 +71,14 @@ def _where(got, ref, naive, case, name) -> str:
     if name == "dq":
         seen = f"query row {at[1]} sees {max(0, min(s_k, at[1] + s_k - s_q + 1)) if causal else s_k} keys"
     else:
-        seen = f"key {at[1]} is seen by {s_q - max(0, at[1] - (s_k - s_q)) if causal else s_q} rows of each of {h // h_k} query heads"
-    return (f"at {tuple(int(i) for i in at)} ({seen}), ref {ref[at]:.3e}, ours off by "
-            f"{err[at]:.3e}, naive off by {abs(naive[at] - ref[at]):.3e} there and by {max_err(naive, ref):.3e} at most")
+        seen = (
+            f"key {at[1]} is seen by {s_q - max(0, at[1] - (s_k - s_q)) if causal else s_q} rows of each of {h // h_k} "
+            "query heads"
+        )
+    return (
+        f"at {tuple(int(i) for i in at)} ({seen}), ref {ref[at]:.3e}, ours off by "
+        f"{err[at]:.3e}, naive off by {abs(naive[at] - ref[at]):.3e} there and by {max_err(naive, ref):.3e} at most"
+    )
 
 
 def _parse_case(text: str) -> tuple:
@@ -82,10 +90,18 @@ def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--draws", type=int, default=40)
     ap.add_argument("--draws-from", type=int, default=0)
-    ap.add_argument("--seed", type=int, default=1000, help="draw i is seeded SEED + i (a test's own draw: "
-                    "zlib.crc32 of its node id, as tests/conftest.py's rng fixture seeds it, with --draws 1)")
-    ap.add_argument("--case", default=None, help="b,s_q,s_k,h,h_k,d,causal,p (default: the case that failed at 805a132, "
-                    "CASE); causal 0 or 1")
+    ap.add_argument(
+        "--seed",
+        type=int,
+        default=1000,
+        help="draw i is seeded SEED + i (a test's own draw: "
+        "zlib.crc32 of its node id, as tests/conftest.py's rng fixture seeds it, with --draws 1)",
+    )
+    ap.add_argument(
+        "--case",
+        default=None,
+        help="b,s_q,s_k,h,h_k,d,causal,p (default: the case that failed at 805a132, CASE); causal 0 or 1",
+    )
     ap.add_argument("--variants", nargs="+", default=["fast", "tensorcore", "readable"])
     return ap
 
@@ -108,9 +124,12 @@ def main(argv=None) -> int:
                 r = np.array([row[3] for row in sel])
                 above = [row for row in sel if row[3] > 1]
                 worst = max(worst, float(r.max()))
-                print(f"{variant:10s} deterministic={deterministic!s:5s} {name}: ratio median {np.median(r):.3f} "
-                      f"max {r.max():.3f} min {r.min():.3f} over {len(r)} draws; above 1 in draws "
-                      f"{[row[0] for row in above]}", flush=True)
+                print(
+                    f"{variant:10s} deterministic={deterministic!s:5s} {name}: ratio median {np.median(r):.3f} "
+                    f"max {r.max():.3f} min {r.min():.3f} over {len(r)} draws; above 1 in draws "
+                    f"{[row[0] for row in above]}",
+                    flush=True,
+                )
                 for row in above:
                     print(f"    draw {row[0]}: {row[4]}")
     print(f"worst ratio {worst:.3f}")

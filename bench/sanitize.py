@@ -73,19 +73,34 @@ def run(cases, poison: bool) -> int:
         ref_out = standard_attention(q, k, v, causal=causal, dropout_p=p, seed=seed).O
         ref_grads = standard_backward(dout, q, k, v, causal=causal, dropout_p=p, seed=seed)
         for algorithm, variant in pairs():
-            for deterministic in ((False, True) if algorithm == "flash2" else (False,)):
+            for deterministic in (False, True) if algorithm == "flash2" else (False,):
                 t0 = time.perf_counter()
                 with poison_outputs() if poison else contextlib.nullcontext():
-                    out, stats = attention_numpy(q, k, v, p, causal=causal, algorithm=algorithm, variant=variant,
-                                                 block_sizes=bs, seed=seed, return_stats=True)
+                    out, stats = attention_numpy(
+                        q,
+                        k,
+                        v,
+                        p,
+                        causal=causal,
+                        algorithm=algorithm,
+                        variant=variant,
+                        block_sizes=bs,
+                        seed=seed,
+                        return_stats=True,
+                    )
                     grads = attention_backward_numpy(dout, q, k, v, out, stats, deterministic=deterministic)
                 ran |= {(algorithm, "forward", stats.forward.variant), (algorithm, "backward", stats.backward.variant)}
                 errs = [_relative_error(out, ref_out)] + [_relative_error(g, r) for g, r in zip(grads, ref_grads)]
                 ok = max(errs) <= RTOL
-                label = (f"{name:28s} {algorithm:8s} fwd {stats.forward.variant:10s} bwd {stats.backward.variant:8s}"
-                         f"{' deterministic' if deterministic else '':14s}")
-                print(f"{label} max rel err (out, dq, dk, dv) {max(errs):.1e} {time.perf_counter() - t0:6.1f} s "
-                      f"{'ok' if ok else 'WRONG'}", flush=True)
+                label = (
+                    f"{name:28s} {algorithm:8s} fwd {stats.forward.variant:10s} bwd {stats.backward.variant:8s}"
+                    f"{' deterministic' if deterministic else '':14s}"
+                )
+                print(
+                    f"{label} max rel err (out, dq, dk, dv) {max(errs):.1e} {time.perf_counter() - t0:6.1f} s "
+                    f"{'ok' if ok else 'WRONG'}",
+                    flush=True,
+                )
                 if not ok:
                     failures.append(label)
     missing = sorted(set(registry.entries()) - ran)

@@ -52,6 +52,7 @@ def _median_ms(fn, torch, n=20):
 
 def _passes(torch, flash_attn_func, q, k, v, dout, causal) -> dict:
     """One column of the table: fwd, bwd, fb, fb_sync medians and the first backward's host time (ms)."""
+
     def f():
         return flash_attn_func(q, k, v, causal=causal)
 
@@ -79,8 +80,13 @@ def _passes(torch, flash_attn_func, q, k, v, dout, causal) -> dict:
     bonly()
     th = 1e3 * (time.perf_counter() - t0)
     torch.cuda.synchronize()
-    return dict(fwd=_median_ms(f, torch), bwd=_median_ms(bonly, torch), fb=_median_ms(fb, torch),
-                fb_sync=_median_ms(fb_sync, torch), bwd_host=th)
+    return dict(
+        fwd=_median_ms(f, torch),
+        bwd=_median_ms(bonly, torch),
+        fb=_median_ms(fb, torch),
+        fb_sync=_median_ms(fb_sync, torch),
+        bwd_host=th,
+    )
 
 
 def probe(torch):
@@ -94,17 +100,25 @@ def probe(torch):
             for N in (1024, 4096):
                 b, h = 16384 // N, 2048 // d
                 g = torch.Generator(device="cuda").manual_seed(0)
-                q, k, v = (torch.randn(b, N, h, d, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_() for _ in range(3))
+                q, k, v = (
+                    torch.randn(b, N, h, d, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
+                    for _ in range(3)
+                )
                 dout = torch.randn_like(q)
                 res = {}
                 for cp in (True, False):
-                    H.default_features = (lambda cp=cp: {**real(), "CP_ASYNC": cp})
+                    H.default_features = lambda cp=cp: {**real(), "CP_ASYNC": cp}
                     try:
                         res[cp] = _passes(torch, flash_attn_func, q, k, v, dout, causal)
                     finally:
                         H.default_features = real
-                print(f"d={d} causal={causal} N={N}: " + " || ".join(
-                    f"cp={int(cp)} " + " ".join(f"{k}={v:.2f}" for k, v in r.items()) for cp, r in res.items()), flush=True)
+                print(
+                    f"d={d} causal={causal} N={N}: "
+                    + " || ".join(
+                        f"cp={int(cp)} " + " ".join(f"{k}={v:.2f}" for k, v in r.items()) for cp, r in res.items()
+                    ),
+                    flush=True,
+                )
 
 
 def profile(torch):
@@ -187,16 +201,23 @@ def host(torch):
 
     from numba import cuda
 
-    print("NUMBA_CUDA_ARRAY_INTERFACE_SYNC =", os.environ.get("NUMBA_CUDA_ARRAY_INTERFACE_SYNC", "(default)"), flush=True)
-    for dt, mod, conv in ((torch.bfloat16, fa2_forward_half, "to_words"), (torch.float32, fa2_forward_tf32, "to_kernel")):
+    print(
+        "NUMBA_CUDA_ARRAY_INTERFACE_SYNC =", os.environ.get("NUMBA_CUDA_ARRAY_INTERFACE_SYNC", "(default)"), flush=True
+    )
+    for dt, mod, conv in (
+        (torch.bfloat16, fa2_forward_half, "to_words"),
+        (torch.float32, fa2_forward_tf32, "to_kernel"),
+    ):
         for d in (64, 128):
             N, b, h = 1024, 16, 2048 // d
             q, k, v = (torch.randn(b, N, h, d, device="cuda", dtype=dt) for _ in range(3))
             prob = check_attention_args(q, k, v, 0.0, None, False, 0)
             alloc = Allocator(q)
             kq, kk, kv = (getattr(alloc, conv)(x) for x in (q, k, v))
-            print(f"{dt} d={d} N={N} kernel-level  ", _host_timings(lambda: mod.forward(kq, kk, kv, prob, alloc), torch), flush=True)  # noqa: B023
-            print(f"{dt} d={d} N={N} flash_attn_func", _host_timings(lambda: flash_attn_func(q, k, v), torch), flush=True)  # noqa: B023
+            kernel_level = _host_timings(lambda: mod.forward(kq, kk, kv, prob, alloc), torch)  # noqa: B023
+            print(f"{dt} d={d} N={N} kernel-level  ", kernel_level, flush=True)
+            api_level = _host_timings(lambda: flash_attn_func(q, k, v), torch)  # noqa: B023
+            print(f"{dt} d={d} N={N} flash_attn_func", api_level, flush=True)
     x = torch.randn(16, 1024, 32, 64, device="cuda").view(torch.int32)
     for sync in (True, False):
         t0 = time.perf_counter()
@@ -214,7 +235,11 @@ def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     how = ap.add_mutually_exclusive_group()
     how.add_argument("--profile", action="store_true", help="host time per call and a cProfile at N = 1024, d = 64")
-    how.add_argument("--host", action="store_true", help="the forward at N = 1024: kernel level against flash_attn_func, host and GPU")
+    how.add_argument(
+        "--host",
+        action="store_true",
+        help="the forward at N = 1024: kernel level against flash_attn_func, host and GPU",
+    )
     return ap
 
 

@@ -1,4 +1,5 @@
-"""Which tests of a GPU suite ran, in one or more pytest logs: counts by outcome, and the collected tests no log reports.
+"""Which tests of a GPU suite ran, in one or more pytest logs: counts by outcome, and the collected tests no log
+reports.
 
 A GPU suite larger than one call of the device tool runs in parts (``bench/gpu/run_suite.sh``'s parts, then the tests a
 cut part did not reach, by node id). This reads the parts' verbose logs (``pytest -v``, with or without pytest-xdist)
@@ -7,7 +8,7 @@ outcome. So "the suite ran at commit X" is a count from a command, and the tests
 
 Run from the repository root::
 
-    python -m bench.suite_account OUTDIR/gpu_suite_kernels_a.log OUTDIR/gpu_suite_kernels_b.log --collected collected.txt
+    python -m bench.suite_account OUT/gpu_suite_kernels_a.log OUT/gpu_suite_kernels_b.log --collected ids.txt
 
 (``collected.txt``: ``pytest --collect-only -q tests/kernels``; the run at 3c239e5 read
 ``docs/results/gpu_runs/gpu_suite_kernels_*_h200_3c239e5*.log`` and ``gpu_collect_kernels_h200_3c239e5.txt``, last in
@@ -49,7 +50,10 @@ def account(reported: dict, collected=None) -> dict:
     """Counts by final outcome (a test's last report), the failed ids (FAILED, ERROR, and XPASS: an expected failure
     that passed), and, given the ``collected`` ids, those no log reports and those reported but not collected."""
     final = {k: v[-1] for k, v in reported.items()}
-    out = {"counts": Counter(final.values()), "failed": sorted(k for k, v in final.items() if v in ("FAILED", "ERROR", "XPASS"))}
+    out = {
+        "counts": Counter(final.values()),
+        "failed": sorted(k for k, v in final.items() if v in ("FAILED", "ERROR", "XPASS")),
+    }
     if collected is not None:
         ids = set(collected)
         out["unrun"] = sorted(ids - set(final))
@@ -67,7 +71,9 @@ def _lines(paths):
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("logs", nargs="+", help="pytest -v logs, in the order they ran (a later report of a test wins)")
-    p.add_argument("--collected", action="append", default=[], help="pytest --collect-only -q output (node ids); repeatable")
+    p.add_argument(
+        "--collected", action="append", default=[], help="pytest --collect-only -q output (node ids); repeatable"
+    )
     return p
 
 
@@ -81,13 +87,18 @@ def main(argv=None) -> int:
             with open(path, encoding="utf-8") as fh:
                 collected += [line.strip() for line in fh if "::" in line]
     got = account(reported, collected)
-    print(f"reported: {sum(got['counts'].values())} tests in {len(args.logs)} logs: "
-          + ", ".join(f"{n} {k.lower()}" for k, n in sorted(got["counts"].items())))
+    print(
+        f"reported: {sum(got['counts'].values())} tests in {len(args.logs)} logs: "
+        + ", ".join(f"{n} {k.lower()}" for k, n in sorted(got["counts"].items()))
+    )
     for k in got["failed"]:
         print(f"  failed: {k}")
     if collected is not None:
-        print(f"collected: {len(set(collected))}; no outcome in any log: {len(got['unrun'])}; reported but not collected: "
-              f"{len(got['extra'])}")
+        print(
+            f"collected: {len(set(collected))}; no outcome in any log: {len(got['unrun'])}; reported but not "
+            "collected: "
+            f"{len(got['extra'])}"
+        )
         for k in got["unrun"]:
             print(f"  unrun: {k}")
         for k in got["extra"]:

@@ -12,8 +12,8 @@ file that grows is visible in the diff of the next record.
 ``--plan`` prints the rule of ``tests/quick_tier.py`` applied to the run: for each test of
 ``tests/kernels/`` (barrier and grid-limit tests excepted) whose cases took 15 s or more in all, one case per
 kernel (the ids' kernel tokens: readable, fast, tensorcore0..2, fp16, bf16, atomic, deterministic, the
-algorithm), the cheapest, and every case of a readable kernel; for the head-dim test the d = 256 cases. The other cases are the exhaustive tier:
-skipped in the simulator unless ``--runslow``, always run on a GPU.
+algorithm), the cheapest, and every case of a readable kernel; for the head-dim test the d = 256 cases. The other cases
+are the exhaustive tier: skipped in the simulator unless ``--runslow``, always run on a GPU.
 """
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ import sys
 import xml.etree.ElementTree as ET
 
 #: Tokens of a parametrize id that name a kernel (or a kernel's mode): the quick tier keeps one case of each.
-KERNEL_TOKENS = frozenset({"readable", "fast", "standard", "flash1", "flash2", "fp16", "bf16", "atomic",
-                           "deterministic"})
+KERNEL_TOKENS = frozenset(
+    {"readable", "fast", "standard", "flash1", "flash2", "fp16", "bf16", "atomic", "deterministic"}
+)
 _TENSORCORE = re.compile(r"tensorcore\d*$")
 PLAN_MIN_SECONDS = 15.0
 
@@ -54,8 +55,15 @@ def cases(junit: str) -> list[dict]:
     for tc in ET.parse(junit).iter("testcase"):
         name = tc.get("name")
         function, _, rest = name.partition("[")
-        out.append({"path": _path(tc.get("classname")), "function": function, "id": rest[:-1] if rest else "",
-                    "seconds": float(tc.get("time") or 0.0), "skipped": tc.find("skipped") is not None})
+        out.append(
+            {
+                "path": _path(tc.get("classname")),
+                "function": function,
+                "id": rest[:-1] if rest else "",
+                "seconds": float(tc.get("time") or 0.0),
+                "skipped": tc.find("skipped") is not None,
+            }
+        )
     return out
 
 
@@ -65,7 +73,9 @@ def per_file(rows) -> dict:
         f = files[r["path"]]
         f["seconds"] += r["seconds"]
         f["skipped" if r["skipped"] else "ran"] += 1
-    return {k: {**v, "seconds": round(v["seconds"], 2)} for k, v in sorted(files.items(), key=lambda kv: -kv[1]["seconds"])}
+    return {
+        k: {**v, "seconds": round(v["seconds"], 2)} for k, v in sorted(files.items(), key=lambda kv: -kv[1]["seconds"])
+    }
 
 
 def _kernel_key(case_id: str) -> tuple:
@@ -80,8 +90,13 @@ def plan(rows) -> dict[str, list[str]]:
             tests[(r["path"], r["function"])].append(r)
     keep = {}
     for (path, function), rs in tests.items():
-        if (not path.startswith("tests/kernels/") or "barriers" in path or "launch_limits" in path
-                or len(rs) < 2 or sum(r["seconds"] for r in rs) < PLAN_MIN_SECONDS):
+        if (
+            not path.startswith("tests/kernels/")
+            or "barriers" in path
+            or "launch_limits" in path
+            or len(rs) < 2
+            or sum(r["seconds"] for r in rs) < PLAN_MIN_SECONDS
+        ):
             continue
         if "head_dims" in path:
             kept = sorted(r["id"] for r in rs if r["id"].startswith("256-"))
@@ -90,7 +105,8 @@ def plan(rows) -> dict[str, list[str]]:
             for r in rs:
                 by[_kernel_key(r["id"])].append(r)
             kept = {min(g, key=lambda r: r["seconds"])["id"] for g in by.values()}
-            # every case of a readable kernel stays (they cost a second or less, and the bug gallery's tests are among them)
+            # every case of a readable kernel stays (they cost a second or less, and the bug gallery's tests are among
+            # them)
             kept = sorted(kept | {r["id"] for r in rs if "readable" in r["id"].split("-")})
         if len(kept) < len(rs):
             keep[f"{path}::{function}"] = kept
@@ -108,17 +124,26 @@ def main(argv=None) -> int:
     if args.out:
         from bench import common
 
-        record = {"provenance": common.provenance(), "junit": args.junit, "total_seconds": round(total, 1),
-                  "files": files}
+        record = {
+            "provenance": common.provenance(),
+            "junit": args.junit,
+            "total_seconds": round(total, 1),
+            "files": files,
+        }
         with open(args.out, "w") as fh:
             json.dump(record, fh, indent=1)
             fh.write("\n")
         print(f"wrote {args.out}")
     if args.plan:
         keep = plan(rows)
-        saved = sum(r["seconds"] for r in rows if f"{r['path']}::{r['function']}" in keep
-                    and r["id"] not in keep[f"{r['path']}::{r['function']}"])
-        print(f"\n# quick tier: {len(keep)} tests, {saved:.0f} s of {total:.0f} s to the exhaustive tier", file=sys.stderr)
+        saved = sum(
+            r["seconds"]
+            for r in rows
+            if f"{r['path']}::{r['function']}" in keep and r["id"] not in keep[f"{r['path']}::{r['function']}"]
+        )
+        print(
+            f"\n# quick tier: {len(keep)} tests, {saved:.0f} s of {total:.0f} s to the exhaustive tier", file=sys.stderr
+        )
         print(json.dumps(keep, indent=1))
     return 0
 

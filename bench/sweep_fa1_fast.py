@@ -31,8 +31,12 @@ from bench import common as bu
 #: (label, config (NW, WS, TM, TPR, BCC, NCH) without DP); None config = the default. (A "TM 4, 12 warps, cap 168"
 #: candidate with a 168-register cap, the kernel's MAXREG, last lived in commit 6c5fdf8.)
 CANDIDATES = {
-    64: [("default", None), ("Bc 64 (NCH 1)", (8, 32, 8, 8, 64, 1)), ("TM 4, Br 16", (8, 32, 4, 8, 64, 2)),
-         ("4 warps", (4, 32, 8, 8, 64, 2))],
+    64: [
+        ("default", None),
+        ("Bc 64 (NCH 1)", (8, 32, 8, 8, 64, 1)),
+        ("TM 4, Br 16", (8, 32, 4, 8, 64, 2)),
+        ("4 warps", (4, 32, 8, 8, 64, 2)),
+    ],
     128: [("default", None), ("Bc 64 (NCH 2)", (8, 32, 4, 8, 32, 2))],
 }
 
@@ -51,7 +55,10 @@ def dry_run(seqlen, d, causal, only_default):
     prob = bu.fa2_problem(seqlen, d, causal)
     for label, cfg in _candidates(d, only_default):
         kernel, grid, nt, nbytes, used = alg1_forward_fast.plan(prob, None, _config(cfg, d))
-        print(f"d={d} N={seqlen} causal={int(causal)} {label:26} config {used} threads {nt} dynamic SRAM {nbytes / 1024:.1f} KB, {grid[0]} blocks")
+        print(
+            f"d={d} N={seqlen} causal={int(causal)} {label:26} config {used} threads {nt} dynamic SRAM "
+            f"{nbytes / 1024:.1f} KB, {grid[0]} blocks"
+        )
     return 0
 
 
@@ -91,6 +98,7 @@ def main(argv=None):
     for label, cfg, variant in runs:
         try:
             if variant == "readable":
+
                 def fn():
                     return alg1_forward.forward(qk, kk, vk, prob, alloc)
 
@@ -108,14 +116,28 @@ def main(argv=None):
             t = bu.time_median(fn, warmup=1, repeats=args.repeats)
             out = alloc.result(fn().out)
             err = float((out - ref).abs().max())
-            row = dict(label=label, variant=variant, N=n, d=d, causal=args.causal, ms=t * 1e3, tflops=bu.tflops(flops, t), max_err_vs_torch=err, **attrs)
+            row = dict(
+                label=label,
+                variant=variant,
+                N=n,
+                d=d,
+                causal=args.causal,
+                ms=t * 1e3,
+                tflops=bu.tflops(flops, t),
+                max_err_vs_torch=err,
+                **attrs,
+            )
         except Exception as exc:  # keep sweeping
-            row = dict(label=label, variant=variant, N=n, d=d, causal=args.causal, error=f"{type(exc).__name__}: {exc}"[:300])
+            row = dict(
+                label=label, variant=variant, N=n, d=d, causal=args.causal, error=f"{type(exc).__name__}: {exc}"[:300]
+            )
         rows.append(row)
         print(json.dumps(row, default=str), flush=True)
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump(dict(provenance=bu.provenance(), sgemm_tflops=bu.sgemm_tflops(), rows=rows), fh, indent=1, default=str)
+            json.dump(
+                dict(provenance=bu.provenance(), sgemm_tflops=bu.sgemm_tflops(), rows=rows), fh, indent=1, default=str
+            )
     return 0
 
 

@@ -31,13 +31,30 @@ from bench import common as bu
 
 #: (Br, Bc, (TY, TX), shuffles) candidates per head dim; the default rule's choice comes first.
 CANDIDATES = {
-    64: [(None, None, (8, 16), True), (32, 48, (16, 16), True), (32, 48, (32, 16), True), (16, 64, (16, 16), True),
-         (32, 32, (32, 16), True), (16, 64, (8, 16), True), (24, 48, (8, 16), False), (16, 64, (4, 32), True)],
-    128: [(None, None, (8, 16), True), (16, 24, (16, 16), True), (16, 24, (16, 8), True), (16, 16, (16, 16), True),
-          (8, 32, (8, 32), True)],
+    64: [
+        (None, None, (8, 16), True),
+        (32, 48, (16, 16), True),
+        (32, 48, (32, 16), True),
+        (16, 64, (16, 16), True),
+        (32, 32, (32, 16), True),
+        (16, 64, (8, 16), True),
+        (24, 48, (8, 16), False),
+        (16, 64, (4, 32), True),
+    ],
+    128: [
+        (None, None, (8, 16), True),
+        (16, 24, (16, 16), True),
+        (16, 24, (16, 8), True),
+        (16, 16, (16, 16), True),
+        (8, 32, (8, 32), True),
+    ],
 }
 #: Alternative tilings of the standard path's two GEMMs.
-GEMM_TILES = (MatmulTiles(16, 16, 4, 4, 16, max_registers=128), MatmulTiles(16, 16, 4, 4, 8), MatmulTiles(16, 16, 8, 4, 8, max_registers=255))
+GEMM_TILES = (
+    MatmulTiles(16, 16, 4, 4, 16, max_registers=128),
+    MatmulTiles(16, 16, 4, 4, 8),
+    MatmulTiles(16, 16, 8, 4, 8, max_registers=255),
+)
 
 
 def candidates(d):
@@ -72,12 +89,25 @@ def sweep(seqlen, headdim, repeats=5):
     rows = []
 
     def record(name, seconds, fl, kernel=None, threads=None, blocks=None, err=None, **extra):
-        row = dict(name=name, N=n, d=d, batch=b, nheads=h, ms=seconds * 1e3, tflops=bu.tflops(fl, seconds), max_err_vs_torch=err, **extra)
+        row = dict(
+            name=name,
+            N=n,
+            d=d,
+            batch=b,
+            nheads=h,
+            ms=seconds * 1e3,
+            tflops=bu.tflops(fl, seconds),
+            max_err_vs_torch=err,
+            **extra,
+        )
         if kernel is not None:
             row.update(_inspect.kernel_report(kernel, threads, grid_blocks=blocks))
         rows.append(row)
-        print(f"{name:44s} {row['ms']:9.2f} ms {row['tflops']:6.2f} TFLOP/s  regs={row.get('regs_per_thread')} "
-              f"smem={row.get('shared_mem_per_block')} occ={row.get('occupancy')} err={err}", flush=True)
+        print(
+            f"{name:44s} {row['ms']:9.2f} ms {row['tflops']:6.2f} TFLOP/s  regs={row.get('regs_per_thread')} "
+            f"smem={row.get('shared_mem_per_block')} occ={row.get('occupancy')} err={err}",
+            flush=True,
+        )
 
     for Br, Bc, threads, shuffles in candidates(d):
         bs = None if Br is None else (Br, Bc)
@@ -90,15 +120,33 @@ def sweep(seqlen, headdim, repeats=5):
 
         def fa1(bs=bs, threads=threads, shuffles=shuffles, state=state):
             alloc = Allocator(q)
-            fwd, kern, tiles, _ = alg1_forward.launch(alloc.to_kernel(q), alloc.to_kernel(k), alloc.to_kernel(v), prob, alloc,
-                                                      block_sizes=bs, threads=threads, shuffles=shuffles)
+            fwd, kern, tiles, _ = alg1_forward.launch(
+                alloc.to_kernel(q),
+                alloc.to_kernel(k),
+                alloc.to_kernel(v),
+                prob,
+                alloc,
+                block_sizes=bs,
+                threads=threads,
+                shuffles=shuffles,
+            )
             state.update(kern=kern, tiles=tiles, out=alloc.result(fwd.out))
             return fwd
 
         t = bu.time_median(fa1, warmup=1, repeats=repeats)
         err = float((state["out"] - ref).abs().max())
-        record(f"flash1 tiles={state['tiles']} threads={threads} shfl={int(shuffles)}", t, flops, state["kern"],
-               threads[0] * threads[1], b * h, err, tiles=list(state["tiles"]), layout=list(threads), shuffles=shuffles)
+        record(
+            f"flash1 tiles={state['tiles']} threads={threads} shfl={int(shuffles)}",
+            t,
+            flops,
+            state["kern"],
+            threads[0] * threads[1],
+            b * h,
+            err,
+            tiles=list(state["tiles"]),
+            layout=list(threads),
+            shuffles=shuffles,
+        )
 
     # The standard path, whole and launch by launch.
     t = bu.time_median(lambda: alg0_standard.forward(q, k, v, prob, Allocator(q)), warmup=1, repeats=repeats)
@@ -108,7 +156,11 @@ def sweep(seqlen, headdim, repeats=5):
     _standard_launches(q, k, v, prob, flops, repeats, record)
     bu.free_memory()
     record("torch naive", bu.time_median(lambda: bu.torch_naive_attention(q, k, v), warmup=1, repeats=repeats), flops)
-    record("torch SDPA mem-efficient", bu.time_median(lambda: bu.torch_sdpa_mem_efficient(q, k, v), warmup=1, repeats=repeats), flops)
+    record(
+        "torch SDPA mem-efficient",
+        bu.time_median(lambda: bu.torch_sdpa_mem_efficient(q, k, v), warmup=1, repeats=repeats),
+        flops,
+    )
     return rows
 
 
@@ -121,7 +173,17 @@ def _standard_launches(q, k, v, prob, flops, repeats, record):
     o = torch.empty_like(q)
 
     def qk(tiles=None):
-        return matmul(q, k, S, a_layout="bshd", b_layout="bshd", c_layout="bhst", trans_b=True, alpha=prob.softmax_scale, tiles=tiles)
+        return matmul(
+            q,
+            k,
+            S,
+            a_layout="bshd",
+            b_layout="bshd",
+            c_layout="bhst",
+            trans_b=True,
+            alpha=prob.softmax_scale,
+            tiles=tiles,
+        )
 
     def pv(tiles=None):
         return matmul(S, v, o, a_layout="bhst", b_layout="bshd", c_layout="bshd", tiles=tiles)
@@ -138,10 +200,20 @@ def _standard_launches(q, k, v, prob, flops, repeats, record):
         record(f"  variant O = PV {tiles}", t_v, flops / 2, kv, tiles.threads, pv_launch.blocks * 64 // tiles.BM)
     sm = alg0_standard.row_softmax_kernel(alg0_standard.SOFTMAX_THREADS, alg0_standard.SOFTMAX_ROWS)
     grid = (-(-n // alg0_standard.SOFTMAX_ROWS), b * h)
-    t_sm = bu.time_median(lambda: sm[grid, (alg0_standard.SOFTMAX_THREADS, alg0_standard.SOFTMAX_ROWS)](S, m, l, lse),
-                          warmup=1, repeats=repeats)
-    record("  standard L2: P = softmax(S)", t_sm, 0.0, softmax_launch.dispatcher, softmax_launch.threads, softmax_launch.blocks,
-           gb_per_s=3 * S.numel() * 4 / t_sm / 1e9)
+    t_sm = bu.time_median(
+        lambda: sm[grid, (alg0_standard.SOFTMAX_THREADS, alg0_standard.SOFTMAX_ROWS)](S, m, l, lse),
+        warmup=1,
+        repeats=repeats,
+    )
+    record(
+        "  standard L2: P = softmax(S)",
+        t_sm,
+        0.0,
+        softmax_launch.dispatcher,
+        softmax_launch.threads,
+        softmax_launch.blocks,
+        gb_per_s=3 * S.numel() * 4 / t_sm / 1e9,
+    )
     t_pv = bu.time_median(pv, warmup=1, repeats=repeats)
     record("  standard L3: O = PV", t_pv, flops / 2, pv_launch.dispatcher, pv_launch.threads, pv_launch.blocks)
 

@@ -47,7 +47,11 @@ from bench.fa2_bwd_sweep import check_backward, emit, failed
 #: no spill, 16/20 B; ``docs/results/sweeps/offline_tf32_bwd_cp_async.txt``, last in the tree at e0e5a9b).
 CP = {"CP_ASYNC": True}
 #: The default tiling with the causal blocks in their launch order (``HEAVY_FIRST`` off), beside the default.
-DEFAULT_ORDER = {"default": (None, {}), "default-hf0": (None, {"HEAVY_FIRST": False}), "default-hf1": (None, {"HEAVY_FIRST": True})}
+DEFAULT_ORDER = {
+    "default": (None, {}),
+    "default-hf0": (None, {"HEAVY_FIRST": False}),
+    "default-hf1": (None, {"HEAVY_FIRST": True}),
+}
 #: S in the order of the forward's ``WIDE`` (the forward then runs with it too), and at d = 128 the default tiling with
 #: two cp.async stages, which fits with WIDE's unpadded rows (225 KB; 236 KB padded)
 WIDE = {"default-wide": (None, {"WIDE": True}), "default-nowide": (None, {"WIDE": False})}
@@ -55,18 +59,41 @@ WIDE = {"default-wide": (None, {"WIDE": True}), "default-nowide": (None, {"WIDE"
 DQ_UNROLL = {f"default-dqu{u}": (None, {"DQ_UNROLL": u}) for u in (1, 2, 4)}
 #: line 6's K_j, V_j through registers (the former load) or by cp.async (KV_ASYNC, 2026-11-27)
 KV_ASYNC = {f"default-kv{int(a)}": (None, {"KV_ASYNC": a}) for a in (False, True)}
-#: Q_i, dO_i split into their tf32 parts once per step in SRAM (SPLIT_QDO, 2026-11-28: WIDE only, so d = 128) or by every warp
+#: Q_i, dO_i split into their tf32 parts once per step in SRAM (SPLIT_QDO, 2026-11-28: WIDE only, so d = 128) or by
+#: every warp
 SPLIT_QDO = {f"default-sq{int(a)}": (None, {"SPLIT_QDO": a, "QDO_PAIRS": False}) for a in (False, True)}
 #: ... with its parts as the A-fragment quads of row pairs (QDO_PAIRS, 2026-11-28)
 SPLIT_QDO["default-sq1-pairs"] = (None, {"SPLIT_QDO": True, "QDO_PAIRS": True})
 TILINGS = {
-    64: {"ffma": ("ffma", {}), "8x1-Br64": ((8, 1, 64), {}), "8x1-Br32": ((8, 1, 32), {}), "4x1-Br32": ((4, 1, 32), {}),
-         "8x1-Br64-cp": ((8, 1, 64), CP), "4x1-Br32-cp": ((4, 1, 32), CP),
-         "8x1-Br32-cp": ((8, 1, 32), CP), **DEFAULT_ORDER, **WIDE, **DQ_UNROLL, **KV_ASYNC},
-    128: {"ffma": ("ffma", {}), "8x1-Br16": ((8, 1, 16), {}), "4x1-Br16": ((4, 1, 16), {}), "8x1-Br32": ((8, 1, 32), {}),
-          "8x1-Br16-cp": ((8, 1, 16), CP), "4x1-Br32-cp": ((4, 1, 32), CP), **DEFAULT_ORDER, **WIDE, **DQ_UNROLL, **KV_ASYNC, **SPLIT_QDO,
-          "8x1-Br32-cp-wide": ((8, 1, 32), {**CP, "WIDE": True}), "8x1-Br16-cp-wide": ((8, 1, 16), {**CP, "WIDE": True}),
-          "4x1-Br32-cp-wide": ((4, 1, 32), {**CP, "WIDE": True})},
+    64: {
+        "ffma": ("ffma", {}),
+        "8x1-Br64": ((8, 1, 64), {}),
+        "8x1-Br32": ((8, 1, 32), {}),
+        "4x1-Br32": ((4, 1, 32), {}),
+        "8x1-Br64-cp": ((8, 1, 64), CP),
+        "4x1-Br32-cp": ((4, 1, 32), CP),
+        "8x1-Br32-cp": ((8, 1, 32), CP),
+        **DEFAULT_ORDER,
+        **WIDE,
+        **DQ_UNROLL,
+        **KV_ASYNC,
+    },
+    128: {
+        "ffma": ("ffma", {}),
+        "8x1-Br16": ((8, 1, 16), {}),
+        "4x1-Br16": ((4, 1, 16), {}),
+        "8x1-Br32": ((8, 1, 32), {}),
+        "8x1-Br16-cp": ((8, 1, 16), CP),
+        "4x1-Br32-cp": ((4, 1, 32), CP),
+        **DEFAULT_ORDER,
+        **WIDE,
+        **DQ_UNROLL,
+        **KV_ASYNC,
+        **SPLIT_QDO,
+        "8x1-Br32-cp-wide": ((8, 1, 32), {**CP, "WIDE": True}),
+        "8x1-Br16-cp-wide": ((8, 1, 16), {**CP, "WIDE": True}),
+        "4x1-Br32-cp-wide": ((4, 1, 32), {**CP, "WIDE": True}),
+    },
 }
 
 
@@ -80,7 +107,9 @@ def run_backward(cfg, feats, q, k, v, dout, causal):
     prob = check_attention_args(q, k, v, 0.0, None, causal, 0)
     alloc = Allocator(q)
     kq, kk, kv, kdo = (alloc.to_kernel(x) for x in (q, k, v, dout))
-    fwd = fa2_forward_tf32.forward(kq, kk, kv, prob, alloc, features={"WIDE": feats["WIDE"]} if "WIDE" in feats else None)
+    fwd = fa2_forward_tf32.forward(
+        kq, kk, kv, prob, alloc, features={"WIDE": feats["WIDE"]} if "WIDE" in feats else None
+    )
 
     def bwd():
         if cfg == "ffma":
@@ -98,13 +127,20 @@ def resources(cfg, feats, prob):
         main, _, _, _, (nt, _), (nbytes, _) = T.plan(prob, config=_config(cfg, prob.headdim), features=feats)
     res = _inspect.kernel_resources(main)
     smem = (res["shared_mem_per_block"] or 0) + nbytes
-    return dict(threads=nt, regs=res["regs_per_thread"], smem=smem, local=res["local_mem_per_thread"],
-                **_inspect.theoretical_occupancy(res["regs_per_thread"], smem, nt))
+    return dict(
+        threads=nt,
+        regs=res["regs_per_thread"],
+        smem=smem,
+        local=res["local_mem_per_thread"],
+        **_inspect.theoretical_occupancy(res["regs_per_thread"], smem, nt),
+    )
 
 
 def check(tilings, d, log):
     """:func:`bench.fa2_bwd_sweep.check_backward` of the tilings (the 3x rule against torch float64)."""
-    return check_backward({name: functools.partial(run_backward, cfg, feats) for name, (cfg, feats) in tilings.items()}, d, log)
+    return check_backward(
+        {name: functools.partial(run_backward, cfg, feats) for name, (cfg, feats) in tilings.items()}, d, log
+    )
 
 
 def time_backward(tilings, n, d, causal, repeats, rows, log, rounds=1):
@@ -120,7 +156,9 @@ def time_backward(tilings, n, d, causal, repeats, rows, log, rounds=1):
     dout = torch.randn_like(q)
     flops = bu.flops_backward(b, h, n, n, d, causal)
     items = list(tilings.items())
-    for rnd, (name, (cfg, feats)) in ((r, items[(r - 1 + i) % len(items)]) for r in range(1, rounds + 1) for i in range(len(items))):
+    for rnd, (name, (cfg, feats)) in (
+        (r, items[(r - 1 + i) % len(items)]) for r in range(1, rounds + 1) for i in range(len(items))
+    ):
         row = dict(pass_="bwd", impl=name, N=n, d=d, batch=b, nheads=h, causal=causal, round=rnd)
         try:
             bwd, alloc = run_backward(cfg, feats, q, k, v, dout, causal)
@@ -173,10 +211,16 @@ def time_fwd_bwd(n, d, causal, repeats, rows, log):
 
 
 def _line(r):
-    head = f"{r['pass_']:8} {r['impl']:20} {r['N']:>6} {r['d']:>4} {int(r['causal'])}" + (f" r{r['round']}" if "round" in r else "")
+    head = f"{r['pass_']:8} {r['impl']:20} {r['N']:>6} {r['d']:>4} {int(r['causal'])}" + (
+        f" r{r['round']}" if "round" in r else ""
+    )
     if "error" in r:
         return f"{head} ERROR {r['error'][:100]}"
-    extra = f" regs {r['regs']} smem {r['smem'] / 1024:.1f}KB local {r['local']} blocks/SM {r.get('blocks_per_sm')}" if "regs" in r else ""
+    extra = (
+        f" regs {r['regs']} smem {r['smem'] / 1024:.1f}KB local {r['local']} blocks/SM {r.get('blocks_per_sm')}"
+        if "regs" in r
+        else ""
+    )
     return f"{head} {r['ms']:9.3f} ms {r['tflops']:6.2f} TFLOP/s{extra}"
 
 
@@ -208,10 +252,19 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--headdims", type=int, nargs="+", default=[64, 128])
     ap.add_argument("--tilings", nargs="*", default=None, help="names to keep (default: all of TILINGS)")
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--rounds", type=int, default=1,
-                    help="time the backward cells this many times over, the tilings alternating, round r from the r-th (one compilation)")
-    ap.add_argument("--no-fwdbwd", action="store_true", help="skip the flash_attn_func / SDPA / naive forward+backward cells")
-    ap.add_argument("--wait-pid", type=int, default=None, help="compile first, then wait for this process to exit before timing")
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="time the backward cells this many times over, the tilings alternating, round r from the r-th (one "
+        "compilation)",
+    )
+    ap.add_argument(
+        "--no-fwdbwd", action="store_true", help="skip the flash_attn_func / SDPA / naive forward+backward cells"
+    )
+    ap.add_argument(
+        "--wait-pid", type=int, default=None, help="compile first, then wait for this process to exit before timing"
+    )
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "tf32_bwd_sweep.json"))
     ap.add_argument("--dry-run", action="store_true", help="list each tiling's threads and SRAM; run nothing")
     return ap
@@ -256,7 +309,11 @@ def main(argv=None):
         tilings = _select(d, args.tilings)
         checks[d] = check(tilings, d, log)
         for name, res in checks[d].items():
-            print(f"check d={d} {name:14} " + " ".join(("ok" if r["ok"] else "FAIL") + f"({r['err']:.1e}/{r['naive32_err']:.1e})" for r in res), flush=True)
+            print(
+                f"check d={d} {name:14} "
+                + " ".join(("ok" if r["ok"] else "FAIL") + f"({r['err']:.1e}/{r['naive32_err']:.1e})" for r in res),
+                flush=True,
+            )
         for n in args.seqlens:
             for causal in (False, True):
                 time_backward(tilings, n, d, causal, args.repeats, rows, log, args.rounds)

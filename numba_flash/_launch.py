@@ -181,11 +181,33 @@ def _check_key(q, k, v, dropout_p, softmax_scale, causal, seed):
     torch = sys.modules.get("torch")
     if torch is None or type(q) is not torch.Tensor or type(k) is not torch.Tensor or type(v) is not torch.Tensor:
         return None
-    if (type(dropout_p) not in _PLAIN or type(softmax_scale) not in _PLAIN or type(causal) not in _PLAIN
-            or type(seed) not in _PLAIN or torch.compiler.is_compiling()):
+    if (
+        type(dropout_p) not in _PLAIN
+        or type(softmax_scale) not in _PLAIN
+        or type(causal) not in _PLAIN
+        or type(seed) not in _PLAIN
+        or torch.compiler.is_compiling()
+    ):
         return None
-    return (q.dtype, q.shape, q.device, k.dtype, k.shape, k.device, v.dtype, v.shape, v.device,
-            type(dropout_p), dropout_p, type(softmax_scale), softmax_scale, type(causal), causal, type(seed), seed)
+    return (
+        q.dtype,
+        q.shape,
+        q.device,
+        k.dtype,
+        k.shape,
+        k.device,
+        v.dtype,
+        v.shape,
+        v.device,
+        type(dropout_p),
+        dropout_p,
+        type(softmax_scale),
+        softmax_scale,
+        type(causal),
+        causal,
+        type(seed),
+        seed,
+    )
 
 
 def check_attention_args(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, seed=0) -> Problem:
@@ -193,8 +215,8 @@ def check_attention_args(q, k, v, dropout_p=0.0, softmax_scale=None, causal=Fals
 
     Calls on torch tensors with plain Python options are remembered (:data:`MAX_CHECKED` of them): a call whose
     inputs have the dtypes, shapes and devices and whose options the values and types of one checked before gets
-    that call's :class:`Problem` back without the check (9-16 us of an H100 host's time a call; a remembered one 2-3 us). A call
-    that fails the check is never remembered."""
+    that call's :class:`Problem` back without the check (9-16 us of an H100 host's time a call; a remembered one 2-3
+    us). A call that fails the check is never remembered."""
     key = _check_key(q, k, v, dropout_p, softmax_scale, causal, seed)
     if key is not None:
         prob = _checked.get(key)
@@ -214,7 +236,9 @@ def _check_attention_args(q, k, v, dropout_p, softmax_scale, causal, seed) -> Pr
         if not hasattr(x, "shape") or not hasattr(x, "dtype"):
             raise TypeError(f"{name} must be an array or tensor, got {type(x).__name__}")
         if len(x.shape) != 4:
-            raise ValueError(f"{name} must have 4 dimensions (batch, seqlen, nheads, headdim), got shape {tuple(x.shape)}")
+            raise ValueError(
+                f"{name} must have 4 dimensions (batch, seqlen, nheads, headdim), got shape {tuple(x.shape)}"
+            )
         dts.append(_dtype_name(x))
         if dts[-1] not in _FLOAT_NAMES:
             raise TypeError(f"{name} must be float16, bfloat16, float32 or float64, got {dts[-1]}")
@@ -248,16 +272,20 @@ def _check_attention_args(q, k, v, dropout_p, softmax_scale, causal, seed) -> Pr
     else:
         tau = real_scalar(softmax_scale)
         if tau is None:
-            raise TypeError("softmax_scale must be a real number (int, float, NumPy scalar, 0-d array or 0-d tensor) "
-                            f"or None, got {_describe_scalar(softmax_scale)}")
+            raise TypeError(
+                "softmax_scale must be a real number (int, float, NumPy scalar, 0-d array or 0-d tensor) "
+                f"or None, got {_describe_scalar(softmax_scale)}"
+            )
         if not math.isfinite(tau) or tau <= 0:
             raise ValueError(f"softmax_scale must be finite and positive, got {softmax_scale!r}")
         with np.errstate(over="ignore"):  # the overflow is the case this checks
             tau32 = float(np.float32(tau))  # the kernels scale in float32: a finite float64 may be inf or 0 there
         if not math.isfinite(tau32) or tau32 == 0.0:
             what = "overflows to inf" if not math.isfinite(tau32) else "underflows to 0"
-            raise ValueError(f"softmax_scale must be a positive float32 number (the kernels compute in float32); "
-                             f"{softmax_scale!r} {what} in float32")
+            raise ValueError(
+                f"softmax_scale must be a positive float32 number (the kernels compute in float32); "
+                f"{softmax_scale!r} {what} in float32"
+            )
     if not isinstance(causal, (bool, np.bool_)):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     seed_ = real_scalar(seed, integral=True)
@@ -468,7 +496,8 @@ class Allocator:
 
 def streams_to_join(device):
     """``(caller's current stream, launch stream)`` of a call on torch CUDA tensors of ``device`` where the two differ
-    and :class:`Allocator` must order them (see :meth:`Allocator.join_caller_stream`); None on torch's default stream."""
+    and :class:`Allocator` must order them (see :meth:`Allocator.join_caller_stream`); None on torch's default
+    stream."""
     torch = _torch()
     current = torch.cuda.current_stream(device)
     # Dev: raw stream 0 is CUDA's legacy default stream, numba's stream 0: nothing to join, and one torch
@@ -483,11 +512,14 @@ _TORCH_DTYPES: dict = {}
 
 
 def _torch_dtype(dtype):
-    """The torch dtype of an output allocated as NumPy ``dtype`` (float32, int32; uint32 as int32), from a table built once."""
+    """The torch dtype of an output allocated as NumPy ``dtype`` (float32, int32; uint32 as int32), from a table built
+    once."""
     tdt = _TORCH_DTYPES.get(dtype)
     if tdt is None:
         torch = _torch()
-        tdt = _TORCH_DTYPES[dtype] = {np.float32: torch.float32, np.int32: torch.int32, np.uint32: torch.int32}[np.dtype(dtype).type]
+        tdt = _TORCH_DTYPES[dtype] = {np.float32: torch.float32, np.int32: torch.int32, np.uint32: torch.int32}[
+            np.dtype(dtype).type
+        ]
     return tdt
 
 
@@ -613,9 +645,22 @@ class ForwardKernelModule(KernelModule, Protocol):
 
 @runtime_checkable
 class BackwardKernelModule(KernelModule, Protocol):
-    def backward(self, dout, q, k, v, out, fwd: ForwardOutput, prob: Problem, alloc: Allocator,
-                 block_sizes=None, deterministic: bool = False) -> tuple[Any, Any, Any]:
+    def backward(
+        self,
+        dout,
+        q,
+        k,
+        v,
+        out,
+        fwd: ForwardOutput,
+        prob: Problem,
+        alloc: Allocator,
+        block_sizes=None,
+        deterministic: bool = False,
+    ) -> tuple[Any, Any, Any]:
         """(dq, dk, dv) kernel arrays; dk, dv summed over each GQA group."""
+
+
 # [/doc:kernel-contract]
 #
 # The dropout scale 1/(1-p) has one name, :attr:`Problem.dropout_scale`; the module-level function

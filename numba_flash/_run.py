@@ -30,10 +30,15 @@ def forward(q, k, v, prob: Problem, kernel: Kernel, block_sizes, alloc: Allocato
         return kernel.module.forward(to_kernel(q), to_kernel(k), to_kernel(v), prob, alloc, block_sizes=block_sizes)
 
 
-def backward(dout, q, k, v, out, fwd: ForwardOutput, prob: Problem, kernel: Kernel, block_sizes, deterministic, alloc: Allocator):
-    """``kernel``'s backward: (dq, dk, dv) kernel arrays, from the caller's arrays and the forward's statistics ``fwd``."""
+def backward(
+    dout, q, k, v, out, fwd: ForwardOutput, prob: Problem, kernel: Kernel, block_sizes, deterministic, alloc: Allocator
+):
+    """``kernel``'s backward: (dq, dk, dv) kernel arrays, from the caller's arrays and the forward's statistics
+    ``fwd``."""
     _cost.warn_if_slow(kernel, prob, block_sizes, stacklevel=4)
     to_kernel = _converter(kernel, prob, alloc)
     with alloc.launching():
         kq, kk, kv, ko, kdo = (to_kernel(x) for x in (q, k, v, out, dout))
-        return kernel.module.backward(kdo, kq, kk, kv, ko, fwd, prob, alloc, block_sizes=block_sizes, deterministic=deterministic)
+        return kernel.module.backward(
+            kdo, kq, kk, kv, ko, fwd, prob, alloc, block_sizes=block_sizes, deterministic=deterministic
+        )

@@ -48,16 +48,29 @@ def _block_sizes(br: int, bc: int):
 
 
 # [doc:torch-custom-ops]
-def forward_pass(q: Tensor, k: Tensor, v: Tensor, dropout_p: float, softmax_scale: float, causal: bool, seed: int,
-                 algorithm: str, forward_variant: str, backward_variant: str, br: int, bc: int,
-                 deterministic: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def forward_pass(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    dropout_p: float,
+    softmax_scale: float,
+    causal: bool,
+    seed: int,
+    algorithm: str,
+    forward_variant: str,
+    backward_variant: str,
+    br: int,
+    bc: int,
+    deterministic: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """One forward pass: ``(out, lse, m, l)`` (see the module docstring)."""
     prob = check_attention_args(q, k, v, dropout_p, softmax_scale, causal, seed)
     return _forward(prob, q, k, v, algorithm, forward_variant, br, bc)
 
 
 def _replay_key(replayable, pass_name, prob, inputs, kernel, *options):
-    """The :mod:`numba_flash.runtime.replay` key of an eager pass (``replayable``), or None where the normal path runs."""
+    """The :mod:`numba_flash.runtime.replay` key of an eager pass (``replayable``), or None where the normal path
+    runs."""
     if not replayable or poisoning():
         return None
     key = _replay.call_key(pass_name, prob, inputs, kernel, *options)
@@ -79,8 +92,9 @@ def _replayed_or_run(key, inputs, run):
 
 
 def _forward(prob, q, k, v, algorithm, forward_variant, br, bc, replayable=False):
-    """:func:`forward_pass` on arguments already checked into ``prob`` (an eager call's, checked by ``flash_attn_func``).
-    ``replayable``: an eager call, which :mod:`numba_flash.runtime.replay` may record and replay."""
+    """:func:`forward_pass` on arguments already checked into ``prob`` (an eager call's, checked by
+    ``flash_attn_func``). ``replayable``: an eager call, which :mod:`numba_flash.runtime.replay` may record and
+    replay."""
     kernel = registry.resolve(algorithm, "forward", forward_variant, prob)
 
     def run():
@@ -98,8 +112,9 @@ attention_forward = torch.library.custom_op("numba_flash::attention_forward", mu
 
 
 @attention_forward.register_fake
-def _attention_forward_fake(q, k, v, dropout_p, softmax_scale, causal, seed, algorithm, forward_variant, backward_variant,
-                            br, bc, deterministic):
+def _attention_forward_fake(
+    q, k, v, dropout_p, softmax_scale, causal, seed, algorithm, forward_variant, backward_variant, br, bc, deterministic
+):
     b, s_q, h, d = q.shape
     out = q.new_empty((b, s_q, h, d))
     lse = q.new_empty((b, h, s_q), dtype=torch.float32)
@@ -108,16 +123,33 @@ def _attention_forward_fake(q, k, v, dropout_p, softmax_scale, causal, seed, alg
     return out, lse, m, l
 
 
-def backward_pass(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, m: Tensor, l: Tensor,
-                  dropout_p: float, softmax_scale: float, causal: bool, seed: int, algorithm: str,
-                  backward_variant: str, br: int, bc: int, deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
+def backward_pass(
+    dout: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    m: Tensor,
+    l: Tensor,
+    dropout_p: float,
+    softmax_scale: float,
+    causal: bool,
+    seed: int,
+    algorithm: str,
+    backward_variant: str,
+    br: int,
+    bc: int,
+    deterministic: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
     """One backward pass: ``(dq, dk, dv)`` from the forward's saved tensors (see the module docstring)."""
     prob = check_attention_args(q, k, v, dropout_p, softmax_scale, causal, seed)
     return _backward_checked(prob, dout, q, k, v, out, lse, m, l, algorithm, backward_variant, br, bc, deterministic)
 
 
-def _backward_checked(prob, dout, q, k, v, out, lse, m, l, algorithm, backward_variant, br, bc, deterministic,
-                      replayable=False):
+def _backward_checked(
+    prob, dout, q, k, v, out, lse, m, l, algorithm, backward_variant, br, bc, deterministic, replayable=False
+):
     """:func:`backward_pass` with q, k, v and the options already checked into ``prob`` (by the forward).
     ``replayable``: an eager call's backward, which :mod:`numba_flash.runtime.replay` may record and replay."""
     check_backward_args(dout, out, prob, q)
@@ -138,8 +170,25 @@ attention_backward = torch.library.custom_op("numba_flash::attention_backward", 
 
 
 @attention_backward.register_fake
-def _attention_backward_fake(dout, q, k, v, out, lse, m, l, dropout_p, softmax_scale, causal, seed, algorithm,
-                             backward_variant, br, bc, deterministic):
+def _attention_backward_fake(
+    dout,
+    q,
+    k,
+    v,
+    out,
+    lse,
+    m,
+    l,
+    dropout_p,
+    softmax_scale,
+    causal,
+    seed,
+    algorithm,
+    backward_variant,
+    br,
+    bc,
+    deterministic,
+):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
@@ -161,8 +210,10 @@ def _refuse_double_backward() -> None:
     """At the first backward with ``create_graph=True`` (grad mode on inside it): a double backward would need the
     backward's own derivative, which no kernel computes. Saying so here beats torch's error at the second one."""
     if torch.is_grad_enabled():
-        raise RuntimeError("flash_attn_func: double backward is not supported (backward with create_graph=True, "
-                           "e.g. for a gradient penalty or a Hessian-vector product); its backward is not differentiable")
+        raise RuntimeError(
+            "flash_attn_func: double backward is not supported (backward with create_graph=True, "
+            "e.g. for a gradient penalty or a Hessian-vector product); its backward is not differentiable"
+        )
 
 
 def _backward(ctx, dout, _dlse, _dm, _dl):
@@ -204,8 +255,9 @@ class EagerAttention(torch.autograd.Function):
         if dout is None:  # Dev: no gradient reached out (set_materialize_grads(False)): q, k, v get none from it
             return None, *_input_gradients(None, None, None)
         *_, algorithm, backward_variant, br, bc, deterministic = ctx.options
-        grads = _backward_checked(ctx.prob, dout, *ctx.saved_tensors, algorithm, backward_variant, br, bc, deterministic,
-                                  replayable=True)
+        grads = _backward_checked(
+            ctx.prob, dout, *ctx.saved_tensors, algorithm, backward_variant, br, bc, deterministic, replayable=True
+        )
         return None, *_input_gradients(*grads)  # None for prob
 
 
@@ -221,4 +273,6 @@ def run_forward(*args, prob=None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return EagerAttention.apply(prob, *args)
     return _forward(prob, q, k, v, algorithm, forward_variant, br, bc, replayable=True)
+
+
 # [/doc:torch-custom-ops]

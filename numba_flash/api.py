@@ -43,7 +43,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import _run, registry
-from ._launch import Allocator, ForwardOutput, Problem, _is_torch, check_attention_args, check_backward_args, check_block_pair, real_scalar
+from ._launch import (
+    Allocator,
+    ForwardOutput,
+    Problem,
+    _is_torch,
+    check_attention_args,
+    check_backward_args,
+    check_block_pair,
+    real_scalar,
+)
 from .registry import ALGORITHMS, DEFAULT_ALGORITHM, Kernel  # noqa: F401  (re-exported)
 
 
@@ -56,15 +65,26 @@ def variants(algorithm=None) -> list[dict]:
 
     >>> from numba_flash import variants
     >>> [(k["algorithm"], k["pass"], k["variant"]) for k in variants("flash1")]
-    [('flash1', 'forward', 'readable'), ('flash1', 'forward', 'fast'), ('flash1', 'backward', 'readable'), ('flash1', 'backward', 'fast')]
+    [('flash1', 'forward', 'readable'), ('flash1', 'forward', 'fast'), ('flash1', 'backward', 'readable'), ('flash1',
+    'backward', 'fast')]
     """
     if algorithm is not None:
         registry.check_algorithm(algorithm)
     rows = []
     for k in registry.variants(algorithm):
         auto = registry.auto_variant(k.algorithm, k.pass_)
-        rows.append({"algorithm": k.algorithm, "pass": k.pass_, "variant": k.variant, "paper": k.paper,
-                     "module": k.module.__name__, "when": k.when, "available": k.available(), "auto": auto == k.variant})
+        rows.append(
+            {
+                "algorithm": k.algorithm,
+                "pass": k.pass_,
+                "variant": k.variant,
+                "paper": k.paper,
+                "module": k.module.__name__,
+                "when": k.when,
+                "available": k.available(),
+                "auto": auto == k.variant,
+            }
+        )
     return rows
 
 
@@ -77,9 +97,9 @@ class AttentionStats:
 
     lse: (b, h, s_q) float32 logsumexp (+inf for rows that see no key). m, l: the row max and row sum,
     which every forward saves apart for its backward (``docs/backward.rst``, "Large logits"); with
-    ``m = l = None`` the backward recomputes ``P = exp(S - L)`` from ``lse`` alone. The options are kept so the backward runs the same problem.
-    ``forward`` and ``backward`` are the registry entries of the kernels (``.variant``, ``.module``):
-    the forward is the one that ran; the backward is the one :func:`attention_backward_numpy` runs.
+    ``m = l = None`` the backward recomputes ``P = exp(S - L)`` from ``lse`` alone. The options are kept so the backward
+    runs the same problem. ``forward`` and ``backward`` are the registry entries of the kernels (``.variant``,
+    ``.module``): the forward is the one that ran; the backward is the one :func:`attention_backward_numpy` runs.
 
     fingerprints: ``{"q": ..., "k": ..., "v": ..., "out": ...}``, a :func:`fingerprint` of each array
     the forward saw and returned, so that :func:`attention_backward_numpy` can refuse different ones.
@@ -147,7 +167,20 @@ def _seed_or_random(seed, dropout_p):
     return int(np.random.default_rng().integers(0, 2**32)) if _positive_number(dropout_p) else 0
 
 
-def attention_numpy(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, *, algorithm=None, variant=None, block_sizes=None, seed=None, return_stats=False):
+def attention_numpy(
+    q,
+    k,
+    v,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    *,
+    algorithm=None,
+    variant=None,
+    block_sizes=None,
+    seed=None,
+    return_stats=False,
+):
     """Attention on NumPy arrays through the Numba kernels (no torch needed).
 
     Parameters
@@ -206,8 +239,13 @@ def attention_backward_numpy(dout, q, k, v, out, stats: AttentionStats, *, deter
     ``stats``, and one that differs raises ValueError naming it.
     """
     if not isinstance(stats, AttentionStats):
-        raise TypeError(f"stats must be the AttentionStats returned by attention_numpy(..., return_stats=True), got {type(stats).__name__}")
-    prob = check_attention_args(q, k, v, stats.problem.dropout_p, stats.problem.softmax_scale, stats.problem.causal, stats.problem.seed)
+        raise TypeError(
+            "stats must be the AttentionStats returned by attention_numpy(..., return_stats=True), got "
+            f"{type(stats).__name__}"
+        )
+    prob = check_attention_args(
+        q, k, v, stats.problem.dropout_p, stats.problem.softmax_scale, stats.problem.causal, stats.problem.seed
+    )
     if dataclasses.replace(prob, dtype=stats.problem.dtype) != stats.problem:  # copies in another dtype are fine
         raise ValueError("q, k, v do not match the shapes the forward saved in stats")
     check_backward_args(dout, out, prob, q)
@@ -216,10 +254,17 @@ def attention_backward_numpy(dout, q, k, v, out, stats: AttentionStats, *, deter
     for name, x in (("q", q), ("k", k), ("v", v), ("out", out)):
         if stats.fingerprints is not None and fingerprint(x) != stats.fingerprints[name]:
             what = "the array attention_numpy returned" if name == "out" else f"the {name} given to attention_numpy"
-            raise ValueError(f"{name} is not {what} for these stats: its values differ (fingerprint mismatch). "
-                             "Pass the same q, k, v to the backward as to the forward, and the out the forward returned.")
+            raise ValueError(
+                f"{name} is not {what} for these stats: its values differ (fingerprint mismatch). "
+                "Pass the same q, k, v to the backward as to the forward, and the out the forward returned."
+            )
     alloc = Allocator(q)
-    fwd = ForwardOutput(out=None, lse=alloc.to_kernel(stats.lse), m=None if stats.m is None else alloc.to_kernel(stats.m), l=None if stats.l is None else alloc.to_kernel(stats.l))
+    fwd = ForwardOutput(
+        out=None,
+        lse=alloc.to_kernel(stats.lse),
+        m=None if stats.m is None else alloc.to_kernel(stats.m),
+        l=None if stats.l is None else alloc.to_kernel(stats.l),
+    )
     dq, dk, dv = _run.backward(dout, q, k, v, out, fwd, prob, stats.backward, stats.block_sizes, deterministic, alloc)
     dt = np.asarray(q).dtype if alloc.kind == "numpy" else None
     return alloc.result(dq, dt), alloc.result(dk, dt), alloc.result(dv, dt)
@@ -228,7 +273,21 @@ def attention_backward_numpy(dout, q, k, v, out, stats: AttentionStats, *, deter
 # ----------------------------------------------------------------------------------------------
 # torch level
 # ----------------------------------------------------------------------------------------------
-def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, return_attn_probs=False, *, algorithm=None, variant=None, block_sizes=None, seed=None, deterministic=False):
+def flash_attn_func(
+    q,
+    k,
+    v,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    return_attn_probs=False,
+    *,
+    algorithm=None,
+    variant=None,
+    block_sizes=None,
+    seed=None,
+    deterministic=False,
+):
     """flash-attn 2's ``flash_attn_func`` on torch tensors, differentiable in q, k and v.
 
     Parameters
@@ -257,8 +316,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, re
     -----
     Precision: the kernels compute in float32 whatever the input dtype (float16, bfloat16, float32
     or float64), except FA2's tensor-core forward (``"auto"`` on a GPU), which runs float16/bfloat16
-    natively with float32 accumulation; results and gradients come back in the input's dtype. float64 inputs therefore get
-    float32 accuracy (about 1e-7 relative), and ``torch.autograd.gradcheck`` at its defaults
+    natively with float32 accumulation; results and gradients come back in the input's dtype. float64 inputs therefore
+    get float32 accuracy (about 1e-7 relative), and ``torch.autograd.gradcheck`` at its defaults
     (``eps=1e-6``, ``atol=1e-5``) fails: its difference quotients divide float32 rounding by 1e-6.
     ``gradcheck(..., eps=1e-2, atol=2e-3, rtol=1e-2, fast_mode=True)`` on inputs of size ~1 passes
     (see ``tests/test_autograd.py`` for the derivation of these numbers).
@@ -277,10 +336,13 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, re
 
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor (use attention_numpy for NumPy arrays), got {type(x).__name__}")
+            raise TypeError(
+                f"{name} must be a torch.Tensor (use attention_numpy for NumPy arrays), got {type(x).__name__}"
+            )
     if q.is_meta and k.is_meta and v.is_meta:  # (one meta among others is the device check's mismatch)
-        raise ValueError("q is a meta tensor (a shape without data): flash_attn_func needs tensors on the CPU "
-                         "or a CUDA device")
+        raise ValueError(
+            "q is a meta tensor (a shape without data): flash_attn_func needs tensors on the CPU or a CUDA device"
+        )
     if not isinstance(return_attn_probs, bool):
         raise TypeError(f"return_attn_probs must be a bool, got {type(return_attn_probs).__name__}")
     if seed is None:
@@ -293,6 +355,19 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, re
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
     out, lse, _m, _l = _torch_ops.run_forward(
-        q, k, v, prob.dropout_p, prob.softmax_scale, prob.causal, prob.seed,
-        algorithm, fwd_variant, bwd_variant, br, bc, deterministic, prob=prob)
+        q,
+        k,
+        v,
+        prob.dropout_p,
+        prob.softmax_scale,
+        prob.causal,
+        prob.seed,
+        algorithm,
+        fwd_variant,
+        bwd_variant,
+        br,
+        bc,
+        deterministic,
+        prob=prob,
+    )
     return (out, lse, None) if return_attn_probs else out

@@ -67,7 +67,9 @@ def check_block_mask(block_mask, prob: Problem, block_size) -> BlockMask:
         and row block).
     """
     if not hasattr(block_mask, "shape") or not hasattr(block_mask, "dtype"):
-        raise TypeError(f"block_mask must be a NumPy array or torch tensor of 0/1 flags, got {type(block_mask).__name__}")
+        raise TypeError(
+            f"block_mask must be a NumPy array or torch tensor of 0/1 flags, got {type(block_mask).__name__}"
+        )
     if _is_torch(block_mask):
         if block_mask.is_floating_point() or block_mask.is_complex():
             raise TypeError(f"block_mask must have a bool or integer dtype, got {block_mask.dtype}")
@@ -79,10 +81,13 @@ def check_block_mask(block_mask, prob: Problem, block_size) -> BlockMask:
     Br, Bc = block_size
     Tr, Tc = block_mask_shape(prob.seqlen_q, prob.seqlen_k, block_size)
     if host.ndim not in (2, 3, 4):
-        raise ValueError(f"block_mask must have shape (Tr, Tc), (nheads, Tr, Tc) or (batch, nheads, Tr, Tc), got shape {host.shape}")
+        raise ValueError(
+            f"block_mask must have shape (Tr, Tc), (nheads, Tr, Tc) or (batch, nheads, Tr, Tc), got shape {host.shape}"
+        )
     if host.shape[-2:] != (Tr, Tc):
         raise ValueError(
-            f"block_mask must end in (Tr, Tc) = ({Tr}, {Tc}) for seqlen_q={prob.seqlen_q}, seqlen_k={prob.seqlen_k} and "
+            f"block_mask must end in (Tr, Tc) = ({Tr}, {Tc}) for seqlen_q={prob.seqlen_q}, seqlen_k={prob.seqlen_k} "
+            "and "
             f"block_size=({Br}, {Bc}), got shape {host.shape}"
         )
     full = host.reshape((1,) * (4 - host.ndim) + host.shape)
@@ -90,7 +95,9 @@ def check_block_mask(block_mask, prob: Problem, block_size) -> BlockMask:
     if H not in (1, prob.nheads):
         raise ValueError(f"block_mask has {H} heads; it must have 1 or nheads = {prob.nheads} (shape {host.shape})")
     if B not in (1, prob.batch):
-        raise ValueError(f"block_mask has batch dimension {B}; it must be 1 or batch = {prob.batch} (shape {host.shape})")
+        raise ValueError(
+            f"block_mask has batch dimension {B}; it must be 1 or batch = {prob.batch} (shape {host.shape})"
+        )
     if host.dtype != np.bool_ and not np.isin(full, (0, 1)).all():
         raise ValueError(f"block_mask must hold only 0 and 1, got values {np.unique(full)[:8].tolist()}")
     mask = full != 0
@@ -136,7 +143,8 @@ def _prepare(q, k, v, block_mask, dropout_p, softmax_scale, causal, block_size, 
 def _run_forward(q, k, v, prob, mask, alloc) -> ForwardOutput:
     from . import alg5_block_sparse
 
-    with alloc.launching():  # as numba_flash._run does: the tensors' GPU, then the caller's stream waits for the launches
+    with alloc.launching():  # as numba_flash._run does: the tensors' GPU, then the caller's stream waits for the
+        # launches
         return alg5_block_sparse.forward(alloc.to_kernel(q), alloc.to_kernel(k), alloc.to_kernel(v), mask, prob, alloc)
 
 
@@ -152,8 +160,19 @@ def _run_backward(dout, q, k, v, out, m, l, prob, mask, alloc):
 # ----------------------------------------------------------------------------------------------
 # NumPy level
 # ----------------------------------------------------------------------------------------------
-def block_sparse_attention_numpy(q, k, v, block_mask, dropout_p=0.0, softmax_scale=None, causal=False, *,
-                                 block_size=DEFAULT_BLOCK_SIZE, seed=None, return_stats=False):
+def block_sparse_attention_numpy(
+    q,
+    k,
+    v,
+    block_mask,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    *,
+    block_size=DEFAULT_BLOCK_SIZE,
+    seed=None,
+    return_stats=False,
+):
     """Block-sparse attention on NumPy arrays through the Numba kernels (no torch needed).
 
     Parameters
@@ -179,7 +198,9 @@ def block_sparse_attention_numpy(q, k, v, block_mask, dropout_p=0.0, softmax_sca
     out = alloc.result(fwd.out, np.asarray(q).dtype if alloc.kind == "numpy" else None)
     if not return_stats:
         return out
-    return out, BlockSparseStats(lse=alloc.result(fwd.lse), m=alloc.result(fwd.m), l=alloc.result(fwd.l), problem=prob, mask=mask)
+    return out, BlockSparseStats(
+        lse=alloc.result(fwd.lse), m=alloc.result(fwd.m), l=alloc.result(fwd.l), problem=prob, mask=mask
+    )
 
 
 def block_sparse_attention_backward_numpy(dout, q, k, v, out, stats: BlockSparseStats):
@@ -189,7 +210,10 @@ def block_sparse_attention_backward_numpy(dout, q, k, v, out, stats: BlockSparse
     backward skips the same tiles and regenerates the same dropout mask from the seed.
     """
     if not isinstance(stats, BlockSparseStats):
-        raise TypeError(f"stats must be the BlockSparseStats returned by block_sparse_attention_numpy(..., return_stats=True), got {type(stats).__name__}")
+        raise TypeError(
+            "stats must be the BlockSparseStats returned by block_sparse_attention_numpy(..., return_stats=True), got "
+            f"{type(stats).__name__}"
+        )
     p = stats.problem
     prob = check_attention_args(q, k, v, p.dropout_p, p.softmax_scale, p.causal, p.seed)
     if prob != p:
@@ -240,8 +264,19 @@ def _autograd_function():
     return _Function
 
 
-def block_sparse_attn_func(q, k, v, block_mask, dropout_p=0.0, softmax_scale=None, causal=False, return_attn_probs=False, *,
-                           block_size=DEFAULT_BLOCK_SIZE, seed=None):
+def block_sparse_attn_func(
+    q,
+    k,
+    v,
+    block_mask,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    return_attn_probs=False,
+    *,
+    block_size=DEFAULT_BLOCK_SIZE,
+    seed=None,
+):
     """Block-sparse attention on torch tensors, differentiable in q, k and v (FA1 Algorithm 5).
 
     Parameters
@@ -266,7 +301,10 @@ def block_sparse_attn_func(q, k, v, block_mask, dropout_p=0.0, softmax_scale=Non
 
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor (use block_sparse_attention_numpy for NumPy arrays), got {type(x).__name__}")
+            raise TypeError(
+                f"{name} must be a torch.Tensor (use block_sparse_attention_numpy for NumPy arrays), got "
+                f"{type(x).__name__}"
+            )
     seed = _seed(seed, dropout_p, lambda: int(torch.randint(0, 2**32, (1,), dtype=torch.int64).item()))
     prob, mask = _prepare(q, k, v, block_mask, dropout_p, softmax_scale, causal, block_size, seed)
     out, lse = _autograd_function().apply(q, k, v, prob, mask)

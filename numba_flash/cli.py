@@ -46,7 +46,9 @@ def headdim(text: str) -> int:
     from ._launch import MAX_HEADDIM
 
     if d > MAX_HEADDIM:
-        raise argparse.ArgumentTypeError(f"must be at most {MAX_HEADDIM} (the largest head dimension the kernels support), got {d}")
+        raise argparse.ArgumentTypeError(
+            f"must be at most {MAX_HEADDIM} (the largest head dimension the kernels support), got {d}"
+        )
     return d
 
 
@@ -74,8 +76,10 @@ def _cmd_variants(args) -> int:
     print(describe())
     print(f"{'algorithm':10s} {'pass':9s} {'variant':11s} {'paper':19s} {'runs here':10s} {'auto':5s} module")
     for k in variants():
-        print(f"{k['algorithm']:10s} {k['pass']:9s} {k['variant']:11s} {k['paper']:19s} "
-              f"{'yes' if k['available'] else 'no':10s} {'*' if k['auto'] else '':5s} {k['module']}")
+        print(
+            f"{k['algorithm']:10s} {k['pass']:9s} {k['variant']:11s} {k['paper']:19s} "
+            f"{'yes' if k['available'] else 'no':10s} {'*' if k['auto'] else '':5s} {k['module']}"
+        )
     return 0
 
 
@@ -137,8 +141,10 @@ def _cmd_bugs(args) -> int:
     args.jobs = 2 if args.jobs is None else args.jobs
     bugs = checkout_tool("bugs")
     if bugs is None:
-        args.parser.error("the bug gallery needs a source checkout of numba-flash (it plants bugs in a copy of the "
-                          "kernels and runs tests/): clone it, `pip install -e .`, and run this from there")
+        args.parser.error(
+            "the bug gallery needs a source checkout of numba-flash (it plants bugs in a copy of the "
+            "kernels and runs tests/): clone it, `pip install -e .`, and run this from there"
+        )
     try:
         return bugs.main(args)
     except bugs.UnknownBug as exc:
@@ -160,23 +166,38 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--headdim", type=headdim, default=None, help="head dimension d (at most the kernels' maximum)")
     d.add_argument("--causal", action="store_true", help="use the causal mask")
     d.add_argument("--repeats", type=positive_int, default=None, help="timed repeats per algorithm")
-    d.add_argument("--variant", default="auto", choices=("auto", "readable", "fast", "tensorcore"),
-                   help="which kernel of each algorithm runs (default: auto, the fastest here)")
+    d.add_argument(
+        "--variant",
+        default="auto",
+        choices=("auto", "readable", "fast", "tensorcore"),
+        help="which kernel of each algorithm runs (default: auto, the fastest here)",
+    )
     d.set_defaults(func=_cmd_demo)
 
     io = sub.add_parser("io", help="HBM accesses of standard vs tiled attention (the IO model)")
     io.add_argument("--N", type=positive_int, default=1024, help="sequence length")
-    io.add_argument("--d", type=positive_int, default=64, help="head dimension (any d >= 1: the IO model has no kernel limit)")
+    io.add_argument(
+        "--d", type=positive_int, default=64, help="head dimension (any d >= 1: the IO model has no kernel limit)"
+    )
     io.add_argument("--M", type=positive_int, default=None, help="SRAM size in elements (default: 48 KB of float32)")
     io.add_argument("--Br", type=positive_int, default=None, help="row block size override")
     io.add_argument("--Bc", type=positive_int, default=None, help="column block size override")
-    io.add_argument("--sparsity", type=fraction, default=0.25, help="fraction of non-zero blocks for block-sparse, in (0, 1]")
-    io.add_argument("--measure", action="store_true",
-                    help="measure DRAM bytes with Nsight Compute on a GPU beside the model (bench/measure_io.py)")
+    io.add_argument(
+        "--sparsity", type=fraction, default=0.25, help="fraction of non-zero blocks for block-sparse, in (0, 1]"
+    )
+    io.add_argument(
+        "--measure",
+        action="store_true",
+        help="measure DRAM bytes with Nsight Compute on a GPU beside the model (bench/measure_io.py)",
+    )
     io.add_argument("--out", default="io_measured.json", help="with --measure: the results file (JSON)")
     io.add_argument("--part", choices=("gpt2", "sweep", "all"), default="all", help="with --measure: which cases")
-    io.add_argument("--only", action="append", choices=("standard", "flash1", "flash2", "block-sparse"),
-                    help="with --measure: only this algorithm (repeatable)")
+    io.add_argument(
+        "--only",
+        action="append",
+        choices=("standard", "flash1", "flash2", "block-sparse"),
+        help="with --measure: only this algorithm (repeatable)",
+    )
     io.add_argument("--dry-run", action="store_true", help="with --measure: list the cases, measure nothing")
     io.add_argument("--timeout", type=positive_float, default=1800, help="with --measure: seconds per case under ncu")
     io.set_defaults(func=_cmd_io)
@@ -187,18 +208,29 @@ def build_parser() -> argparse.ArgumentParser:
     var = sub.add_parser("variants", help="every kernel: algorithm, pass, variant, module, and auto's pick")
     var.set_defaults(func=_cmd_variants)
 
-    ho = sub.add_parser("handout", help="write the course's student handout (tutorials, stubs, autograders; no solutions) to DIR")
+    ho = sub.add_parser(
+        "handout", help="write the course's student handout (tutorials, stubs, autograders; no solutions) to DIR"
+    )
     ho.add_argument("dir", help="folder to write DIR/tutorials and DIR/README.md into")
     ho.add_argument("--source", default=None, help="the tutorials/ folder to copy (default: the one of this checkout)")
     ho.add_argument("--force", action="store_true", help="replace DIR/tutorials if it exists")
     ho.set_defaults(func=_cmd_handout)
 
-    bg = sub.add_parser("bugs", help="the bug gallery: classic bugs planted in a copy of the kernels, and the tests that catch them")
+    bg = sub.add_parser(
+        "bugs", help="the bug gallery: classic bugs planted in a copy of the kernels, and the tests that catch them"
+    )
     act = bg.add_mutually_exclusive_group()
-    act.add_argument("--show", metavar="NAME", help="the lesson and the diff of one bug (NAME or its number in the list)")
-    act.add_argument("--run", metavar="NAME",
-                     help="plant one bug (NAME or its number) in a temporary copy and run the tests that should catch it")
-    act.add_argument("--run-all", action="store_true", help="every bug of one backend, plus a control run on the unmutated copy")
+    act.add_argument(
+        "--show", metavar="NAME", help="the lesson and the diff of one bug (NAME or its number in the list)"
+    )
+    act.add_argument(
+        "--run",
+        metavar="NAME",
+        help="plant one bug (NAME or its number) in a temporary copy and run the tests that should catch it",
+    )
+    act.add_argument(
+        "--run-all", action="store_true", help="every bug of one backend, plus a control run on the unmutated copy"
+    )
     bg.add_argument("--gpu", action="store_true", help="with --run-all: the GPU-only bugs, run on the GPU")
     bg.add_argument("--jobs", type=int, default=None, help="with --run-all: bugs run at a time (default 2)")
     bg.set_defaults(func=_cmd_bugs, parser=bg)

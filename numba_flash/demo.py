@@ -4,8 +4,9 @@ Runs FA1 Algorithm 0 (standard, S and P in device memory), Algorithms 1-2 (tiled
 on the same random inputs and prints, for each, the max error against the float64 oracle (and the float32-naive
 error for scale), the median time, and the extra memory the call needed beyond its inputs and its
 output O (the O(N) statistics m, l, L count as extra). With torch on a GPU the memory is torch's
-measured peak; otherwise it is what the kernel module allocated (workspaces and statistics). The backend banner comes first: in Numba's CUDA simulator the times are those of
-Python threads, so only the error and memory columns mean anything there.
+measured peak; otherwise it is what the kernel module allocated (workspaces and statistics). The backend banner comes
+first: in Numba's CUDA simulator the times are those of Python threads, so only the error and memory columns mean
+anything there.
 
 Defaults: ``b=1, h=2, N=64, d=16`` in the simulator (a few seconds); ``b=4, h=16, N=2048, d=64`` on
 a GPU. Every size can be given on the command line (``--batch --nheads --seqlen --headdim``), and
@@ -85,7 +86,8 @@ def _numpy_call(q, k, v, causal, kernel):
 
 
 def forward_kernel(algorithm: str, variant: str, prob) -> registry.Kernel:
-    """The forward kernel the demo runs on ``prob``: ``variant`` where the algorithm has it, else its ``auto`` kernel."""
+    """The forward kernel the demo runs on ``prob``: ``variant`` where the algorithm has it, else its ``auto``
+    kernel."""
     if variant != "auto" and (algorithm, "forward", variant) not in registry.KERNELS:
         variant = "auto"
     return registry.resolve(algorithm, "forward", variant, prob)
@@ -144,6 +146,7 @@ def run(args) -> int:
 
         tq, tk, tv = (torch.from_numpy(x).cuda() for x in (q, k, v))
         io = b * n * h * d * 4  # the output O; the O(N) statistics (lse, m, l) count as extra
+
         def make(alg):
             return lambda: flash_attn_func(tq, tk, tv, causal=causal, algorithm=alg, variant=kernels[alg].variant)
     else:
@@ -151,14 +154,16 @@ def run(args) -> int:
 
         def make(alg):
             return lambda: _numpy_call(q, k, v, causal, kernels[alg])
+
     rows = []
     for alg, label in ALGORITHMS:
         out, t, extra = _measure(make(alg), reps, torch)
         out = out.cpu().numpy() if torch is not None else out
         err = float(np.max(np.abs(out.astype(np.float64) - ref)))
         rows.append((label, err, t, max(0, extra - io), kernels[alg]))
-    header = (f"{'algorithm':34s} {'max |err| vs float64':>21s} {'time':>11s} {'extra memory':>13s}  "
-              f"{'variant':10s} kernel")
+    header = (
+        f"{'algorithm':34s} {'max |err| vs float64':>21s} {'time':>11s} {'extra memory':>13s}  {'variant':10s} kernel"
+    )
     print(header)
     print("-" * len(header))
     for label, err, t, extra, kern in rows:

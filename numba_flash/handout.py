@@ -136,7 +136,9 @@ def leaks(handout: Path, source: Path) -> list[str]:
         if any("solution" in part.lower() for part in rel.parts):
             problems.append(f"{rel}: a path that names a solution")
         if path.is_dir() and path.name in PACKAGE_DIRS:
-            problems.append(f"{rel}: a package folder in the handout (students install numba-flash; its modules answer exercises)")
+            problems.append(
+                f"{rel}: a package folder in the handout (students install numba-flash; its modules answer exercises)"
+            )
         if not path.is_file():
             continue
         try:
@@ -151,7 +153,9 @@ def leaks(handout: Path, source: Path) -> list[str]:
             elif answers[name]:
                 shared = answers[name] & lines
                 if len(shared) >= LEAK_FRACTION * len(answers[name]):
-                    problems.append(f"{rel}: holds {len(shared)} of the {len(answers[name])} answer lines of the solution of {name}")
+                    problems.append(
+                        f"{rel}: holds {len(shared)} of the {len(answers[name])} answer lines of the solution of {name}"
+                    )
     return problems
 
 
@@ -197,7 +201,12 @@ def main(args) -> int:
         print(f"handout: {exc}")
         return 1
     assignments = sorted({p.parts[1] for p in report.copied if len(p.parts) > 2 and p.parts[0] == "assignments"})
-    print(f"wrote {len(report.copied)} files to {report.root / 'tutorials'} ({len(assignments)} assignments: {', '.join(assignments)})")
-    print("left out: " + ", ".join(str(p) for p in report.excluded if "__pycache__" not in p.parts) or "left out: nothing")
+    print(
+        f"wrote {len(report.copied)} files to {report.root / 'tutorials'} ({len(assignments)} assignments: "
+        f"{', '.join(assignments)})"
+    )
+    print(
+        "left out: " + ", ".join(str(p) for p in report.excluded if "__pycache__" not in p.parts) or "left out: nothing"
+    )
     print("checked: no solution file, no solution content, no package module")
     return 0

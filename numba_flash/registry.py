@@ -49,7 +49,6 @@ VARIANTS = ("auto", "readable", "fast", "tensorcore")
 DEFAULT_ALGORITHM = "flash2"
 
 
-
 def _always(prob) -> bool:
     return True
 
@@ -175,12 +174,15 @@ def route(algorithm: str, pass_: str, variant: str, prob) -> Kernel:
     if not isinstance(entry, tuple):
         return Kernel(algorithm, pass_, variant, entry)
     if prob is None:
-        raise TypeError(f"variant {variant!r} of the {pass_} of {algorithm!r} is routed by dtype and head dim: "
-                        "resolve it with the checked problem (prob=...)")
+        raise TypeError(
+            f"variant {variant!r} of the {pass_} of {algorithm!r} is routed by dtype and head dim: "
+            "resolve it with the checked problem (prob=...)"
+        )
     for r in entry:
         if r.runs(prob):
             return Kernel(algorithm, pass_, variant, r.module, r.when)
-    raise ValueError(f"no kernel of variant {variant!r} runs this problem")  # pragma: no cover - the last route runs all
+    raise ValueError(f"no kernel of variant {variant!r} runs this problem")  # pragma: no cover - the last route runs
+    # all
 
 
 def check_algorithm(algorithm) -> str:
@@ -215,12 +217,16 @@ def resolve(algorithm, pass_: str, variant="auto", prob=None) -> Kernel:
         return route(algorithm, pass_, auto_variant(algorithm, pass_), prob)
     if (algorithm, pass_, variant) not in KERNELS:
         have = [v for (a, p, v) in KERNELS if a == algorithm and p == pass_]
-        raise ValueError(f"variant {variant!r} does not exist for the {pass_} of algorithm {algorithm!r}; "
-                         f"it has {have} (and 'auto'). Every kernel (algorithm, pass, variant): {list(KERNELS)}")
+        raise ValueError(
+            f"variant {variant!r} does not exist for the {pass_} of algorithm {algorithm!r}; "
+            f"it has {have} (and 'auto'). Every kernel (algorithm, pass, variant): {list(KERNELS)}"
+        )
     if not _variant_available(algorithm, pass_, variant):
-        raise ValueError(f"variant {variant!r} of the {pass_} of {algorithm!r} cannot run on this device "
-                         f"({_backend.describe()}); choose one of "
-                         f"{[v for (a, p, v) in KERNELS if a == algorithm and p == pass_ and v != variant]}")
+        raise ValueError(
+            f"variant {variant!r} of the {pass_} of {algorithm!r} cannot run on this device "
+            f"({_backend.describe()}); choose one of "
+            f"{[v for (a, p, v) in KERNELS if a == algorithm and p == pass_ and v != variant]}"
+        )
     return route(algorithm, pass_, variant, prob)
 
 
@@ -242,8 +248,10 @@ def pair_variants(algorithm, variant="auto") -> tuple[str, str]:
     has = {p: (algorithm, p, variant) in KERNELS for p in PASSES}
     if not any(has.values()):
         have = list(dict.fromkeys(v for (a, _p, v) in KERNELS if a == algorithm))
-        raise ValueError(f"variant {variant!r} does not exist for algorithm {algorithm!r}; it has {have} "
-                         f"(and 'auto'). Every kernel (algorithm, pass, variant): {list(KERNELS)}")
+        raise ValueError(
+            f"variant {variant!r} does not exist for algorithm {algorithm!r}; it has {have} "
+            f"(and 'auto'). Every kernel (algorithm, pass, variant): {list(KERNELS)}"
+        )
     return (variant if has["forward"] else "auto"), (variant if has["backward"] else "auto")
 
 

@@ -64,7 +64,9 @@ def row_softmax(S):
     return P, m, l
 
 
-def standard_attention(q, k, v, softmax_scale=None, causal=False, dropout_p=0.0, seed=0, return_matrices=False, counter=None):
+def standard_attention(
+    q, k, v, softmax_scale=None, causal=False, dropout_p=0.0, seed=0, return_matrices=False, counter=None
+):
     """Algorithm 0 with Algorithm 2's semantics, in float64.
 
     Parameters

@@ -135,7 +135,9 @@ def flash_forward_alg1(q, k, v, M=None, Br=None, Bc=None, counter=None, softmax_
                     beta = np.exp(m_tilde - m_new)
                     l_new = alpha * l_i + beta * l_tilde
                     # Alg.1 L12: O_i <- diag(l_new)^-1 (diag(l_i) e^(m_i - m_new) O_i + e^(m~_ij - m_new) P~_ij V_j)
-                    gO[bi, rows, hi] = ((alpha * l_i)[:, None] * O_i + beta[:, None] * (P_tilde @ V_j)) / l_new[:, None]  # HBM write: Br*d
+                    gO[bi, rows, hi] = ((alpha * l_i)[:, None] * O_i + beta[:, None] * (P_tilde @ V_j)) / l_new[
+                        :, None
+                    ]  # HBM write: Br*d
                     # Alg.1 L13: l_i <- l_new, m_i <- m_new
                     gl[bi, hi, rows] = l_new  # HBM write: Br
                     gm[bi, hi, rows] = m_new  # HBM write: Br

@@ -73,7 +73,9 @@ class FlashResult(AttentionResult):
     seed: int = 0
 
 
-def flash_forward_alg2(q, k, v, softmax_scale=None, causal=False, dropout_p=0.0, seed=0, M=None, Br=None, Bc=None, counter=None):
+def flash_forward_alg2(
+    q, k, v, softmax_scale=None, causal=False, dropout_p=0.0, seed=0, M=None, Br=None, Bc=None, counter=None
+):
     """FA1 Algorithm 2 on (b, s, h, d) inputs, in float64.
 
     Parameters
@@ -170,18 +172,22 @@ def flash_forward_alg2(q, k, v, softmax_scale=None, causal=False, dropout_p=0.0,
                     m_tilde_safe = np.where(np.isfinite(m_tilde), m_tilde, 0.0)  # Dev: avoids -inf - -inf
                     P_tilde = np.exp(S_masked - m_tilde_safe[:, None])  # masked entries: exp(-inf) = 0
                     l_tilde = P_tilde.sum(axis=1)
-                    # Alg.2 L13: m_new = max(m_i, m~_ij), l_new = e^(m_i - m_new) l_i + e^(m~_ij - m_new) l~_ij  (undropped P~)
+                    # Alg.2 L13: m_new = max(m_i, m~_ij), l_new = e^(m_i - m_new) l_i + e^(m~_ij - m_new) l~_ij
+                    # (undropped P~)
                     m_new = np.maximum(m_i, m_tilde)
                     alpha = rescale(m_i, m_new)  # Dev: 0 instead of NaN where m_new = -inf (row unseen so far)
                     beta = rescale(m_tilde, m_new)
                     l_new = alpha * l_i + beta * l_tilde
                     # Alg.2 L14: P~_ij^dropped = dropout(P~_ij, p_drop)  (Z_ij regenerated from R; kept / (1 - p))
                     if dropout_p > 0.0:
-                        Z_ij = dropout_scale_matrix(R, bh, range(rows.start, rows.stop), range(cols.start, cols.stop), dropout_p)
+                        Z_ij = dropout_scale_matrix(
+                            R, bh, range(rows.start, rows.stop), range(cols.start, cols.stop), dropout_p
+                        )
                         P_dropped = P_tilde * Z_ij
                     else:
                         P_dropped = P_tilde
-                    # Alg.2 L15: O_i <- diag(l_new)^-1 (diag(l_i) e^(m_i - m_new) O_i + e^(m~_ij - m_new) P~^dropped V_j)
+                    # Alg.2 L15: O_i <- diag(l_new)^-1 (diag(l_i) e^(m_i - m_new) O_i + e^(m~_ij - m_new) P~^dropped
+                    # V_j)
                     numerator = (alpha * l_i)[:, None] * O_i + beta[:, None] * (P_dropped @ V_j)
                     gO[bi, rows, hi] = numerator / np.where(l_new > 0, l_new, 1.0)[:, None]  # HBM write: Br*d
                     # Alg.2 L16: l_i <- l_new, m_i <- m_new

@@ -87,10 +87,14 @@ def broadcast_block_mask(block_mask, b, h, Tr, Tc) -> np.ndarray:
     try:
         return np.broadcast_to(mask != 0, (b, h, Tr, Tc))
     except ValueError as e:
-        raise ValueError(f"block_mask of shape {mask.shape} does not broadcast to (b, h, Tr, Tc) = {(b, h, Tr, Tc)}") from e
+        raise ValueError(
+            f"block_mask of shape {mask.shape} does not broadcast to (b, h, Tr, Tc) = {(b, h, Tr, Tc)}"
+        ) from e
 
 
-def butterfly_block_mask(Tr: int, Tc: int | None = None, n_factors: int | None = None, global_blocks: int = 0) -> np.ndarray:
+def butterfly_block_mask(
+    Tr: int, Tc: int | None = None, n_factors: int | None = None, global_blocks: int = 0
+) -> np.ndarray:
     """The fixed flat block butterfly pattern, a boolean ``(Tr, Tc)`` block mask.
 
     Block ``(i, j)`` is non-zero iff ``i' XOR j`` is 0 or ``2^k`` with ``k < n_factors``, where
@@ -236,7 +240,9 @@ def flash_forward_alg5(
                     l_new = alpha * l_i + beta * l_tilde
                     # Alg.5 L14: P~_ij^dropped = dropout(P~_ij, p_drop)  (= Alg.2 L14)
                     if dropout_p > 0.0:
-                        Z_ij = dropout_scale_matrix(R, bh, range(rows.start, rows.stop), range(cols.start, cols.stop), dropout_p)
+                        Z_ij = dropout_scale_matrix(
+                            R, bh, range(rows.start, rows.stop), range(cols.start, cols.stop), dropout_p
+                        )
                         P_dropped = P_tilde * Z_ij
                     else:
                         P_dropped = P_tilde
@@ -255,7 +261,22 @@ def flash_forward_alg5(
 
 
 def flash_backward_alg5(
-    dout, q, k, v, out, l, m, block_mask, softmax_scale=None, causal=False, dropout_p=0.0, seed=0, M=None, Br=None, Bc=None, counter=None
+    dout,
+    q,
+    k,
+    v,
+    out,
+    l,
+    m,
+    block_mask,
+    softmax_scale=None,
+    causal=False,
+    dropout_p=0.0,
+    seed=0,
+    M=None,
+    Br=None,
+    Bc=None,
+    counter=None,
 ):
     """Block-sparse backward: FA1 Algorithm 4 with Algorithm 5's test around the inner step, in float64.
 
@@ -379,9 +400,17 @@ def io_alg5_backward(N, d, block_mask, M=None, Br=None, Bc=None, N_k=None, b=1, 
     row_sizes = np.array([len(r) for r in seq_blocks(Nq, Br)], dtype=np.int64)
     W = int((mask.sum(axis=3) * row_sizes).sum())
     kv = b * h_k * Nk * d
-    return IOCount.from_by_name({
-        "K": (kv, 0), "V": (kv, 0),  # L7
-        "Q": (W * d, 0), "O": (W * d, 0), "dO": (W * d, 0), "dQ": (W * d, W * d),  # L10, L21
-        "l": (W, 0), "m": (W, 0),  # L10
-        "dK": (0, kv), "dV": (0, kv),  # L24
-    })
+    return IOCount.from_by_name(
+        {
+            "K": (kv, 0),
+            "V": (kv, 0),  # L7
+            "Q": (W * d, 0),
+            "O": (W * d, 0),
+            "dO": (W * d, 0),
+            "dQ": (W * d, W * d),  # L10, L21
+            "l": (W, 0),
+            "m": (W, 0),  # L10
+            "dK": (0, kv),
+            "dV": (0, kv),  # L24
+        }
+    )

@@ -83,7 +83,9 @@ def causal_kv_blocks(rows: range | slice, s_q: int, s_k: int, Bc: int) -> int:
     return math.ceil(visible_cols / Bc)
 
 
-def flash_forward_fa2(q, k, v, softmax_scale=None, causal=False, dropout_p=0.0, seed=0, M=None, Br=None, Bc=None, counter=None):
+def flash_forward_fa2(
+    q, k, v, softmax_scale=None, causal=False, dropout_p=0.0, seed=0, M=None, Br=None, Bc=None, counter=None
+):
     """FA2 Algorithm 1 on (b, s, h, d) inputs, in float64.
 
     Parameters
@@ -153,7 +155,8 @@ def flash_forward_fa2(q, k, v, softmax_scale=None, causal=False, dropout_p=0.0, 
                 O_i = np.zeros((n_r, d))
                 l_i = np.zeros(n_r)
                 m_i = np.full(n_r, -np.inf)
-                # Dev: causal block skipping (FA2 section 3.1.1): key blocks past the last row's horizon are never visited
+                # Dev: causal block skipping (FA2 section 3.1.1): key blocks past the last row's horizon are never
+                # visited
                 n_blocks = causal_kv_blocks(rows, s_q, s_k, Bc) if causal else len(col_blocks)
                 # FA2.1 L6: for j = 1..Tc
                 for cols in col_blocks[:n_blocks]:
@@ -163,21 +166,27 @@ def flash_forward_fa2(q, k, v, softmax_scale=None, causal=False, dropout_p=0.0, 
                     V_j = gV[bi, cols, hk]  # HBM read: Bc*d
                     # FA2.1 L8: S_i^(j) = Q_i K_j^T  (times tau)
                     S_ij = tau * (Q_i @ K_j.T)
-                    # Dev: elementwise causal mask only on tiles the diagonal crosses (last column beyond the first row's horizon)
+                    # Dev: elementwise causal mask only on tiles the diagonal crosses (last column beyond the first
+                    # row's horizon)
                     if causal and cols.stop - 1 > rows.start + s_k - s_q:
                         visible = causal_mask(s_q, s_k, range(rows.start, rows.stop), range(cols.start, cols.stop))
                         S_ij = np.where(visible, S_ij, -np.inf)
-                    # FA2.1 L9: m_i^(j) = max(m_i^(j-1), rowmax S), P~ = exp(S - m_i^(j)), l_i^(j) = e^(m^(j-1) - m^(j)) l^(j-1) + rowsum P~
+                    # FA2.1 L9: m_i^(j) = max(m_i^(j-1), rowmax S), P~ = exp(S - m_i^(j)), l_i^(j) = e^(m^(j-1) - m^(j))
+                    # l^(j-1) + rowsum P~
                     m_new = np.maximum(m_i, S_ij.max(axis=1))
-                    m_new_safe = np.where(np.isfinite(m_new), m_new, 0.0)  # Dev: a row unseen so far keeps m = -inf; no NaN
+                    m_new_safe = np.where(np.isfinite(m_new), m_new, 0.0)  # Dev: a row unseen so far keeps m = -inf; no
+                    # NaN
                     P_tilde = np.exp(S_ij - m_new_safe[:, None])
                     alpha = rescale(m_i, m_new)  # e^(m_old - m_new) <= 1
                     l_i = alpha * l_i + P_tilde.sum(axis=1)  # from the undropped P~ (as FA1 Alg.2 L13)
                     if dropout_p > 0.0:
                         # Dev: dropout as in FA1 Alg.2 L14 (FA2's Algorithm 1 omits it)
-                        Z_ij = dropout_scale_matrix(seed, bh, range(rows.start, rows.stop), range(cols.start, cols.stop), dropout_p)
+                        Z_ij = dropout_scale_matrix(
+                            seed, bh, range(rows.start, rows.stop), range(cols.start, cols.stop), dropout_p
+                        )
                         P_tilde = P_tilde * Z_ij
-                    # FA2.1 L10: O_i^(j) = diag(e^(m^(j-1) - m^(j))) O_i^(j-1) + P~ V_j  (no inverse: the paper's is a typo)
+                    # FA2.1 L10: O_i^(j) = diag(e^(m^(j-1) - m^(j))) O_i^(j-1) + P~ V_j  (no inverse: the paper's is a
+                    # typo)
                     O_i = alpha[:, None] * O_i + P_tilde @ V_j
                     m_i = m_new
                     # [/doc:ref-fa2-inner-loop]

@@ -127,7 +127,13 @@ class IOCount:
         names = set(self.by_name) | set(other.by_name)
         z = (0, 0)
         return IOCount.from_by_name(
-            {k: (self.by_name.get(k, z)[0] + other.by_name.get(k, z)[0], self.by_name.get(k, z)[1] + other.by_name.get(k, z)[1]) for k in names}
+            {
+                k: (
+                    self.by_name.get(k, z)[0] + other.by_name.get(k, z)[0],
+                    self.by_name.get(k, z)[1] + other.by_name.get(k, z)[1],
+                )
+                for k in names
+            }
         )
 
     def scaled(self, factor: int) -> IOCount:
@@ -334,7 +340,9 @@ def io_alg4_backward(N, d, M=None, Br=None, Bc=None, N_k=None, b=1, h=1, h_k=Non
     return _per_heads(q_side, kv_side, b, h, h_k)
 
 
-def io_fa2_backward(N, d, M=None, Br=None, Bc=None, N_k=None, b=1, h=1, h_k=None, load_o_at_L9=False, load_dq_at_L9=False) -> IOCount:
+def io_fa2_backward(
+    N, d, M=None, Br=None, Bc=None, N_k=None, b=1, h=1, h_k=None, load_o_at_L9=False, load_dq_at_L9=False
+) -> IOCount:
     """FA2 Algorithm 2: the D pre-pass, then column-block-outer loops with a dQ read-modify-write.
 
     Per head (MHA): ``reads = 2 Nq d + 2 Nk d + Tc Nq (3d + 2)``, ``writes = Nq + Tc Nq d + 2 Nk d``.
@@ -435,8 +443,14 @@ def table_rows(N, d, M=None, Br=None, Bc=None, sparsity=0.25) -> list[dict]:
         ("backward", "FlashAttention-2", "FA2 Alg.2", (Br_, Bc_), c["fa2_b"], "6Nd + N + Tc N(4d+2)"),
         ("fwd+bwd", "standard", "Alg.0 + Alg.3", nt, c["std_f"] + c["std_b"], "11N^2 + 12Nd"),
         ("fwd+bwd", "FlashAttention", "Alg.2 + Alg.4", (Br_, Bc_), c["fa1_f"] + c["fa1_b"], "6Nd + Tc N(8d+6)"),
-        ("fwd+bwd", "FlashAttention-2", "FA2 Alg.1 + Alg.2", (Br_, Bc_), c["fa2_f"] + c["fa2_b"],
-         "N(8d+2) + 2 Tr N d + Tc N(4d+2)"),
+        (
+            "fwd+bwd",
+            "FlashAttention-2",
+            "FA2 Alg.1 + Alg.2",
+            (Br_, Bc_),
+            c["fa2_f"] + c["fa2_b"],
+            "N(8d+2) + 2 Tr N d + Tc N(4d+2)",
+        ),
     ]
     standard = {"forward": c["std_f"].total, "backward": c["std_b"].total, "fwd+bwd": (c["std_f"] + c["std_b"]).total}
     rows = []
@@ -508,11 +522,16 @@ def sweep_rows(N, d, Ms=None) -> list[dict]:
 def _range_remark(N, d, M) -> list[str]:
     """One line when ``M`` is outside Theorem 2's range ``d <= M <= N d`` (the table still prints, as counted)."""
     if M < d:
-        return [f"Note: M = {M:,} < d = {d}: below Theorem 2's range d <= M <= N d. Not even one row of K fits in SRAM;",
-                "the block sizes are clamped to 1, and the counts are those of the algorithm run that way, not the theorem's."]
+        return [
+            f"Note: M = {M:,} < d = {d}: below Theorem 2's range d <= M <= N d. Not even one row of K fits in SRAM;",
+            "the block sizes are clamped to 1, and the counts are those of the algorithm run that way, not the "
+            "theorem's.",
+        ]
     if M > N * d:
-        return [f"Note: M = {M:,} > N d = {N * d:,}: beyond Theorem 2's range d <= M <= N d; K and V fit in SRAM whole,",
-                "so Tc is 1 to 3 and the theorem's Theta(N^2 d^2 / M) no longer describes the count."]
+        return [
+            f"Note: M = {M:,} > N d = {N * d:,}: beyond Theorem 2's range d <= M <= N d; K and V fit in SRAM whole,",
+            "so Tc is 1 to 3 and the theorem's Theta(N^2 d^2 / M) no longer describes the count.",
+        ]
     return []
 
 
@@ -544,7 +563,8 @@ def format_table(N, d, M=None, Br=None, Bc=None, sparsity=0.25) -> str:
         f"{'total':>14} {'MB fp32':>10} {'std/this':>9}"
     )
     lines = [
-        "IO model: HBM accesses per (batch, head), in elements (FA1 Theorems 2 and 5, Proposition 4; FA2 Algorithms 1-2)",
+        "IO model: HBM accesses per (batch, head), in elements (FA1 Theorems 2 and 5, Proposition 4; FA2 Algorithms "
+        "1-2)",
         f"N = {N} (s_q = s_k), d = {d}, M = {M_:,} elements ({M_ * 4 / 1024:g} KB of fp32), "
         f"Br = {Br_}, Bc = {Bc_}, Tr = {Tr}, Tc = {Tc}",
         *_range_remark(N, d, M_),
@@ -571,7 +591,8 @@ def format_table(N, d, M=None, Br=None, Bc=None, sparsity=0.25) -> str:
     lines += [head2, "-" * len(head2)]
     for r in sweep_rows(N, d, _default_sweep(N, d, M_)):
         lines.append(
-            f"{r['M']:>10,}{' ' if r['in_thm2_range'] else '*'}{r['KB_fp32']:>8g} {r['KB_fp16']:>8g} {r['Br']:>5} {r['Bc']:>6} {r['Tc']:>5} "
+            f"{r['M']:>10,}{' ' if r['in_thm2_range'] else '*'}{r['KB_fp32']:>8g} {r['KB_fp16']:>8g} {r['Br']:>5} "
+            f"{r['Bc']:>6} {r['Tc']:>5} "
             f"{r['fwd_FA1']:>7.2f}x {r['fwd_FA2']:>7.2f}x {r['fwd_FA2_swapped']:>8.2f}x {r['fwd_bwd_FA1']:>7.2f}x "
             f"{r['fwd_bwd_FA2']:>7.2f}x {r['M_over_3d2']:>7.2f}"
         )
@@ -601,7 +622,9 @@ def gpt2_medium_bytes(M=98304, itemsize=2) -> dict:
     N, d, heads = 1024, 64, 64 * 16
 
     def std(passes):
-        return (io_standard_forward(N, d, elementwise_passes=passes) + io_alg3_backward(N, d, elementwise_passes=passes)).scaled(heads)
+        return (
+            io_standard_forward(N, d, elementwise_passes=passes) + io_alg3_backward(N, d, elementwise_passes=passes)
+        ).scaled(heads)
 
     fa1 = (io_alg2_forward(N, d, M=M) + io_alg4_backward(N, d, M=M)).scaled(heads)
     return {
@@ -622,9 +645,12 @@ def _gpt2_paragraph() -> list[str]:
         "The paper's 'up to 9x fewer HBM accesses' (FA1 Fig. 2: GPT-2 medium, batch 64, 16 heads, N = 1024, d = 64,",
         "fwd+bwd on an A100; measured 40.3 GB standard vs 4.4 GB FlashAttention, 35.3 GB vs 4.4 GB in the NeurIPS",
         "version, captioned 'key-padding mask and no dropout') in this model, at fp16:",
-        f"  standard, Alg.0 + Alg.3: {g['standard']:.1f} GB; with a separate mask kernel (one more N x N read and write",
-        f"  each way): {g['standard_1pass']:.1f} GB; with separate mask and dropout kernels: {g['standard_2passes']:.1f} GB.",
-        f"  FlashAttention (Alg.2 + Alg.4), M = 98,304 elements (192 KB of fp16, an A100's SRAM per SM): {g['flash']:.2f} GB,",
+        f"  standard, Alg.0 + Alg.3: {g['standard']:.1f} GB; with a separate mask kernel (one more N x N read and "
+        "write",
+        f"  each way): {g['standard_1pass']:.1f} GB; with separate mask and dropout kernels: "
+        f"{g['standard_2passes']:.1f} GB.",
+        "  FlashAttention (Alg.2 + Alg.4), M = 98,304 elements (192 KB of fp16, an A100's SRAM per SM): "
+        f"{g['flash']:.2f} GB,",
         f"  {r[0]:.1f}x / {r[1]:.1f}x / {r[2]:.1f}x fewer; M = 51,200 (100 KB of fp16): {g100['flash']:.2f} GB, "
         f"{r100[0]:.1f}x / {r100[1]:.1f}x / {r100[2]:.1f}x fewer.",
     ]

@@ -134,6 +134,8 @@ def merge(m1, l1, m2, l2, o1=None, o2=None, normalized=True):
     else:
         o = a1[..., None] * o1 + a2[..., None] * o2
     return SoftmaxState(m, l, o)
+
+
 # [/doc:ref-online-softmax-merge]
 
 

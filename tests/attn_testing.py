@@ -179,11 +179,15 @@ def assert_error_rule(out, ref64, naive32, mult=2.0, what="output"):
     """max|out - ref| <= mult * max|naive32 - ref| + ulp_floor(ref); NaN never passes."""
     out = np.asarray(out, dtype=np.float64)
     assert out.shape == np.shape(ref64), f"{what}: shape {out.shape} != reference {np.shape(ref64)}"
-    assert np.all(np.isfinite(out)), f"{what}: {np.count_nonzero(~np.isfinite(out))} non-finite elements (unwritten or NaN)"
+    assert np.all(np.isfinite(out)), (
+        f"{what}: {np.count_nonzero(~np.isfinite(out))} non-finite elements (unwritten or NaN)"
+    )
     err = max_err(out, ref64)
     base = max_err(naive32, ref64)
     bound = mult * base + ulp_floor(ref64)
-    assert err <= bound, f"{what}: max error {err:.3e} > {mult} x float32-naive error {base:.3e} + floor {ulp_floor(ref64):.1e}"
+    assert err <= bound, (
+        f"{what}: max error {err:.3e} > {mult} x float32-naive error {base:.3e} + floor {ulp_floor(ref64):.1e}"
+    )
     return err, base
 
 
@@ -238,7 +242,12 @@ def torch_attention(q, k, v, causal, p, seed, dtype, softmax_scale=None):
         S = S.masked_fill(~torch.tensor(causal_mask(s_q, s_k), device=q.device), float("-inf"))
     P = torch.softmax(S, -1).nan_to_num(0.0)
     if p > 0:
-        Z = np.stack([np.stack([dropout_scale_matrix(seed, bi * h + hi, range(s_q), range(s_k), p) for hi in range(h)]) for bi in range(b)])
+        Z = np.stack(
+            [
+                np.stack([dropout_scale_matrix(seed, bi * h + hi, range(s_q), range(s_k), p) for hi in range(h)])
+                for bi in range(b)
+            ]
+        )
         P = P * torch.tensor(Z, device=q.device, dtype=dtype)
     return torch.einsum("bhij,bjhd->bihd", P, vv)
 
@@ -258,7 +267,7 @@ def unaligned_copy(x):
     assert x.itemsize == 4, x.dtype
     buf = np.empty(x.size + 4, x.dtype)
     off = (4 - buf.ctypes.data % 16 // 4) % 4 + 1  # elements to a 16-byte boundary, plus one
-    y = buf[off:off + x.size].reshape(x.shape)
+    y = buf[off : off + x.size].reshape(x.shape)
     y[...] = x
     return y
 
@@ -348,13 +357,16 @@ def half_inputs(rng, dtype, b, s_q, s_k, h, h_k, d, device="cpu"):
 
 def run_half_forward(th, causal, p, seed, block_sizes, features, softmax_scale=None):
     """The half forward (:mod:`numba_flash.tensorcore.fa2_forward_half`) at kernel level on torch q, k, v ``th`` with
-    ``features``, outputs NaN-poisoned: ``((O as half words, L, m, l) as NumPy arrays, the features it planned with)``."""
+    ``features``, outputs NaN-poisoned: ``((O as half words, L, m, l) as NumPy arrays, the features it planned
+    with)``."""
     from numba_flash._launch import Allocator, check_attention_args
     from numba_flash.tensorcore import fa2_forward_half
 
     prob = check_attention_args(*th, p, softmax_scale, causal, seed)
     alloc = Allocator(th[0])
-    _, host, planned = forward_recording_plan(fa2_forward_half, [alloc.to_words(x) for x in th], prob, alloc, block_sizes, features)
+    _, host, planned = forward_recording_plan(
+        fa2_forward_half, [alloc.to_words(x) for x in th], prob, alloc, block_sizes, features
+    )
     return host, planned
 
 
@@ -377,7 +389,9 @@ def assert_same_bits(a, b, what, names=("O", "L", "m", "l")):
     """The outputs ``a`` and ``b`` (NumPy arrays of 4-byte elements; by default the forward's O, L, m, l, else as
     ``names`` says) are bitwise equal; ``what`` names the two."""
     for name, x, y in zip(names, a, b):
-        np.testing.assert_array_equal(np.asarray(x).view(np.uint32), np.asarray(y).view(np.uint32), err_msg=f"{name}: {what} differ")
+        np.testing.assert_array_equal(
+            np.asarray(x).view(np.uint32), np.asarray(y).view(np.uint32), err_msg=f"{name}: {what} differ"
+        )
 
 
 def run_module_forward(module, q, k, v, causal, p, seed, block_sizes, features, words=None):
@@ -422,11 +436,14 @@ def assert_causal_tc_feature_keeps_the_bits(rng, b, s_q, s_k, h, h_k, d, p, bs, 
     assert_same_bits(got_on, got_off, f"{what} on and off")
 
 
-def run_tf32_backward(q, k, v, dout, causal, p, seed, block_sizes, features, deterministic=False, config=None, words=None):
-    """The 3xTF32 backward (:mod:`numba_flash.tensorcore.fa2_backward_tf32`) at kernel level with ``features``, after the 3xTF32
-    forward, outputs NaN-poisoned: ``([dq, dk, dv] as NumPy arrays, the features its plan was given, over the
-    defaults)`` (after ``backward``'s own fallbacks, e.g. an unaligned input turning ``CP_ASYNC`` off). ``words``: a dict
-    of kernel arrays (keys ``q``, ``k``, ``v``, ``dout``) to pass instead of aligned copies (e.g. :func:`unaligned_copy`)."""
+def run_tf32_backward(
+    q, k, v, dout, causal, p, seed, block_sizes, features, deterministic=False, config=None, words=None
+):
+    """The 3xTF32 backward (:mod:`numba_flash.tensorcore.fa2_backward_tf32`) at kernel level with ``features``, after
+    the 3xTF32 forward, outputs NaN-poisoned: ``([dq, dk, dv] as NumPy arrays, the features its plan was given, over the
+    defaults)`` (after ``backward``'s own fallbacks, e.g. an unaligned input turning ``CP_ASYNC`` off). ``words``: a
+    dict of kernel arrays (keys ``q``, ``k``, ``v``, ``dout``) to pass instead of aligned copies (e.g.
+    :func:`unaligned_copy`)."""
     from numba_flash._launch import Allocator, check_attention_args, poison_outputs
     from numba_flash.tensorcore import fa2_backward_tf32, fa2_forward_tf32
 
@@ -444,8 +461,20 @@ def run_tf32_backward(q, k, v, dout, causal, p, seed, block_sizes, features, det
     fa2_backward_tf32.plan = plan
     try:
         with poison_outputs():
-            grads = fa2_backward_tf32.backward(arrays["dout"], arrays["q"], arrays["k"], arrays["v"], fwd.out, fwd, prob, alloc,
-                                               block_sizes, deterministic, config, features)
+            grads = fa2_backward_tf32.backward(
+                arrays["dout"],
+                arrays["q"],
+                arrays["k"],
+                arrays["v"],
+                fwd.out,
+                fwd,
+                prob,
+                alloc,
+                block_sizes,
+                deterministic,
+                config,
+                features,
+            )
     finally:
         fa2_backward_tf32.plan = real_plan
     return [to_host(g) for g in grads], planned[0]

@@ -38,8 +38,9 @@ def pytest_collection_modifyitems(config, items):
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (running in Numba's CUDA simulator)")
     skip_slow = pytest.mark.skip(reason="slow in the simulator: use --runslow (always runs on a GPU)")
     skip_sim = pytest.mark.skip(reason="simulator-only check")
-    skip_tier = pytest.mark.skip(reason="exhaustive tier in the simulator (tests/quick_tier.py): use --runslow "
-                                        "(always runs on a GPU)")
+    skip_tier = pytest.mark.skip(
+        reason="exhaustive tier in the simulator (tests/quick_tier.py): use --runslow (always runs on a GPU)"
+    )
     tier = _quick_tier_cases(config, items)
     for item in items:
         if "gpu" in item.keywords and not on_gpu:
@@ -74,7 +75,9 @@ def _quick_tier_cases(config, items) -> set:
             stale.append(f"{test}: {missing or 'no such test'}")
         out.update(it for it in found if hasattr(it, "callspec") and it.callspec.id not in kept)
     if stale:
-        raise pytest.UsageError("tests/quick_tier.py names cases that no longer exist (update it):\n  " + "\n  ".join(stale))
+        raise pytest.UsageError(
+            "tests/quick_tier.py names cases that no longer exist (update it):\n  " + "\n  ".join(stale)
+        )
     return out
 
 

@@ -71,8 +71,13 @@ def test_non_contiguous_inputs_give_the_contiguous_result(rng, algorithm):
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_return_attn_probs_gives_float32_logsumexp_per_query_row(rng, algorithm):
     q, k, v = make_qkv(rng, 2, 11, 7, 2, 2, 4)
-    out, lse, s_dmask = flash_attn_func(*to_torch(q, k, v, dtype=torch.float16), causal=True,
-                                        return_attn_probs=True, algorithm=algorithm, block_sizes=(8, 8))
+    out, lse, s_dmask = flash_attn_func(
+        *to_torch(q, k, v, dtype=torch.float16),
+        causal=True,
+        return_attn_probs=True,
+        algorithm=algorithm,
+        block_sizes=(8, 8),
+    )
     assert s_dmask is None
     assert lse.dtype == torch.float32 and tuple(lse.shape) == (2, 2, 11) and out.dtype == torch.float16
     q32, k32, v32 = (x.astype(np.float16).astype(np.float32) for x in (q, k, v))
@@ -151,8 +156,11 @@ def test_read_only_numpy_arrays_are_accepted_by_forward_and_backward(rng, algori
 # ----------------------------------------------------------------------------------------------
 # Scalars of every kind
 # ----------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("make", [np.float32, np.float64, lambda x: np.array(x), lambda x: torch.tensor(x, dtype=torch.float64)],
-                         ids=["np.float32", "np.float64", "0-d array", "0-d tensor"])
+@pytest.mark.parametrize(
+    "make",
+    [np.float32, np.float64, lambda x: np.array(x), lambda x: torch.tensor(x, dtype=torch.float64)],
+    ids=["np.float32", "np.float64", "0-d array", "0-d tensor"],
+)
 def test_numpy_and_0d_scalars_give_the_result_of_python_floats(rng, make):
     q, k, v = make_qkv(rng, 1, 8, 9, 1, 1, 4)
     want = attention_numpy(q, k, v, 0.25, 0.5, algorithm="flash1", seed=np.uint32(4), block_sizes=(8, 8))

@@ -102,28 +102,62 @@ class TestEveryBadArgumentIsNamed:
         q, k, v = qkv(rng)
         expect(ValueError, r"^softmax_scale must be finite and positive", both_apis(q, k, v, softmax_scale=scale))
 
-    @pytest.mark.parametrize("scale", ["0.5", True, np.bool_(True), 0.5j, np.complex64(0.5), np.array(0.5 + 0j),
-                                       np.array([0.5]), np.array([0.5, 0.5]), torch.tensor([0.5]), torch.tensor(True), [0.5]],
-                             ids=["str", "bool", "np.bool_", "complex", "np.complex64", "0-d complex array", "1-element array",
-                                  "2-element array", "1-element tensor", "0-d bool tensor", "list"])
+    @pytest.mark.parametrize(
+        "scale",
+        [
+            "0.5",
+            True,
+            np.bool_(True),
+            0.5j,
+            np.complex64(0.5),
+            np.array(0.5 + 0j),
+            np.array([0.5]),
+            np.array([0.5, 0.5]),
+            torch.tensor([0.5]),
+            torch.tensor(True),
+            [0.5],
+        ],
+        ids=[
+            "str",
+            "bool",
+            "np.bool_",
+            "complex",
+            "np.complex64",
+            "0-d complex array",
+            "1-element array",
+            "2-element array",
+            "1-element tensor",
+            "0-d bool tensor",
+            "list",
+        ],
+    )
     def test_softmax_scale_that_is_not_a_real_scalar_is_a_type_error(self, rng, scale):
         q, k, v = qkv(rng)
         expect(TypeError, r"^softmax_scale must be a real number", both_apis(q, k, v, softmax_scale=scale))
 
-    @pytest.mark.parametrize("scale", [np.float32(np.inf), np.float64(np.nan), np.array(0.0), torch.tensor(-1.0), np.int64(0)],
-                             ids=["np.float32 inf", "np.float64 nan", "0-d array 0", "0-d tensor -1", "np.int64 0"])
+    @pytest.mark.parametrize(
+        "scale",
+        [np.float32(np.inf), np.float64(np.nan), np.array(0.0), torch.tensor(-1.0), np.int64(0)],
+        ids=["np.float32 inf", "np.float64 nan", "0-d array 0", "0-d tensor -1", "np.int64 0"],
+    )
     def test_numpy_or_0d_softmax_scale_that_is_not_finite_and_positive_is_refused(self, rng, scale):
         q, k, v = qkv(rng)
         expect(ValueError, r"^softmax_scale must be finite and positive", both_apis(q, k, v, softmax_scale=scale))
 
-    @pytest.mark.parametrize("p", [np.float32(1.0), np.float64(-0.1), np.array([0.1]), np.bool_(False), torch.tensor([0.1]), 0.1j],
-                             ids=["np.float32 1", "np.float64 -0.1", "1-element array", "np.bool_", "1-element tensor", "complex"])
+    @pytest.mark.parametrize(
+        "p",
+        [np.float32(1.0), np.float64(-0.1), np.array([0.1]), np.bool_(False), torch.tensor([0.1]), 0.1j],
+        ids=["np.float32 1", "np.float64 -0.1", "1-element array", "np.bool_", "1-element tensor", "complex"],
+    )
     def test_numpy_dropout_p_outside_0_1_or_not_a_scalar_is_refused(self, rng, p):
         q, k, v = qkv(rng)
         expect(ValueError, r"^dropout_p must be a number in \[0, 1\)", both_apis(q, k, v, dropout_p=p))
 
-    @pytest.mark.parametrize("seed", [np.float64(5.0), np.bool_(True), np.array([5]), np.int64(-1), np.uint64(2**32), torch.tensor(1.5)],
-                             ids=["np.float64", "np.bool_", "1-element array", "np.int64 -1", "np.uint64 2**32", "0-d float tensor"])
+    @pytest.mark.parametrize(
+        "seed",
+        [np.float64(5.0), np.bool_(True), np.array([5]), np.int64(-1), np.uint64(2**32), torch.tensor(1.5)],
+        ids=["np.float64", "np.bool_", "1-element array", "np.int64 -1", "np.uint64 2**32", "0-d float tensor"],
+    )
     def test_numpy_seed_that_is_not_a_uint32_integer_is_refused(self, rng, seed):
         q, k, v = qkv(rng)
         expect(ValueError, r"^seed must be an integer in \[0, 2\*\*32\)", both_apis(q, k, v, seed=seed))
@@ -146,7 +180,11 @@ class TestEveryBadArgumentIsNamed:
     @pytest.mark.parametrize("name", ["flash3", "Standard", "", 1])
     def test_unknown_algorithm_name_is_refused(self, rng, name):
         q, k, v = qkv(rng)
-        expect(ValueError, r"^algorithm must be one of \('standard', 'flash1', 'flash2'\)", both_apis(q, k, v, algorithm=name))
+        expect(
+            ValueError,
+            r"^algorithm must be one of \('standard', 'flash1', 'flash2'\)",
+            both_apis(q, k, v, algorithm=name),
+        )
 
     @pytest.mark.parametrize("bs", [(0, 16), (16, -1), (16,), (8, 8, 8), "ab", 16, (16.0, 16), (True, 8)])
     def test_malformed_block_sizes_are_refused(self, rng, bs):
@@ -172,13 +210,17 @@ class TestEveryBadArgumentIsNamed:
         with pytest.raises(TypeError, match=r"^q must be a torch.Tensor"):
             flash_attn_func(q, k, v)
 
-    @pytest.mark.parametrize(("scale", "what"), [(1e300, "overflows to inf"), (1e39, "overflows to inf"),
-                                                 (1e-50, "underflows to 0")])
+    @pytest.mark.parametrize(
+        ("scale", "what"), [(1e300, "overflows to inf"), (1e39, "overflows to inf"), (1e-50, "underflows to 0")]
+    )
     def test_softmax_scale_finite_in_float64_but_not_in_float32_is_refused(self, rng, scale, what):
         # Before: accepted, and every output was NaN (the kernels scale in float32).
         q, k, v = qkv(rng)
-        expect(ValueError, rf"^softmax_scale must be a positive float32 number .* {what} in float32$",
-               both_apis(q, k, v, softmax_scale=scale))
+        expect(
+            ValueError,
+            rf"^softmax_scale must be a positive float32 number .* {what} in float32$",
+            both_apis(q, k, v, softmax_scale=scale),
+        )
 
     @pytest.mark.parametrize("flag", ["yes", 1, None])
     def test_return_attn_probs_must_be_a_bool(self, rng, flag):
@@ -226,19 +268,37 @@ def test_block_sizes_beyond_the_opt_in_shared_memory_fail_before_the_fast_kernel
 
     monkeypatch.setattr(alg1_forward_fast, "alg1_forward_fast_kernel", built)
     q, k, v = qkv(rng, d=64)
-    with pytest.raises(ValueError, match=r"^block_sizes: tiles .* need \d+ bytes of shared memory at d=64; the device allows"):
+    with pytest.raises(
+        ValueError, match=r"^block_sizes: tiles .* need \d+ bytes of shared memory at d=64; the device allows"
+    ):
         attention_numpy(q, k, v, algorithm="flash1", variant="fast", block_sizes=(1024, 1024))
 
 
-@pytest.mark.parametrize(("name", "value", "want"), [
-    ("softmax_scale", np.float32(0.5), 0.5), ("softmax_scale", np.float16(0.25), 0.25), ("softmax_scale", np.int64(2), 2.0),
-    ("softmax_scale", np.array(0.5), 0.5), ("softmax_scale", np.array(3, dtype=np.int8), 3.0),
-    ("softmax_scale", torch.tensor(0.5), 0.5), ("softmax_scale", torch.tensor(2), 2.0), ("softmax_scale", Fraction(1, 4), 0.25),
-    ("dropout_p", np.float32(0.25), 0.25), ("dropout_p", np.array(0.5), 0.5), ("dropout_p", torch.tensor(0.125), 0.125),
-    ("dropout_p", np.int64(0), 0.0),
-    ("seed", np.int64(5), 5), ("seed", np.uint32(2**32 - 1), 2**32 - 1), ("seed", np.array(7), 7), ("seed", torch.tensor(9), 9),
-    ("softmax_scale", 2, 2.0), ("softmax_scale", 0.5, 0.5), ("dropout_p", 0, 0.0), ("seed", 5, 5),  # Python's own: the fast path
-])
+@pytest.mark.parametrize(
+    ("name", "value", "want"),
+    [
+        ("softmax_scale", np.float32(0.5), 0.5),
+        ("softmax_scale", np.float16(0.25), 0.25),
+        ("softmax_scale", np.int64(2), 2.0),
+        ("softmax_scale", np.array(0.5), 0.5),
+        ("softmax_scale", np.array(3, dtype=np.int8), 3.0),
+        ("softmax_scale", torch.tensor(0.5), 0.5),
+        ("softmax_scale", torch.tensor(2), 2.0),
+        ("softmax_scale", Fraction(1, 4), 0.25),
+        ("dropout_p", np.float32(0.25), 0.25),
+        ("dropout_p", np.array(0.5), 0.5),
+        ("dropout_p", torch.tensor(0.125), 0.125),
+        ("dropout_p", np.int64(0), 0.0),
+        ("seed", np.int64(5), 5),
+        ("seed", np.uint32(2**32 - 1), 2**32 - 1),
+        ("seed", np.array(7), 7),
+        ("seed", torch.tensor(9), 9),
+        ("softmax_scale", 2, 2.0),
+        ("softmax_scale", 0.5, 0.5),
+        ("dropout_p", 0, 0.0),
+        ("seed", 5, 5),  # Python's own: the fast path
+    ],
+)
 def test_any_real_scalar_is_accepted_as_softmax_scale_dropout_p_and_seed(rng, name, value, want):
     """Python, NumPy (any width) and 0-d array or tensor scalars are taken as the number they hold."""
     from numba_flash._launch import check_attention_args
@@ -265,10 +325,17 @@ def test_a_remembered_check_gives_back_the_problem_the_check_gives(rng, monkeypa
     assert first == _launch._check_attention_args(q, k, v, 0.0, None, True, 3) and len(_launch._checked) == 1
     assert _launch.check_attention_args(q, k, v, 0.0, None, True, 3) is first
     assert _launch.check_attention_args(q.clone(), k.clone(), v.clone(), 0.0, None, True, 3) is first  # other data
-    others = [(q.double(), k.double(), v.double(), 0.0, None, True, 3), (q[:, :4], k, v, 0.0, None, True, 3),
-              (q, k[:, :6], v[:, :6], 0.0, None, True, 3), (q, k.repeat(1, 1, 2, 1), v.repeat(1, 1, 2, 1), 0.0, None, True, 3),
-              (q, k, v, 0.25, None, True, 3), (q, k, v, 0.0, 0.5, True, 3), (q, k, v, 0.0, None, False, 3),
-              (q, k, v, 0.0, None, True, 4), (q, k, v, 0, None, True, 3)]
+    others = [
+        (q.double(), k.double(), v.double(), 0.0, None, True, 3),
+        (q[:, :4], k, v, 0.0, None, True, 3),
+        (q, k[:, :6], v[:, :6], 0.0, None, True, 3),
+        (q, k.repeat(1, 1, 2, 1), v.repeat(1, 1, 2, 1), 0.0, None, True, 3),
+        (q, k, v, 0.25, None, True, 3),
+        (q, k, v, 0.0, 0.5, True, 3),
+        (q, k, v, 0.0, None, False, 3),
+        (q, k, v, 0.0, None, True, 4),
+        (q, k, v, 0, None, True, 3),
+    ]
     for call in others:
         got = _launch.check_attention_args(*call)
         assert got == _launch._check_attention_args(*call)
@@ -308,8 +375,11 @@ def test_calls_with_other_than_tensors_and_python_options_are_always_checked(rng
     q, k, v = arrays if case == "numpy arrays" else _torch_qkv(rng)
     if case == "parameter":
         q = torch.nn.Parameter(q)
-    options = {"tensor scale": (0.0, torch.tensor(0.5), False, 0), "numpy seed": (0.0, None, False, np.int64(1)),
-               "numpy causal": (0.0, None, np.bool_(True), 0)}.get(case, (0.0, None, False, 0))
+    options = {
+        "tensor scale": (0.0, torch.tensor(0.5), False, 0),
+        "numpy seed": (0.0, None, False, np.int64(1)),
+        "numpy causal": (0.0, None, np.bool_(True), 0),
+    }.get(case, (0.0, None, False, 0))
     assert _launch._check_key(q, k, v, *options) is None
     assert _launch._check_key(*_torch_qkv(rng), 0.0, None, False, 0) is not None
 

@@ -31,8 +31,11 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGE = (ROOT / "docs" / "architecture.rst").read_text()
 
 #: The wing each variant's kernels live in (the tensor-core variant's last route is the FFMA kernel above d = 128).
-WING = {"readable": ("numba_flash.",), "fast": ("numba_flash.fast.",),
-        "tensorcore": ("numba_flash.tensorcore.", "numba_flash.fast.")}
+WING = {
+    "readable": ("numba_flash.",),
+    "fast": ("numba_flash.fast.",),
+    "tensorcore": ("numba_flash.tensorcore.", "numba_flash.fast."),
+}
 
 
 def test_every_registered_kernel_lives_in_its_variants_wing():
@@ -60,8 +63,11 @@ def test_import_graph_has_no_cycle_and_readable_modules_import_no_fast_wing():
 
 
 def test_the_wing_check_catches_a_readable_module_importing_a_tensor_core_kernel():
-    g = {"numba_flash.fa2_forward": {"numba_flash.tensorcore.ptx"}, "numba_flash.tensorcore.ptx": set(),
-         "numba_flash.registry": {"numba_flash.tensorcore.ptx"}}
+    g = {
+        "numba_flash.fa2_forward": {"numba_flash.tensorcore.ptx"},
+        "numba_flash.tensorcore.ptx": set(),
+        "numba_flash.registry": {"numba_flash.tensorcore.ptx"},
+    }
     assert module_graph.wing_violations(g) == [("numba_flash.fa2_forward", "numba_flash.tensorcore.ptx")]
 
 
@@ -73,7 +79,9 @@ def test_no_kernel_module_imports_another_kernel_of_its_algorithm_and_pass():
     for (alg, pass_), mods in by_pass.items():
         for m in mods:
             others = (mods - {m}) & g[m]
-            assert not others, f"{m} imports {sorted(others)}: the registry, not a kernel, picks the {alg} {pass_} kernel"
+            assert not others, (
+                f"{m} imports {sorted(others)}: the registry, not a kernel, picks the {alg} {pass_} kernel"
+            )
 
 
 def test_the_page_shows_the_registry_table_and_lists_every_wing():
@@ -108,9 +116,11 @@ def _package_files():
 
 def long_functions(path: Path, limit: int = MAX_FUNCTION_LINES) -> list[str]:
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    return [f"{node.name} ({node.end_lineno - node.lineno + 1} lines, from line {node.lineno})"
-            for node in ast.walk(tree)
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > limit]
+    return [
+        f"{node.name} ({node.end_lineno - node.lineno + 1} lines, from line {node.lineno})"
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > limit
+    ]
 
 
 def docstring_commits(path: Path) -> list[str]:
@@ -136,6 +146,8 @@ def test_no_docstring_in_the_package_cites_a_commit():
 def test_the_size_and_commit_checks_catch_what_they_claim(tmp_path):
     f = tmp_path / "k.py"
     body = "\n".join(f"    x{i} = {i}" for i in range(300))
-    f.write_text(f'"""Fixed in a1b2c3d, timed at 4096 and 0x1f2e."""\n\n\ndef short():\n    return 1\n\n\ndef big():\n{body}\n')
+    f.write_text(
+        f'"""Fixed in a1b2c3d, timed at 4096 and 0x1f2e."""\n\n\ndef short():\n    return 1\n\n\ndef big():\n{body}\n'
+    )
     assert long_functions(f) == ["big (301 lines, from line 8)"]
     assert docstring_commits(f) == ["module: a1b2c3d"]

@@ -50,7 +50,14 @@ def torch_naive_attention(q, k, v, softmax_scale=None, causal=False, dropout_p=0
     else:
         P = torch.softmax(S, dim=-1)
     if dropout_p > 0:
-        Z = np.stack([np.stack([dropout_scale_matrix(seed, bi * h + hi, range(s_q), range(s_k), dropout_p) for hi in range(h)]) for bi in range(b)])
+        Z = np.stack(
+            [
+                np.stack(
+                    [dropout_scale_matrix(seed, bi * h + hi, range(s_q), range(s_k), dropout_p) for hi in range(h)]
+                )
+                for bi in range(b)
+            ]
+        )
         P = P * torch.from_numpy(Z).to(device=q.device, dtype=q.dtype)
     return torch.einsum("bhqk,bkhd->bqhd", P, vv)
 
@@ -73,11 +80,15 @@ def assert_autograd_follows_error_rule(got, q, k, v, g, **opts):
     finally:
         torch.backends.cuda.matmul.allow_tf32 = old
     for name, a, r, n in zip(("dq", "dk", "dv"), got, ref, naive):
-        assert_error_rule(a.detach().cpu().double().numpy(), r.cpu().numpy(), n.cpu().double().numpy(), mult=3.0, what=name)
+        assert_error_rule(
+            a.detach().cpu().double().numpy(), r.cpu().numpy(), n.cpu().double().numpy(), mult=3.0, what=name
+        )
 
 
 def tensors(rng, b, s_q, s_k, h, h_k, d, device="cpu", dtype=torch.float32, scale=1.0):
-    q, k, v = (torch.from_numpy(x).to(device=device, dtype=dtype) for x in make_qkv(rng, b, s_q, s_k, h, h_k, d, scale=scale))
+    q, k, v = (
+        torch.from_numpy(x).to(device=device, dtype=dtype) for x in make_qkv(rng, b, s_q, s_k, h, h_k, d, scale=scale)
+    )
     g = torch.from_numpy(rng.standard_normal(tuple(q.shape))).to(device=device, dtype=dtype)
     return q, k, v, g
 
@@ -132,7 +143,9 @@ def test_attention_backward_numpy_equals_float64_reference(rng, algo):
     q, k, v = make_qkv(rng, b, s_q, s_k, h, h_k, d)
     dout = rng.standard_normal(q.shape).astype(np.float32)
     with poison_outputs():
-        out, stats = attention_numpy(q, k, v, p, causal=causal, algorithm=algo, seed=5, block_sizes=SIM_TILES, return_stats=True)
+        out, stats = attention_numpy(
+            q, k, v, p, causal=causal, algorithm=algo, seed=5, block_sizes=SIM_TILES, return_stats=True
+        )
         got = attention_backward_numpy(dout, q, k, v, out, stats)
     assert stats.lse.shape == (b, h, s_q)
     ref = standard_backward(dout, q, k, v, causal=causal, dropout_p=p, seed=5)
@@ -282,4 +295,3 @@ def test_recomputation_backward_allocates_no_n_by_n_matrix_on_gpu(rng):
     nxn = 4 * b * h * n * n
     assert extra - io < 0.02 * nxn, (extra, io, nxn)
     assert max_err(leaves[0].grad.cpu().numpy(), 0.0) > 0
-

@@ -29,8 +29,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_module(*args, timeout=600):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]), PYTHONWARNINGS="ignore")
-    return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]), PYTHONWARNINGS="ignore"
+    )
+    return subprocess.run(
+        [sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env
+    )
 
 
 @pytest.mark.simulator_only
@@ -46,8 +50,15 @@ def test_io_measure_dry_run_lists_every_algorithm_and_variant_on_both_parts(caps
     out = capsys.readouterr().out
     for alg, variants in common.VARIANTS.items():
         for v in variants:
-            assert any(alg in ln and (v or "-") in ln and "N=1024" in ln and "b=64" in ln for ln in out.splitlines()), (alg, v)
-    assert "N=65536" in out and "dram__bytes_read.sum,dram__bytes_write.sum" in out and "--nvtx-include numba_flash_measure/" in out
+            assert any(alg in ln and (v or "-") in ln and "N=1024" in ln and "b=64" in ln for ln in out.splitlines()), (
+                alg,
+                v,
+            )
+    assert (
+        "N=65536" in out
+        and "dram__bytes_read.sum,dram__bytes_write.sum" in out
+        and "--nvtx-include numba_flash_measure/" in out
+    )
     cases = measure_io.cases()
     assert len({measure_io.case_key(c) for c in cases}) == len(cases)  # parts merge by key: keys are unique
 
@@ -60,13 +71,15 @@ some program output
 "1","4242","python3.12","127.0.0.1","row_softmax","1","7","(64, 4, 1)","(256, 16, 1)","0","9.0","Command line profiler metrics","dram__bytes_read.sum","Kbyte","3"
 "1","4242","python3.12","127.0.0.1","row_softmax","1","7","(64, 4, 1)","(256, 16, 1)","0","9.0","Command line profiler metrics","dram__bytes_write.sum","byte","0"
 ==PROF== Disconnected from process 4242
-"""
+"""  # noqa: E501  (ncu's CSV rows, as it prints them)
 
 
 def test_ncu_csv_is_parsed_into_bytes_per_kernel():
     rows = ncu.parse_csv(NCU_CSV)
-    assert rows == [{"id": "0", "kernel": "kernel", "read": 1048576.0, "write": 2.5e6},
-                    {"id": "1", "kernel": "row_softmax", "read": 3000.0, "write": 0.0}]
+    assert rows == [
+        {"id": "0", "kernel": "kernel", "read": 1048576.0, "write": 2.5e6},
+        {"id": "1", "kernel": "row_softmax", "read": 3000.0, "write": 0.0},
+    ]
     assert ncu.parse_csv("==PROF== nothing profiled\n") == []
     with pytest.raises(ValueError, match="unknown unit"):
         ncu.parse_csv(NCU_CSV.replace('"Mbyte"', '"furlong"'))
@@ -74,8 +87,10 @@ def test_ncu_csv_is_parsed_into_bytes_per_kernel():
 
 def test_measured_rows_carry_the_io_model_at_the_kernels_tiles():
     gpt2 = dict(b=64, h=16)
-    by = {(c["algorithm"], c.get("variant"), c["pass"], (c.get("mask_info") or {}).get("pattern")): c
-          for c in measure_io.cases(("gpt2",))}
+    by = {
+        (c["algorithm"], c.get("variant"), c["pass"], (c.get("mask_info") or {}).get("pattern")): c
+        for c in measure_io.cases(("gpt2",))
+    }
     fake = {"dram_read_bytes": 3e9, "dram_write_bytes": 1e9, "dram_bytes": 4e9}
     row = measure_io.complete(by[("flash1", "fast", "forward", None)], {**fake, "tiles_forward": [32, 128]}, 50 * 2**20)
     assert row["model_bytes"] == 4 * io_model.io_alg1_forward(1024, 64, Br=32, Bc=128, **gpt2).total
@@ -156,10 +171,16 @@ def test_figure2_tiny_runs_end_to_end_and_the_docs_page_renders_it(tmp_path):
 def test_docs_directives_fail_on_a_broken_results_file_and_note_a_missing_one(tmp_path):
     pytest.importorskip("sphinx.cmd.build", reason="needs Sphinx")
     rc, log, html = _build(tmp_path / "a", ".. figure2-panel:: results/figure2/figure2.json\n   :panel: left\n", {})
-    assert rc == 0 and "Not yet measured" in (html / "page.html").read_text() and "bench.figure2" in (html / "page.html").read_text()
+    assert (
+        rc == 0
+        and "Not yet measured" in (html / "page.html").read_text()
+        and "bench.figure2" in (html / "page.html").read_text()
+    )
     rc, log, _ = _build(tmp_path / "b", ".. figure2-panel:: f.json\n   :panel: left\n", {"f.json": '{"kind": "other"}'})
     assert rc != 0 and "not a numba_flash.figure2 results file" in log
-    rc, log, _ = _build(tmp_path / "c", ".. figure2-panel:: f.json\n   :panel: middle\n", {"f.json": '{"kind": "numba_flash.figure2"}'})
+    rc, log, _ = _build(
+        tmp_path / "c", ".. figure2-panel:: f.json\n   :panel: middle\n", {"f.json": '{"kind": "numba_flash.figure2"}'}
+    )
     assert rc != 0 and "has no 'middle' panel" in log
 
 
@@ -173,18 +194,40 @@ def test_figure2_tiny_runs_all_three_panels(tmp_path):
 
 def _measured_io_file():
     def row(alg, dram, model, comp):
-        return {"part": "gpt2", "algorithm": alg, "variant": None, "pass": "forward", "batch": 8, "nheads": 16, "N": 1024, "d": 64,
-                "tiles": {"forward": [128, 64]}, "dram_bytes": dram, "dram_read_bytes": dram * 0.9, "dram_write_bytes": dram * 0.1,
-                "model_bytes": model, "compulsory_bytes": comp, "measured_over_model": dram / model, "kv_bytes_per_head": 2 * 1024 * 64 * 4}
-    return {"kind": "numba_flash.measured_io", "version": 1, "provenance": {"device": "test device", "l2_bytes": 52428800},
-            "results": [row("flash2", 1.3e8, 6.0e8, 1.3e8), row("standard", 2.2e9, 2.3e9, 1.3e8)]}
+        return {
+            "part": "gpt2",
+            "algorithm": alg,
+            "variant": None,
+            "pass": "forward",
+            "batch": 8,
+            "nheads": 16,
+            "N": 1024,
+            "d": 64,
+            "tiles": {"forward": [128, 64]},
+            "dram_bytes": dram,
+            "dram_read_bytes": dram * 0.9,
+            "dram_write_bytes": dram * 0.1,
+            "model_bytes": model,
+            "compulsory_bytes": comp,
+            "measured_over_model": dram / model,
+            "kv_bytes_per_head": 2 * 1024 * 64 * 4,
+        }
+
+    return {
+        "kind": "numba_flash.measured_io",
+        "version": 1,
+        "provenance": {"device": "test device", "l2_bytes": 52428800},
+        "results": [row("flash2", 1.3e8, 6.0e8, 1.3e8), row("standard", 2.2e9, 2.3e9, 1.3e8)],
+    }
 
 
 def _build(tmp_path, body, files):
     ext = ROOT / "docs" / "_ext"
     src = tmp_path / "src"
     src.mkdir(parents=True)
-    (src / "conf.py").write_text(f"import sys\nsys.path.insert(0, {str(ext)!r})\nextensions = ['results_json']\nproject = 't'\n")
+    (src / "conf.py").write_text(
+        f"import sys\nsys.path.insert(0, {str(ext)!r})\nextensions = ['results_json']\nproject = 't'\n"
+    )
     (src / "index.rst").write_text("Index\n=====\n\n.. toctree::\n\n   page\n")
     (src / "page.rst").write_text("Page\n====\n\n" + body)
     for rel, content in files.items():
@@ -192,6 +235,10 @@ def _build(tmp_path, body, files):
         p.parent.mkdir(parents=True, exist_ok=True)
         (p.write_bytes if isinstance(content, bytes) else p.write_text)(content)
     out = tmp_path / "html"
-    proc = subprocess.run([sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html", str(src), str(out)],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html", str(src), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     return proc.returncode, proc.stdout + proc.stderr, out

@@ -36,10 +36,27 @@ MODULES = sorted(m.name for m in pkgutil.iter_modules(bench.__path__))
 #: Helper modules of the GPU measurement tools (imported by them, not run on their own).
 LIBRARIES = {"common", "ncu"}
 TOOLS = [m for m in MODULES if not m.startswith("_") and m not in LIBRARIES]
-SWEEPS = ["alg4_sweep", "fa2_bwd_sweep", "fa2_sweep", "half_sweep", "sweep_fa1_fast", "sweep_forward_tiles", "tf32_bwd_sweep"]
+SWEEPS = [
+    "alg4_sweep",
+    "fa2_bwd_sweep",
+    "fa2_sweep",
+    "half_sweep",
+    "sweep_fa1_fast",
+    "sweep_forward_tiles",
+    "tf32_bwd_sweep",
+]
 #: Where commands and results files are written down for readers.
-DOC_FILES = sorted({ROOT / "README.md", ROOT / "CONTRIBUTING.md", *ROOT.glob("bench/**/*.md"), *ROOT.glob("bench/*.py"),
-                    *ROOT.glob("docs/*.rst"), *ROOT.glob("tests/benchmarks/*.py"), *ROOT.glob("numba_flash/**/*.py")})
+DOC_FILES = sorted(
+    {
+        ROOT / "README.md",
+        ROOT / "CONTRIBUTING.md",
+        *ROOT.glob("bench/**/*.md"),
+        *ROOT.glob("bench/*.py"),
+        *ROOT.glob("docs/*.rst"),
+        *ROOT.glob("tests/benchmarks/*.py"),
+        *ROOT.glob("numba_flash/**/*.py"),
+    }
+)
 
 
 def test_the_bench_package_has_the_tools():
@@ -59,8 +76,16 @@ def test_every_bench_module_imports(name):
 
 def test_every_tool_answers_help_as_a_module_from_the_repository_root():
     # One fresh interpreter per tool (started together: each spends seconds importing numba).
-    procs = {name: subprocess.Popen([sys.executable, "-m", f"bench.{name}", "--help"], cwd=ROOT, text=True,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE) for name in TOOLS}
+    procs = {
+        name: subprocess.Popen(
+            [sys.executable, "-m", f"bench.{name}", "--help"],
+            cwd=ROOT,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for name in TOOLS
+    }
     failed = {}
     for name, proc in procs.items():
         out, err = proc.communicate(timeout=300)
@@ -72,8 +97,14 @@ def test_every_tool_answers_help_as_a_module_from_the_repository_root():
 def test_offline_resources_skips_with_status_0_when_the_toolchain_is_missing(tmp_path):
     env = dict(os.environ)
     env["NVDISASM"] = str(tmp_path / "no-nvdisasm")  # an explicit choice that does not exist: never a compile
-    proc = subprocess.run([sys.executable, "-m", "bench.offline_resources", "--kernel", "fa2_forward_tc", "--d", "64"],
-                          cwd=ROOT, env=env, text=True, capture_output=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.offline_resources", "--kernel", "fa2_forward_tc", "--d", "64"],
+        cwd=ROOT,
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "offline_resources: SKIPPED" in proc.stdout
 
@@ -82,15 +113,31 @@ def test_offline_resources_knows_the_tensor_core_forward_and_every_fast_kernel()
     from bench import offline_resources
 
     assert set(offline_resources.KERNELS) == set(offline_resources._signatures())
-    assert {"alg1_forward_fast", "fa2_forward_fast", "fa2_forward_tc", "fa2_forward_half_f16", "fa2_forward_half_bf16",
-            "alg4_backward_fast", "fa2_backward_fast", "fa2_backward_fast_dq", "fa2_backward_half_f16", "fa2_backward_half_bf16",
-            "fa2_backward_half_dq_bf16", "fa2_backward_tf32", "fa2_backward_tf32_dq"} == set(offline_resources.KERNELS)
+    assert {
+        "alg1_forward_fast",
+        "fa2_forward_fast",
+        "fa2_forward_tc",
+        "fa2_forward_half_f16",
+        "fa2_forward_half_bf16",
+        "alg4_backward_fast",
+        "fa2_backward_fast",
+        "fa2_backward_fast_dq",
+        "fa2_backward_half_f16",
+        "fa2_backward_half_bf16",
+        "fa2_backward_half_dq_bf16",
+        "fa2_backward_tf32",
+        "fa2_backward_tf32_dq",
+    } == set(offline_resources.KERNELS)
 
 
 def test_no_sys_path_edits_in_bench_or_in_the_benchmark_suites():
     files = [*ROOT.glob("bench/**/*.py"), *ROOT.glob("tests/benchmarks/*.py")]
-    edits = [f"{p.relative_to(ROOT)}:{i}" for p in files for i, line in enumerate(p.read_text().splitlines(), 1)
-             if re.search(r"sys\.path\.(insert|append)|sys\.path\s*[+=]", line)]
+    edits = [
+        f"{p.relative_to(ROOT)}:{i}"
+        for p in files
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if re.search(r"sys\.path\.(insert|append)|sys\.path\s*[+=]", line)
+    ]
     assert files and not edits
 
 
@@ -108,10 +155,15 @@ def _variant_names(module) -> set[str]:
 @pytest.mark.parametrize("name", SWEEPS)
 def test_every_sweep_dry_run_plans_every_candidate(name, capsys):
     module = importlib.import_module(f"bench.{name}")
-    args = {"alg4_sweep": ["--dims", "64,128"], "fa2_bwd_sweep": ["--headdims", "64", "128"],
-            "fa2_sweep": ["--headdims", "64", "128", "--causal", "both"], "sweep_fa1_fast": ["--headdim", "64"],
-            "sweep_forward_tiles": ["--headdim", "64", "128"], "half_sweep": ["--headdims", "64", "128"],
-            "tf32_bwd_sweep": ["--headdims", "64", "128"]}[name]
+    args = {
+        "alg4_sweep": ["--dims", "64,128"],
+        "fa2_bwd_sweep": ["--headdims", "64", "128"],
+        "fa2_sweep": ["--headdims", "64", "128", "--causal", "both"],
+        "sweep_fa1_fast": ["--headdim", "64"],
+        "sweep_forward_tiles": ["--headdim", "64", "128"],
+        "half_sweep": ["--headdims", "64", "128"],
+        "tf32_bwd_sweep": ["--headdims", "64", "128"],
+    }[name]
     assert module.main([*args, "--dry-run"]) == 0
     out = capsys.readouterr().out
     if name in ("fa2_sweep", "fa2_bwd_sweep"):
@@ -123,12 +175,18 @@ def test_every_sweep_dry_run_plans_every_candidate(name, capsys):
     elif name == "alg4_sweep":
         assert all(f"Br={br} Bc={bc} threads={nt}" in out for br, bc, nt in module.D64 + module.D128)
     elif name == "half_sweep":
-        assert all(f"d={d} NW={nw} MW={mw} Br={16 * nw * mw} Bc={bc} prefetch={pf}:" in out
-                   for d in (64, 128) for nw, mw, bc, pf in module.TILINGS[d])
+        assert all(
+            f"d={d} NW={nw} MW={mw} Br={16 * nw * mw} Bc={bc} prefetch={pf}:" in out
+            for d in (64, 128)
+            for nw, mw, bc, pf in module.TILINGS[d]
+        )
         assert module.main(["--headdims", "64", "128", "--backward", "--dry-run"]) == 0
         out = capsys.readouterr().out
-        assert all(f"backward d={d} NW={nw} MW={mw} Br={br} Bc={16 * nw * mw} prefetch={pf} red2={red2} cp_async={cp}:" in out
-                   for d in (64, 128) for nw, mw, br, pf, red2, cp in module.BWD_TILINGS[d])
+        assert all(
+            f"backward d={d} NW={nw} MW={mw} Br={br} Bc={16 * nw * mw} prefetch={pf} red2={red2} cp_async={cp}:" in out
+            for d in (64, 128)
+            for nw, mw, br, pf, red2, cp in module.BWD_TILINGS[d]
+        )
     elif name == "tf32_bwd_sweep":
         assert all(f"d={d} {t:14} threads" in out for d in (64, 128) for t in module.TILINGS[d] if t != "ffma")
     else:
@@ -163,7 +221,9 @@ def test_the_docs_write_down_bench_commands():
     assert any(f == "bench/README.md" and mod == "fa2_bwd_sweep" for f, mod, _ in COMMANDS)
 
 
-@pytest.mark.parametrize(("path", "tool", "args"), COMMANDS, ids=[f"{f}:{m}:{' '.join(a)}"[:80] for f, m, a in COMMANDS])
+@pytest.mark.parametrize(
+    ("path", "tool", "args"), COMMANDS, ids=[f"{f}:{m}:{' '.join(a)}"[:80] for f, m, a in COMMANDS]
+)
 def test_every_bench_command_in_the_docs_parses_and_a_sweep_dry_runs(path, tool, args, capsys):
     assert tool in TOOLS, f"{path} names bench.{tool}, which does not exist"
     module = importlib.import_module(f"bench.{tool}")
@@ -189,8 +249,15 @@ def test_every_results_file_the_bench_readme_cites_exists():
 
 
 def test_the_gpu_scripts_the_docs_name_exist():
-    named = set(itertools.chain.from_iterable(re.findall(r"bench/gpu/[\w.]+\.(?:sh|md)", p.read_text()) for p in DOC_FILES))
-    assert {"bench/gpu/run_all.sh", "bench/gpu/run_suite.sh", "bench/gpu/run_benchmarks.sh", "bench/gpu/setup_env.sh"} <= named
+    named = set(
+        itertools.chain.from_iterable(re.findall(r"bench/gpu/[\w.]+\.(?:sh|md)", p.read_text()) for p in DOC_FILES)
+    )
+    assert {
+        "bench/gpu/run_all.sh",
+        "bench/gpu/run_suite.sh",
+        "bench/gpu/run_benchmarks.sh",
+        "bench/gpu/setup_env.sh",
+    } <= named
     assert all((ROOT / n).exists() for n in named), sorted(n for n in named if not (ROOT / n).exists())
 
 
@@ -254,13 +321,23 @@ def test_ratios_divide_the_baseline_by_ours_cell_by_cell():
     def row(alg, n, t, causal=False, **kw):
         return dict(algorithm=alg, N=n, d=64, causal=causal, time_ms=t, pass_="forward", dtype="bfloat16", **kw)
 
-    rows = [row("flash2", 512, 2.0), row("sdpa_mem_efficient", 512, 1.0), row("flash2", 1024, 1.0),
-            row("sdpa_mem_efficient", 1024, 3.0), row("flash2", 2048, 1.0),  # no baseline: left out
-            row("flash2", 1024, 1.0, shape="fa1_figure2"), row("sdpa_mem_efficient", 1024, 9.0, shape="fa1_figure2")]
+    rows = [
+        row("flash2", 512, 2.0),
+        row("sdpa_mem_efficient", 512, 1.0),
+        row("flash2", 1024, 1.0),
+        row("sdpa_mem_efficient", 1024, 3.0),
+        row("flash2", 2048, 1.0),  # no baseline: left out
+        row("flash2", 1024, 1.0, shape="fa1_figure2"),
+        row("sdpa_mem_efficient", 1024, 9.0, shape="fa1_figure2"),
+    ]
     got = ratios.cell_ratios(rows, "flash2", "sdpa_mem_efficient")
     assert got == {("bfloat16", "forward", 64, False): {512: 0.5, 1024: 3.0}}
-    assert ratios.cell_ratios(rows, "flash2", "sdpa_mem_efficient", min_n=1024) == {("bfloat16", "forward", 64, False): {1024: 3.0}}
-    assert "1 of 2 cells below 1.0x sdpa_mem_efficient; range 0.50-3.00" in ratios.format_tables(got, "flash2", "sdpa_mem_efficient")
+    assert ratios.cell_ratios(rows, "flash2", "sdpa_mem_efficient", min_n=1024) == {
+        ("bfloat16", "forward", 64, False): {1024: 3.0}
+    }
+    assert "1 of 2 cells below 1.0x sdpa_mem_efficient; range 0.50-3.00" in ratios.format_tables(
+        got, "flash2", "sdpa_mem_efficient"
+    )
 
 
 def test_ratios_read_the_committed_grids(capsys):
@@ -272,24 +349,42 @@ def test_ratios_read_the_committed_grids(capsys):
 
 
 def test_ncu_source_sums_samples_by_reason_opcode_and_region(tmp_path):
-    """Nsight Compute's source page (a kernel line, the header, a row per SASS instruction): the samples by stall reason,
-    by opcode (predicate and modifiers dropped) and by region (consecutive rows that executed equally often)."""
+    """Nsight Compute's source page (a kernel line, the header, a row per SASS instruction): the samples by stall
+    reason, by opcode (predicate and modifiers dropped) and by region (consecutive rows that executed equally often)."""
     import gzip
 
     from bench import ncu_source
 
-    head = ["Address", "Source", ncu_source.SAMPLES, ncu_source.EXECUTED, "stall_wait", "stall_math", "stall_wait (Not Issued)"]
-    rows = [("00", "HMMA.1688.F32.TF32 R4, R8, R12, R4", 6, 8, 4, 2, 99), ("10", "@P0 FADD R1, R2, R3", 2, 8, 2, 0, 99),
-            ("20", "FADD R5, R1, R5", 1, 8, 0, 1, 99), ("30", "BRA 0x0", 1, 1, 1, 0, 99)]
-    text = "\n".join(['"Kernel Name","k(float*)"', ",".join(f'"{h}"' for h in head)]
-                     + [",".join(f'"{v:,}"' if isinstance(v, int) else f'"{v}"' for v in r) for r in rows])
+    head = [
+        "Address",
+        "Source",
+        ncu_source.SAMPLES,
+        ncu_source.EXECUTED,
+        "stall_wait",
+        "stall_math",
+        "stall_wait (Not Issued)",
+    ]
+    rows = [
+        ("00", "HMMA.1688.F32.TF32 R4, R8, R12, R4", 6, 8, 4, 2, 99),
+        ("10", "@P0 FADD R1, R2, R3", 2, 8, 2, 0, 99),
+        ("20", "FADD R5, R1, R5", 1, 8, 0, 1, 99),
+        ("30", "BRA 0x0", 1, 1, 1, 0, 99),
+    ]
+    text = "\n".join(
+        ['"Kernel Name","k(float*)"', ",".join(f'"{h}"' for h in head)]
+        + [",".join(f'"{v:,}"' if isinstance(v, int) else f'"{v}"' for v in r) for r in rows]
+    )
     path = tmp_path / "src.csv.gz"
     with gzip.open(path, "wt") as fh:
         fh.write(text)
     got = ncu_source.summarize(ncu_source.read_rows(str(path)), min_share=0.2)
     assert got["samples"] == 10 and got["executed"] == 25
     assert got["reasons"] == [("wait", 0.7), ("math", 0.3)], "the (Not Issued) columns are not counted again"
-    assert [(op, s, e) for op, s, e, _ in got["opcodes"]] == [("HMMA", 0.6, 8 / 25), ("FADD", 0.3, 16 / 25), ("BRA", 0.1, 1 / 25)]
+    assert [(op, s, e) for op, s, e, _ in got["opcodes"]] == [
+        ("HMMA", 0.6, 8 / 25),
+        ("FADD", 0.3, 16 / 25),
+        ("BRA", 0.1, 1 / 25),
+    ]
     assert got["opcodes"][0][3] == [("wait", 4 / 6), ("math", 2 / 6)]
     assert [r[:4] for r in got["regions"]] == [(0, 2, 8, 0.9)], "rows 0-2 ran 8 times each; the BRA's 10 % is below 0.2"
     assert "HMMA" in ncu_source.report(got) and ncu_source.opcode("@!PT LDS RZ, [RZ]") == "LDS"
@@ -305,9 +400,19 @@ def test_a_grid_cells_implementations_run_back_to_back(path):
     import ast
 
     tree = ast.parse((ROOT / path).read_text())
-    grids = [f for f in tree.body if isinstance(f, ast.FunctionDef) and f.name.startswith("test_bench")
-             and any(isinstance(d, ast.Call) and getattr(d.func, "attr", "") == "parametrize" and len(d.args) > 1
-                     and ast.literal_eval(d.args[0]) == "seqlen" for d in f.decorator_list)]
+    grids = [
+        f
+        for f in tree.body
+        if isinstance(f, ast.FunctionDef)
+        and f.name.startswith("test_bench")
+        and any(
+            isinstance(d, ast.Call)
+            and getattr(d.func, "attr", "") == "parametrize"
+            and len(d.args) > 1
+            and ast.literal_eval(d.args[0]) == "seqlen"
+            for d in f.decorator_list
+        )
+    ]
     assert len(grids) == 2
     for f in grids:
         first = f.decorator_list[0]
@@ -344,11 +449,15 @@ def test_interleaved_rounds_take_a_variants_place_out_of_its_time(monkeypatch):
             calls[0] += 1
             order.append(name)
             clock[0] += 1.0 + 0.01 * calls[0]  # Dev: each call 1 % slower than the one before
+
         return fn
 
     fake = types.SimpleNamespace(cuda=types.SimpleNamespace(Event=Event, synchronize=lambda: None))
     monkeypatch.setitem(sys.modules, "torch", fake)
-    first, second = bu.cuda_time_ms(work("a"), warmup=2, repeats=20)[0], bu.cuda_time_ms(work("b"), warmup=2, repeats=20)[0]
+    first, second = (
+        bu.cuda_time_ms(work("a"), warmup=2, repeats=20)[0],
+        bu.cuda_time_ms(work("b"), warmup=2, repeats=20)[0],
+    )
     assert second / first > 1.15, "one after the other, the second identical function looks 15 % slower"
     order.clear()
     t = bu.cuda_time_ms_interleaved({"a": work("a"), "b": work("b")}, warmup=2, repeats=20)
@@ -360,16 +469,28 @@ def test_interleaved_rounds_take_a_variants_place_out_of_its_time(monkeypatch):
     t = bu.cuda_time_ms_interleaved({"a": work("a"), "b": work("b")}, warmup=1, repeats=2, calls=3)
     assert order[2:] == ["a"] * 3 + ["b"] * 3 + ["b"] * 3 + ["a"] * 3, "calls=3: each timing spans 3 calls in a row"
     first_a = [1.0 + 0.01 * (before + 2 + i) for i in (1, 2, 3)]  # Dev: calls 3-5 after the 2 warm-ups
-    assert t["a"][1] == pytest.approx(sum(first_a) / 3), "a timing is its calls' time divided by them (the fastest: round 0)"
+    assert t["a"][1] == pytest.approx(sum(first_a) / 3), (
+        "a timing is its calls' time divided by them (the fastest: round 0)"
+    )
 
 
 def test_ncu_takes_features_for_the_tensor_core_forward_only():
-    """``bench.ncu``'s spec may name ``features`` (``run_pending.sh ncu_split_kv`` profiles ``SPLIT_KV`` off and on): the
-    3xTF32 forward's kernel module then runs with them, as ``fa2_sweep`` runs its variants; any other case refuses."""
+    """``bench.ncu``'s spec may name ``features`` (``run_pending.sh ncu_split_kv`` profiles ``SPLIT_KV`` off and on):
+    the 3xTF32 forward's kernel module then runs with them, as ``fa2_sweep`` runs its variants; any other case
+    refuses."""
     from bench import ncu
 
-    base = {"algorithm": "flash2", "variant": "tensorcore", "pass": "forward", "batch": 1, "nheads": 1, "N": 16, "d": 16,
-            "causal": True, "features": {"STAGE_S": True}}
+    base = {
+        "algorithm": "flash2",
+        "variant": "tensorcore",
+        "pass": "forward",
+        "batch": 1,
+        "nheads": 1,
+        "N": 16,
+        "d": 16,
+        "causal": True,
+        "features": {"STAGE_S": True},
+    }
     for other in ({"pass": "backward"}, {"variant": "fast"}, {"algorithm": "flash1"}):
         with pytest.raises(ValueError, match="only the flash2 tensorcore forward takes them"):
             ncu.tc_forward_with_features({**base, **other})
@@ -396,17 +517,23 @@ def test_suite_account_names_the_collected_tests_no_log_reports(tmp_path, capsys
     from bench import suite_account
 
     a = tmp_path / "a.log"
-    a.write_text("tests/x.py::t[a b] \n[gw3] [ 42%] PASSED tests/x.py::t[a b] \n[gw1] [ 50%] FAILED tests/x.py::u \n"
-                 "tests/y.py::v SKIPPED (why)                     [ 60%]\n")
+    a.write_text(
+        "tests/x.py::t[a b] \n[gw3] [ 42%] PASSED tests/x.py::t[a b] \n[gw1] [ 50%] FAILED tests/x.py::u \n"
+        "tests/y.py::v SKIPPED (why)                     [ 60%]\n"
+    )
     b = tmp_path / "b.log"
     b.write_text("tests/x.py::u PASSED                            [100%]\ntests/z.py::w XFAIL  [ 99%]")
     got = suite_account.account(suite_account.outcomes(a.read_text().splitlines()))
     assert got["counts"] == {"PASSED": 1, "FAILED": 1, "SKIPPED": 1} and got["failed"] == ["tests/x.py::u"]
     coll = tmp_path / "c.txt"
-    coll.write_text("tests/x.py::t[a b]\ntests/x.py::u\ntests/y.py::v\ntests/q.py::never\n\n4 tests collected in 0.1s\n")
+    coll.write_text(
+        "tests/x.py::t[a b]\ntests/x.py::u\ntests/y.py::v\ntests/q.py::never\n\n4 tests collected in 0.1s\n"
+    )
     assert suite_account.main([str(a), str(b), "--collected", str(coll)]) == 1
     out = capsys.readouterr().out
-    assert "reported: 4 tests in 2 logs: 2 passed, 1 skipped, 1 xfail" in out and "  failed:" not in out, "the rerun wins"
+    assert "reported: 4 tests in 2 logs: 2 passed, 1 skipped, 1 xfail" in out and "  failed:" not in out, (
+        "the rerun wins"
+    )
     assert "collected: 4; no outcome in any log: 1; reported but not collected: 1" in out
     assert "  unrun: tests/q.py::never\n" in out and "  not collected: tests/z.py::w\n" in out
     coll.write_text("tests/x.py::t[a b]\ntests/x.py::u\ntests/y.py::v\ntests/z.py::w\n")

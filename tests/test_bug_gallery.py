@@ -59,7 +59,16 @@ def test_every_test_the_gallery_relies_on_runs_in_the_simulators_quick_tier():
 
 
 def test_a_bug_whose_text_is_gone_raises_instead_of_planting_nothing():
-    gone = bugs.Bug("gone", "t", "numba_flash/fa2_forward.py", "FA2.1 L5", (bugs.Edit("no such text", "x"),), "l", ("tests/x.py::t",), "c")
+    gone = bugs.Bug(
+        "gone",
+        "t",
+        "numba_flash/fa2_forward.py",
+        "FA2.1 L5",
+        (bugs.Edit("no such text", "x"),),
+        "l",
+        ("tests/x.py::t",),
+        "c",
+    )
     with pytest.raises(bugs.MutationError, match="is not in"):
         bugs.mutate("m_i = 0", gone)
     twice = bugs.Bug("twice", "t", "f.py", "p", (bugs.Edit("a", "b"),), "l", ("tests/x.py::t",), "c")
@@ -75,8 +84,11 @@ def test_unmutated_copy_passes_every_test_the_gallery_relies_on():
 @pytest.mark.parametrize("bug", SIM_BUGS, ids=[b.name for b in SIM_BUGS])
 def test_suite_catches_the_planted_bug_in_the_simulator(bug):
     res = bugs.run_bug(bug)
-    assert res.failed, (f"bug {bug.name!r} survived: {', '.join(bug.tests)} "
-                        + ("all passed" if res.returncode == 0 else f"did not run (exit code {res.returncode})") + f"\n{_explain(res)}")
+    assert res.failed, (
+        f"bug {bug.name!r} survived: {', '.join(bug.tests)} "
+        + ("all passed" if res.returncode == 0 else f"did not run (exit code {res.returncode})")
+        + f"\n{_explain(res)}"
+    )
     assert res.failures[0][0] in bug.tests, res.failures
 
 

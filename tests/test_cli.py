@@ -38,8 +38,13 @@ BAD = [
 
 
 def run_cli(*args, timeout=120):
-    return subprocess.run([sys.executable, "-m", "numba_flash", *args], capture_output=True, text=True,
-                          timeout=timeout, env=dict(os.environ))
+    return subprocess.run(
+        [sys.executable, "-m", "numba_flash", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=dict(os.environ),
+    )
 
 
 @pytest.mark.parametrize("argv", BAD, ids=[" ".join(a) for a in BAD])
@@ -109,8 +114,9 @@ def test_bugs_without_a_checkout_says_so_in_one_line(monkeypatch, capsys):
     assert "error: the bug gallery needs a source checkout" in err and "Traceback" not in err
 
 
-@pytest.mark.parametrize(("M", "remark"), [(8, "below Theorem 2's range"), (64 * 64 * 4, "beyond Theorem 2's range"),
-                                           (512, None)])
+@pytest.mark.parametrize(
+    ("M", "remark"), [(8, "below Theorem 2's range"), (64 * 64 * 4, "beyond Theorem 2's range"), (512, None)]
+)
 def test_io_remarks_when_M_leaves_theorem_2s_range(M, remark):
     res = run_cli("io", "--N", "64", "--d", "16", "--M", str(M))
     assert res.returncode == 0, res.stderr

@@ -10,8 +10,23 @@ import numba_flash
 
 
 def test_demo_cli_prints_backend_banner_and_a_row_per_algorithm():
-    cmd = [sys.executable, "-m", "numba_flash", "demo", "--batch", "1", "--nheads", "1", "--seqlen", "12",
-           "--headdim", "4", "--causal", "--repeats", "1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "numba_flash",
+        "demo",
+        "--batch",
+        "1",
+        "--nheads",
+        "1",
+        "--seqlen",
+        "12",
+        "--headdim",
+        "4",
+        "--causal",
+        "--repeats",
+        "1",
+    ]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=dict(os.environ))
     assert res.returncode == 0, res.stderr
     lines = res.stdout.splitlines()

@@ -55,7 +55,9 @@ class StandInDispatcher:
     def _compile_for_args(self, *args):
         self.compiles += 1
         cufunc = SimpleNamespace(kernel="the kernel")
-        return SimpleNamespace(argument_types=self.argument_types, debug=False, _codelibrary=SimpleNamespace(get_cufunc=lambda: cufunc))
+        return SimpleNamespace(
+            argument_types=self.argument_types, debug=False, _codelibrary=SimpleNamespace(get_cufunc=lambda: cufunc)
+        )
 
 
 @pytest.fixture
@@ -63,8 +65,15 @@ def stand_in(monkeypatch):
     """CPU tensors taken as CUDA tensors; cuda.core's launch replaced by a recorder of its arguments."""
     launched = []
     monkeypatch.setattr(_direct, "_is_cuda_tensor", lambda a: isinstance(a, torch.Tensor))
-    monkeypatch.setattr(_direct, "_launch_core", lambda: (lambda stream, config, kernel, *args: launched.append((config, kernel, args)),
-                                                         lambda grid, block, nbytes: (grid, block, nbytes), "stream 0"))
+    monkeypatch.setattr(
+        _direct,
+        "_launch_core",
+        lambda: (
+            lambda stream, config, kernel, *args: launched.append((config, kernel, args)),
+            lambda grid, block, nbytes: (grid, block, nbytes),
+            "stream 0",
+        ),
+    )
     monkeypatch.setattr(_direct, "_entries", {})
     monkeypatch.setattr(_direct, "ENABLED", True)
     monkeypatch.setattr(_backend, "bind_context", lambda device: True)  # no device behind the stand-ins
@@ -82,7 +91,7 @@ def test_the_first_launch_of_a_key_is_numbas_and_later_ones_are_direct(stand_in)
     assert _direct.launch(disp, (1, 2, 1), 128, 1000, (t, 0.5, 7), lambda f, n: opted.append(n)) is False
     assert stand_in == [] and disp.compiles == 1  # numba launches it, and the overload is recorded
     assert _direct.launch(disp, (1, 2, 1), 128, 1000, (t, 0.5, 7), lambda f, n: opted.append(n)) is True
-    (config, kernel, args), = stand_in
+    ((config, kernel, args),) = stand_in
     assert config == ((1, 2, 1), 128, 1000) and kernel == "the kernel" and opted == [1000]
     assert _values(args) == [*_direct.array_struct(t, True), 0.5, 7]
     assert type(args[-2]) is ctypes.c_double and type(args[-1]) is ctypes.c_int64
@@ -101,7 +110,11 @@ def test_a_strided_tensor_has_its_own_key_and_strides(stand_in):
 
 def test_what_it_cannot_take_goes_to_numba(stand_in, monkeypatch):
     disp = StandInDispatcher((types.Array(types.float32, 4, "C"), types.float64))
-    for args in [(np.zeros((1, 1, 1, 1), np.float32), 0.5), (torch.zeros(1, 1, 1, 1, requires_grad=True), 0.5), (1.0, 2.0)]:
+    for args in [
+        (np.zeros((1, 1, 1, 1), np.float32), 0.5),
+        (torch.zeros(1, 1, 1, 1, requires_grad=True), 0.5),
+        (1.0, 2.0),
+    ]:
         for _ in range(2):
             assert _direct.launch(disp, 1, 32, 0, args, lambda f, n: None) is False
     wrong = StandInDispatcher((types.Array(types.float32, 4, "A"), types.float64))  # numba typed it otherwise
@@ -121,19 +134,26 @@ def _passes(dtype, d, causal, dropout_p, nheads_k, strided):
 
     gen = torch.Generator(device="cuda").manual_seed(1)
     b, n, h = 2, 200, 4
-    q = torch.randn(b, h, n, d, device="cuda", generator=gen).to(dtype).transpose(1, 2) if strided else \
-        torch.randn(b, n, h, d, device="cuda", generator=gen).to(dtype)
+    q = (
+        torch.randn(b, h, n, d, device="cuda", generator=gen).to(dtype).transpose(1, 2)
+        if strided
+        else torch.randn(b, n, h, d, device="cuda", generator=gen).to(dtype)
+    )
     k, v, dout = (torch.randn(b, n, hk, d, device="cuda", generator=gen).to(dtype) for hk in (nheads_k, nheads_k, h))
     q, k, v = (x.detach().requires_grad_(True) for x in (q, k, v))
-    out = flash_attn_func(q, k, v, dropout_p=dropout_p, causal=causal, seed=5, deterministic=True)  # no atomics: bitwise
+    out = flash_attn_func(
+        q, k, v, dropout_p=dropout_p, causal=causal, seed=5, deterministic=True
+    )  # no atomics: bitwise
     out.backward(dout)
     return [x.detach().clone() for x in (out, q.grad, k.grad, v.grad)]
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-@pytest.mark.parametrize("d, causal, dropout_p, nheads_k, strided", [(64, False, 0.0, 4, False), (128, True, 0.0, 2, False),
-                                                                     (64, True, 0.1, 1, True), (96, False, 0.0, 4, True)])
+@pytest.mark.parametrize(
+    "d, causal, dropout_p, nheads_k, strided",
+    [(64, False, 0.0, 4, False), (128, True, 0.0, 2, False), (64, True, 0.1, 1, True), (96, False, 0.0, 4, True)],
+)
 def test_direct_launches_give_numbas_bits(monkeypatch, dtype, d, causal, dropout_p, nheads_k, strided):
     dtype = getattr(torch, dtype)
     direct = []

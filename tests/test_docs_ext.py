@@ -41,7 +41,7 @@ code_marker_root = "."
 project = "t"
 """
 
-KERNEL = '''\
+KERNEL = """\
 def kernel(gQ, gO):
     # [doc:outer]
     for j in range(4):  # Alg.1 L5: for j = 1..Tc
@@ -50,7 +50,7 @@ def kernel(gQ, gO):
         gO[j] = s  # Alg.1 L12: write O_i
         # [/doc:inner]
     # [/doc:outer]
-'''
+"""
 
 
 def build(tmp_path: Path, pages: dict[str, str], files: dict[str, str | bytes] | None = None):
@@ -69,7 +69,9 @@ def build(tmp_path: Path, pages: dict[str, str], files: dict[str, str | bytes] |
     out = tmp_path / "html"
     proc = subprocess.run(
         [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html", str(src), str(out)],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     return proc.returncode, proc.stdout + proc.stderr, out
 
@@ -81,35 +83,82 @@ def page(title: str, body: str) -> str:
 def bench_json(device="NVIDIA H200"):
     def bench(alg, n, median, tflops):
         return {
-            "group": f"N={n}", "name": f"test_fwd[{alg}-{n}]", "fullname": f"tests/b.py::test_fwd[{alg}-{n}]",
+            "group": f"N={n}",
+            "name": f"test_fwd[{alg}-{n}]",
+            "fullname": f"tests/b.py::test_fwd[{alg}-{n}]",
             "params": {"alg": alg, "N": n},
-            "stats": {"median": median, "mean": median * 1.01, "min": median * 0.99, "max": median * 1.1,
-                      "stddev": median * 0.01, "rounds": 20},
-            "extra_info": {"algorithm": alg, "N": n, "d": 64, "batch": 4, "nheads": 8, "causal": False,
-                           "tflops": tflops, "extra_mem_bytes": 3 * 2**20, "device": device, "pct_sgemm": 12.5,
-                           "functional_only": False, "kernels": {f"{alg} kernel (fast)": {"registers": 40}}},
+            "stats": {
+                "median": median,
+                "mean": median * 1.01,
+                "min": median * 0.99,
+                "max": median * 1.1,
+                "stddev": median * 0.01,
+                "rounds": 20,
+            },
+            "extra_info": {
+                "algorithm": alg,
+                "N": n,
+                "d": 64,
+                "batch": 4,
+                "nheads": 8,
+                "causal": False,
+                "tflops": tflops,
+                "extra_mem_bytes": 3 * 2**20,
+                "device": device,
+                "pct_sgemm": 12.5,
+                "functional_only": False,
+                "kernels": {f"{alg} kernel (fast)": {"registers": 40}},
+            },
         }
-    return json.dumps({
-        "machine_info": {"node": "gpu-1", "python_version": "3.12.3", "cpu": {"brand": "x"},
-                         "numba_flash": {"numba": "0.68.0", "driver_version": "13.0", "sgemm_tflops_4096_fp32": 50.7,
-                                         "command": "bash tests/gpu/run_benchmarks.sh"}},
-        "commit_info": {"id": "0123456789abcdef", "dirty": False, "branch": "main"},
-        "datetime": "2026-11-22T10:00:00", "version": "5.1.0",
-        "benchmarks": [bench("standard", 1024, 0.004, 1.1), bench("fa2", 1024, 0.001, 4.4),
-                       bench("standard", 4096, 0.064, 1.2), bench("fa2", 4096, 0.016, 4.8)],
-    })
+
+    return json.dumps(
+        {
+            "machine_info": {
+                "node": "gpu-1",
+                "python_version": "3.12.3",
+                "cpu": {"brand": "x"},
+                "numba_flash": {
+                    "numba": "0.68.0",
+                    "driver_version": "13.0",
+                    "sgemm_tflops_4096_fp32": 50.7,
+                    "command": "bash tests/gpu/run_benchmarks.sh",
+                },
+            },
+            "commit_info": {"id": "0123456789abcdef", "dirty": False, "branch": "main"},
+            "datetime": "2026-11-22T10:00:00",
+            "version": "5.1.0",
+            "benchmarks": [
+                bench("standard", 1024, 0.004, 1.1),
+                bench("fa2", 1024, 0.001, 4.4),
+                bench("standard", 4096, 0.064, 1.2),
+                bench("fa2", 4096, 0.016, 4.8),
+            ],
+        }
+    )
 
 
 def test_code_marker_shows_exactly_the_region_dedented_with_nested_markers_removed(tmp_path):
-    rc, out, html = build(tmp_path, {"p": page("P", """
+    rc, out, html = build(
+        tmp_path,
+        {
+            "p": page(
+                "P",
+                """
         .. code-marker:: k.py
            :marker: outer
            :emphasize-tag: Alg.1 L9
 
         .. code-marker:: k.py
            :marker: inner
-        """), "t": page("T", ".. test-claims:: tests\n")},
-        {"k.py": KERNEL, "tests/test_x.py": 'import pytest\n\n@pytest.mark.slow\ndef test_foo_is_bar():\n    """Foo is bar."""\n'})
+        """,
+            ),
+            "t": page("T", ".. test-claims:: tests\n"),
+        },
+        {
+            "k.py": KERNEL,
+            "tests/test_x.py": 'import pytest\n\n@pytest.mark.slow\ndef test_foo_is_bar():\n    """Foo is bar."""\n',
+        },
+    )
     assert rc == 0, out
     claims = (html / "t.html").read_text()
     assert "test_foo_is_bar" in claims and "Foo is bar." in claims and "[slow]" in claims
@@ -137,20 +186,42 @@ def test_code_marker_fails_the_build_when_the_code_is_not_there(tmp_path):
 
 def test_bench_table_renders_provenance_groups_by_n_and_embeds_the_plot(tmp_path):
     png = b"\x89PNG\r\n\x1a\n" + b"\0" * 64
-    rc, out, html = build(tmp_path, {"b": page("B", """
+    rc, out, html = build(
+        tmp_path,
+        {
+            "b": page(
+                "B",
+                """
         .. bench-table:: results/fwd.json
            :columns: algorithm, kernels, d, median, tflops, pct_sgemm, extra_mem_bytes
            :baseline: standard
-        """), "c": page("C", ".. bench-table:: results/fwd.json\n")},
-        {"results/fwd.json": bench_json(), "results/fwd.png": png})
+        """,
+            ),
+            "c": page("C", ".. bench-table:: results/fwd.json\n"),
+        },
+        {"results/fwd.json": bench_json(), "results/fwd.png": png},
+    )
     assert rc == 0, out
     default = (html / "c.html").read_text()
     assert "TFLOP/s" in default and "functional_only" not in default and "registers" not in default
     text = (html / "b.html").read_text()
-    for expected in ("NVIDIA H200", "2026-11-22T10:00:00", "0123456789ab", "bash tests/gpu/run_benchmarks.sh",
-                     "CUDA driver", "50.7",
-                     "N = 1,024", "N = 4,096", "TFLOP/s", "median (ms)", "3.0 MiB", "speed-up vs standard",
-                     "4.00x", "fwd.png", "fa2 kernel (fast)"):
+    for expected in (
+        "NVIDIA H200",
+        "2026-11-22T10:00:00",
+        "0123456789ab",
+        "bash tests/gpu/run_benchmarks.sh",
+        "CUDA driver",
+        "50.7",
+        "N = 1,024",
+        "N = 4,096",
+        "TFLOP/s",
+        "median (ms)",
+        "3.0 MiB",
+        "speed-up vs standard",
+        "4.00x",
+        "fwd.png",
+        "fa2 kernel (fast)",
+    ):
         assert expected in text, expected
     assert "registers" not in text  # a dict column shows the kernel names, not their launch reports
     assert text.index("N = 1,024") < text.index("N = 4,096")
@@ -158,22 +229,36 @@ def test_bench_table_renders_provenance_groups_by_n_and_embeds_the_plot(tmp_path
 
 
 def test_bench_table_fails_the_build_for_a_missing_file_or_column(tmp_path):
-    rc, out, _ = build(tmp_path, {"a": page("A", ".. bench-table:: results/none.json\n"),
-                                  "b": page("B", ".. bench-table:: r.json\n   :columns: tflop\n")},
-                       {"r.json": bench_json()})
+    rc, out, _ = build(
+        tmp_path,
+        {
+            "a": page("A", ".. bench-table:: results/none.json\n"),
+            "b": page("B", ".. bench-table:: r.json\n   :columns: tflop\n"),
+        },
+        {"r.json": bench_json()},
+    )
     assert rc != 0, out
     assert "results file 'results/none.json' not found" in out and "column 'tflop'" in out, out
 
 
 def test_bench_table_where_keeps_only_the_matching_rows_in_one_table_with_launch_report_columns(tmp_path):
     png = b"\x89PNG\r\n\x1a\n" + b"\0" * 64
-    rc, out, html = build(tmp_path, {"b": page("B", """
+    rc, out, html = build(
+        tmp_path,
+        {
+            "b": page(
+                "B",
+                """
         .. bench-table:: results/fwd.json
            :where: algorithm=fa2, d=64, causal=false
            :one-table:
            :columns: N, kernels.registers, median, tflops
            :plot: none
-        """)}, {"results/fwd.json": bench_json(), "results/fwd.png": png})
+        """,
+            )
+        },
+        {"results/fwd.json": bench_json(), "results/fwd.png": png},
+    )
     assert rc == 0, out
     text = (html / "b.html").read_text()
     assert "algorithm = fa2, d = 64, causal = false" in text  # one table, titled with the filter
@@ -185,9 +270,14 @@ def test_bench_table_where_keeps_only_the_matching_rows_in_one_table_with_launch
 
 
 def test_bench_table_where_fails_the_build_for_an_unknown_column_or_no_matching_row(tmp_path):
-    rc, out, _ = build(tmp_path, {"a": page("A", ".. bench-table:: r.json\n   :where: algoritm=fa2\n"),
-                                  "b": page("B", ".. bench-table:: r.json\n   :where: algorithm=fa3|fa4\n")},
-                       {"r.json": bench_json()})
+    rc, out, _ = build(
+        tmp_path,
+        {
+            "a": page("A", ".. bench-table:: r.json\n   :where: algoritm=fa2\n"),
+            "b": page("B", ".. bench-table:: r.json\n   :where: algorithm=fa3|fa4\n"),
+        },
+        {"r.json": bench_json()},
+    )
     assert rc != 0, out
     assert "column 'algoritm' (in :where:)" in out and "algorithm=fa3|fa4 matches no benchmark" in out, out
 
@@ -207,7 +297,8 @@ def test_io_table_fails_the_build_when_the_model_raises(tmp_path, monkeypatch):
         "def table_rows(N, d, M=None, Br=None, Bc=None, sparsity=0.25):\n"
         "    if N > 100:\n        raise ValueError('N too large for this fake')\n"
         "    return [{'algorithm': 'standard', 'hbm_accesses': 4 * N * N}]\n"
-        "def format_table(**kw):\n    return 'x'\n")
+        "def format_table(**kw):\n    return 'x'\n"
+    )
     monkeypatch.setenv("PYTHONPATH", str(pkg))
     rc, out, html = build(tmp_path, {"io": page("IO", ".. io-table::\n   :N: 64\n   :d: 8\n")})
     assert rc == 0, out

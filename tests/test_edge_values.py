@@ -53,7 +53,8 @@ def _id(k):
 @pytest.fixture(autouse=True)
 def _sequential_schedule():
     """In the simulator, run the kernels one thread at a time between barriers (a schedule a GPU may
-    pick; :func:`numba_flash.runtime.simulator.one_thread_at_a_time`): deterministic, and 2-10x faster than the simulator's own schedule."""
+    pick; :func:`numba_flash.runtime.simulator.one_thread_at_a_time`): deterministic, and 2-10x faster than the
+    simulator's own schedule."""
     if _backend.is_simulator():
         with one_thread_at_a_time():
             yield
@@ -62,13 +63,15 @@ def _sequential_schedule():
 
 
 def _params(kernels, xfail=None, gpu_xfail=None):
-    """One param per kernel; ``xfail`` maps an id to the reason of a strict xfail, ``gpu_xfail`` to one on a GPU only."""
+    """One param per kernel; ``xfail`` maps an id to the reason of a strict xfail, ``gpu_xfail`` to one on a GPU
+    only."""
     xfail, gpu_xfail = xfail or {}, gpu_xfail or {}
     on_gpu = not _backend.is_simulator()
 
     def marks(i):
         return ([pytest.mark.xfail(strict=True, reason=xfail[i])] if i in xfail else []) + (
-            [pytest.mark.xfail(condition=on_gpu, strict=True, reason=gpu_xfail[i])] if i in gpu_xfail else [])
+            [pytest.mark.xfail(condition=on_gpu, strict=True, reason=gpu_xfail[i])] if i in gpu_xfail else []
+        )
 
     return [pytest.param(k, id=_id(k), marks=marks(_id(k))) for k in kernels]
 
@@ -78,23 +81,28 @@ def _params(kernels, xfail=None, gpu_xfail=None):
 #: Three earlier entries here (the fast FA2 forward's O, the readable FA1 backward's dV and the float32 tensor-core
 #: pair's dV, 1.26-1.7x over) were measured against the BLAS baseline; since the baseline is float32 attention
 #: computed in one fixed order (attn_testing.matmul32, 2026-11-25) all three pass on an H100 (XPASS(strict) at
-#: b7c3ad5, docs/results/gpu_runs/gpu_suite_h100_b7c3ad5.log, last in the tree at e0e5a9b) and this one, which passed, is over.
-SHARP_FWD_L_GPU_XFAIL = ("found on an H100 (2026-11-25, b7c3ad5), not in the simulator: readable FA2 forward l 4.30e-6 against "
-                         "a bound of 3.43e-6 (1.25x; float32 baseline 1.26e-6, floor 9.2e-7) at score std 16")
+#: b7c3ad5, docs/results/gpu_runs/gpu_suite_h100_b7c3ad5.log, last in the tree at e0e5a9b) and this one, which passed,
+#: is over.
+SHARP_FWD_L_GPU_XFAIL = (
+    "found on an H100 (2026-11-25, b7c3ad5), not in the simulator: readable FA2 forward l 4.30e-6 against "
+    "a bound of 3.43e-6 (1.25x; float32 baseline 1.26e-6, floor 9.2e-7) at score std 16"
+)
 
 
 def run_forward(kernel, q, k, v, **opts):
     with poison_outputs():
-        out, stats = api.attention_numpy(q, k, v, algorithm=kernel.algorithm, variant=kernel.variant, block_sizes=TILES,
-                                         return_stats=True, **opts)
+        out, stats = api.attention_numpy(
+            q, k, v, algorithm=kernel.algorithm, variant=kernel.variant, block_sizes=TILES, return_stats=True, **opts
+        )
     assert stats.forward.variant == kernel.variant
     return out, stats
 
 
 def run_backward(kernel, dout, q, k, v, **opts):
     """Forward of the same variant, then the backward kernel under test (outputs NaN-poisoned)."""
-    out, stats = api.attention_numpy(q, k, v, algorithm=kernel.algorithm, variant=kernel.variant, block_sizes=TILES,
-                                     return_stats=True, **opts)
+    out, stats = api.attention_numpy(
+        q, k, v, algorithm=kernel.algorithm, variant=kernel.variant, block_sizes=TILES, return_stats=True, **opts
+    )
     assert stats.backward.variant == kernel.variant
     with poison_outputs():
         return api.attention_backward_numpy(dout, q, k, v, out, stats)
@@ -152,25 +160,31 @@ def test_forward_with_every_score_near_minus_200_follows_the_error_rule(rng, ker
 #: scores while its backward recomputed S in base e; at |S| ~ 200 the two roundings differ by ~|S| eps32 ~ 2e-5,
 #: and dQ picked up 80x the allowed error. #14's fix (m, l saved apart, S recomputed in base 2 as the forward
 #: formed it) brought it to 1.08x of the bound on dV; the rest is not explained yet. The readable pairs pass.
-MINUS_200_BWD_XFAIL = ("found by this test (not in the issue): the fast FA1 backward at S ~ -200; dq was 80x over the 3x "
-                       "rule before the m, l fix of #14, dV is now 3.4e-5 against a bound of 3.2e-5 (1.08x)")
+MINUS_200_BWD_XFAIL = (
+    "found by this test (not in the issue): the fast FA1 backward at S ~ -200; dq was 80x over the 3x "
+    "rule before the m, l fix of #14, dV is now 3.4e-5 against a bound of 3.2e-5 (1.08x)"
+)
 
 
-#: The float32 tensor-core pair (3xTF32 forward, 3xTF32 backward :mod:`numba_flash.tensorcore.fa2_backward_tf32`) with one
-#: key: P = 1, so dS = dP - D must cancel to zero. D = rowsum(dO o O) comes from the forward's O, which 3xTF32 gives
+#: The float32 tensor-core pair (3xTF32 forward, 3xTF32 backward :mod:`numba_flash.tensorcore.fa2_backward_tf32`) with
+#: one key: P = 1, so dS = dP - D must cancel to zero. D = rowsum(dO o O) comes from the forward's O, which 3xTF32 gives
 #: as V to ~2^-23 (the split of V drops its last bits), and dP = dO V^T is a 3xTF32 product; the float32 baseline
 #: forms D from P o dP and cancels exactly, so the rule's bound is its ulp floor. Measured in the simulator: dq
 #: 5.2e-7 against a floor of 4.8e-7 (1.09x). flash-attn forms D the same way (its half kernels have the same
 #: non-zero here); the FFMA pair cancels exactly because its O is V and its dP and D are the same FFMA sums.
-TC_FP32_ONE_KEY_XFAIL = ("float32 variant='tensorcore' with one key: D = rowsum(dO o O) from the 3xTF32 forward's O and "
-                         "the 3xTF32 dP do not cancel to the float32 ulp floor (dq 5.2e-7 vs 4.8e-7 in the simulator)")
+TC_FP32_ONE_KEY_XFAIL = (
+    "float32 variant='tensorcore' with one key: D = rowsum(dO o O) from the 3xTF32 forward's O and "
+    "the 3xTF32 dP do not cancel to the float32 ulp floor (dq 5.2e-7 vs 4.8e-7 in the simulator)"
+)
 
 
 @pytest.mark.parametrize("kernel", _params(BACKWARD, {"flash1-fast": MINUS_200_BWD_XFAIL}))
 def test_backward_with_every_score_near_minus_200_follows_the_error_rule(rng, kernel):
     q, k, v = very_negative_scores(rng)
     dout = randn(rng, *q.shape)
-    check_backward(run_backward(kernel, dout, q, k, v, softmax_scale=1.0), dout, q, k, v, _id(kernel), softmax_scale=1.0)
+    check_backward(
+        run_backward(kernel, dout, q, k, v, softmax_scale=1.0), dout, q, k, v, _id(kernel), softmax_scale=1.0
+    )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -288,8 +302,11 @@ def assert_only_the_poisoned_row_is_nan(got, want, naive, what):
 
 #: The tensor-core forward's NaN rows were found on an H100 (the 3xTF32 split turned the GPU's NaN into -0.0);
 #: fixed in fast/_tiles.py (QUIET_NAN), so every kernel runs every case on both backends.
-NAN_CASES = [pytest.param(*p.values, value, id=f"{p.id}-{vid}", marks=p.marks)
-             for p in _params(FORWARD) for value, vid in ((np.nan, "nan"), (np.inf, "inf"))]
+NAN_CASES = [
+    pytest.param(*p.values, value, id=f"{p.id}-{vid}", marks=p.marks)
+    for p in _params(FORWARD)
+    for value, vid in ((np.nan, "nan"), (np.inf, "inf"))
+]
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
@@ -299,7 +316,9 @@ def test_forward_nan_or_inf_in_one_query_row_makes_only_that_row_nan(rng, kernel
     with np.errstate(invalid="ignore"):
         assert np.all(np.isnan(standard_attention(q, k, v).O[NAN_ROW]))  # the float64 oracle's answer
     out, _ = run_forward(kernel, q, k, v)
-    assert_only_the_poisoned_row_is_nan(out, standard_attention(clean, k, v).O, naive_attention_float32(clean, k, v), f"O {value}")
+    assert_only_the_poisoned_row_is_nan(
+        out, standard_attention(clean, k, v).O, naive_attention_float32(clean, k, v), f"O {value}"
+    )
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")

@@ -60,9 +60,13 @@ def test_the_public_api_runs_exactly_the_registered_kernel_of_each_variant(rng, 
     calls = []
     _spy(monkeypatch, calls)
     bs = (8, 8) if variant == "readable" else None
-    out, stats = api.attention_numpy(q, k, v, causal=True, algorithm=algorithm, variant=variant, block_sizes=bs, return_stats=True)
+    out, stats = api.attention_numpy(
+        q, k, v, causal=True, algorithm=algorithm, variant=variant, block_sizes=bs, return_stats=True
+    )
     grads = api.attention_backward_numpy(dout, q, k, v, out, stats)
-    assert calls == [stats.forward.module.__name__, stats.backward.module.__name__], "the stats name the modules that ran"
+    assert calls == [stats.forward.module.__name__, stats.backward.module.__name__], (
+        "the stats name the modules that ran"
+    )
     # The named variant runs in every pass that has it (the other pass runs its "auto" kernel).
     for pass_, ran in (("forward", stats.forward), ("backward", stats.backward)):
         assert (ran.algorithm, ran.pass_) == (algorithm, pass_)
@@ -70,7 +74,9 @@ def test_the_public_api_runs_exactly_the_registered_kernel_of_each_variant(rng, 
             assert ran.variant == variant, f"{pass_} ran {ran}, not the {variant!r} kernel"
         else:
             assert ran.variant == registry.auto_variant(algorithm, pass_)
-        assert ran == registry.resolve(algorithm, pass_, ran.variant, stats.problem), "the kernel the registry routes to"
+        assert ran == registry.resolve(algorithm, pass_, ran.variant, stats.problem), (
+            "the kernel the registry routes to"
+        )
     # And what ran is right.
     ref = standard_attention(q, k, v, causal=True)
     assert_error_rule(out, ref.O, naive_attention_float32(q, k, v, causal=True), what=f"O {algorithm}/{variant}")
@@ -97,11 +103,15 @@ def test_flash_attn_func_takes_variant_and_runs_that_kernel(rng, monkeypatch):
     q, k, v = (torch.tensor(x, requires_grad=True) for x in make_qkv(rng, 1, 10, 10, 1, 1, 8))
     calls = []
     _spy(monkeypatch, calls)
-    api.flash_attn_func(q, k, v, causal=True, algorithm="flash1", variant="readable", block_sizes=(8, 8)).sum().backward()
+    api.flash_attn_func(
+        q, k, v, causal=True, algorithm="flash1", variant="readable", block_sizes=(8, 8)
+    ).sum().backward()
     assert calls == ["numba_flash.alg1_forward", "numba_flash.alg4_backward"]
 
 
-@pytest.mark.parametrize(("algorithm", "variant"), [("standard", "tensorcore"), ("standard", "fast"), ("flash1", "tensorcore")])
+@pytest.mark.parametrize(
+    ("algorithm", "variant"), [("standard", "tensorcore"), ("standard", "fast"), ("flash1", "tensorcore")]
+)
 def test_an_impossible_combination_raises_and_lists_what_exists(rng, monkeypatch, algorithm, variant):
     q, k, v = make_qkv(rng, 1, 8, 8, 1, 1, 4)
     calls = []
@@ -168,8 +178,12 @@ def _intra_package_imports(path: Path, package_root: Path) -> set[str]:
                 continue
             for alias in node.names:
                 cand = f"{mod}.{alias.name}"
-                out.add(cand if (package_root.parent / (cand.replace(".", "/") + ".py")).exists()
-                        or (package_root.parent / cand.replace(".", "/")).is_dir() else mod)
+                out.add(
+                    cand
+                    if (package_root.parent / (cand.replace(".", "/") + ".py")).exists()
+                    or (package_root.parent / cand.replace(".", "/")).is_dir()
+                    else mod
+                )
         elif isinstance(node, ast.Import):
             out |= {a.name for a in node.names if a.name.startswith("numba_flash")}
     me = ".".join(parts)
@@ -198,7 +212,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
             if m == "numba_flash" or m.count(".") == 1 and m.endswith(".fast") and n.startswith(m):
                 continue
             if color.get(m) == 1:
-                return stack[stack.index(m):] + [m]
+                return stack[stack.index(m) :] + [m]
             if m not in color and (c := visit(m)):
                 return c
         stack.pop()
@@ -245,17 +259,22 @@ def test_auto_resolves_each_pass_on_the_device_training_or_not():
 def test_auto_trains_fa2_with_the_tensor_core_pair_on_a_gpu():
     """The forward and the backward of ``"auto"`` are the twins whose backward recomputes the forward's S."""
     fwd, bwd = (registry.auto_variant("flash2", p) for p in registry.PASSES)
-    want = "tensorcore" if registry.KERNELS["flash2", "forward", "tensorcore"][0].module.available() else "fast"  # mma.sync: 8.0+
+    want = (
+        "tensorcore" if registry.KERNELS["flash2", "forward", "tensorcore"][0].module.available() else "fast"
+    )  # mma.sync: 8.0+
     assert (fwd, bwd) == (want, want)
 
 
-PLANNED = sorted({e.module for e in ENTRIES if hasattr(e.module, "plan") and hasattr(e.module, "default_features")},
-                 key=lambda m: m.__name__)
+PLANNED = sorted(
+    {e.module for e in ENTRIES if hasattr(e.module, "plan") and hasattr(e.module, "default_features")},
+    key=lambda m: m.__name__,
+)
 
 
 @pytest.mark.parametrize("module", PLANNED, ids=lambda m: m.__name__)
 def test_a_features_dict_with_an_unknown_switch_raises_and_names_it(rng, module):
-    # Dev: MAXREG and Q_BATCH were the FFMA kernels' switches until no default route turned them on: gone, they are unknown
+    # Dev: MAXREG and Q_BATCH were the FFMA kernels' switches until no default route turned them on: gone, they are
+    # unknown
     q, k, v = make_qkv(rng, 1, 24, 24, 1, 1, 16)
     if module.__name__.endswith("_half"):  # the half kernels' route: float16 / bfloat16 inputs
         q, k, v = (x.astype(np.float16) for x in (q, k, v))

@@ -46,8 +46,18 @@ def _record(allocate, launches, convert=(), packer=None):
         rec.steps.append(("alloc", t, fill))
         made.append(t)
     for kernel, args, slots in launches(made):
-        rec.steps.append(("launch", _stand_in_launch, "stream 0", kernel, "config", list(args),
-                          [(pos, t.data_ptr()) for pos, t in slots], packer))
+        rec.steps.append(
+            (
+                "launch",
+                _stand_in_launch,
+                "stream 0",
+                kernel,
+                "config",
+                list(args),
+                [(pos, t.data_ptr()) for pos, t in slots],
+                packer,
+            )
+        )
     for i, dtype in convert:
         made.append(made[i].to(dtype))
         rec.steps.append(("convert", made[i], made[-1]))
@@ -62,28 +72,50 @@ def test_a_recording_of_inputs_and_allocations_is_a_recipe_with_their_roles():
     q, k, v = _inputs()
     rec, (words, lse, dq, dq16) = _record(
         [((2, 8, 2, 2), torch.int32, None), ((2, 2, 8), torch.float32, 0.0), ((2, 8, 2, 4), torch.float32, 0.0)],
-        lambda a: [("kernel", [0, q.data_ptr(), 7, 0, 0.5], [(1, q), (3, a[1])]),
-                   ("kernel2", [k.data_ptr(), 0, 0], [(0, k), (1, a[0]), (2, a[2])])],
-        convert=[(2, torch.float16)])
+        lambda a: [
+            ("kernel", [0, q.data_ptr(), 7, 0, 0.5], [(1, q), (3, a[1])]),
+            ("kernel2", [k.data_ptr(), 0, 0], [(0, k), (1, a[0]), (2, a[2])]),
+        ],
+        convert=[(2, torch.float16)],
+    )
     recipe = _replay._recipe(rec, (q, k, v), (words.view(torch.float16), lse, dq16))
     assert [s[:4] for s in recipe.steps if s[0] == "alloc"] == [
-        ("alloc", (2, 8, 2, 2), torch.int32, None), ("alloc", (2, 2, 8), torch.float32, 0.0),
-        ("alloc", (2, 8, 2, 4), torch.float32, 0.0)]
+        ("alloc", (2, 8, 2, 2), torch.int32, None),
+        ("alloc", (2, 2, 8), torch.float32, 0.0),
+        ("alloc", (2, 8, 2, 4), torch.float32, 0.0),
+    ]
     assert [(s[1].kernel, s[2]) for s in recipe.steps if s[0] == "launch"] == [
-        ("kernel", [(1, ("in", 0)), (3, ("made", 1))]), ("kernel2", [(0, ("in", 1)), (1, ("made", 0)), (2, ("made", 2))])]
+        ("kernel", [(1, ("in", 0)), (3, ("made", 1))]),
+        ("kernel2", [(0, ("in", 1)), (1, ("made", 0)), (2, ("made", 2))]),
+    ]
     assert recipe.steps[-1] == ("convert", 2, torch.float16)  # after the launches, as recorded
     assert recipe.outputs == [(0, torch.float16), (1, None), (3, None)]
 
 
-@pytest.mark.parametrize("case", ["unknown pointer", "output not made", "inputs share memory", "no launch",
-                                  "part of an allocation", "conversion of a stranger"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "unknown pointer",
+        "output not made",
+        "inputs share memory",
+        "no launch",
+        "part of an allocation",
+        "conversion of a stranger",
+    ],
+)
 def test_what_the_recipe_cannot_redo_makes_no_recipe(case):
     q, k, v = _inputs()
     stranger = torch.zeros(3)
     if case == "inputs share memory":
         k = q
-    rec, (out,) = _record([((2, 8, 2, 4), torch.float32, None)],
-                          lambda a: [] if case == "no launch" else [("kernel", [0, 0], [(0, q), (1, stranger if case == "unknown pointer" else a[0])])])
+    rec, (out,) = _record(
+        [((2, 8, 2, 4), torch.float32, None)],
+        lambda a: (
+            []
+            if case == "no launch"
+            else [("kernel", [0, 0], [(0, q), (1, stranger if case == "unknown pointer" else a[0])])]
+        ),
+    )
     outputs = {"output not made": (stranger,), "part of an allocation": (out[:1],)}.get(case, (out,))
     if case == "conversion of a stranger":
         rec.steps.append(("convert", stranger, stranger.half()))
@@ -97,7 +129,9 @@ def test_a_replay_allocates_as_recorded_launches_with_the_new_pointers_and_conve
     q, k, v = _inputs()
     rec, (words, stats, dq, dq16) = _record(
         [((2, 8, 2, 2), torch.int32, None), ((2, 2, 8), torch.float32, -1.0), ((2, 8, 2, 4), torch.float32, 0.25)],
-        lambda a: [("kernel", [0, 1.5, 0, 0, 0], [(0, q), (2, a[0]), (3, a[1]), (4, a[2])])], convert=[(2, torch.float16)])
+        lambda a: [("kernel", [0, 1.5, 0, 0, 0], [(0, q), (2, a[0]), (3, a[1]), (4, a[2])])],
+        convert=[(2, torch.float16)],
+    )
     _replay._recipes["key"] = _replay._recipe(rec, (q, k, v), (words.view(torch.float16), stats, dq16))
     q2, k2, v2 = _inputs()
     _LAUNCHED.clear()
@@ -123,9 +157,14 @@ def test_a_recipe_launches_through_the_packer_where_it_packs_and_else_through_th
         return None if kernelargs[1] == "no" else lambda pointers: packed.append(pointers)
 
     q, k, v = _inputs()
-    rec, (out,) = _record([((2, 8, 2, 4), torch.float32, None)],
-                          lambda a: [("kernel", [q.data_ptr(), "yes", a[0].data_ptr()], [(0, q), (2, a[0])]),
-                                     ("kernel2", [0, "no", k.data_ptr()], [(2, k)])], packer=packer)
+    rec, (out,) = _record(
+        [((2, 8, 2, 4), torch.float32, None)],
+        lambda a: [
+            ("kernel", [q.data_ptr(), "yes", a[0].data_ptr()], [(0, q), (2, a[0])]),
+            ("kernel2", [0, "no", k.data_ptr()], [(2, k)]),
+        ],
+        packer=packer,
+    )
     _replay._recipes["key"] = _replay._recipe(rec, (q, k, v), (out,))
     assert packed == [([q.data_ptr(), "yes", out.data_ptr()], [0, 2]), ([0, "no", k.data_ptr()], [2])]
     q2, k2, v2 = _inputs()
@@ -158,8 +197,23 @@ def test_a_packed_launch_passes_the_c_values_cuda_core_would_with_the_new_pointe
     ctypes, launch, error_name = _fake_driver(calls)
     monkeypatch.setattr(_direct, "_driver", (launch, error_name))
     monkeypatch.setattr(_direct, "PACKED", True)
-    kernelargs = [0, 0, 96, 4, 0x7F0000001000, 2, 8, 2, 4, ctypes.c_int32(-7), ctypes.c_float(0.5), 1.5, True,
-                  ctypes.c_uint64(2**63 + 5), 0x7F0000002000]
+    kernelargs = [
+        0,
+        0,
+        96,
+        4,
+        0x7F0000001000,
+        2,
+        8,
+        2,
+        4,
+        ctypes.c_int32(-7),
+        ctypes.c_float(0.5),
+        1.5,
+        True,
+        ctypes.c_uint64(2**63 + 5),
+        0x7F0000002000,
+    ]
     kernel, stream = SimpleNamespace(handle=0xABC0), SimpleNamespace(handle=0)
     packed = _direct.packed_launch(kernel, stream, (3, 2), 128, 4096, kernelargs, [4, 14])
     assert packed is not None and packed.kernel is kernel
@@ -167,8 +221,14 @@ def test_a_packed_launch_passes_the_c_values_cuda_core_would_with_the_new_pointe
     packed([0x7F000000B000, 0x7F000000C000])
     assert [c[:9] for c in calls] == [(0xABC0, 3, 2, 1, 128, 1, 1, 4096, 0)] * 2  # grid and block as three dims each
     params = calls[-1][9]
-    types = [ctypes.c_int64] * 9 + [ctypes.c_int32, ctypes.c_float, ctypes.c_double, ctypes.c_int64, ctypes.c_uint64,
-                                    ctypes.c_int64]
+    types = [ctypes.c_int64] * 9 + [
+        ctypes.c_int32,
+        ctypes.c_float,
+        ctypes.c_double,
+        ctypes.c_int64,
+        ctypes.c_uint64,
+        ctypes.c_int64,
+    ]
     got = [ctypes.cast(params[i], ctypes.POINTER(t)).contents.value for i, t in enumerate(types)]
     assert got == [0, 0, 96, 4, 0x7F000000B000, 2, 8, 2, 4, -7, 0.5, 1.5, 1, 2**63 + 5, 0x7F000000C000]
     assert kernelargs[4] == 0x7F0000001000 and kernelargs[9].value == -7  # the recorded arguments are left alone
@@ -197,7 +257,9 @@ def test_launches_it_cannot_pack_are_not_packed(monkeypatch, case):
     assert _direct.packed_launch(kernel, SimpleNamespace(handle=0), 1, 32, 0, args, [0]) is None
     monkeypatch.setattr(_direct, "PACKED", True)
     monkeypatch.setattr(_direct, "_driver", (launch, error_name))
-    assert _direct.packed_launch(SimpleNamespace(handle=1), SimpleNamespace(handle=0), 1, 32, 0, [0, 1], [0]) is not None
+    assert (
+        _direct.packed_launch(SimpleNamespace(handle=1), SimpleNamespace(handle=0), 1, 32, 0, [0, 1], [0]) is not None
+    )
 
 
 def test_calls_it_does_not_take_have_no_key(monkeypatch):
@@ -208,8 +270,9 @@ def test_calls_it_does_not_take_have_no_key(monkeypatch):
     assert _replay.call_key("forward", prob, (q, k, v), replayable, 0, 0) is None
     monkeypatch.setattr(_replay, "ENABLED", True)
     assert _replay.call_key("forward", prob, (q, k, v), replayable, 0, 0) is None  # CPU tensors
-    cuda_like = SimpleNamespace(is_cuda=True, dtype=torch.float32, shape=(1,), stride=lambda: (1,), device="cuda:0",
-                                data_ptr=lambda: 256)
+    cuda_like = SimpleNamespace(
+        is_cuda=True, dtype=torch.float32, shape=(1,), stride=lambda: (1,), device="cuda:0", data_ptr=lambda: 256
+    )
     assert _replay.call_key("forward", SimpleNamespace(dropout_p=0.1), (cuda_like,), replayable, 0, 0) is None
     assert _replay.call_key("forward", prob, (cuda_like,), SimpleNamespace(module=SimpleNamespace()), 0, 0) is None
     forward = _replay.call_key("forward", prob, (cuda_like,), replayable, 0, 0)
@@ -274,14 +337,23 @@ def _counting_replays(monkeypatch):
     monkeypatch.setattr(_replay, "_recipes", {})
     replays = []
     real = _replay.replay
-    monkeypatch.setattr(_replay, "replay", lambda key, inputs: replays.append((key[0], real(key, inputs))) or replays[-1][1])
+    monkeypatch.setattr(
+        _replay, "replay", lambda key, inputs: replays.append((key[0], real(key, inputs))) or replays[-1][1]
+    )
     return replays
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-@pytest.mark.parametrize("d, causal, nheads_k, layout", [(64, False, 4, "contiguous"), (128, True, 2, "contiguous"),
-                                                         (64, True, 1, "strided"), (96, False, 4, "odd offset")])
+@pytest.mark.parametrize(
+    "d, causal, nheads_k, layout",
+    [
+        (64, False, 4, "contiguous"),
+        (128, True, 2, "contiguous"),
+        (64, True, 1, "strided"),
+        (96, False, 4, "odd offset"),
+    ],
+)
 def test_replayed_calls_give_the_normal_paths_bits(monkeypatch, dtype, d, causal, nheads_k, layout):
     dtype = getattr(torch, dtype)
     monkeypatch.setattr(_replay, "ENABLED", False)
@@ -299,8 +371,13 @@ def test_replayed_calls_give_the_normal_paths_bits(monkeypatch, dtype, d, causal
     assert {key[0] for key in _replay._recipes} == {"forward", "backward"}
     # every replayed launch is a packed one (cuLaunchKernel on arguments converted once), not cuda.core's per call
 
-    launchers = [step[1] for recipe in _replay._recipes.values() if recipe is not None for step in recipe.steps
-                 if step[0] == "launch"]
+    launchers = [
+        step[1]
+        for recipe in _replay._recipes.values()
+        if recipe is not None
+        for step in recipe.steps
+        if step[0] == "launch"
+    ]
     assert bool(launchers) != copied
     assert all(isinstance(launcher, _direct.PackedLaunch) == _direct.PACKED for launcher in launchers)
 

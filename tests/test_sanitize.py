@@ -19,10 +19,18 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_sanitize_workload_runs_every_registered_kernel_and_checks_its_results():
-    res = subprocess.run([sys.executable, "-m", "bench.sanitize", "--check"], cwd=ROOT, capture_output=True, text=True,
-                         timeout=600, env=dict(os.environ))
+    res = subprocess.run(
+        [sys.executable, "-m", "bench.sanitize", "--check"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ),
+    )
     assert res.returncode == 0, res.stdout + res.stderr
-    assert res.stdout.rstrip().endswith(f"{len(registry.entries())} kernels ran; 0 wrong result(s); kernels that did not run: none")
+    assert res.stdout.rstrip().endswith(
+        f"{len(registry.entries())} kernels ran; 0 wrong result(s); kernels that did not run: none"
+    )
     rows = [line for line in res.stdout.splitlines() if line.endswith(" ok")]
     for k in registry.entries():  # forward and backward of every algorithm and variant
         tag = f"{k.algorithm:8s} fwd {k.variant}" if k.pass_ == "forward" else f"bwd {k.variant}"
@@ -45,7 +53,9 @@ def test_sanitize_script_writes_a_log_per_tool_and_fails_when_one_tool_reports_a
     fake.chmod(0o755)
     out = tmp_path / "out"
     env = dict(os.environ, COMPUTE_SANITIZER=str(fake), SANITIZE_NO_SETUP="1", PYTHON=sys.executable)
-    res = subprocess.run(["bash", "bench/gpu/sanitize.sh", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
+    res = subprocess.run(
+        ["bash", "bench/gpu/sanitize.sh", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=120, env=env
+    )
     assert res.returncode == 1, res.stdout + res.stderr
     for tool in ("memcheck", "racecheck", "synccheck", "initcheck"):
         assert (out / f"sanitize_{tool}.log").exists()

@@ -174,7 +174,9 @@ def _threads_get_different_arrays(kernelapi) -> bool:
 
 
 @pytest.mark.simulator_only
-def test_upstream_allocator_gives_threads_of_a_block_different_arrays_under_a_tiny_switch_interval(tiny_switch_interval):
+def test_upstream_allocator_gives_threads_of_a_block_different_arrays_under_a_tiny_switch_interval(
+    tiny_switch_interval,
+):
     """The bug reproduces: 1.4 % to 11 % of trials raced on a loaded 2-core machine; stop at the first.
 
     With a 1.4 % rate, 3000 trials all missing has probability 4e-19; typically a few dozen trials run.
@@ -297,7 +299,9 @@ def test_a_thread_preempted_after_a_failed_lookup_breaks_the_kernel_only_without
 # The real culprit: the standard forward and backward (many launches of shared-memory kernels)
 # ----------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("runs", [pytest.param(4, id="4-runs"), pytest.param(30, id="30-runs", marks=pytest.mark.slow)])
-def test_standard_forward_and_backward_are_bitwise_repeatable_under_a_tiny_switch_interval(rng, runs, tiny_switch_interval):
+def test_standard_forward_and_backward_are_bitwise_repeatable_under_a_tiny_switch_interval(
+    rng, runs, tiny_switch_interval
+):
     """The algorithm that failed in CI, on a tiny causal, dropout, GQA case; the first run also follows
     the error rule. Upstream's allocator: 3 of 60 runs of this case differed from the first (0 of 60
     with the lock), so the 30-run variant would catch a regression about 4 times in 5."""
@@ -317,4 +321,3 @@ def test_standard_forward_and_backward_are_bitwise_repeatable_under_a_tiny_switc
         assert_error_rule(g, r, n, mult=3.0, what=name)
     differ = [i for i in range(runs) if not all(np.array_equal(x, y) for x, y in zip(forward_backward(), first))]
     assert not differ, f"runs {differ} of {runs} differ from the first"
-

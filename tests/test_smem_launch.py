@@ -1,4 +1,5 @@
-"""The launch above 48 KB of dynamic SRAM (:mod:`numba_flash.runtime.smem`), with a stand-in for numba-cuda's dispatcher.
+"""The launch above 48 KB of dynamic SRAM (:mod:`numba_flash.runtime.smem`), with a stand-in for numba-cuda's
+dispatcher.
 
 The opt-in only happens on a GPU (the simulator has no limit), so these tests replace the dispatcher, the device
 and the driver call by fakes that behave as the real ones do where it matters: the dispatcher types its arguments

@@ -52,9 +52,11 @@ class _DeviceGuard:
 
 
 def _fake_torch(current: str, log: list, default: str = "legacy default"):
-    cuda = SimpleNamespace(current_stream=lambda device=None: _Stream(current, log),
-                           default_stream=lambda device=None: _Stream(default, log),
-                           device=lambda device: _DeviceGuard(device, log))
+    cuda = SimpleNamespace(
+        current_stream=lambda device=None: _Stream(current, log),
+        default_stream=lambda device=None: _Stream(default, log),
+        device=lambda device: _DeviceGuard(device, log),
+    )
     return SimpleNamespace(cuda=cuda)
 
 
@@ -74,8 +76,12 @@ def test_on_a_side_stream_each_tensor_handed_to_the_kernels_waits_for_it_and_the
     assert alloc.kind == "torch-cuda" and log == []
     for t in ("q", "dq zeros"):
         log.append(("import", alloc._import(t)))  # the tensor itself is the kernel array
-    assert log == [("legacy default", "waits for", "side"), ("import", "q"),
-                   ("legacy default", "waits for", "side"), ("import", "dq zeros")]
+    assert log == [
+        ("legacy default", "waits for", "side"),
+        ("import", "q"),
+        ("legacy default", "waits for", "side"),
+        ("import", "dq zeros"),
+    ]
     alloc.join_caller_stream()
     assert log[4:] == [("side", "waits for", "legacy default")]  # after the launches: out is written
 
@@ -104,7 +110,12 @@ def test_the_launches_run_under_the_tensors_device_and_the_stream_join_comes_bef
     with alloc.device_guard():
         log.append("launches")
         alloc.join_caller_stream()
-    assert log == [("enter device", "cuda:1"), "launches", ("side", "waits for", "legacy default"), ("exit device", "cuda:1")]
+    assert log == [
+        ("enter device", "cuda:1"),
+        "launches",
+        ("side", "waits for", "legacy default"),
+        ("exit device", "cuda:1"),
+    ]
 
 
 @pytest.mark.parametrize("kind", ["numpy", "torch-cpu", "device"])
@@ -145,7 +156,9 @@ def test_every_pass_runs_under_the_device_guard_and_joins_the_caller_stream_insi
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("busy", ["side stream: the inputs' producer", "default stream: where the kernels launch"])
-@pytest.mark.parametrize(("dtype", "d"), [(torch.float32, 64), (torch.bfloat16, 64), (torch.float16, 63)])  # d 63: a float32 copy
+@pytest.mark.parametrize(
+    ("dtype", "d"), [(torch.float32, 64), (torch.bfloat16, 64), (torch.float16, 63)]
+)  # d 63: a float32 copy
 def test_a_call_on_a_side_stream_reads_its_inputs_and_hands_back_its_output_in_stream_order(dtype, d, busy):
     """On a side stream, q is written by work still queued behind a sleep, or the default stream (where the
     kernels launch) is held busy; ``out.clone()`` is queued on the side stream at once. Without the joins the

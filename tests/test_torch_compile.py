@@ -34,8 +34,9 @@ def inputs(rng, b=1, s_q=7, s_k=10, h=2, h_k=1, d=4):
 
 def loss_fn(algorithm, **opts):
     def f(q, k, v, g):
-        out, lse, s_dmask = flash_attn_func(q, k, v, 0.2, causal=True, return_attn_probs=True, algorithm=algorithm,
-                                            seed=7, block_sizes=(4, 4), **opts)
+        out, lse, s_dmask = flash_attn_func(
+            q, k, v, 0.2, causal=True, return_attn_probs=True, algorithm=algorithm, seed=7, block_sizes=(4, 4), **opts
+        )
         return (out * g).sum(), out, lse
 
     return f
@@ -49,8 +50,10 @@ def run(f, q, k, v, g):
 
 # "aot_eager" runs Dynamo, then AOTAutograd's joint graph; "eager" runs Dynamo alone (flash2 only: the
 # standard path is the slowest in the simulator, and both backends trace the same operators).
-@pytest.mark.parametrize(("algorithm", "backend"), [("flash2", "eager"), ("flash2", "aot_eager"), ("flash1", "aot_eager"),
-                                                    ("standard", "aot_eager")])
+@pytest.mark.parametrize(
+    ("algorithm", "backend"),
+    [("flash2", "eager"), ("flash2", "aot_eager"), ("flash1", "aot_eager"), ("standard", "aot_eager")],
+)
 def test_compiled_function_gives_the_eager_output_and_gradients(rng, backend, algorithm):
     """Causal, dropout, GQA, s_q != s_k, return_attn_probs: the compiled graph calls the same kernels."""
     q, k, v, g = inputs(rng)
@@ -101,7 +104,25 @@ def test_opcheck_passes_on_the_forward_and_backward_operators(rng, algorithm):
     torch.library.opcheck(torch.ops.numba_flash.attention_forward.default, (q, k, v, *opts))
     out, lse, m, l = _torch_ops.attention_forward(q, k, v, *opts)
     assert m.shape == l.shape == (1, 2, 5)  # every forward saves m and l for its backward
-    bwd = (g, q.detach(), k.detach(), v.detach(), out.detach(), lse, m, l, 0.2, 0.5, True, 3, algorithm, "readable", 4, 4, False)
+    bwd = (
+        g,
+        q.detach(),
+        k.detach(),
+        v.detach(),
+        out.detach(),
+        lse,
+        m,
+        l,
+        0.2,
+        0.5,
+        True,
+        3,
+        algorithm,
+        "readable",
+        4,
+        4,
+        False,
+    )
     torch.library.opcheck(torch.ops.numba_flash.attention_backward.default, bwd)
 
 

@@ -98,6 +98,7 @@ TAGGED_FILES = [
     ("Alg.5", "reference/alg5_block_sparse.py"),
 ]
 
+
 def _load_doc_markers():
     """docs/_ext/doc_markers.py: the one grammar of docs markers and paper tags (no Sphinx needed)."""
     spec = importlib.util.spec_from_file_location("doc_markers", ROOT / "docs" / "_ext" / "doc_markers.py")
@@ -126,13 +127,17 @@ def parse_tags(path: Path) -> tuple[list[Tag], list[str]]:
         found = doc_markers.paper_tags(text)
         if found is None:
             if doc_markers.TAG_LIKE.match(text):
-                errors.append(f"{path.name}:{lineno}: malformed paper tag {text!r} "
-                              "(expected e.g. '# Alg.1 L9: ...', '# FA2.1 L8-L9: ...')")
+                errors.append(
+                    f"{path.name}:{lineno}: malformed paper tag {text!r} "
+                    "(expected e.g. '# Alg.1 L9: ...', '# FA2.1 L8-L9: ...')"
+                )
             continue
         for alg, a, b in found:
             if not (1 <= a <= b <= N_LINES[alg]):
-                errors.append(f"{path.name}:{lineno}: {alg} has lines 1-{N_LINES[alg]}; "
-                              f"tag '{alg} L{a}" + (f"-L{b}" if b != a else "") + "' is out of range or reversed")
+                errors.append(
+                    f"{path.name}:{lineno}: {alg} has lines 1-{N_LINES[alg]}; "
+                    f"tag '{alg} L{a}" + (f"-L{b}" if b != a else "") + "' is out of range or reversed"
+                )
                 continue
             tags.append(Tag(alg, a, b, lineno, text.strip()))
     return tags, errors
@@ -151,7 +156,8 @@ def order_errors(tags: list[Tag], alg: str) -> list[str]:
         errors.append(
             f"line {cur.lineno}: {alg} L{cur.first} follows L{prev.first} (line {prev.lineno}) "
             f"but the two are not inside one loop body of {alg} (loops: "
-            + (", ".join(f"L{h}..L{e}" for h, e in LOOPS[alg]) or "none") + ")"
+            + (", ".join(f"L{h}..L{e}" for h, e in LOOPS[alg]) or "none")
+            + ")"
         )
     return errors
 
@@ -229,7 +235,11 @@ def test_tag_grammar_separates_tags_from_prose_and_flags_typos(tmp_path):
     )
     tags, errors = parse_tags(f)
     assert [(t.alg, t.first, t.last) for t in tags] == [
-        ("Alg.1", 9, 9), ("Alg.1", 10, 10), ("Alg.2", 12, 12), ("Alg.2", 13, 14)]
+        ("Alg.1", 9, 9),
+        ("Alg.1", 10, 10),
+        ("Alg.2", 12, 12),
+        ("Alg.2", 13, 14),
+    ]
     assert len(errors) == 2 and "malformed" in errors[0] and "out of range" in errors[1]
 
 
@@ -356,7 +366,7 @@ def symbol_tables(src: str) -> list[tuple[int, list[tuple[str, str, str]]]]:
         if len(borders) < 2:
             continue  # prose that mentions a symbol table ("as in :func:`...`"), not a table
         rows = []
-        for ln in lines[borders[0] + 1:borders[1]]:
+        for ln in lines[borders[0] + 1 : borders[1]]:
             cells = re.split(r"\s{2,}", ln.strip())
             if len(cells) >= 3:
                 rows.append((cells[0], cells[1], cells[2]))
@@ -375,8 +385,9 @@ def test_kernel_symbol_tables_name_variables_that_exist(relpath):
     src = path.read_text(encoding="utf-8")
     tables = symbol_tables(src)
     assert tables, f"{relpath}: no docstring has a symbol table (paper symbol -> variable -> memory space)"
-    code_names = {tok.string for tok in tokenize.generate_tokens(io.StringIO(src).readline)
-                  if tok.type == tokenize.NAME}
+    code_names = {
+        tok.string for tok in tokenize.generate_tokens(io.StringIO(src).readline) if tok.type == tokenize.NAME
+    }
     missing = []
     for line, rows in tables:
         assert rows, f"{relpath}:{line}: the symbol table has no rows"
@@ -399,7 +410,7 @@ def test_symbol_table_check_flags_a_stale_variable():
     """
     return gQ
 '''
-    (line, rows), = symbol_tables(src)
+    ((line, rows),) = symbol_tables(src)
     assert rows == [("Q_i", "sQ_i", "SRAM")]
     names = {t.string for t in tokenize.generate_tokens(io.StringIO(src).readline) if t.type == tokenize.NAME}
     assert "sQ_i" not in names  # the table names a variable the code does not have: the test would fail
@@ -502,27 +513,44 @@ def rule(says, *alternatives):
     return ContentRule(says, tuple(a if isinstance(a, tuple) else (a,) for a in alternatives))
 
 
-_S_QK = rule("S = (tau) Q K^T: a product of Q_i and K_j", (_Q, _K, _PRODUCT), (_Q, _K, r"\bs_tile_step\("), r"\bqkt_tile\(",
-             r"\bs_dp_p_ds\(")  # Dev: s_tile_step: the 3xTF32 forwards' mma step of S (fragments.make_s_steps)
+_S_QK = rule(
+    "S = (tau) Q K^T: a product of Q_i and K_j",
+    (_Q, _K, _PRODUCT),
+    (_Q, _K, r"\bs_tile_step\("),
+    r"\bqkt_tile\(",
+    r"\bs_dp_p_ds\(",
+)  # Dev: s_tile_step: the 3xTF32 forwards' mma step of S (fragments.make_s_steps)
 _S_TAU_QK = rule("S = tau Q K^T: the product, or the scale by tau", *_S_QK.alternatives, r"\btau\s*\*")
 _SPLIT = rule("split into blocks: Tr, Tc or the row/column blocks", r"\bT[rc]\b|seq_blocks|row_blocks|col_blocks")
 _LOOP = rule("a loop (or the thread block's index)", r"\bfor\b|\bblockIdx\b|\bkey_block\(|\bquery_block\(")
-_LOAD_KV = rule("K_j and V_j read from HBM", (r"\bgK\[", r"\bgV\["), r"\bload_kv?\(", (r"\bload_k_async\(", r"\bload_v_async\("),
-                # the readable kernels' shared copy (numba_flash._tiles_readable.load_tile), with the paper's names
-                (r"\bload_tile\(\s*sK_j\s*,\s*gK\b", r"\bload_tile\(\s*sV_j\s*,\s*gV\b"))
+_LOAD_KV = rule(
+    "K_j and V_j read from HBM",
+    (r"\bgK\[", r"\bgV\["),
+    r"\bload_kv?\(",
+    (r"\bload_k_async\(", r"\bload_v_async\("),
+    # the readable kernels' shared copy (numba_flash._tiles_readable.load_tile), with the paper's names
+    (r"\bload_tile\(\s*sK_j\s*,\s*gK\b", r"\bload_tile\(\s*sV_j\s*,\s*gV\b"),
+)
 _BLOCK_SIZES = rule("block sizes Br, Bc", r"\bB[rcRC]\b|block_sizes|\bBCC?\b")
 _INIT_O_L_M = rule("O = 0, l = 0 and m = -inf", (_ZERO, _NEG_INF), r"\binit_o_l_m\(")
 _LOAD_Q_O_L_M = rule("Q_i, O_i, l_i, m_i read from HBM", (r"\bgQ\[", r"\bgO\[", r"\bgl\[", r"\bgm\["))
 _ROWMAX = rule("the row max of S (the first of line 10's three steps)", _MAX)
 _M_NEW = rule("m_new = max(m_i, m~_ij) and the rescale factors", (r"\bm_new\b", _MAX, r"\bexp2?\(|\brescale\("))
-_O_UPDATE_FA1 = rule("O_i <- diag(l_new)^-1 (... P~ V_j): a product with V_j and a division by l",
-                     ((_V, _PRODUCT, _DIV_L)), (r"\bpv_tile\(", _DIV_L))
+_O_UPDATE_FA1 = rule(
+    "O_i <- diag(l_new)^-1 (... P~ V_j): a product with V_j and a division by l",
+    ((_V, _PRODUCT, _DIV_L)),
+    (r"\bpv_tile\(", _DIV_L),
+)
 _WRITE_L_M = rule("l and m written to HBM", (r"\bgl\[[^\]]*\]\s*=", r"\bgm\[[^\]]*\]\s*="))
 _RETURN = rule("return", r"\breturn\b")
 _WRITE_O_L = r"\bwrite_o_l\("  # lines 12-15 in one step of the tensor-core forwards (forward_steps.make_write_o_l)
 _PRNG = rule("the PRNG state: the seed", r"\bseed\b|\bhead_key\(")
-_MASK = rule("mask(S): -inf (or P = 0) where a key is hidden", (r"causal|visible|\bmask", _NEG_INF),
-             (r"causal|visible", r"<=|>"), r"\bmask_tile\(")
+_MASK = rule(
+    "mask(S): -inf (or P = 0) where a key is hidden",
+    (r"causal|visible|\bmask", _NEG_INF),
+    (r"causal|visible", r"<=|>"),
+    r"\bmask_tile\(",
+)
 _DROPOUT = rule("dropout: the keep-mask Z", r"\bkeep\(|dropout_scale_matrix\(|softmax_p_tile\(")
 _DV_UPDATE = rule("dV += (P o Z)^T dO: dV and dO", (r"(?i)\bg?r?dV\w*", _DO, _PRODUCT), r"\bdv_dk_update\(")
 _DK_UPDATE = rule("dK += tau dS^T Q: dK and Q_i", (r"(?i)\bg?r?dK\w*", _Q, _PRODUCT), r"\bdv_dk_update\(")
@@ -530,70 +558,145 @@ _DP = rule("dP = dO V^T: a product of dO_i and V_j", (_DO, _V, _PRODUCT), r"\bs_
 _DS_RULE = rule("dS = P o (dP - D_i)", _DS)
 _DQ_UPDATE = rule("dQ_i += tau dS K_j: dQ and K_j", (r"(?i)\bg?r?dQ\w*", _K), (r"(?i)\bg?r?dQ\w*", r"\bdq_tile\("))
 _WRITE_DK_DV = rule("dK_j, dV_j written to HBM", (r"\bgdK\[", r"\bgdV\["), r"\bstore_dk_dv\(")
-_D_ROWSUM = rule("D_i = rowsum(dO o O)", (r"\b[gs]?D\w*\s*(?:\[[^\]]*\])?\s*\+?=", r"\+=|\bsum\(|\*"), r"\brow_dot\(", r"\brow_stats\(",
-                 r"\bs_dp_p_ds\(")
+_D_ROWSUM = rule(
+    "D_i = rowsum(dO o O)",
+    (r"\b[gs]?D\w*\s*(?:\[[^\]]*\])?\s*\+?=", r"\+=|\bsum\(|\*"),
+    r"\brow_dot\(",
+    r"\brow_stats\(",
+    r"\bs_dp_p_ds\(",
+)
 
 #: (algorithm, paper line) -> what the code after its tag must contain. A line absent from this table
 #: must be in NO_CONTENT_RULE, with the reason.
 CONTENT_RULES: dict[tuple[str, int], ContentRule] = {
-    ("Alg.0", 1): rule("S = tau Q K^T, written to HBM", (r"\bq\b|\bQ\b", r"\bk\b|\bK\b", r"\bmatmul\(|masked_scores\(|@")),
+    ("Alg.0", 1): rule(
+        "S = tau Q K^T, written to HBM", (r"\bq\b|\bQ\b", r"\bk\b|\bK\b", r"\bmatmul\(|masked_scores\(|@")
+    ),
     ("Alg.0", 2): rule("P = softmax(S)", r"softmax"),
     ("Alg.0", 3): rule("O = P V", (r"\bS\b|\bP\w*", r"\bv\b|\bV\b", r"\bmatmul\(|@")),
     ("Alg.0", 4): _RETURN,
-    ("Alg.1", 1): _BLOCK_SIZES, ("Alg.1", 2): _INIT_O_L_M, ("Alg.1", 3): _SPLIT, ("Alg.1", 5): _LOOP,
-    ("Alg.1", 6): _LOAD_KV, ("Alg.1", 7): _LOOP, ("Alg.1", 8): _LOAD_Q_O_L_M, ("Alg.1", 9): _S_QK,
-    ("Alg.1", 10): _ROWMAX, ("Alg.1", 11): _M_NEW, ("Alg.1", 12): _O_UPDATE_FA1, ("Alg.1", 13): _WRITE_L_M,
+    ("Alg.1", 1): _BLOCK_SIZES,
+    ("Alg.1", 2): _INIT_O_L_M,
+    ("Alg.1", 3): _SPLIT,
+    ("Alg.1", 5): _LOOP,
+    ("Alg.1", 6): _LOAD_KV,
+    ("Alg.1", 7): _LOOP,
+    ("Alg.1", 8): _LOAD_Q_O_L_M,
+    ("Alg.1", 9): _S_QK,
+    ("Alg.1", 10): _ROWMAX,
+    ("Alg.1", 11): _M_NEW,
+    ("Alg.1", 12): _O_UPDATE_FA1,
+    ("Alg.1", 13): _WRITE_L_M,
     ("Alg.1", 16): _RETURN,
-    ("Alg.2", 1): _PRNG, ("Alg.2", 2): _BLOCK_SIZES, ("Alg.2", 3): _INIT_O_L_M, ("Alg.2", 4): _SPLIT,
-    ("Alg.2", 6): _LOOP, ("Alg.2", 7): _LOAD_KV, ("Alg.2", 8): _LOOP, ("Alg.2", 9): _LOAD_Q_O_L_M,
+    ("Alg.2", 1): _PRNG,
+    ("Alg.2", 2): _BLOCK_SIZES,
+    ("Alg.2", 3): _INIT_O_L_M,
+    ("Alg.2", 4): _SPLIT,
+    ("Alg.2", 6): _LOOP,
+    ("Alg.2", 7): _LOAD_KV,
+    ("Alg.2", 8): _LOOP,
+    ("Alg.2", 9): _LOAD_Q_O_L_M,
     ("Alg.2", 10): _S_TAU_QK,
-    ("Alg.2", 11): _MASK, ("Alg.2", 12): _ROWMAX, ("Alg.2", 13): _M_NEW, ("Alg.2", 14): _DROPOUT,
-    ("Alg.2", 15): _O_UPDATE_FA1, ("Alg.2", 16): _WRITE_L_M, ("Alg.2", 19): _RETURN,
+    ("Alg.2", 11): _MASK,
+    ("Alg.2", 12): _ROWMAX,
+    ("Alg.2", 13): _M_NEW,
+    ("Alg.2", 14): _DROPOUT,
+    ("Alg.2", 15): _O_UPDATE_FA1,
+    ("Alg.2", 16): _WRITE_L_M,
+    ("Alg.2", 19): _RETURN,
     ("Alg.3", 1): rule("dV = (P o Z)^T dO", (r"(?i)\bg?dv\b|\bdV\b", _DO)),
     ("Alg.3", 2): rule("dP = dO V^T", (r"\bdP\b|\bgdP\b", _DO, r"\bv\b|\bV\b")),
     ("Alg.3", 3): rule("dS = P o (dP - D) with D = rowsum(P o dP)", _DS),
     ("Alg.3", 4): rule("dQ = tau dS K", (r"\bdq\b|\bgdQ\b", r"\bdS\b", r"\btau\b")),
     ("Alg.3", 5): rule("dK = tau dS^T Q", (r"\bdk\b|\bdK\b", r"\bdS\b", r"\btau\b")),
     ("Alg.3", 6): _RETURN,
-    ("Alg.4", 1): _PRNG, ("Alg.4", 2): _BLOCK_SIZES, ("Alg.4", 3): _SPLIT,
+    ("Alg.4", 1): _PRNG,
+    ("Alg.4", 2): _BLOCK_SIZES,
+    ("Alg.4", 3): _SPLIT,
     ("Alg.4", 4): rule("O, dO, l, m split into Tr blocks", r"\bT[rc]\b|seq_blocks|\bg(?:O|dO|l|m)\b"),
-    ("Alg.4", 5): rule("dQ = 0", _ZERO), ("Alg.4", 6): _LOOP, ("Alg.4", 7): _LOAD_KV,
-    ("Alg.4", 8): rule("dK~_j = dV~_j = 0", (r"(?i)dk", r"(?i)dv", _ZERO)), ("Alg.4", 9): _LOOP,
+    ("Alg.4", 5): rule("dQ = 0", _ZERO),
+    ("Alg.4", 6): _LOOP,
+    ("Alg.4", 7): _LOAD_KV,
+    ("Alg.4", 8): rule("dK~_j = dV~_j = 0", (r"(?i)dk", r"(?i)dv", _ZERO)),
+    ("Alg.4", 9): _LOOP,
     ("Alg.4", 10): rule("Q_i, dO_i (and l_i, m_i) loaded", (r"\bgQ\[", r"\bgdO\["), r"\b(?:load|store)_q\("),
-    ("Alg.4", 11): _S_QK, ("Alg.4", 12): _MASK,
-    ("Alg.4", 13): rule("P = diag(l_i)^-1 exp(S - m_i)", (_EXP, _DIV_L), r"recompute_probabilities\(", r"\bs_dp_p_ds\("),
+    ("Alg.4", 11): _S_QK,
+    ("Alg.4", 12): _MASK,
+    ("Alg.4", 13): rule(
+        "P = diag(l_i)^-1 exp(S - m_i)", (_EXP, _DIV_L), r"recompute_probabilities\(", r"\bs_dp_p_ds\("
+    ),
     ("Alg.4", 14): rule("Z_ij regenerated from the seed", r"\bkeep\(|dropout_scale_matrix\(|\bs_dp_p_ds\("),
     ("Alg.4", 15): rule("P^dropped = P o Z", r"(?i)\bp\w*\s*\*\s*r?z\w*", r"\bs_dp_p_ds\("),
-    ("Alg.4", 16): _DV_UPDATE, ("Alg.4", 17): _DP,
+    ("Alg.4", 16): _DV_UPDATE,
+    ("Alg.4", 17): _DP,
     ("Alg.4", 18): rule("dP = dP^dropped o Z", r"\*\s*(?:r?Z\w*|z)\b", r"\bs_dp_p_ds\("),
-    ("Alg.4", 19): _D_ROWSUM, ("Alg.4", 20): _DS_RULE, ("Alg.4", 21): _DQ_UPDATE, ("Alg.4", 22): _DK_UPDATE,
-    ("Alg.4", 24): _WRITE_DK_DV, ("Alg.4", 26): _RETURN,
-    ("FA2.1", 1): _SPLIT, ("FA2.1", 2): rule("O and L split into Tr blocks", r"\bT[rc]\b|\bg(?:O|L)\b"),
-    ("FA2.1", 3): _LOOP, ("FA2.1", 4): rule("Q_i read from HBM", r"\bgQ\[", r"\bload_q\(\s*gQ\b", r"\bload_tile\(\s*sQ_i\s*,\s*gQ\b"), ("FA2.1", 5): _INIT_O_L_M,
-    ("FA2.1", 6): _LOOP, ("FA2.1", 7): _LOAD_KV, ("FA2.1", 8): _S_QK,
-    ("FA2.1", 9): rule("m_new = max(m, rowmax S); P~ = exp(S - m_new); l = e^(m_old - m_new) l + rowsum P~",
-                       (_MAX, _EXP, r"=\s*\w*alpha\w*(?:\[\w+\])?\s*\*|softmax_p_tile\("), r"\bonline_softmax\("),
+    ("Alg.4", 19): _D_ROWSUM,
+    ("Alg.4", 20): _DS_RULE,
+    ("Alg.4", 21): _DQ_UPDATE,
+    ("Alg.4", 22): _DK_UPDATE,
+    ("Alg.4", 24): _WRITE_DK_DV,
+    ("Alg.4", 26): _RETURN,
+    ("FA2.1", 1): _SPLIT,
+    ("FA2.1", 2): rule("O and L split into Tr blocks", r"\bT[rc]\b|\bg(?:O|L)\b"),
+    ("FA2.1", 3): _LOOP,
+    ("FA2.1", 4): rule("Q_i read from HBM", r"\bgQ\[", r"\bload_q\(\s*gQ\b", r"\bload_tile\(\s*sQ_i\s*,\s*gQ\b"),
+    ("FA2.1", 5): _INIT_O_L_M,
+    ("FA2.1", 6): _LOOP,
+    ("FA2.1", 7): _LOAD_KV,
+    ("FA2.1", 8): _S_QK,
+    ("FA2.1", 9): rule(
+        "m_new = max(m, rowmax S); P~ = exp(S - m_new); l = e^(m_old - m_new) l + rowsum P~",
+        (_MAX, _EXP, r"=\s*\w*alpha\w*(?:\[\w+\])?\s*\*|softmax_p_tile\("),
+        r"\bonline_softmax\(",
+    ),
     ("FA2.1", 10): rule("O = diag(e^(m_old - m_new)) O + P~ V_j", (r"\w*alpha", _V), (r"\w*alpha", r"\bpv_tile\(")),
     ("FA2.1", 12): rule("O_i = diag(l_i)^-1 O_i: a division by l", _DIV_L, _WRITE_O_L),
     ("FA2.1", 13): rule("L_i = m_i + log(l_i)", r"\blog\(", r"\bnatural_stats\(", _WRITE_O_L),
     ("FA2.1", 14): rule("O_i written to HBM", r"\bgO\[[^\]]*\]\s*=", _WRITE_O_L, r"\bstore_o_row\("),
     ("FA2.1", 15): rule("L_i written to HBM", r"\bgL\[[^\]]*\]\s*=", _WRITE_O_L),
     ("FA2.1", 17): _RETURN,
-    ("FA2.2", 1): _SPLIT, ("FA2.2", 2): rule("O, dO, L split into Tr blocks", r"\bT[rc]\b|\bg(?:O|dO|L)\b"),
-    ("FA2.2", 3): rule("dQ = 0", _ZERO, r"\ballocate_grads\("), ("FA2.2", 4): _D_ROWSUM, ("FA2.2", 5): _LOOP, ("FA2.2", 6): _LOAD_KV,
-    ("FA2.2", 7): rule("dK_j = dV_j = 0", (r"(?i)dk", r"(?i)dv", _ZERO)), ("FA2.2", 8): _LOOP,
-    ("FA2.2", 9): rule("Q_i, dO_i, L_i (or m_i and l_i apart), D_i loaded",
-                       (r"\bgQ\[|\b(?:load|store)_q\(", r"\bgL\[|OFF_L|\brow_stats\(\s*gm\s*,\s*gl\b", r"\bgD\[|OFF_D"),
-                       (r"\bload_q_do_l_d\(", r"\bgQ\b", r"\bgdO\b", r"\bgm\b", r"\bgD\b")),
+    ("FA2.2", 1): _SPLIT,
+    ("FA2.2", 2): rule("O, dO, L split into Tr blocks", r"\bT[rc]\b|\bg(?:O|dO|L)\b"),
+    ("FA2.2", 3): rule("dQ = 0", _ZERO, r"\ballocate_grads\("),
+    ("FA2.2", 4): _D_ROWSUM,
+    ("FA2.2", 5): _LOOP,
+    ("FA2.2", 6): _LOAD_KV,
+    ("FA2.2", 7): rule("dK_j = dV_j = 0", (r"(?i)dk", r"(?i)dv", _ZERO)),
+    ("FA2.2", 8): _LOOP,
+    ("FA2.2", 9): rule(
+        "Q_i, dO_i, L_i (or m_i and l_i apart), D_i loaded",
+        (r"\bgQ\[|\b(?:load|store)_q\(", r"\bgL\[|OFF_L|\brow_stats\(\s*gm\s*,\s*gl\b", r"\bgD\[|OFF_D"),
+        (r"\bload_q_do_l_d\(", r"\bgQ\b", r"\bgdO\b", r"\bgm\b", r"\bgD\b"),
+    ),
     ("FA2.2", 10): _S_QK,
-    ("FA2.2", 11): rule("P = exp(S - L_i), or exp(S - m_i) / l_i with m_i, l_i kept apart",
-                        (_EXP, r"\bs?L_i\b|\bL_r\b"), (_EXP, r"-\s*\w*m_(?:i|r)\b", r"\*\s*\w*il_(?:i|r)\b"), r"\bs_dp_p_ds\("),
-    ("FA2.2", 12): _DV_UPDATE, ("FA2.2", 13): _DP, ("FA2.2", 14): _DS_RULE, ("FA2.2", 15): _DQ_UPDATE,
-    ("FA2.2", 16): _DK_UPDATE, ("FA2.2", 18): _WRITE_DK_DV, ("FA2.2", 20): _RETURN,
-    ("Alg.5", 1): _PRNG, ("Alg.5", 2): _INIT_O_L_M, ("Alg.5", 3): _SPLIT, ("Alg.5", 5): _LOOP, ("Alg.5", 6): _LOAD_KV,
-    ("Alg.5", 7): _LOOP, ("Alg.5", 8): rule("if M_ij != 0: a test of the block mask", (r"\bif\b", r"\b\w*mask\b")),
-    ("Alg.5", 9): _LOAD_Q_O_L_M, ("Alg.5", 10): _S_TAU_QK, ("Alg.5", 11): _MASK, ("Alg.5", 12): _ROWMAX,
-    ("Alg.5", 13): _M_NEW, ("Alg.5", 14): _DROPOUT, ("Alg.5", 15): _O_UPDATE_FA1, ("Alg.5", 16): _WRITE_L_M,
+    ("FA2.2", 11): rule(
+        "P = exp(S - L_i), or exp(S - m_i) / l_i with m_i, l_i kept apart",
+        (_EXP, r"\bs?L_i\b|\bL_r\b"),
+        (_EXP, r"-\s*\w*m_(?:i|r)\b", r"\*\s*\w*il_(?:i|r)\b"),
+        r"\bs_dp_p_ds\(",
+    ),
+    ("FA2.2", 12): _DV_UPDATE,
+    ("FA2.2", 13): _DP,
+    ("FA2.2", 14): _DS_RULE,
+    ("FA2.2", 15): _DQ_UPDATE,
+    ("FA2.2", 16): _DK_UPDATE,
+    ("FA2.2", 18): _WRITE_DK_DV,
+    ("FA2.2", 20): _RETURN,
+    ("Alg.5", 1): _PRNG,
+    ("Alg.5", 2): _INIT_O_L_M,
+    ("Alg.5", 3): _SPLIT,
+    ("Alg.5", 5): _LOOP,
+    ("Alg.5", 6): _LOAD_KV,
+    ("Alg.5", 7): _LOOP,
+    ("Alg.5", 8): rule("if M_ij != 0: a test of the block mask", (r"\bif\b", r"\b\w*mask\b")),
+    ("Alg.5", 9): _LOAD_Q_O_L_M,
+    ("Alg.5", 10): _S_TAU_QK,
+    ("Alg.5", 11): _MASK,
+    ("Alg.5", 12): _ROWMAX,
+    ("Alg.5", 13): _M_NEW,
+    ("Alg.5", 14): _DROPOUT,
+    ("Alg.5", 15): _O_UPDATE_FA1,
+    ("Alg.5", 16): _WRITE_L_M,
     ("Alg.5", 20): _RETURN,
 }
 
@@ -619,8 +722,10 @@ def content_errors(text: str, name: str = "<text>") -> list[str]:
             for line in range(a, b + 1):
                 rule_ = CONTENT_RULES.get((alg, line))
                 if rule_ is not None and not rule_.holds(span.code):
-                    errors.append(f"{name}:{span.lineno}: the code under '{alg} L{line}' (lines {span.lineno}-{span.end}) "
-                                  f"does not contain {rule_.says}")
+                    errors.append(
+                        f"{name}:{span.lineno}: the code under '{alg} L{line}' (lines {span.lineno}-{span.end}) "
+                        f"does not contain {rule_.says}"
+                    )
     return errors
 
 
@@ -634,8 +739,12 @@ def test_code_under_each_paper_tag_computes_what_its_line_says(path):
 
 
 def test_every_work_line_has_a_content_rule_or_a_reason():
-    missing = [f"{alg} L{n}" for alg, lines in WORK_LINES.items() for n in sorted(lines)
-               if (alg, n) not in CONTENT_RULES and (alg, n) not in NO_CONTENT_RULE]
+    missing = [
+        f"{alg} L{n}"
+        for alg, lines in WORK_LINES.items()
+        for n in sorted(lines)
+        if (alg, n) not in CONTENT_RULES and (alg, n) not in NO_CONTENT_RULE
+    ]
     assert not missing, "no content rule for " + ", ".join(missing)
 
 
@@ -666,7 +775,12 @@ def test_swapping_two_tags_fails_the_content_check_though_the_order_check_passes
 
 def test_content_rules_name_the_step_not_the_comment():
     """Comments and strings never satisfy a rule: only code does."""
-    src = "def k(Q_i, K_j, m, l):\n    # Alg.1 L9: S_ij = Q_i @ K_j.T\n    x = 'Q_i @ K_j'\n    # FA2.1 L13: L = m + log(l)\n    return x, m\n"
+    src = (
+        "def k(Q_i, K_j, m, l):\n    # Alg.1 L9: S_ij = Q_i @ K_j.T\n    x = 'Q_i @ K_j'\n    # FA2.1 L13: L = m + "
+        "log(l)\n    return x, m\n"
+    )
     errors = content_errors(src)
     assert len(errors) == 2, errors
-    assert not content_errors(src.replace("x = 'Q_i @ K_j'", "x = Q_i @ K_j.T").replace("return x, m", "return x, m + log(l)"))
+    assert not content_errors(
+        src.replace("x = 'Q_i @ K_j'", "x = Q_i @ K_j.T").replace("return x, m", "return x, m + log(l)")
+    )

@@ -59,7 +59,10 @@ NAMES = (
 
 def _run(cmd, env=None, cwd=REPO, timeout=900):
     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-    return proc, f"$ {' '.join(map(str, cmd))}\n--- stdout ---\n{proc.stdout[-6000:]}\n--- stderr ---\n{proc.stderr[-4000:]}"
+    return (
+        proc,
+        f"$ {' '.join(map(str, cmd))}\n--- stdout ---\n{proc.stdout[-6000:]}\n--- stderr ---\n{proc.stderr[-4000:]}",
+    )
 
 
 def test_all_five_tutorial_scripts_are_found():
@@ -112,7 +115,17 @@ def grade(impl: str, tmp_path: Path, tutorials: Path = TUTORIALS, targets=None, 
         **(env_extra or {}),
     }
     targets = [str(tutorials / "assignments")] if targets is None else [str(t) for t in targets]
-    cmd = [sys.executable, "-m", "pytest", *targets, f"--impl={impl}", "-q", "-p", "no:cacheprovider", f"--junitxml={report}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        *targets,
+        f"--impl={impl}",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        f"--junitxml={report}",
+    ]
     proc, log = _run(cmd, env=env, cwd=tutorials)
     assert report.exists(), log
     outcomes = {}
@@ -120,7 +133,15 @@ def grade(impl: str, tmp_path: Path, tutorials: Path = TUTORIALS, targets=None, 
         parts = case.get("classname", "").split(".")
         assignment = parts[-2] if len(parts) >= 2 else parts[0]
         kids = {child.tag for child in case}
-        outcome = "failed" if "failure" in kids else "error" if "error" in kids else "skipped" if "skipped" in kids else "passed"
+        outcome = (
+            "failed"
+            if "failure" in kids
+            else "error"
+            if "error" in kids
+            else "skipped"
+            if "skipped" in kids
+            else "passed"
+        )
         outcomes[(assignment, case.get("name"))] = outcome
         bad = case.find("failure") if case.find("failure") is not None else case.find("error")
         if bad is not None:
@@ -156,14 +177,24 @@ def test_handout_holds_every_assignment_and_no_solution(handout):
     for name in NAMES:
         for f in ("README.md", "__init__.py", "stub.py", "test_autograder.py"):
             assert (handout / "assignments" / name / f).is_file(), f"handout: {name}/{f} is missing"
-    for f in ("conftest.py", "pytest.ini", "README.md", "grade_class.py", "assignments/grading.py", "assignments/guard.py", "assignments/a10_perf_lab/data/ncu_sample.csv"):
+    for f in (
+        "conftest.py",
+        "pytest.ini",
+        "README.md",
+        "grade_class.py",
+        "assignments/grading.py",
+        "assignments/guard.py",
+        "assignments/a10_perf_lab/data/ncu_sample.csv",
+    ):
         assert (handout / f).is_file(), f"handout: {f} is missing"
     assert (handout.parent / "README.md").is_file()
     files = [p.relative_to(handout) for p in handout.rglob("*") if p.is_file()]
     assert not [p for p in files if "solution" in str(p).lower()], "a file named after a solution is in the handout"
     assert not (handout / "solutions").exists()
     solution_texts = {p.read_text() for p in SOLUTIONS.rglob("*.py")}
-    assert not [p for p in files if p.suffix == ".py" and (handout / p).read_text() in solution_texts], "a solution's content is in the handout"
+    assert not [p for p in files if p.suffix == ".py" and (handout / p).read_text() in solution_texts], (
+        "a solution's content is in the handout"
+    )
     assert ho.leaks(handout, TUTORIALS) == []
 
 
@@ -208,10 +239,14 @@ def test_autograders_fail_every_test_they_run_on_the_stubs_in_the_handout(handou
         passing = [t for t, o in per[name].items() if o not in ("failed", "error") and (name, t) not in GPU_ONLY]
         assert not passing, f"{name}: these tests do not fail on the stub (vacuous?): {passing}\n{log}"
     for key in GPU_ONLY:
-        assert outcomes.get(key) == "skipped", f"{key}: {outcomes.get(key)}; GPU-only tests are skipped in the simulator"
+        assert outcomes.get(key) == "skipped", (
+            f"{key}: {outcomes.get(key)}; GPU-only tests are skipped in the simulator"
+        )
     for name in NAMES:
         if name != "a9_bug_hunt":  # the bug hunt's stub runs (its kernels are broken, not missing)
-            assert any("NotImplementedError" in MESSAGES.get((name, t), "") for t in per[name]), f"{name}: no test fails on NotImplementedError\n{log}"
+            assert any("NotImplementedError" in MESSAGES.get((name, t), "") for t in per[name]), (
+                f"{name}: no test fails on NotImplementedError\n{log}"
+            )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -224,7 +259,7 @@ def _mutate(name: str, old: str, new: str) -> str:
     return source.replace(old, new)
 
 
-NAIVE_MATMUL = '''
+NAIVE_MATMUL = """
 from numba import cuda, float32
 
 TILE = 8
@@ -243,77 +278,194 @@ def matmul_kernel(A, B, C):
 def matmul(A, B, C):
     grid = ((B.shape[1] + TILE - 1) // TILE, (A.shape[0] + TILE - 1) // TILE)
     matmul_kernel[grid, (TILE, TILE)](A, B, C)
-'''
+"""
 
 # (assignment, make mutant, tests that must pass, tests that must fail)
 WRONG_VALUES = [
     # FA2.1 L10 without the rescale of the running accumulator
-    ("a1_online_softmax", lambda: _mutate("a1_online_softmax", "acc_new = alpha[:, None] * acc + P @ V_j", "acc_new = acc + P @ V_j"),
-     [], ["test_absorb_keeps_an_unnormalized_accumulator", "test_absorb_then_finalize_equals_softmax_attention[ragged-blocks]"]),
+    (
+        "a1_online_softmax",
+        lambda: _mutate("a1_online_softmax", "acc_new = alpha[:, None] * acc + P @ V_j", "acc_new = acc + P @ V_j"),
+        [],
+        [
+            "test_absorb_keeps_an_unnormalized_accumulator",
+            "test_absorb_then_finalize_equals_softmax_attention[ragged-blocks]",
+        ],
+    ),
     # the output store has no bounds guard: ragged edges write outside C
-    ("a2_tiled_matmul", lambda: _mutate("a2_tiled_matmul", "    if row < m and col < n:\n        C[row, col] = acc", "    C[row, col] = acc"),
-     [], ["test_matmul_equals_float64_product[ragged]", "test_matmul_equals_float64_product[smaller-than-a-tile]"]),
+    (
+        "a2_tiled_matmul",
+        lambda: _mutate(
+            "a2_tiled_matmul", "    if row < m and col < n:\n        C[row, col] = acc", "    C[row, col] = acc"
+        ),
+        [],
+        ["test_matmul_equals_float64_product[ragged]", "test_matmul_equals_float64_product[smaller-than-a-tile]"],
+    ),
     # Alg.1 L12 without the rescale of the old output to the new max
-    ("a3_flash_forward", lambda: _mutate("a3_flash_forward", "(alpha * l_i * sO_i[t, c] + beta * pv)", "(l_i * sO_i[t, c] + beta * pv)"),
-     [], ["test_forward_equals_standard_attention[ragged]", "test_large_scores_do_not_overflow"]),
+    (
+        "a3_flash_forward",
+        lambda: _mutate("a3_flash_forward", "(alpha * l_i * sO_i[t, c] + beta * pv)", "(l_i * sO_i[t, c] + beta * pv)"),
+        [],
+        ["test_forward_equals_standard_attention[ragged]", "test_large_scores_do_not_overflow"],
+    ),
     # Alg.4 L13 without diag(l_i)^-1: P is not normalized
-    ("a4_recompute_backward", lambda: _mutate("a4_recompute_backward", "p = math.exp(s * tau32 - m_i) / l_i", "p = math.exp(s * tau32 - m_i)"),
-     [], ["test_gradients_equal_standard_backward[ragged]", "test_gradients_equal_standard_backward[one-tile-wide-head]"]),
+    (
+        "a4_recompute_backward",
+        lambda: _mutate(
+            "a4_recompute_backward", "p = math.exp(s * tau32 - m_i) / l_i", "p = math.exp(s * tau32 - m_i)"
+        ),
+        [],
+        [
+            "test_gradients_equal_standard_backward[ragged]",
+            "test_gradients_equal_standard_backward[one-tile-wide-head]",
+        ],
+    ),
     # FA2.1 L10 without e^(m_i - m_new)
-    ("a5_fa2_forward", lambda: _mutate("a5_fa2_forward", "rO[c] = alpha * rO[c] + pv", "rO[c] = rO[c] + pv"),
-     [], ["test_forward_equals_standard_attention[ragged]", "test_causal_forward_equals_masked_attention[ragged]"]),
+    (
+        "a5_fa2_forward",
+        lambda: _mutate("a5_fa2_forward", "rO[c] = alpha * rO[c] + pv", "rO[c] = rO[c] + pv"),
+        [],
+        ["test_forward_equals_standard_attention[ragged]", "test_causal_forward_equals_masked_attention[ragged]"],
+    ),
     # FA2.2 L15 without tau, in the atomic variant only
-    ("a6_fa2_backward", lambda: _mutate("a6_fa2_backward", "cuda.atomic.add(dQ, (i * BR + r, c), tau32 * acc)", "cuda.atomic.add(dQ, (i * BR + r, c), acc)"),
-     ["test_gradients_are_within_three_times_the_float32_error[ragged-deterministic]"], ["test_gradients_are_within_three_times_the_float32_error[ragged-atomic]"]),
+    (
+        "a6_fa2_backward",
+        lambda: _mutate(
+            "a6_fa2_backward",
+            "cuda.atomic.add(dQ, (i * BR + r, c), tau32 * acc)",
+            "cuda.atomic.add(dQ, (i * BR + r, c), acc)",
+        ),
+        ["test_gradients_are_within_three_times_the_float32_error[ragged-deterministic]"],
+        ["test_gradients_are_within_three_times_the_float32_error[ragged-atomic]"],
+    ),
     # Alg.5 L8 forgotten: every tile computed
-    ("a7_block_sparse", lambda: _mutate("a7_block_sparse", "if block_mask[i, j] != 0 and row < N:", "if row < N:"),
-     ["test_forward_equals_attention_with_the_expanded_block_mask[dense]"], ["test_forward_equals_attention_with_the_expanded_block_mask[half]"]),
+    (
+        "a7_block_sparse",
+        lambda: _mutate("a7_block_sparse", "if block_mask[i, j] != 0 and row < N:", "if row < N:"),
+        ["test_forward_equals_attention_with_the_expanded_block_mask[dense]"],
+        ["test_forward_equals_attention_with_the_expanded_block_mask[half]"],
+    ),
     # the backward hashes (col, row) instead of (row, col): a different mask than the forward's
-    ("a8_dropout", lambda: _mutate("a8_dropout", "dropout_keep(seed, i * BR + r, key, threshold)", "dropout_keep(seed, key, i * BR + r, threshold)"),
-     ["test_forward_applies_the_mask_of_the_counter_hash[ragged]"], ["test_backward_regenerates_the_forward_mask"]),
+    (
+        "a8_dropout",
+        lambda: _mutate(
+            "a8_dropout",
+            "dropout_keep(seed, i * BR + r, key, threshold)",
+            "dropout_keep(seed, key, i * BR + r, threshold)",
+        ),
+        ["test_forward_applies_the_mask_of_the_counter_hash[ragged]"],
+        ["test_backward_regenerates_the_forward_mask"],
+    ),
     # Kbyte read as 1024 bytes
-    ("a10_perf_lab", lambda: _mutate("a10_perf_lab", '"Kbyte": 10**3', '"Kbyte": 2**10'),
-     [], ["test_parse_ncu_csv_sums_the_launches_of_each_kernel_in_bytes"]),
+    (
+        "a10_perf_lab",
+        lambda: _mutate("a10_perf_lab", '"Kbyte": 10**3', '"Kbyte": 2**10'),
+        [],
+        ["test_parse_ncu_csv_sums_the_launches_of_each_kernel_in_bytes"],
+    ),
 ]
 
 OVER_BUDGET = [
     # keeps every block: the stream is held in memory
-    ("a1_online_softmax", lambda: _mutate("a1_online_softmax", "for S_j, V_j in blocks:", "for S_j, V_j in list(blocks):"),
-     ["test_absorb_then_finalize_equals_softmax_attention[ragged-blocks]"], ["test_online_attention_reads_each_block_once_and_keeps_only_the_current_one"]),
+    (
+        "a1_online_softmax",
+        lambda: _mutate("a1_online_softmax", "for S_j, V_j in blocks:", "for S_j, V_j in list(blocks):"),
+        ["test_absorb_then_finalize_equals_softmax_attention[ragged-blocks]"],
+        ["test_online_attention_reads_each_block_once_and_keeps_only_the_current_one"],
+    ),
     # one thread per output, straight from global memory
-    ("a2_tiled_matmul", lambda: textwrap.dedent(NAIVE_MATMUL),
-     ["test_matmul_equals_float64_product[ragged]", "test_each_element_of_C_is_written_exactly_once_and_never_read"],
-     ["test_each_element_of_A_is_read_at_most_ceil_n_over_TILE_times", "test_each_element_of_B_is_read_at_most_ceil_m_over_TILE_times", "test_shared_memory_holds_two_tiles_at_most"]),
+    (
+        "a2_tiled_matmul",
+        lambda: textwrap.dedent(NAIVE_MATMUL),
+        ["test_matmul_equals_float64_product[ragged]", "test_each_element_of_C_is_written_exactly_once_and_never_read"],
+        [
+            "test_each_element_of_A_is_read_at_most_ceil_n_over_TILE_times",
+            "test_each_element_of_B_is_read_at_most_ceil_m_over_TILE_times",
+            "test_shared_memory_holds_two_tiles_at_most",
+        ],
+    ),
     # every thread loads the whole K_j, V_j tile itself
-    ("a3_flash_forward", lambda: _mutate("a3_flash_forward", "for r in range(t, BC, BR):", "for r in range(BC):"),
-     ["test_forward_equals_standard_attention[ragged]", "test_each_Q_element_is_read_at_most_Tc_times"], ["test_each_K_and_V_element_is_read_exactly_once"]),
+    (
+        "a3_flash_forward",
+        lambda: _mutate("a3_flash_forward", "for r in range(t, BC, BR):", "for r in range(BC):"),
+        ["test_forward_equals_standard_attention[ragged]", "test_each_Q_element_is_read_at_most_Tc_times"],
+        ["test_each_K_and_V_element_is_read_exactly_once"],
+    ),
     # every thread loads (and zeroes) the whole K/V tile: BR reads per element
-    ("a4_recompute_backward", lambda: _mutate("a4_recompute_backward", "            for r in range(t, BC, BR):\n                for c in range(D):\n                    if r < n_j:", "            for r in range(BC):\n                for c in range(D):\n                    if r < n_j:"),
-     ["test_gradients_equal_standard_backward[ragged]"], ["test_K_and_V_are_read_once_and_dK_dV_written_once"]),
+    (
+        "a4_recompute_backward",
+        lambda: _mutate(
+            "a4_recompute_backward",
+            "            for r in range(t, BC, BR):\n                for c in range(D):\n                    if r < "
+            "n_j:",
+            "            for r in range(BC):\n                for c in range(D):\n                    if r < n_j:",
+        ),
+        ["test_gradients_equal_standard_backward[ragged]"],
+        ["test_K_and_V_are_read_once_and_dK_dV_written_once"],
+    ),
     # causal without tile skipping: the elementwise mask alone gives the right values
-    ("a5_fa2_forward", lambda: _mutate("a5_fa2_forward", "Tc = min(Tc, last_row // BC + 1)", "Tc = Tc"),
-     ["test_causal_forward_equals_masked_attention[ragged]"], ["test_causal_launch_skips_the_tiles_above_the_diagonal"]),
+    (
+        "a5_fa2_forward",
+        lambda: _mutate("a5_fa2_forward", "Tc = min(Tc, last_row // BC + 1)", "Tc = Tc"),
+        ["test_causal_forward_equals_masked_attention[ragged]"],
+        ["test_causal_launch_skips_the_tiles_above_the_diagonal"],
+    ),
     # a plain read-modify-write instead of the atomic add: right in the simulator (blocks run in turn), a race on a GPU
-    ("a6_fa2_backward", lambda: _mutate("a6_fa2_backward", "cuda.atomic.add(dQ, (i * BR + r, c), tau32 * acc)", "dQ[i * BR + r, c] += tau32 * acc"),
-     ["test_gradients_are_within_three_times_the_float32_error[ragged-atomic]"], ["test_atomic_variant_adds_into_dQ_once_per_column_block"]),
+    (
+        "a6_fa2_backward",
+        lambda: _mutate(
+            "a6_fa2_backward", "cuda.atomic.add(dQ, (i * BR + r, c), tau32 * acc)", "dQ[i * BR + r, c] += tau32 * acc"
+        ),
+        ["test_gradients_are_within_three_times_the_float32_error[ragged-atomic]"],
+        ["test_atomic_variant_adds_into_dQ_once_per_column_block"],
+    ),
     # Q_i is read for zero tiles too
-    ("a7_block_sparse", lambda: _mutate("a7_block_sparse", "                row = i * BR + t\n", "                row = i * BR + t\n                if row < N:\n                    s = Q[row, 0]  # an extra load\n"),
-     ["test_forward_equals_attention_with_the_expanded_block_mask[half]"], ["test_row_side_is_read_once_per_nonzero_tile"]),
+    (
+        "a7_block_sparse",
+        lambda: _mutate(
+            "a7_block_sparse",
+            "                row = i * BR + t\n",
+            "                row = i * BR + t\n                if row < N:\n                    s = Q[row, 0]  # an "
+            "extra load\n",
+        ),
+        ["test_forward_equals_attention_with_the_expanded_block_mask[half]"],
+        ["test_row_side_is_read_once_per_nonzero_tile"],
+    ),
     # the probe reads every element twice
-    ("a10_perf_lab", lambda: _mutate("a10_perf_lab", "dst[k] = src[k]  #", "dst[k] = src[k] + 0 * src[k]  #"),
-     ["test_copy_kernel_copies_any_length[longer-than-the-grid]"], ["test_copy_kernel_reads_and_writes_each_element_exactly_once"]),
+    (
+        "a10_perf_lab",
+        lambda: _mutate("a10_perf_lab", "dst[k] = src[k]  #", "dst[k] = src[k] + 0 * src[k]  #"),
+        ["test_copy_kernel_copies_any_length[longer-than-the-grid]"],
+        ["test_copy_kernel_reads_and_writes_each_element_exactly_once"],
+    ),
 ]
 
 MISSING_BARRIER = [
     # no barrier between the last read of K_j, V_j and the next tile's load
-    ("a5_fa2_forward", lambda: _mutate("a5_fa2_forward", "            cuda.syncthreads()  # Sync: every thread is done with K_j, V_j before L7 overwrites them\n", ""),
-     [], ["test_no_shared_memory_races"]),
-    ("a3_flash_forward", lambda: _mutate("a3_flash_forward", "            cuda.syncthreads()  # Sync: every thread is done with K_j, V_j before L6 overwrites them\n", ""),
-     [], ["test_no_shared_memory_races"]),
+    (
+        "a5_fa2_forward",
+        lambda: _mutate(
+            "a5_fa2_forward",
+            "            cuda.syncthreads()  # Sync: every thread is done with K_j, V_j before L7 overwrites them\n",
+            "",
+        ),
+        [],
+        ["test_no_shared_memory_races"],
+    ),
+    (
+        "a3_flash_forward",
+        lambda: _mutate(
+            "a3_flash_forward",
+            "            cuda.syncthreads()  # Sync: every thread is done with K_j, V_j before L6 overwrites them\n",
+            "",
+        ),
+        [],
+        ["test_no_shared_memory_races"],
+    ),
 ]
 
 # The cheats that once passed: a1 as a wrapper of the package's online softmax, a4 as a call of its Algorithm 4.
-CHEAT_A1 = '''
+CHEAT_A1 = """
 import numpy as np
 from numba_flash_reference.online_softmax import identity_state, merge, softmax_state
 
@@ -332,9 +484,9 @@ def absorb(state, S_j, V_j):
 def finalize(state):
     m, l, acc = state
     return acc / np.where(l > 0, l, 1)[:, None], np.where(l > 0, m + np.log(np.where(l > 0, l, 1)), -np.inf)
-'''
+"""
 
-CHEAT_A4 = '''
+CHEAT_A4 = """
 import importlib
 import numpy as np
 
@@ -352,7 +504,7 @@ def flash_backward(Q, K, V, O, dO, l, m, tau, dQ, dK, dV):
     g = _alg4.flash_backward(shape(dO), shape(Q), shape(K), shape(V), shape(O), np.asarray(l)[None, None], np.asarray(m)[None, None], softmax_scale=tau)
     for out, x in zip((dQ, dK, dV), g):
         out[...] = x[0, :, 0]
-'''
+"""  # noqa: E501  (a submission's source, as a student would write it)
 
 
 # The red team (issue "The suite and the course a student can trust"): sys, importlib and threading reached
@@ -374,12 +526,15 @@ def _unguarded(name):
     return _imp.import_module("numba_" + "flash_reference." + name)
 """
 RED_TEAM = {
-    "a1_online_softmax": RED_TEAM_PREAMBLE + CHEAT_A1.replace(
-        "from numba_flash_reference.online_softmax import identity_state, merge, softmax_state\n", "").replace(
-        "    s = identity_state(rows, d)", "    s = _unguarded('online_softmax').identity_state(rows, d)").replace(
+    "a1_online_softmax": RED_TEAM_PREAMBLE
+    + CHEAT_A1.replace("from numba_flash_reference.online_softmax import identity_state, merge, softmax_state\n", "")
+    .replace("    s = identity_state(rows, d)", "    s = _unguarded('online_softmax').identity_state(rows, d)")
+    .replace(
         "    b = softmax_state(S_j, V_j)\n    s = merge(",
-        "    ref = _unguarded('online_softmax')\n    b = ref.softmax_state(S_j, V_j)\n    s = ref.merge("),
-    "a3_flash_forward": RED_TEAM_PREAMBLE + """
+        "    ref = _unguarded('online_softmax')\n    b = ref.softmax_state(S_j, V_j)\n    s = ref.merge(",
+    ),
+    "a3_flash_forward": RED_TEAM_PREAMBLE
+    + """
 BR = 8
 BC = 8
 
@@ -396,9 +551,10 @@ def flash_forward(Q, K, V, O, l, m, tau):
     l[...] = r.l[0, 0]
     m[...] = r.m[0, 0]
 """,
-    "a4_recompute_backward": RED_TEAM_PREAMBLE + CHEAT_A4.replace("import importlib\n", "").replace(
-        '_alg4 = importlib.import_module("numba_flash_" + "reference.alg4_backward")\n', "").replace(
-        "_alg4.flash_backward(", "_unguarded('alg4_backward').flash_backward("),
+    "a4_recompute_backward": RED_TEAM_PREAMBLE
+    + CHEAT_A4.replace("import importlib\n", "")
+    .replace('_alg4 = importlib.import_module("numba_flash_" + "reference.alg4_backward")\n', "")
+    .replace("_alg4.flash_backward(", "_unguarded('alg4_backward').flash_backward("),
 }
 
 
@@ -435,9 +591,13 @@ def _round(tmp_path, label, cases, extra_targets=(), extra_files=None):
     per = by_assignment(outcomes)
     for name, _, must_pass, must_fail in cases:
         for t in must_pass:
-            assert per[name].get(t) == "passed", f"{label} {name}: {t} is {per[name].get(t)!r}, expected 'passed' (right values)\n{log}"
+            assert per[name].get(t) == "passed", (
+                f"{label} {name}: {t} is {per[name].get(t)!r}, expected 'passed' (right values)\n{log}"
+            )
         for t in must_fail:
-            assert per[name].get(t) == "failed", f"{label} {name}: {t} is {per[name].get(t)!r}, expected 'failed'\n{log}"
+            assert per[name].get(t) == "failed", (
+                f"{label} {name}: {t} is {per[name].get(t)!r}, expected 'failed'\n{log}"
+            )
     return per, log
 
 
@@ -525,7 +685,8 @@ def test_static_check_misses_a_name_built_from_pieces_but_the_import_wall_stops_
 
 
 def test_call_tripwire_rejects_package_code_reached_without_an_import(guard):
-    """A function handed a package function (here through a closure made outside the window) is caught when it calls it."""
+    """A function handed a package function (here through a closure made outside the window) is caught when it calls
+    it."""
     from numba_flash_reference.online_softmax import softmax_state
 
     def make():
@@ -594,7 +755,18 @@ def test_grade_class_script_grades_two_submission_folders(tmp_path):
     (subs / "alice" / "a10_perf_lab.py").write_text((ASSIGNMENTS / "a10_perf_lab" / "stub.py").read_text())
     (subs / "bob" / "a1_online_softmax.py").write_text(textwrap.dedent(CHEAT_A1))
     out = tmp_path / "grades"
-    cmd = [sys.executable, str(TUTORIALS / "grade_class.py"), str(subs), "--out", str(out), "--assignments", "a1_online_softmax", "a10_perf_lab", "--jobs", "2"]
+    cmd = [
+        sys.executable,
+        str(TUTORIALS / "grade_class.py"),
+        str(subs),
+        "--out",
+        str(out),
+        "--assignments",
+        "a1_online_softmax",
+        "a10_perf_lab",
+        "--jobs",
+        "2",
+    ]
     proc, log = _run(cmd)
     assert proc.returncode == 0, log
     for student in ("alice", "bob"):
@@ -603,7 +775,10 @@ def test_grade_class_script_grades_two_submission_folders(tmp_path):
     rows = {(r["student"], r["assignment"]): r for r in csv.DictReader(open(out / "grades.csv"))}
     assert float(rows["alice", "a1_online_softmax"]["score"]) == 1.0, rows
     assert float(rows["alice", "a10_perf_lab"]["score"]) == 0.0, rows  # the stub: every test run fails
-    assert float(rows["bob", "a1_online_softmax"]["score"]) == 0.0 and "rejected" in rows["bob", "a1_online_softmax"]["reason"], rows
+    assert (
+        float(rows["bob", "a1_online_softmax"]["score"]) == 0.0
+        and "rejected" in rows["bob", "a1_online_softmax"]["reason"]
+    ), rows
     assert "no implementation to grade" in rows["bob", "a10_perf_lab"]["reason"], rows
 
 

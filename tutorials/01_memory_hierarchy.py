@@ -50,8 +50,11 @@ def main():
     section("1. The memory hierarchy")
     a100 = {"HBM bytes": 40e9, "HBM bandwidth (B/s)": 1.5e12, "SRAM per SM (bytes)": 192 * 1024, "SMs": 108}
     sram_total = a100["SRAM per SM (bytes)"] * a100["SMs"]
-    print(f"A100 (FA1 sec. 2.1): HBM {a100['HBM bytes'] / 1e9:.0f} GB at {a100['HBM bandwidth (B/s)'] / 1e12:.1f} TB/s; "
-          f"SRAM {sram_total / 2**20:.1f} MB in all ({a100['SRAM per SM (bytes)'] // 1024} KB x {a100['SMs']} SMs) at ~19 TB/s")
+    print(
+        f"A100 (FA1 sec. 2.1): HBM {a100['HBM bytes'] / 1e9:.0f} GB at {a100['HBM bandwidth (B/s)'] / 1e12:.1f} TB/s; "
+        f"SRAM {sram_total / 2**20:.1f} MB in all ({a100['SRAM per SM (bytes)'] // 1024} KB x {a100['SMs']} SMs) at "
+        "~19 TB/s"
+    )
     print(f"HBM / SRAM capacity: {a100['HBM bytes'] / sram_total:,.0f}x")
     if not numba_flash.is_simulator():
         from numba import cuda
@@ -81,7 +84,9 @@ def main():
     for name, flops, elems in steps:
         intensity = flops / (elems * B)
         kind = "memory-bound" if intensity < balance else "compute-bound"
-        print(f"  {name:<28} {flops / 1e6:8.1f} MFLOP  {elems * B / 1e6:6.2f} MB  {intensity:6.1f} FLOPs/byte  -> {kind}")
+        print(
+            f"  {name:<28} {flops / 1e6:8.1f} MFLOP  {elems * B / 1e6:6.2f} MB  {intensity:6.1f} FLOPs/byte  -> {kind}"
+        )
     # Every step is below the balance: the N x N matrices S and P make each step move ~N^2 elements
     # for O(1) (softmax) or O(d) (matmuls) FLOPs each. Fusing the three steps removes S and P from HBM.
     assert all(f / (e * B) < balance for _, f, e in steps)
@@ -95,7 +100,10 @@ def main():
     gX = HBMArray(np.arange(12.0).reshape(3, 4), counter, "X")
     row = gX[1]  # reads 4 elements
     gX[2] = 2 * row  # writes 4 elements
-    print(f"after one row read and one row write: reads={counter.reads}, writes={counter.writes}, by name {counter.by_name}")
+    print(
+        f"after one row read and one row write: reads={counter.reads}, writes={counter.writes}, by name "
+        f"{counter.by_name}"
+    )
     assert (counter.reads, counter.writes) == (4, 4)
 
     # The references take counter=...: standard attention (Algorithm 0) writes S and P to HBM and
@@ -118,7 +126,9 @@ def main():
     #    block size Bc = ceil(M / 4d) that is ~ 12 N^2 d^2 / M: Theorem 2.
     # --------------------------------------------------------------------------------------------
     section("4. Theorem 2: FlashAttention's traffic depends on the SRAM size M")
-    print(f"{'M (elements)':>14} {'Br':>4} {'Bc':>5} {'Tc':>4} {'FA1 accesses':>14} {'standard':>12} {'standard/FA1':>13}")
+    print(
+        f"{'M (elements)':>14} {'Br':>4} {'Bc':>5} {'Tc':>4} {'FA1 accesses':>14} {'standard':>12} {'standard/FA1':>13}"
+    )
     ratios = []
     for M in (512, 2048, 8192):  # Theorem 2's range is d <= M <= N d
         counter = HBMCounter()
@@ -127,7 +137,9 @@ def main():
         assert counted == io_model.io_alg1_forward(N, d, M=M)  # the closed form is exact, not just O()
         Br, Bc = block_sizes(d, M)  # Alg.1 L1: Bc = ceil(M / 4d), Br = min(Bc, d)
         ratios.append(closed.total / counted.total)
-        print(f"{M:>14,} {Br:>4} {Bc:>5} {-(-N // Bc):>4} {counted.total:>14,} {closed.total:>12,} {ratios[-1]:>12.2f}x")
+        print(
+            f"{M:>14,} {Br:>4} {Bc:>5} {-(-N // Bc):>4} {counted.total:>14,} {closed.total:>12,} {ratios[-1]:>12.2f}x"
+        )
     # The saving grows with M (roughly as M / 3d^2). With a small SRAM (M = d^2 / 2 here) FlashAttention
     # moves MORE than standard attention: the theorem's saving needs M >> d^2.
     assert ratios == sorted(ratios) and ratios[0] < 1 < ratios[-1]

@@ -138,7 +138,10 @@ def main():
     print(f"max |o_FA2 - o_whole| = {np.abs(o_fa2 - whole.o).max():.1e}")
     assert np.allclose(o_fa2, whole.o, rtol=0, atol=1e-13)
 
-    print("\nNext: assignments/a1_online_softmax asks you to write FA2's running state (absorb, finalize) and the split-KV combine.")
+    print(
+        "\nNext: assignments/a1_online_softmax asks you to write FA2's running state (absorb, finalize) and the "
+        "split-KV combine."
+    )
 
 
 if __name__ == "__main__":

@@ -66,23 +66,31 @@ def algorithm1_with_invariant(Q, K, V, Br, Bc):
             m_new = np.maximum(m_i, m_tilde)  # Alg.1 L11
             l_new = np.exp(m_i - m_new) * l_i + np.exp(m_tilde - m_new) * l_tilde
             # Alg.1 L12: O_i <- diag(l_new)^-1 (diag(l_i) e^(m_i - m_new) O_i + e^(m~ - m_new) P~ V_j)
-            O[ri] = ((l_i * np.exp(m_i - m_new))[:, None] * O_i + np.exp(m_tilde - m_new)[:, None] * (P_tilde @ V_j)) / l_new[:, None]
+            O[ri] = (
+                (l_i * np.exp(m_i - m_new))[:, None] * O_i + np.exp(m_tilde - m_new)[:, None] * (P_tilde @ V_j)
+            ) / l_new[:, None]
             l[ri], m[ri] = l_new, m_new  # Alg.1 L13
         # Theorem 1's invariant after outer step j: the attention over the columns seen so far
         seen = slice(0, cj.stop)
         S = Q @ K[seen].T
         P = np.exp(S - S.max(axis=1, keepdims=True))
         err = np.abs(O - (P / P.sum(axis=1, keepdims=True)) @ V[seen]).max()
-        print(f"  after j = {j + 1}/{len(cols)} (keys 0..{cj.stop - 1}): max |O - softmax(S[:, :{cj.stop}]) V[:{cj.stop}]| = {err:.1e}")
+        print(
+            f"  after j = {j + 1}/{len(cols)} (keys 0..{cj.stop - 1}): max |O - softmax(S[:, :{cj.stop}]) "
+            f"V[:{cj.stop}]| = {err:.1e}"
+        )
         assert err < 1e-13 and np.abs(m - S.max(axis=1)).max() < 1e-13  # float64 rounding only
     return O, l, m
+
+
 # [/doc:tut04-alg1-numpy]
 
 
 def tag_lines(path, prefix="Alg.1"):
     """{paper line: first source line carrying the tag ``# <prefix> L<n>``} for one file."""
     found = {}
-    tag = re.compile(r"(?:^|\s)#\s*" + re.escape(prefix) + r" L(\d+)(?:-L(\d+))?")  # a comment, not ``# ...`` in a docstring
+    tag = re.compile(r"(?:^|\s)#\s*" + re.escape(prefix) + r" L(\d+)(?:-L(\d+))?")  # a comment, not ``# ...`` in a
+    # docstring
     for lineno, text in enumerate(Path(path).read_text().splitlines(), start=1):
         match = tag.search(text)
         if match:
@@ -101,8 +109,10 @@ def main():
     O, l, m = algorithm1_with_invariant(Q, K, V, Br=3, Bc=4)
     ref = flash_forward_alg1(*(x[None, :, None, :] for x in (Q, K, V)), Br=3, Bc=4)  # the reference module
     oracle = standard_attention(*(x[None, :, None, :] for x in (Q, K, V)), softmax_scale=1.0)
-    print(f"max |O - reference/alg1_forward| = {np.abs(O - ref.O[0, :, 0]).max():.1e}, "
-          f"max |O - standard attention| = {np.abs(O - oracle.O[0, :, 0]).max():.1e}")
+    print(
+        f"max |O - reference/alg1_forward| = {np.abs(O - ref.O[0, :, 0]).max():.1e}, "
+        f"max |O - standard attention| = {np.abs(O - oracle.O[0, :, 0]).max():.1e}"
+    )
     assert np.allclose(O, oracle.O[0, :, 0], rtol=0, atol=1e-13) and np.allclose(l, oracle.l[0, 0], rtol=1e-13)
 
     section("2. HBM traffic of the two loop orders (counted on the references, N = 64, d = 8, Br = Bc = 16)")
@@ -117,11 +127,17 @@ def main():
         r2, w2 = fa2.by_name.get(name, (0, 0))
         print(f"{name:>6} {r1:>10} {w1:>11} {r2:>10} {w2:>11}")
     # FA1 (K/V outer): K, V read once; Q and O read (and O written) once per outer step: Tc passes.
-    assert fa1.by_name["K"] == (N * d, 0) and fa1.by_name["Q"] == (Tc * N * d, 0) and fa1.by_name["O"] == (Tc * N * d, Tc * N * d)
+    assert (
+        fa1.by_name["K"] == (N * d, 0)
+        and fa1.by_name["Q"] == (Tc * N * d, 0)
+        and fa1.by_name["O"] == (Tc * N * d, Tc * N * d)
+    )
     # FA2 (Q outer): Q read once and O written once; K and V stream past every row block: Tr passes.
     assert fa2.by_name["Q"] == (N * d, 0) and fa2.by_name["K"] == (Tr * N * d, 0) and fa2.by_name["O"] == (0, N * d)
-    print(f"FA1: {fa1.total} accesses; FA2: {fa2.total}. Both match the closed forms of reference/io_model.py:",
-          fa1 == io_model.io_alg1_forward(N, d, Br=Br, Bc=Bc) and fa2 == io_model.io_fa2_forward(N, d, Br=Br, Bc=Bc))
+    print(
+        f"FA1: {fa1.total} accesses; FA2: {fa2.total}. Both match the closed forms of reference/io_model.py:",
+        fa1 == io_model.io_alg1_forward(N, d, Br=Br, Bc=Bc) and fa2 == io_model.io_fa2_forward(N, d, Br=Br, Bc=Bc),
+    )
 
     section("3. The Numba kernel: where each line of Algorithm 1 lives")
     kernel_file, ref_file = REPO / "numba_flash" / "alg1_forward.py", REPO / "reference" / "alg1_forward.py"
@@ -139,8 +155,10 @@ def main():
     oracle = standard_attention(q, k, v).O  # float64, tau = 1/sqrt(d)
     naive = np.stack([attention_naive32(q[0, :, h], k[0, :, h], v[0, :, h], tau)[0] for h in range(2)], axis=1)[None]
     err = assert_error_rule(out, oracle, naive, what="flash1 kernel output")
-    print(f"\nkernel (algorithm='flash1', Br = Bc = 8) vs float64 oracle: max error {err:.1e} "
-          f"(float32 standard attention: {np.abs(naive - oracle).max():.1e})")
+    print(
+        f"\nkernel (algorithm='flash1', Br = Bc = 8) vs float64 oracle: max error {err:.1e} "
+        f"(float32 standard attention: {np.abs(naive - oracle).max():.1e})"
+    )
 
     print("\nNext: assignments/a3_flash_forward: write this kernel for one head, graded on Theorem 2's IO budget.")
 

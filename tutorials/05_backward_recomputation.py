@@ -65,6 +65,8 @@ def gradients(Q, K, V, dO, tau):
     dQ = tau * dS @ K  # S = tau Q K^T
     dK = tau * dS.T @ Q
     return dQ, dK, dV
+
+
 # [/doc:tut05-gradients]
 
 
@@ -122,24 +124,40 @@ def main():
     std, fa = io_model.io_alg3_backward(n, dd), io_model.io_alg4_backward(n, dd, M=M)
     flops_std = 4 * 2 * n * n * dd  # dV, dP, dQ, dK: four N x N x d matmuls
     flops_fa = 5 * 2 * n * n * dd  # plus recomputing S = Q K^T
-    print(f"N = {n}, d = {dd}, M = {M:,}: standard backward {flops_std / 1e9:.2f} GFLOP, {std.total / 1e6:.1f} M accesses; "
-          f"FlashAttention {flops_fa / 1e9:.2f} GFLOP (+25%), {fa.total / 1e6:.1f} M accesses ({std.total / fa.total:.1f}x fewer)")
+    print(
+        f"N = {n}, d = {dd}, M = {M:,}: standard backward {flops_std / 1e9:.2f} GFLOP, {std.total / 1e6:.1f} M "
+        "accesses; "
+        f"FlashAttention {flops_fa / 1e9:.2f} GFLOP (+25%), {fa.total / 1e6:.1f} M accesses "
+        f"({std.total / fa.total:.1f}x fewer)"
+    )
     assert flops_fa > flops_std and fa.total < std.total
     # Counted on the references' real loops (small N so that it runs in a blink):
     q, k, v, do = rng.standard_normal((4, 1, 64, 1, 8))
     _, counted_std = io_model.count_io(standard_backward, do, q, k, v)
     fwd = standard_attention(q, k, v)
     _, counted_fa = io_model.count_io(flash_backward, do, q, k, v, fwd.O, fwd.l, fwd.m, Br=16, Bc=16)
-    assert counted_std == io_model.io_alg3_backward(64, 8) and counted_fa == io_model.io_alg4_backward(64, 8, Br=16, Bc=16)
-    print(f"counted at N = 64, d = 8, 16 x 16 tiles: Algorithm 3 touches {sorted(counted_std.by_name)}; "
-          f"Algorithm 4 touches {sorted(counted_fa.by_name)} (no P, dP, dS)")
+    assert counted_std == io_model.io_alg3_backward(64, 8) and counted_fa == io_model.io_alg4_backward(
+        64, 8, Br=16, Bc=16
+    )
+    print(
+        f"counted at N = 64, d = 8, 16 x 16 tiles: Algorithm 3 touches {sorted(counted_std.by_name)}; "
+        f"Algorithm 4 touches {sorted(counted_fa.by_name)} (no P, dP, dS)"
+    )
 
     section("5. numba-flash's Algorithm 4 kernel against the float64 oracle")
     q, k, v, do = (rng.standard_normal((1, 20, 2, 8)).astype(np.float32) for _ in range(4))
     out, stats = numba_flash.attention_numpy(q, k, v, algorithm="flash1", block_sizes=(8, 8), return_stats=True)
     dq, dk, dv = numba_flash.attention_backward_numpy(do, q, k, v, out, stats)
     ref = standard_backward(do, q, k, v)  # float64, tau = 1/sqrt(d)
-    naive = [np.stack(g, axis=1)[None] for g in zip(*(attention_backward_naive32(q[0, :, h], k[0, :, h], v[0, :, h], do[0, :, h], 1 / math.sqrt(8)) for h in range(2)))]
+    naive = [
+        np.stack(g, axis=1)[None]
+        for g in zip(
+            *(
+                attention_backward_naive32(q[0, :, h], k[0, :, h], v[0, :, h], do[0, :, h], 1 / math.sqrt(8))
+                for h in range(2)
+            )
+        )
+    ]
     for name, got, r, nv in zip(("dq", "dk", "dv"), (dq, dk, dv), ref, naive):
         err = assert_error_rule(got, r, nv, mult=3, what=name)
         print(f"{name}: max error {err:.1e} (float32 standard backward: {np.abs(nv - r).max():.1e})")

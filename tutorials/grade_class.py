@@ -41,7 +41,10 @@ ASSIGNMENTS = TUTORIALS / "assignments"
 
 
 def assignment_names() -> list[str]:
-    return sorted((p.name for p in ASSIGNMENTS.iterdir() if (p / "test_autograder.py").is_file()), key=lambda n: int(n[1:].split("_")[0]))
+    return sorted(
+        (p.name for p in ASSIGNMENTS.iterdir() if (p / "test_autograder.py").is_file()),
+        key=lambda n: int(n[1:].split("_")[0]),
+    )
 
 
 def grade_one(student: Path, out: Path, assignments: list[str], timeout: float | None) -> tuple[str, dict]:
@@ -55,7 +58,17 @@ def grade_one(student: Path, out: Path, assignments: list[str], timeout: float |
         "NUMBA_FLASH_IMPL": "",
         "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
     }
-    cmd = [sys.executable, "-m", "pytest", *targets, f"--impl={student}", f"--junitxml={report}", "-p", "no:cacheprovider", "-q"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        *targets,
+        f"--impl={student}",
+        f"--junitxml={report}",
+        "-p",
+        "no:cacheprovider",
+        "-q",
+    ]
     try:
         proc = subprocess.run(cmd, cwd=TUTORIALS, env=env, capture_output=True, text=True, timeout=timeout)
         log = proc.stdout + proc.stderr
@@ -73,22 +86,36 @@ def grade_one(student: Path, out: Path, assignments: list[str], timeout: float |
         if name is None:
             continue
         kids = {child.tag: child for child in case}
-        key = "failed" if "failure" in kids else "errors" if "error" in kids else "skipped" if "skipped" in kids else "passed"
+        key = (
+            "failed"
+            if "failure" in kids
+            else "errors"
+            if "error" in kids
+            else "skipped"
+            if "skipped" in kids
+            else "passed"
+        )
         counts[name][key] += 1
         bad = kids.get("failure") if "failure" in kids else kids.get("error")
         if bad is not None and not counts[name]["reason"]:
             message = (bad.get("message") or "").strip()
             for hint in ("no implementation to grade", "rejected before it runs", "while it was graded"):
                 if hint in message or hint in (bad.text or ""):
-                    counts[name]["reason"] = " ".join(line.strip() for line in message.splitlines()[:2])[:300] if message else hint
+                    counts[name]["reason"] = (
+                        " ".join(line.strip() for line in message.splitlines()[:2])[:300] if message else hint
+                    )
                     break
     return student.name, counts
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description="Grade every student folder under SUBMISSIONS with the course's autograders.")
+    p = argparse.ArgumentParser(
+        description="Grade every student folder under SUBMISSIONS with the course's autograders."
+    )
     p.add_argument("submissions", type=Path, help="a folder with one folder per student")
-    p.add_argument("--out", type=Path, default=Path("grades"), help="where the JUnit XML reports, logs and grades.csv go")
+    p.add_argument(
+        "--out", type=Path, default=Path("grades"), help="where the JUnit XML reports, logs and grades.csv go"
+    )
     p.add_argument("--assignments", nargs="+", default=None, help="grade only these assignments (default: all)")
     p.add_argument("--jobs", type=int, default=1, help="students graded at a time")
     p.add_argument("--timeout", type=float, default=None, help="seconds per student before the run is stopped")
@@ -103,7 +130,9 @@ def main(argv=None) -> int:
         p.error(f"no student folders in {args.submissions}")
     args.out.mkdir(parents=True, exist_ok=True)
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        results = list(pool.map(lambda s: grade_one(s.resolve(), args.out.resolve(), assignments, args.timeout), students))
+        results = list(
+            pool.map(lambda s: grade_one(s.resolve(), args.out.resolve(), assignments, args.timeout), students)
+        )
     rows = []
     for student, counts in results:
         for a in assignments:
@@ -111,14 +140,19 @@ def main(argv=None) -> int:
             run = c["passed"] + c["failed"] + c["errors"]
             rows.append(dict(student=student, assignment=a, **c, score=round(c["passed"] / run, 3) if run else 0.0))
     with open(args.out / "grades.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=["student", "assignment", "passed", "failed", "errors", "skipped", "score", "reason"])
+        writer = csv.DictWriter(
+            f, fieldnames=["student", "assignment", "passed", "failed", "errors", "skipped", "score", "reason"]
+        )
         writer.writeheader()
         writer.writerows(rows)
     width = max(len(s) for s, _ in results)
     print(f"{'student':<{width}}  " + "  ".join(a.split("_")[0] for a in assignments))
     for student, _ in results:
         scores = [r["score"] for r in rows if r["student"] == student]
-        print(f"{student:<{width}}  " + "  ".join(f"{s:.2f}".rjust(len(a.split('_')[0])) for s, a in zip(scores, assignments)))
+        print(
+            f"{student:<{width}}  "
+            + "  ".join(f"{s:.2f}".rjust(len(a.split("_")[0])) for s, a in zip(scores, assignments))
+        )
     print(f"wrote {args.out / 'grades.csv'} and one JUnit XML report per student in {args.out}")
     return 0
 

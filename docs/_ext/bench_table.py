@@ -68,8 +68,18 @@ HEADER_KEYS = [
     ("python_version", "Python"),
     ("node", "Host"),
 ]
-_SKIP_MACHINE = {"cpu", "python_compiler", "python_implementation", "python_implementation_version",
-                 "python_build", "release", "system", "machine", "processor", "backend"}
+_SKIP_MACHINE = {
+    "cpu",
+    "python_compiler",
+    "python_implementation",
+    "python_implementation_version",
+    "python_build",
+    "release",
+    "system",
+    "machine",
+    "processor",
+    "backend",
+}
 #: extra_info keys never shown as default columns (constant per file, diagnostic, or duplicates).
 _SKIP_COLUMNS = {"N", "device", "error", "oom", "functional_only", "time_ms", "sgemm_tflops"}
 
@@ -108,11 +118,11 @@ def cell_value(bench: dict, col: str):
         stats = bench.get("stats") or {}  # a run that did not complete (e.g. out of memory) has none
         return stats[col] * 1e3  # seconds -> ms
     if col.startswith("params."):
-        return (bench.get("params") or {})[col[len("params."):]]
+        return (bench.get("params") or {})[col[len("params.") :]]
     if col == "name":
         return bench["name"]
     if col.startswith("kernels."):  # a field of the launch reports: extra_info["kernels"][name][KEY]
-        key = col[len("kernels."):]
+        key = col[len("kernels.") :]
         reports = (bench.get("extra_info") or {}).get("kernels") or {}
         values = [r[key] for r in reports.values() if isinstance(r, dict) and key in r]
         if not values:
@@ -123,17 +133,31 @@ def cell_value(bench: dict, col: str):
 
 def column_label(col: str) -> str:
     labels = {
-        "median": "median (ms)", "mean": "mean (ms)", "min": "min (ms)", "max": "max (ms)",
-        "stddev": "stddev (ms)", "iqr": "IQR (ms)", "tflops": "TFLOP/s", "pct_sgemm": "% of SGEMM",
-        "extra_mem_bytes": "extra memory", "hbm_bytes": "bytes moved", "bytes_moved": "bytes moved",
-        "kernels": "kernels", "fwd_ms": "forward (ms)", "bwd_ms": "backward (ms)",
-        "bwd_tflops": "backward TFLOP/s", "pass_": "pass",
-        "kernels.grid_blocks": "thread blocks", "kernels.blocks_per_sm": "blocks per SM",
-        "kernels.waves": "waves", "kernels.sm_fill": "SM fill", "kernels.threads_per_block": "threads per block",
+        "median": "median (ms)",
+        "mean": "mean (ms)",
+        "min": "min (ms)",
+        "max": "max (ms)",
+        "stddev": "stddev (ms)",
+        "iqr": "IQR (ms)",
+        "tflops": "TFLOP/s",
+        "pct_sgemm": "% of SGEMM",
+        "extra_mem_bytes": "extra memory",
+        "hbm_bytes": "bytes moved",
+        "bytes_moved": "bytes moved",
+        "kernels": "kernels",
+        "fwd_ms": "forward (ms)",
+        "bwd_ms": "backward (ms)",
+        "bwd_tflops": "backward TFLOP/s",
+        "pass_": "pass",
+        "kernels.grid_blocks": "thread blocks",
+        "kernels.blocks_per_sm": "blocks per SM",
+        "kernels.waves": "waves",
+        "kernels.sm_fill": "SM fill",
+        "kernels.threads_per_block": "threads per block",
     }
     for prefix in ("params.", "kernels."):
         if col not in labels and col.startswith(prefix):
-            return col[len(prefix):]
+            return col[len(prefix) :]
     return labels.get(col, col)
 
 
@@ -166,6 +190,8 @@ def fmt(col: str, value) -> str:
 
 
 METRIC_KEYS = ("tflops", "pct_sgemm", "extra_mem_bytes", "bytes_moved", "hbm_bytes")
+
+
 def default_columns(benches: list[dict]) -> list[str]:
     """``algorithm`` (else the test name), the other scalar ``extra_info`` keys, median, then the metrics."""
     seen: list[str] = []
@@ -196,8 +222,9 @@ def _machine(data: dict) -> dict:
 def header_fields(data: dict, benches: list[dict]) -> list[tuple[str, str]]:
     mi = _machine(data)
     ci = data.get("commit_info") or {}
-    devices = sorted({str((b.get("extra_info") or {}).get("device")) for b in benches
-                      if (b.get("extra_info") or {}).get("device")})
+    devices = sorted(
+        {str((b.get("extra_info") or {}).get("device")) for b in benches if (b.get("extra_info") or {}).get("device")}
+    )
     out: list[tuple[str, str]] = []
     if devices:
         out.append(("Device", ", ".join(devices)))
@@ -282,8 +309,10 @@ class BenchTable(SphinxDirective):
         files = sorted(globmod.glob(abs_pattern))
         if not files:
             para = nodes.note()
-            text = (f"No benchmark results are committed yet (no file matches {pattern}). "
-                    "They are produced on a GPU by the benchmark suite; see the commands below.")
+            text = (
+                f"No benchmark results are committed yet (no file matches {pattern}). "
+                "They are produced on a GPU by the benchmark suite; see the commands below."
+            )
             para += nodes.paragraph(text, text)
             return [para]
         if "columns" in self.options:  # with :glob:, a column must exist in at least one file
@@ -316,8 +345,11 @@ class BenchTable(SphinxDirective):
         except BenchResultsError as exc:
             raise self.error(f"bench-table: {exc}") from None
         benches = self._where(data["benchmarks"], shown) if "where" in self.options else data["benchmarks"]
-        cols = ([c.strip() for c in self.options["columns"].split(",") if c.strip()]
-                if "columns" in self.options else default_columns(benches))
+        cols = (
+            [c.strip() for c in self.options["columns"].split(",") if c.strip()]
+            if "columns" in self.options
+            else default_columns(benches)
+        )
         for c in cols:
             if not any(_has(b, c) for b in benches):
                 if strict or "columns" not in self.options:
@@ -325,8 +357,11 @@ class BenchTable(SphinxDirective):
         if not strict:  # with :glob:, a file may lack some of the requested columns
             cols = [c for c in cols if any(_has(b, c) for b in benches)]
         baseline = self.options.get("baseline")
-        match_keys = ([k.strip() for k in self.options["match"].split(",")] if "match" in self.options
-                      else [k for k in SHAPE_KEYS if any(_has(b, k) for b in benches)])
+        match_keys = (
+            [k.strip() for k in self.options["match"].split(",")]
+            if "match" in self.options
+            else [k for k in SHAPE_KEYS if any(_has(b, k) for b in benches)]
+        )
         if baseline and not any((b.get("extra_info") or {}).get("algorithm") == baseline for b in benches):
             if strict:
                 raise self.error(f"bench-table {shown}: no benchmark has algorithm {baseline!r} (the :baseline:)")
@@ -408,8 +443,9 @@ class BenchTable(SphinxDirective):
     def _speedup(b, group, baseline, match_keys) -> str:
         key = tuple(_get(b, k) for k in match_keys)
         for other in group:
-            if (other.get("extra_info") or {}).get("algorithm") == baseline and \
-                    tuple(_get(other, k) for k in match_keys) == key:
+            if (other.get("extra_info") or {}).get("algorithm") == baseline and tuple(
+                _get(other, k) for k in match_keys
+            ) == key:
                 num, den = _get(other, "median"), _get(b, "median")
                 return f"{num / den:.2f}x" if num and den else "–"
         return "–"

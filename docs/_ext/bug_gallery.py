@@ -51,8 +51,14 @@ class BugGallery(SphinxDirective):
         for b in bugs.GALLERY:
             ref = nodes.paragraph()
             ref += nodes.reference(b.title, b.title, refid=nodes.make_id(f"bug-{b.name}"))
-            rows.append([ref, nodes.paragraph("", "", nodes.literal(b.file, b.file)), b.paper,
-                         "GPU only" if b.gpu_only else "simulator"])
+            rows.append(
+                [
+                    ref,
+                    nodes.paragraph("", "", nodes.literal(b.file, b.file)),
+                    b.paper,
+                    "GPU only" if b.gpu_only else "simulator",
+                ]
+            )
         out = [_table(rows, ["bug", "kernel", "paper", "caught in"], [40, 26, 18, 10])]
         for b in bugs.GALLERY:
             try:
@@ -63,7 +69,9 @@ class BugGallery(SphinxDirective):
             sec += nodes.title(b.title, b.title)
             meta = nodes.paragraph()
             meta += nodes.literal(b.name, b.name)
-            meta += nodes.Text(f" · {b.file} · {b.paper} · " + ("GPU only" if b.gpu_only else "caught in the simulator"))
+            meta += nodes.Text(
+                f" · {b.file} · {b.paper} · " + ("GPU only" if b.gpu_only else "caught in the simulator")
+            )
             sec += meta
             sec += nodes.paragraph(text=b.lesson)
             block = nodes.literal_block(patch, patch)

@@ -63,8 +63,10 @@ def scan(text: str, filename: str = "<text>") -> dict[str, Region]:
         m = MARKER_LINE.match(line)
         if m is None:
             if MARKER_LIKE.search(line) and line.lstrip().startswith("#"):
-                raise MarkerError(f"{filename}:{lineno}: malformed docs marker {line.strip()!r} "
-                                  f"(the grammar is '# [doc:NAME]' ... '# [/doc:NAME]', NAME = {NAME})")
+                raise MarkerError(
+                    f"{filename}:{lineno}: malformed docs marker {line.strip()!r} "
+                    f"(the grammar is '# [doc:NAME]' ... '# [/doc:NAME]', NAME = {NAME})"
+                )
             continue
         name = m.group("name")
         if not m.group("end"):
@@ -76,8 +78,10 @@ def scan(text: str, filename: str = "<text>") -> dict[str, Region]:
                 raise MarkerError(f"{filename}:{lineno}: [/doc:{name}] closes a region that was never opened")
             top, start = stack.pop()
             if top != name:
-                raise MarkerError(f"{filename}:{lineno}: [/doc:{name}] closes while [doc:{top}] "
-                                  f"(opened on line {start}) is still open: regions must nest")
+                raise MarkerError(
+                    f"{filename}:{lineno}: [/doc:{name}] closes while [doc:{top}] "
+                    f"(opened on line {start}) is still open: regions must nest"
+                )
             regions[name] = Region(name, start, lineno)
     if stack:
         name, start = stack[-1]
@@ -100,7 +104,7 @@ def extract(path: str | Path, name: str) -> tuple[str, list[int]]:
         known = ", ".join(sorted(regions)) or "none"
         raise MarkerError(f"{path}: no docs marker [doc:{name}] (markers in this file: {known})")
     region = regions[name]
-    lines = text.splitlines()[region.start:region.end - 1]  # strictly between the two marker lines
+    lines = text.splitlines()[region.start : region.end - 1]  # strictly between the two marker lines
     first = region.start + 1
     kept = [(first + k, ln) for k, ln in enumerate(lines) if not MARKER_LINE.match(ln)]
     while kept and not kept[0][1].strip():
@@ -127,7 +131,7 @@ def references_in_rst(text: str) -> list[tuple[int, str, dict[str, str]]]:
         if not m:
             continue
         options = {}
-        for opt in lines[k + 1:]:
+        for opt in lines[k + 1 :]:
             o = _OPTION.match(opt)
             if not o:
                 break
@@ -161,8 +165,10 @@ def paper_tags(comment: str) -> list[tuple[str, int, int]] | None:
     m = TAG_COMMENT.match(comment)
     if m is None:
         return None
-    return [(t.group("alg"), int(t.group("a")), int(t.group("b") or t.group("a")))
-            for t in ONE_TAG.finditer(m.group("tags"))]
+    return [
+        (t.group("alg"), int(t.group("a")), int(t.group("b") or t.group("a")))
+        for t in ONE_TAG.finditer(m.group("tags"))
+    ]
 
 
 def parse_tag(tag: str) -> tuple[str, int, int]:
@@ -239,7 +245,7 @@ def extract_steps(path: str | Path, name: str, tags: list[str]) -> tuple[str, li
     block = textwrap.dedent("\n".join(lines[ln - 1] for ln in wanted)).splitlines()
     shown, numbers = [], []
     for k, ln in enumerate(wanted):
-        between = lines[wanted[k - 1]:ln - 1] if k else []
+        between = lines[wanted[k - 1] : ln - 1] if k else []
         if k and not all(MARKER_LINE.match(x) or not x.strip() for x in between):
             shown.append(" " * _indent(block[k]) + "...")
             numbers.append(None)

@@ -11,8 +11,8 @@ The rows come from :func:`numba_flash_reference.io_model.table_rows` (one dict p
 the columns), called once per ``N``; nothing on the page is typed by hand. Options ``:M:``, ``:Br:``,
 ``:Bc:`` and ``:sparsity:`` are passed through; ``:columns:`` picks and orders columns (an unknown one
 is an error); ``:sweep:`` renders :func:`~numba_flash_reference.io_model.sweep_rows` instead (the
-saving as a function of the SRAM size ``M``); ``:text:`` renders :func:`~numba_flash_reference.io_model.format_table` verbatim
-instead (what ``python -m numba_flash io`` prints).
+saving as a function of the SRAM size ``M``); ``:text:`` renders :func:`~numba_flash_reference.io_model.format_table`
+verbatim instead (what ``python -m numba_flash io`` prints).
 """
 
 from __future__ import annotations
@@ -97,8 +97,11 @@ class IOTable(SphinxDirective):
         names = {"m": "M", "br": "Br", "bc": "Bc"}
         kwargs = {names[k]: self.options[k] for k in names if k in self.options}
         try:
-            sparsities = ([float(x) for x in self.options["sparsity"].replace(",", " ").split()]
-                          if "sparsity" in self.options else [None])
+            sparsities = (
+                [float(x) for x in self.options["sparsity"].replace(",", " ").split()]
+                if "sparsity" in self.options
+                else [None]
+            )
         except ValueError:
             raise self.error(f"io-table: :sparsity: must be numbers, got {self.options['sparsity']!r}") from None
         filters = {}
@@ -109,8 +112,11 @@ class IOTable(SphinxDirective):
             filters[key.strip()] = value.strip()
         d = self.options["d"]
         if "text" in self.options:
-            text = "\n\n".join(io_model.format_table(N=n, d=d, **kwargs, **({} if sp is None else {"sparsity": sp}))
-                                 for n in self.options["n"] for sp in sparsities)
+            text = "\n\n".join(
+                io_model.format_table(N=n, d=d, **kwargs, **({} if sp is None else {"sparsity": sp}))
+                for n in self.options["n"]
+                for sp in sparsities
+            )
             block = nodes.literal_block(text, text)
             block["language"] = "text"
             return [block]
@@ -128,8 +134,9 @@ class IOTable(SphinxDirective):
                 try:
                     got = fn(n, d, **kwargs, **extra)
                 except Exception as exc:  # a failing model must fail the build, with its message
-                    raise self.error(f"io-table: io_model.{fn_name}(N={n}, d={d}, {kwargs | extra}) "
-                                     f"raised {exc!r}") from None
+                    raise self.error(
+                        f"io-table: io_model.{fn_name}(N={n}, d={d}, {kwargs | extra}) raised {exc!r}"
+                    ) from None
                 if not isinstance(got, list) or not got or not all(isinstance(r, dict) for r in got):
                     raise self.error(f"io-table: io_model.{fn_name} must return a non-empty list of dicts")
                 for r in got:
@@ -152,16 +159,20 @@ class IOTable(SphinxDirective):
             cols = keys
         body = []
         for r in rows:
-            cells = [(f"{r[c]:.2f}×" if c in RATIOS and isinstance(r.get(c), float) else _fmt(r.get(c, "")))
-                     for c in cols]
+            cells = [
+                (f"{r[c]:.2f}×" if c in RATIOS and isinstance(r.get(c), float) else _fmt(r.get(c, ""))) for c in cols
+            ]
             if cells not in body:  # rows repeated across several :sparsity: values are shown once
                 body.append(cells)
         if len(self.options["n"]) == 1:
             rows_for = f"N = {self.options['n'][0]:,}, d = {d}"
         else:
             rows_for = f"d = {d}"
-        default_caption = (f"Saving against standard attention as a function of the SRAM size M ({rows_for})"
-                           if sweep else f"HBM accesses in elements per (batch, head) ({rows_for})")
+        default_caption = (
+            f"Saving against standard attention as a function of the SRAM size M ({rows_for})"
+            if sweep
+            else f"HBM accesses in elements per (batch, head) ({rows_for})"
+        )
         caption = self.options.get("caption") or default_caption
         return [_table(caption, [LABELS.get(c, c) for c in cols], body)]
 

@@ -30,10 +30,21 @@ from docutils import nodes
 from docutils.parsers.rst import directives
 from sphinx.util.docutils import SphinxDirective
 
-PROVENANCE_KEYS = [("device", "Device"), ("compute_capability", "Compute capability"), ("l2_bytes", "L2 cache (bytes)"),
-                   ("driver", "Driver"), ("date_utc", "Date (UTC)"), ("command", "Command"), ("commit", "Commit"),
-                   ("ncu", "Nsight Compute"), ("numba", "numba"), ("numba_cuda", "numba-cuda"), ("torch", "torch"),
-                   ("numpy", "NumPy"), ("python", "Python")]
+PROVENANCE_KEYS = [
+    ("device", "Device"),
+    ("compute_capability", "Compute capability"),
+    ("l2_bytes", "L2 cache (bytes)"),
+    ("driver", "Driver"),
+    ("date_utc", "Date (UTC)"),
+    ("command", "Command"),
+    ("commit", "Commit"),
+    ("ncu", "Nsight Compute"),
+    ("numba", "numba"),
+    ("numba_cuda", "numba-cuda"),
+    ("torch", "torch"),
+    ("numpy", "NumPy"),
+    ("python", "Python"),
+]
 
 
 class ResultsFileError(ValueError):
@@ -46,7 +57,9 @@ def load(path: Path, kind: str) -> dict:
     except json.JSONDecodeError as exc:
         raise ResultsFileError(f"{path}: not valid JSON ({exc})") from None
     if not isinstance(data, dict) or data.get("kind") != kind:
-        raise ResultsFileError(f"{path}: not a {kind} results file (kind = {data.get('kind') if isinstance(data, dict) else None!r})")
+        raise ResultsFileError(
+            f"{path}: not a {kind} results file (kind = {data.get('kind') if isinstance(data, dict) else None!r})"
+        )
     return data
 
 
@@ -105,7 +118,9 @@ def table(title: str, header: list[str], rows: list[list[str]]) -> nodes.table:
 
 def provenance_fields(prov: dict, shown: str) -> nodes.field_list:
     fields = nodes.field_list(classes=["bench-provenance"])
-    items = [("Results file", shown)] + [(label, fmt(prov.get(key))) for key, label in PROVENANCE_KEYS if prov.get(key) not in (None, "")]
+    items = [("Results file", shown)] + [
+        (label, fmt(prov.get(key))) for key, label in PROVENANCE_KEYS if prov.get(key) not in (None, "")
+    ]
     for label, value in items:
         f = nodes.field()
         f += nodes.field_name(label, label)
@@ -130,7 +145,9 @@ class _ResultsDirective(SphinxDirective):
     def _missing(self) -> list[nodes.Node]:
         note = nodes.note()
         para = nodes.paragraph()
-        para += nodes.Text(f"Not yet measured: no results file {self.arguments[0]} is committed. It is produced on a GPU by ")
+        para += nodes.Text(
+            f"Not yet measured: no results file {self.arguments[0]} is committed. It is produced on a GPU by "
+        )
         para += nodes.literal(self.command, self.command)
         para += nodes.Text("; the page renders it as soon as it is committed.")
         note += para
@@ -169,27 +186,79 @@ class Figure2Panel(_ResultsDirective):
             out.append(warn)
         p = data[panel]
         shape = p.get("shape", {})
-        title = f"{panel}: batch {shape.get('batch')}, {shape.get('nheads')} heads, N = {shape.get('N')}, d = {shape.get('d')}"
+        title = (
+            f"{panel}: batch {shape.get('batch')}, {shape.get('nheads')} heads, N = {shape.get('N')}, d = "
+            f"{shape.get('d')}"
+        )
         if panel == "left":
-            header = ["algorithm", "kernels (fwd / bwd)", "GFLOP (matmul)", "HBM GB measured", "HBM GB model",
-                      "HBM GB compulsory", "fwd+bwd (ms)", "forward (ms)"]
-            rows = [[r["algorithm"], f"{r.get('variant_forward') or '-'} / {r.get('variant_backward') or '-'}", fmt(r.get("gflop")),
-                     fmt(r.get("hbm_gb_measured")), fmt(r.get("hbm_gb_model")), fmt(r.get("hbm_gb_compulsory")),
-                     fmt(r.get("runtime_ms")), fmt(r.get("forward_ms"))] for r in p["rows"]]
+            header = [
+                "algorithm",
+                "kernels (fwd / bwd)",
+                "GFLOP (matmul)",
+                "HBM GB measured",
+                "HBM GB model",
+                "HBM GB compulsory",
+                "fwd+bwd (ms)",
+                "forward (ms)",
+            ]
+            rows = [
+                [
+                    r["algorithm"],
+                    f"{r.get('variant_forward') or '-'} / {r.get('variant_backward') or '-'}",
+                    fmt(r.get("gflop")),
+                    fmt(r.get("hbm_gb_measured")),
+                    fmt(r.get("hbm_gb_model")),
+                    fmt(r.get("hbm_gb_compulsory")),
+                    fmt(r.get("runtime_ms")),
+                    fmt(r.get("forward_ms")),
+                ]
+                for r in p["rows"]
+            ]
         elif panel == "middle":
             header = ["Br", "Bc", "Tc", "HBM GB measured", "HBM GB model", "forward (ms)", "note"]
-            rows = [[fmt(r.get("Br")), fmt(r.get("Bc")), fmt(r.get("Tc")), fmt(r.get("hbm_gb_measured")), fmt(r.get("hbm_gb_model")),
-                     fmt(r.get("runtime_ms")), (str(r["error"]).splitlines()[0][:60] if r.get("error") else "")] for r in p["rows"]]
+            rows = [
+                [
+                    fmt(r.get("Br")),
+                    fmt(r.get("Bc")),
+                    fmt(r.get("Tc")),
+                    fmt(r.get("hbm_gb_measured")),
+                    fmt(r.get("hbm_gb_model")),
+                    fmt(r.get("runtime_ms")),
+                    (str(r["error"]).splitlines()[0][:60] if r.get("error") else ""),
+                ]
+                for r in p["rows"]
+            ]
         else:
             header = ["mask", "density", "GFLOP (matmul)", "HBM GB model", "forward (ms)", "fwd+bwd (ms)"]
-            rows = [[r["pattern"], fmt(r.get("density")), fmt(r.get("gflop")), fmt(r.get("hbm_gb_model")), fmt(r.get("forward_ms")),
-                     fmt(r.get("runtime_ms"))] for r in p["rows"]]
+            rows = [
+                [
+                    r["pattern"],
+                    fmt(r.get("density")),
+                    fmt(r.get("gflop")),
+                    fmt(r.get("hbm_gb_model")),
+                    fmt(r.get("forward_ms")),
+                    fmt(r.get("runtime_ms")),
+                ]
+                for r in p["rows"]
+            ]
             dense = p.get("flash1_dense") or {}
-            rows.append([f"FlashAttention, dense ({dense.get('variant')})", "1", "–", "–", fmt(dense.get("forward_ms")), fmt(dense.get("runtime_ms"))])
+            rows.append(
+                [
+                    f"FlashAttention, dense ({dense.get('variant')})",
+                    "1",
+                    "–",
+                    "–",
+                    fmt(dense.get("forward_ms")),
+                    fmt(dense.get("runtime_ms")),
+                ]
+            )
         out.append(table(title, header, rows))
         prov = p.get("provenance") or {}
         if prov.get("device"):
-            text = f"Measured on {prov['device']}, {prov.get('date_utc') or '?'}, commit {str(prov.get('commit') or '?')[:12]}."
+            text = (
+                f"Measured on {prov['device']}, {prov.get('date_utc') or '?'}, commit "
+                f"{str(prov.get('commit') or '?')[:12]}."
+            )
             out.append(nodes.paragraph(text, text))
         if data.get("not_measured"):
             text = f"HBM bytes not measured in this file: {data['not_measured']}."
@@ -215,19 +284,50 @@ class MeasuredIO(_ResultsDirective):
         except ResultsFileError as exc:
             raise self.error(f"measured-io: {exc}") from None
         results = data.get("results") or []
-        parts = [self.options["part"].strip()] if self.options.get("part") else sorted({r.get("part") for r in results}, key=str)
+        parts = (
+            [self.options["part"].strip()]
+            if self.options.get("part")
+            else sorted({r.get("part") for r in results}, key=str)
+        )
         out: list[nodes.Node] = [provenance_fields(data.get("provenance", {}), self.arguments[0])]
-        header = ["algorithm", "variant", "pass", "b x h x N x d", "tiles", "DRAM read GB", "DRAM write GB", "model GB",
-                  "measured / model", "compulsory GB", "K, V of a head (MiB)", "reading"]
+        header = [
+            "algorithm",
+            "variant",
+            "pass",
+            "b x h x N x d",
+            "tiles",
+            "DRAM read GB",
+            "DRAM write GB",
+            "model GB",
+            "measured / model",
+            "compulsory GB",
+            "K, V of a head (MiB)",
+            "reading",
+        ]
         for part in parts:
             rows = []
             for r in (x for x in results if x.get("part") == part):
                 t = (r.get("tiles") or {}).get(r.get("pass"))
-                alg = r["algorithm"] + (f" ({r['mask_info']['pattern']}, s = {r['mask_info']['density']:.3g})" if r.get("mask_info") else "")
+                alg = r["algorithm"] + (
+                    f" ({r['mask_info']['pattern']}, s = {r['mask_info']['density']:.3g})" if r.get("mask_info") else ""
+                )
                 gb = lambda k, r=r: fmt(None if r.get(k) is None else r[k] / 1e9)  # noqa: E731
-                rows.append([alg, r.get("variant") or "–", r.get("pass"), f"{r['batch']} x {r['nheads']} x {r['N']} x {r['d']}", fmt(t),
-                             gb("dram_read_bytes"), gb("dram_write_bytes"), gb("model_bytes"), fmt(r.get("measured_over_model")),
-                             gb("compulsory_bytes"), fmt(r.get("kv_bytes_per_head", 0) / 2**20), reading(r)])
+                rows.append(
+                    [
+                        alg,
+                        r.get("variant") or "–",
+                        r.get("pass"),
+                        f"{r['batch']} x {r['nheads']} x {r['N']} x {r['d']}",
+                        fmt(t),
+                        gb("dram_read_bytes"),
+                        gb("dram_write_bytes"),
+                        gb("model_bytes"),
+                        fmt(r.get("measured_over_model")),
+                        gb("compulsory_bytes"),
+                        fmt(r.get("kv_bytes_per_head", 0) / 2**20),
+                        reading(r),
+                    ]
+                )
             if not rows:
                 raise self.error(f"measured-io: {self.arguments[0]} has no results of part {part!r}")
             out.append(table(f"part: {part}", header, rows))

@@ -36,7 +36,9 @@ GPU = "gpu"
 
 def gpu_present() -> bool:
     """True when a CUDA driver and an NVIDIA device seem to exist (no CUDA context is created)."""
-    has_driver = ctypes.util.find_library("cuda") is not None or os.path.exists("/usr/lib/x86_64-linux-gnu/libcuda.so.1")
+    has_driver = ctypes.util.find_library("cuda") is not None or os.path.exists(
+        "/usr/lib/x86_64-linux-gnu/libcuda.so.1"
+    )
     has_device = os.path.exists("/dev/nvidiactl") or shutil.which("nvidia-smi") is not None
     return has_driver and has_device
 
@@ -45,9 +47,7 @@ def gpu_present() -> bool:
 def _choose() -> str:
     forced = os.environ.get("NUMBA_FLASH_BACKEND", "auto").strip().lower()
     if forced not in ("auto", SIMULATOR, GPU):
-        raise ValueError(
-            f"NUMBA_FLASH_BACKEND must be 'auto', 'simulator' or 'gpu', got {forced!r}"
-        )
+        raise ValueError(f"NUMBA_FLASH_BACKEND must be 'auto', 'simulator' or 'gpu', got {forced!r}")
     if "numba.cuda" in sys.modules:
         # Too late to switch: report what numba already chose.
         from numba import config
@@ -60,6 +60,8 @@ def _choose() -> str:
     elif "NUMBA_ENABLE_CUDASIM" not in os.environ:
         os.environ["NUMBA_ENABLE_CUDASIM"] = "0" if gpu_present() else "1"
     return SIMULATOR if os.environ["NUMBA_ENABLE_CUDASIM"] not in ("", "0") else GPU
+
+
 # [/doc:backend-choose]
 
 
@@ -126,14 +128,18 @@ def describe() -> str:
     # What variant="auto" runs here (numba_flash.registry.auto_order decides; tests/test_backend.py keeps this
     # sentence equal to it).
     if BACKEND == SIMULATOR:
-        return (f"Numba CUDA simulator on the CPU (functional only; timings mean nothing; variant='auto' runs the "
-                f"readable kernels, the fastest here) [{versions}]")
+        return (
+            f"Numba CUDA simulator on the CPU (functional only; timings mean nothing; variant='auto' runs the "
+            f"readable kernels, the fastest here) [{versions}]"
+        )
     from numba import cuda
 
     dev = cuda.get_current_device()
     name = dev.name.decode() if isinstance(dev.name, bytes) else dev.name
     cc = ".".join(map(str, dev.compute_capability))
-    auto = "FA2 on the tensor cores, FA1 on the FFMA kernels" if dev.compute_capability >= (8, 0) else "the FFMA kernels"
+    auto = (
+        "FA2 on the tensor cores, FA1 on the FFMA kernels" if dev.compute_capability >= (8, 0) else "the FFMA kernels"
+    )
     return f"GPU: {name} (compute capability {cc}; variant='auto' runs {auto}) [{versions}]"
 
 
@@ -143,9 +149,9 @@ _thread = threading.local()  # .device: the device whose context bind_context fo
 def bind_context(device: int) -> bool:
     """Whether ``device``'s context is current on this thread, after numba made one current where none was.
 
-    cuda.core's launch (:mod:`numba_flash.runtime.direct`) and a replay's ``cuLaunchKernel`` (:mod:`numba_flash.runtime.replay`)
-    use the calling thread's current context. numba makes its context current when it launches, torch when it
-    switches devices; a thread that has done neither has none. torch's
+    cuda.core's launch (:mod:`numba_flash.runtime.direct`) and a replay's ``cuLaunchKernel``
+    (:mod:`numba_flash.runtime.replay`) use the calling thread's current context. numba makes its context current when
+    it launches, torch when it switches devices; a thread that has done neither has none. torch's
     autograd worker is such a thread when every kernel of a backward was first launched (by numba) on another thread:
     ``bench.tf32_bwd_sweep``'s warm-up failed so with CUDA_ERROR_INVALID_CONTEXT (H100, 2026-11-27). numba's
     ``current_context()`` then makes GPU 0's primary context current (torch's, and numba's), or returns the one torch

@@ -79,9 +79,11 @@ def warn_if_slow(kernel, prob, block_sizes=None, stacklevel: int = 3) -> float |
     warnings.warn(
         f"numba_flash: the {kernel.pass_} pass of {kernel.algorithm!r} (variant {kernel.variant!r}) runs in Numba's "
         f"CUDA simulator (no GPU here) and will take about {_fmt_seconds(seconds)} for batch*nheads = "
-        f"{prob.batch * prob.nheads}, seqlen_q = {prob.seqlen_q}, seqlen_k = {prob.seqlen_k}, headdim = {prob.headdim}. "
+        f"{prob.batch * prob.nheads}, seqlen_q = {prob.seqlen_q}, seqlen_k = {prob.seqlen_k}, headdim = "
+        f"{prob.headdim}. "
         f"The time grows with batch * nheads * seqlen_q * seqlen_k * headdim (halving both sequence lengths divides it "
-        f"by about 4): shrink the problem (sequence lengths of 16-64 and headdim 8-32 take seconds) or run on a CUDA GPU.",
+        "by about 4): shrink the problem (sequence lengths of 16-64 and headdim 8-32 take seconds) or run on a CUDA "
+        "GPU.",
         SimulatorSlowWarning,
         stacklevel=stacklevel,
     )

@@ -1,7 +1,7 @@
 """Launching a compiled kernel on torch CUDA tensors without numba's per-launch host work.
 
-Why it exists: at N <= 1k the half forward is host-bound. ``python -m bench.host_layers`` on an H200 (the performance log's
-host-path sections) timed one FA2 forward's launch at 94 us of host time through
+Why it exists: at N <= 1k the half forward is host-bound. ``python -m bench.host_layers`` on an H200 (the performance
+log's host-path sections) timed one FA2 forward's launch at 94 us of host time through
 :func:`numba_flash.runtime.smem.launch` (the opt-in's typing of the 13 arguments, then numba's dispatcher: 53 us),
 46 us through the compiled overload's own ``launch`` (numba's argument marshalling), and 9 us for cuda.core's
 ``launch`` on marshalled arguments; and each ``cuda.as_cuda_array`` of a tensor (seven a forward) at 13 us.
@@ -146,8 +146,11 @@ def _launch_core():
         from numba.cuda.dispatcher import LaunchConfig, launch
 
         coop = "is_cooperative" if CUDA_CORE_GE_1_0 else "cooperative_launch"
-        _core = (launch, lambda grid, block, nbytes: LaunchConfig(grid=grid, block=block, shmem_size=nbytes, **{coop: False}),
-                 driver._to_core_stream(0))
+        _core = (
+            launch,
+            lambda grid, block, nbytes: LaunchConfig(grid=grid, block=block, shmem_size=nbytes, **{coop: False}),
+            driver._to_core_stream(0),
+        )
     return _core
 
 
@@ -191,9 +194,15 @@ def launch(dispatcher, grid, block, nbytes: int, args, opt_in) -> bool:
         config = _configs[ckey] = make_config(grid, block, nbytes)
     core_launch(stream, config, cufunc.kernel, *kernelargs)
     if recording:
-        _replay.launch(core_launch, stream, cufunc.kernel, config, kernelargs, slots,
-                       packer=lambda args, positions: packed_launch(cufunc.kernel, stream, grid, block, nbytes, args,
-                                                                    positions))
+        _replay.launch(
+            core_launch,
+            stream,
+            cufunc.kernel,
+            config,
+            kernelargs,
+            slots,
+            packer=lambda args, positions: packed_launch(cufunc.kernel, stream, grid, block, nbytes, args, positions),
+        )
     return True
 
 
@@ -227,7 +236,8 @@ def _load_driver():
             _driver = False
         else:
             u, p = ctypes.c_uint, ctypes.c_void_p
-            fn.argtypes = [p, u, u, u, u, u, u, u, p, p, p]  # f, grid xyz, block xyz, shared bytes, stream, params, extra
+            fn.argtypes = [p, u, u, u, u, u, u, u, p, p, p]  # f, grid xyz, block xyz, shared bytes, stream, params,
+            # extra
             fn.restype = ctypes.c_int
             name.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
             name.restype = ctypes.c_int
@@ -275,4 +285,6 @@ def packed_launch(kernel, stream, grid, block, nbytes: int, kernelargs, position
     except (AttributeError, TypeError, ValueError):
         return None
     return PackedLaunch(kernel, handle, stream_handle, grid, block, nbytes, values, positions, driver)
+
+
 # [/doc:packed-launch]

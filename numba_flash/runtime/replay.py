@@ -20,9 +20,10 @@ later call with the same key replays the recipe: it allocates, writes the new da
 arguments, launches and converts, in the recorded order. A direct launch's arguments are packed once, when the recipe
 is made (:class:`numba_flash.runtime.direct.PackedLaunch`: the driver's ``cuLaunchKernel`` on C values converted once;
 4-14 us less host time a forward than cuda.core's launch on an H100); any other launch gets a copy of its recorded
-arguments each time. The key holds everything the normal path decides from: the pass, the checked :class:`~numba_flash._launch.Problem` (shapes, scale, causal, dropout, seed), the
-kernel's names and the options (tile override; the backward's ``deterministic``), and per input its dtype, shape,
-strides, device and data pointer modulo 16 (the ``cp.async`` path needs 16-byte rows).
+arguments each time. The key holds everything the normal path decides from: the pass, the checked
+:class:`~numba_flash._launch.Problem` (shapes, scale, causal, dropout, seed), the kernel's names and the options (tile
+override; the backward's ``deterministic``), and per input its dtype, shape, strides, device and data pointer modulo 16
+(the ``cp.async`` path needs 16-byte rows).
 
 Where it applies: eager passes (not while ``torch.compile`` traces) of a kernel module that declares
 ``REPLAYABLE = True`` (its pass does nothing on the GPU but allocate through the allocator and launch through
@@ -86,8 +87,9 @@ def launch(core_launch, stream, kernel, config, kernelargs, pointer_slots, packe
     """Record a direct launch, ``core_launch(stream, config, kernel, *kernelargs)`` (:mod:`numba_flash.runtime.direct`):
     ``kernelargs`` as marshalled, ``pointer_slots`` the (position, value) of each array's data pointer in them.
     ``packer(kernelargs, positions)``: the launch packed once (a callable of the new data pointers), or None."""
-    _local.recorder.steps.append(("launch", core_launch, stream, kernel, config, list(kernelargs), pointer_slots,
-                                  packer))
+    _local.recorder.steps.append(
+        ("launch", core_launch, stream, kernel, config, list(kernelargs), pointer_slots, packer)
+    )
 
 
 def numba_launched() -> None:
@@ -112,7 +114,8 @@ class _Recipe:
 
 class _CoreLaunch:
     """A recorded launch redone through the launch function it was made with: ``launch(pointers)`` copies the recorded
-    arguments, writes the new data pointers at ``positions`` and calls ``core_launch(stream, config, kernel, *args)``."""
+    arguments, writes the new data pointers at ``positions`` and calls ``core_launch(stream, config, kernel,
+    *args)``."""
 
     def __init__(self, core_launch, stream, kernel, config, template, positions):
         self.core_launch, self.stream, self.kernel, self.config = core_launch, stream, kernel, config
@@ -151,8 +154,11 @@ def replay(key, inputs):
         for step in recipe.steps:
             if step[0] == "alloc":
                 _, shape, dt, fill = step
-                made.append(torch.empty(shape, dtype=dt, device=device) if fill is None
-                            else torch.full(shape, fill, dtype=dt, device=device))
+                made.append(
+                    torch.empty(shape, dtype=dt, device=device)
+                    if fill is None
+                    else torch.full(shape, fill, dtype=dt, device=device)
+                )
             elif step[0] == "launch":
                 _, launcher, slots = step
                 launcher([in_ptrs[i] if role == "in" else made[i].data_ptr() for _, (role, i) in slots])
@@ -237,7 +243,9 @@ def _recipe(rec: _Recorder, inputs, outputs):
         if r is None or r[0] != "made":
             return None
         a = made[r[1]]
-        same = t.shape == a.shape if t.dtype == a.dtype else t.numel() * t.element_size() == a.numel() * a.element_size()
+        same = (
+            t.shape == a.shape if t.dtype == a.dtype else t.numel() * t.element_size() == a.numel() * a.element_size()
+        )
         if not same:  # Dev: a part of an array the call made, not the whole of it (or all of it in another dtype)
             return None
         outs.append((r[1], None if t.dtype == a.dtype else t.dtype))

@@ -80,7 +80,9 @@ def kernel_resources(dispatcher) -> dict:
     }
 
 
-def theoretical_occupancy(regs_per_thread: int, smem_per_block: int, threads_per_block: int, limits: dict | None = None) -> dict:
+def theoretical_occupancy(
+    regs_per_thread: int, smem_per_block: int, threads_per_block: int, limits: dict | None = None
+) -> dict:
     """Resident blocks and warps per SM, and which resource limits them.
 
     Parameters
@@ -100,7 +102,9 @@ def theoretical_occupancy(regs_per_thread: int, smem_per_block: int, threads_per
     regs_per_warp = -(-(max(regs_per_thread, 1) * ws) // _REG_ALLOC_UNIT) * _REG_ALLOC_UNIT
     by = {
         "registers": lim["max_regs_per_sm"] // (regs_per_warp * warps),
-        "shared_memory": lim["max_smem_per_sm"] // (smem_per_block + lim["reserved_smem_per_block"]) if smem_per_block else lim["max_blocks_per_sm"],
+        "shared_memory": lim["max_smem_per_sm"] // (smem_per_block + lim["reserved_smem_per_block"])
+        if smem_per_block
+        else lim["max_blocks_per_sm"],
         "threads": lim["max_threads_per_sm"] // (warps * ws),
         "blocks": lim["max_blocks_per_sm"],
     }

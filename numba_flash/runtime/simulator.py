@@ -163,17 +163,25 @@ def install(kernelapi: ModuleType) -> bool:
             return True
         _problem = (
             f"FakeCUDAShared.array in {getattr(kernelapi, '__file__', kernelapi.__name__)} is not a reviewed version "
-            f"(source sha256 {digest}); read it: if upstream locked it, delete numba_flash/runtime/simulator.py; if it still races "
+            f"(source sha256 {digest}); read it: if upstream locked it, delete numba_flash/runtime/simulator.py; if it "
+            "still races "
             "and locked_shared_array still matches it apart from the lock, add its hash to REVIEWED_SOURCE_SHA256"
         )
-    warnings.warn(f"numba-flash did not lock the CUDA simulator's shared-array allocation: {_problem}", RuntimeWarning, stacklevel=2)
+    warnings.warn(
+        f"numba-flash did not lock the CUDA simulator's shared-array allocation: {_problem}",
+        RuntimeWarning,
+        stacklevel=2,
+    )
     return False
 
 
 def simulator_patch_installed() -> bool:
     """True when the simulator's ``FakeCUDAShared.array`` is :func:`locked_shared_array` now."""
     kernelapi = sys.modules.get(KERNELAPI)
-    return kernelapi is not None and getattr(getattr(kernelapi, "FakeCUDAShared", None), "array", None) is locked_shared_array
+    return (
+        kernelapi is not None
+        and getattr(getattr(kernelapi, "FakeCUDAShared", None), "array", None) is locked_shared_array
+    )
 
 
 def simulator_patch_problem() -> str | None:
@@ -354,7 +362,8 @@ def _syncthreads_counting(self):
 
 
 def _atomic_add_routed(self, array, index, val):
-    """``FakeCUDAAtomic.add`` that calls ``array.atomic_add(index, val)`` for the classes :func:`route_atomic_add` named."""
+    """``FakeCUDAAtomic.add`` that calls ``array.atomic_add(index, val)`` for the classes :func:`route_atomic_add`
+    named."""
     if isinstance(array, _ATOMIC_CLASSES):
         return array.atomic_add(index, val)
     return _ORIGINAL["atomic_add"](self, array, index, val)
@@ -375,8 +384,8 @@ def install_barrier_epochs() -> None:
 
 
 def route_atomic_add(cls: type) -> None:
-    """From now on ``cuda.atomic.add(array, index, val)`` on an instance of ``cls`` calls ``array.atomic_add(index, val)``
-    (a kernel argument that is not a NumPy array reaches the simulated threads as it is); idempotent."""
+    """From now on ``cuda.atomic.add(array, index, val)`` on an instance of ``cls`` calls ``array.atomic_add(index,
+    val)`` (a kernel argument that is not a NumPy array reaches the simulated threads as it is); idempotent."""
     global _ATOMIC_CLASSES
     api = _kernelapi_module()
     if api.FakeCUDAAtomic.add is not _atomic_add_routed:
@@ -387,7 +396,8 @@ def route_atomic_add(cls: type) -> None:
 
 
 def _one_at_a_time_manager():
-    """The simulator's BlockManager subclass behind :func:`one_thread_at_a_time` (built on first use: it needs the simulator)."""
+    """The simulator's BlockManager subclass behind :func:`one_thread_at_a_time` (built on first use: it needs the
+    simulator)."""
     import numpy as np
     from numba.cuda.simulator import kernel as simkernel
 
@@ -432,7 +442,9 @@ def _one_at_a_time_manager():
             def target():
                 self._f(*args)
 
-            threads = [TurnThread(target, self, grid_point, bp, self._debug, yielded) for bp in np.ndindex(*self._block_dim)]
+            threads = [
+                TurnThread(target, self, grid_point, bp, self._debug, yielded) for bp in np.ndindex(*self._block_dim)
+            ]
             threads.sort(key=lambda t: t.thread_id)
             for t in threads:
                 t.start()
@@ -506,4 +518,11 @@ def one_thread_at_a_time() -> Iterator[None]:
 
 #: The functions of this module that run inside a simulated kernel (a graded submission's too): the graders'
 #: call tripwire allows exactly these (``tutorials/assignments/guard.py``).
-GRADER_SAFE = (locked_shared_array, _syncthreads_counting, _atomic_add_routed, poison_fill, _shared_init_hooked, _poison_dynamic)
+GRADER_SAFE = (
+    locked_shared_array,
+    _syncthreads_counting,
+    _atomic_add_routed,
+    poison_fill,
+    _shared_init_hooked,
+    _poison_dynamic,
+)

@@ -52,7 +52,9 @@ def _set_max_dynamic(cufunc, nbytes: int) -> None:
     # The static shared memory of the kernel counts against the same limit.
     static = int(cufunc.attrs.shared)
     if nbytes + static > max_optin_bytes():
-        raise ValueError(f"kernel needs {nbytes + static} bytes of shared memory per block; the device allows {max_optin_bytes()}")
+        raise ValueError(
+            f"kernel needs {nbytes + static} bytes of shared memory per block; the device allows {max_optin_bytes()}"
+        )
     attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
     driver.cuKernelSetAttribute(attr, int(nbytes), cufunc.handle, dev_id)
     _opted_in[key] = nbytes
@@ -63,12 +65,15 @@ def launch(dispatcher, grid, block, nbytes: int, *args) -> None:
     if _backend.is_simulator():
         dispatcher[grid, block, 0, nbytes](*args)
         return
-    if _direct.launch(dispatcher, grid, block, nbytes, args, _opt_in_function):  # Dev: torch tensors, after their first launch
+    if _direct.launch(dispatcher, grid, block, nbytes, args, _opt_in_function):  # Dev: torch tensors, after their first
+        # launch
         return
     _replay.numba_launched()  # Dev: a recorded call whose launch numba makes is recorded again next time
     if nbytes > DEFAULT_LIMIT_BYTES:
         _opt_in(dispatcher, args, nbytes)
     dispatcher[grid, block, 0, nbytes](*args)
+
+
 # [/doc:smem-opt-in]
 
 
@@ -84,4 +89,9 @@ def function_attributes(dispatcher, args) -> dict:
         return {}
     kernel = dispatcher._compile_for_args(*args)
     a = kernel._codelibrary.get_cufunc().attrs
-    return {"regs": int(a.regs), "static_smem": int(a.shared), "local_bytes": int(a.local), "max_threads": int(a.maxthreads)}
+    return {
+        "regs": int(a.regs),
+        "static_smem": int(a.shared),
+        "local_bytes": int(a.local),
+        "max_threads": int(a.maxthreads),
+    }

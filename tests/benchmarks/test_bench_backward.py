@@ -50,7 +50,9 @@ SEQLENS = {64: (512, 1024, 2048, 4096, 8192, 16384), 128: (512, 1024, 2048, 4096
 #: NUMBA_FLASH_BENCH_HEADDIMS=64 (comma-separated) runs a subset, e.g. one JSON per head dimension.
 _dims = os.environ.get("NUMBA_FLASH_BENCH_HEADDIMS")
 HEADDIMS = tuple(int(x) for x in _dims.split(",")) if _dims else bu.HEADDIMS
-CASES = [(n, d) for d in HEADDIMS for n in SEQLENS[d]] if bu.ON_GPU else [(bu.SIM_SHAPE["seqlen"], bu.SIM_SHAPE["headdim"])]
+CASES = (
+    [(n, d) for d in HEADDIMS for n in SEQLENS[d]] if bu.ON_GPU else [(bu.SIM_SHAPE["seqlen"], bu.SIM_SHAPE["headdim"])]
+)
 #: What a line of the plot is (plot_results.py reads ``label``).
 LABELS = {
     "standard": "Numba standard (Alg. 0 + Alg. 3)",
@@ -113,8 +115,18 @@ def test_bench_forward_backward(benchmark, impl, seqlen, headdim, sgemm_tflops):
     shape = bu.fa2_shape(seqlen, headdim)
     b, h, n, d = shape["batch"], shape["nheads"], shape["seqlen"], shape["headdim"]
     benchmark.group = f"forward+backward d={d} N={n}"
-    benchmark.extra_info.update(algorithm=impl, label=LABELS[impl], N=n, d=d, batch=b, nheads=h, causal=False,
-                                device=bu.device_name(), functional_only=not bu.ON_GPU, measured="forward+backward")
+    benchmark.extra_info.update(
+        algorithm=impl,
+        label=LABELS[impl],
+        N=n,
+        d=d,
+        batch=b,
+        nheads=h,
+        causal=False,
+        device=bu.device_name(),
+        functional_only=not bu.ON_GPU,
+        measured="forward+backward",
+    )
     bu.free_memory()
     q, k, v = bu.make_inputs(b, h, n, d, seed=n + d, requires_grad=bu.ON_GPU)
     if bu.ON_GPU:
@@ -149,9 +161,13 @@ def test_bench_forward_backward(benchmark, impl, seqlen, headdim, sgemm_tflops):
         rate = bu.tflops(flops, t)
         bwd_s = t - fwd_s
         benchmark.extra_info.update(
-            time_ms=t * 1e3, tflops=rate, fwd_ms=fwd_s * 1e3, bwd_ms=bwd_s * 1e3,
+            time_ms=t * 1e3,
+            tflops=rate,
+            fwd_ms=fwd_s * 1e3,
+            bwd_ms=bwd_s * 1e3,
             bwd_tflops=bu.tflops(bu.flops_backward(b, h, n, n, d), bwd_s),
-            pct_sgemm=100 * rate / sgemm_tflops if sgemm_tflops else None, sgemm_tflops=sgemm_tflops,
+            pct_sgemm=100 * rate / sgemm_tflops if sgemm_tflops else None,
+            sgemm_tflops=sgemm_tflops,
         )
     else:
         benchmark.extra_info.update(time_ms=None, tflops=None, pct_sgemm=None)

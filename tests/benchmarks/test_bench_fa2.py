@@ -9,9 +9,9 @@ forward (:mod:`numba_flash.fast.fa2_forward`) and its FFMA backward. (The grids 
 
 The FA2 paper's convention (section 4.1): 16k tokens (``batch = 16384 // N``), hidden 2048 (32 heads at
 d = 64, 16 at d = 128), N = 512 ... 16384, causal and not. Forward FLOPs ``4 b h N^2 d`` (halved when
-causal); forward + backward 3.5x that, on the same grid (issue #15's cells). ``extra_info`` holds, per row: algorithm, N, d, batch, nheads,
-causal, pass, time_ms (median), tflops, pct_sgemm (of the cuBLAS SGEMM rate measured in the same run),
-extra_mem_bytes (peak device memory beyond inputs and outputs), device, and for the Numba kernels
+causal); forward + backward 3.5x that, on the same grid (issue #15's cells). ``extra_info`` holds, per row: algorithm,
+N, d, batch, nheads, causal, pass, time_ms (median), tflops, pct_sgemm (of the cuBLAS SGEMM rate measured in the same
+run), extra_mem_bytes (peak device memory beyond inputs and outputs), device, and for the Numba kernels
 their registers, shared memory (static + dynamic) and theoretical occupancy.
 
 On a GPU torch's naive attention (TF32 off) and SDPA's memory-efficient backend run in the same session
@@ -68,8 +68,10 @@ def fast_kernel_info(q, k, v, causal, impl="flash2") -> dict:
     prob = check_attention_args(q, k, v, 0.0, None, causal, 0)
     kernel = registry.resolve("flash2", "forward", NUMBA_IMPLS[impl], prob)
     module = kernel.module
-    label, cfg_key = {"tensorcore": ("FA2 forward (tensor cores, 3xTF32)", "config_NW_MW_Bc_DP"),
-                      "fast": ("FA2 forward (fast, FFMA)", "config_NT_TM_TPR_Bc_DP")}[kernel.variant]
+    label, cfg_key = {
+        "tensorcore": ("FA2 forward (tensor cores, 3xTF32)", "config_NW_MW_Bc_DP"),
+        "fast": ("FA2 forward (fast, FFMA)", "config_NT_TM_TPR_Bc_DP"),
+    }[kernel.variant]
     # Dev: the tiling the plan launches: the 3xTF32 forward's default depends on causal and N (grids before 2026-11-27's
     # eighth session recorded config_for(d), the non-causal tiling, in the causal cells below 4k)
     cfg = module.tiling(prob)
@@ -77,10 +79,22 @@ def fast_kernel_info(q, k, v, causal, impl="flash2") -> dict:
     res = _inspect.kernel_resources(compiled)
     smem = (res["shared_mem_per_block"] or 0) + nbytes
     occ = _inspect.theoretical_occupancy(res["regs_per_thread"], smem, threads)
-    assert kernel.variant != "tensorcore" or threads == 32 * cfg[0], f"recorded tiling {cfg}, launched {threads} threads"
-    return {"kernels": {label: {cfg_key: list(cfg), "threads_per_block": threads, "grid_blocks": grid[0] * grid[1],
-                                "regs_per_thread": res["regs_per_thread"], "smem_per_block": smem,
-                                "local_mem_per_thread": res["local_mem_per_thread"], **occ}}}
+    assert kernel.variant != "tensorcore" or threads == 32 * cfg[0], (
+        f"recorded tiling {cfg}, launched {threads} threads"
+    )
+    return {
+        "kernels": {
+            label: {
+                cfg_key: list(cfg),
+                "threads_per_block": threads,
+                "grid_blocks": grid[0] * grid[1],
+                "regs_per_thread": res["regs_per_thread"],
+                "smem_per_block": smem,
+                "local_mem_per_thread": res["local_mem_per_thread"],
+                **occ,
+            }
+        }
+    }
 
 
 def _record(benchmark, flops, sgemm_tflops):
@@ -89,7 +103,12 @@ def _record(benchmark, flops, sgemm_tflops):
     if stats is not None and bu.ON_GPU:
         t = stats.stats.median
         rate = bu.tflops(flops, t)
-        benchmark.extra_info.update(time_ms=t * 1e3, tflops=rate, pct_sgemm=100 * rate / sgemm_tflops if sgemm_tflops else None, sgemm_tflops=sgemm_tflops)
+        benchmark.extra_info.update(
+            time_ms=t * 1e3,
+            tflops=rate,
+            pct_sgemm=100 * rate / sgemm_tflops if sgemm_tflops else None,
+            sgemm_tflops=sgemm_tflops,
+        )
     else:
         benchmark.extra_info.update(time_ms=None, tflops=None, pct_sgemm=None)
     bu.record_jsonl(dict(benchmark.extra_info))
@@ -104,8 +123,17 @@ def test_bench_fa2_forward(benchmark, impl, seqlen, headdim, causal, sgemm_tflop
     shape = bu.fa2_shape(seqlen, headdim)
     b, h, n, d = shape["batch"], shape["nheads"], shape["seqlen"], shape["headdim"]
     benchmark.group = f"fa2 forward d={d} N={n} causal={causal}"
-    benchmark.extra_info.update(algorithm=impl, pass_="forward", N=n, d=d, batch=b, nheads=h, causal=causal,
-                                device=bu.device_name(), functional_only=not bu.ON_GPU)
+    benchmark.extra_info.update(
+        algorithm=impl,
+        pass_="forward",
+        N=n,
+        d=d,
+        batch=b,
+        nheads=h,
+        causal=causal,
+        device=bu.device_name(),
+        functional_only=not bu.ON_GPU,
+    )
     bu.free_memory()
     q, k, v = bu.make_inputs(b, h, n, d, seed=n + d)
     fn = _forward_call(impl, q, k, v, causal)
@@ -126,8 +154,17 @@ def test_bench_fa2_forward_backward(benchmark, impl, seqlen, headdim, causal, sg
     shape = bu.fa2_shape(seqlen, headdim)
     b, h, n, d = shape["batch"], shape["nheads"], shape["seqlen"], shape["headdim"]
     benchmark.group = f"fa2 fwd+bwd d={d} N={n} causal={causal}"
-    benchmark.extra_info.update(algorithm=impl, pass_="fwd+bwd", N=n, d=d, batch=b, nheads=h, causal=causal,
-                                device=bu.device_name(), functional_only=not bu.ON_GPU)
+    benchmark.extra_info.update(
+        algorithm=impl,
+        pass_="fwd+bwd",
+        N=n,
+        d=d,
+        batch=b,
+        nheads=h,
+        causal=causal,
+        device=bu.device_name(),
+        functional_only=not bu.ON_GPU,
+    )
     if not bu.ON_GPU:
         from numba_flash import attention_backward_numpy, attention_numpy
 

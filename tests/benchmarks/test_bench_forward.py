@@ -62,8 +62,16 @@ def test_bench_forward(benchmark, impl, seqlen, headdim, sgemm_tflops):
     shape = bu.fa2_shape(seqlen, headdim)
     b, h, n, d = shape["batch"], shape["nheads"], shape["seqlen"], shape["headdim"]
     benchmark.group = f"forward d={d} N={n}"
-    benchmark.extra_info.update(algorithm=impl, N=n, d=d, batch=b, nheads=h, causal=False,
-                                device=bu.device_name(), functional_only=not bu.ON_GPU)
+    benchmark.extra_info.update(
+        algorithm=impl,
+        N=n,
+        d=d,
+        batch=b,
+        nheads=h,
+        causal=False,
+        device=bu.device_name(),
+        functional_only=not bu.ON_GPU,
+    )
     bu.free_memory()
     q, k, v = bu.make_inputs(b, h, n, d, seed=n + d)
     fn = _call(impl, q, k, v)
@@ -74,9 +82,12 @@ def test_bench_forward(benchmark, impl, seqlen, headdim, sgemm_tflops):
     if stats is not None and bu.ON_GPU:
         t = stats.stats.median
         rate = bu.tflops(bu.flops_forward(b, h, n, n, d), t)
-        benchmark.extra_info.update(time_ms=t * 1e3, tflops=rate,
-                                    pct_sgemm=100 * rate / sgemm_tflops if sgemm_tflops else None,
-                                    sgemm_tflops=sgemm_tflops)
+        benchmark.extra_info.update(
+            time_ms=t * 1e3,
+            tflops=rate,
+            pct_sgemm=100 * rate / sgemm_tflops if sgemm_tflops else None,
+            sgemm_tflops=sgemm_tflops,
+        )
     else:
         benchmark.extra_info.update(time_ms=None, tflops=None, pct_sgemm=None)
     bu.record_jsonl(dict(benchmark.extra_info))

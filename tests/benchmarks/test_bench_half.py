@@ -73,11 +73,24 @@ def test_bench_half_forward(benchmark, impl, dtype, seqlen, headdim, causal):
     shape = bu.fa2_shape(seqlen, headdim)
     b, h, n, d = shape["batch"], shape["nheads"], shape["seqlen"], shape["headdim"]
     benchmark.group = f"half forward {dtype} d={d} N={n} causal={causal}"
-    benchmark.extra_info.update(algorithm=impl, dtype=dtype, pass_="forward", N=n, d=d, batch=b, nheads=h, causal=causal,
-                                shape="fa2_grid", device=bu.device_name(), functional_only=not bu.ON_GPU)
+    benchmark.extra_info.update(
+        algorithm=impl,
+        dtype=dtype,
+        pass_="forward",
+        N=n,
+        d=d,
+        batch=b,
+        nheads=h,
+        causal=causal,
+        shape="fa2_grid",
+        device=bu.device_name(),
+        functional_only=not bu.ON_GPU,
+    )
     bu.free_memory()
     q, k, v = bu.make_inputs(b, h, n, d, seed=n + d, dtype=dtype)
-    bu.time_or_skip_oom(benchmark, _forward_call(impl, q, k, v, causal), bu.grid_rounds(n, False), b * n * h * d * 2, impl)
+    bu.time_or_skip_oom(
+        benchmark, _forward_call(impl, q, k, v, causal), bu.grid_rounds(n, False), b * n * h * d * 2, impl
+    )
     _record(benchmark, bu.flops_forward(b, h, n, n, d, causal))
 
 
@@ -90,27 +103,45 @@ def test_bench_half_forward(benchmark, impl, dtype, seqlen, headdim, causal):
 def test_bench_half_forward_backward(benchmark, impl, dtype, seqlen, headdim, causal):
     """Forward + backward, bfloat16, causal and not (torch naive: the standard attention, tiled vs standard)."""
     shape = bu.fa2_shape(seqlen, headdim)
-    _forward_backward(benchmark, impl, dtype, shape["batch"], shape["nheads"], shape["seqlen"], shape["headdim"], causal)
+    _forward_backward(
+        benchmark, impl, dtype, shape["batch"], shape["nheads"], shape["seqlen"], shape["headdim"], causal
+    )
 
 
 #: FA1 Figure 2 (left), "as the paper ran it": GPT-2 medium's attention, batch 64, 16 heads, N = 1024, d = 64,
 #: forward + backward in fp16 (the paper: standard 41.7 ms, FlashAttention 7.3 ms on an A100).
-PAPER_SHAPE = {"batch": 64, "nheads": 16, "seqlen": 1024, "headdim": 64} if bu.ON_GPU else {
-    "batch": 1, "nheads": 1, "seqlen": bu.SIM_SHAPE["seqlen"], "headdim": bu.SIM_SHAPE["headdim"]}
+PAPER_SHAPE = (
+    {"batch": 64, "nheads": 16, "seqlen": 1024, "headdim": 64}
+    if bu.ON_GPU
+    else {"batch": 1, "nheads": 1, "seqlen": bu.SIM_SHAPE["seqlen"], "headdim": bu.SIM_SHAPE["headdim"]}
+)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
 def test_bench_half_tiled_vs_standard_at_the_fa1_figure2_shape(benchmark, impl):
     """Tiled (ours, SDPA's) against standard attention (torch naive) in fp16 at the paper's Figure 2 shape."""
     s = PAPER_SHAPE
-    _forward_backward(benchmark, impl, "float16", s["batch"], s["nheads"], s["seqlen"], s["headdim"], False, shape="fa1_figure2")
+    _forward_backward(
+        benchmark, impl, "float16", s["batch"], s["nheads"], s["seqlen"], s["headdim"], False, shape="fa1_figure2"
+    )
 
 
 def _forward_backward(benchmark, impl, dtype, b, h, n, d, causal, shape="fa2_grid"):
     """Time forward + backward of ``impl`` (in the simulator: one functional call of our kernels)."""
     benchmark.group = f"half fwd+bwd {dtype} d={d} N={n} causal={causal}" + ("" if shape == "fa2_grid" else f" {shape}")
-    benchmark.extra_info.update(algorithm=impl, dtype=dtype, pass_="fwd+bwd", N=n, d=d, batch=b, nheads=h, causal=causal,
-                                shape=shape, device=bu.device_name(), functional_only=not bu.ON_GPU)
+    benchmark.extra_info.update(
+        algorithm=impl,
+        dtype=dtype,
+        pass_="fwd+bwd",
+        N=n,
+        d=d,
+        batch=b,
+        nheads=h,
+        causal=causal,
+        shape=shape,
+        device=bu.device_name(),
+        functional_only=not bu.ON_GPU,
+    )
     if not bu.ON_GPU:
         from numba_flash import attention_backward_numpy, attention_numpy
 
@@ -119,7 +150,9 @@ def _forward_backward(benchmark, impl, dtype, b, h, n, d, causal, shape="fa2_gri
         q, k, v = bu.make_inputs(b, h, n, d, dtype=dtype)
 
         def step():
-            out, st = attention_numpy(q, k, v, causal=causal, algorithm="flash2", variant="tensorcore", return_stats=True)
+            out, st = attention_numpy(
+                q, k, v, causal=causal, algorithm="flash2", variant="tensorcore", return_stats=True
+            )
             return attention_backward_numpy(np.ones_like(q), q, k, v, out, st)
 
         benchmark.pedantic(step, rounds=1, iterations=1)

@@ -46,7 +46,9 @@ def grad_problem(rng, b, s_q, s_k, h, h_k, d, scale=1.0):
     return dout, q, k, v
 
 
-def kernel_backward(algo, dout, q, k, v, *, causal=False, dropout_p=0.0, seed=0, softmax_scale=None, block_sizes=None, variant=None):
+def kernel_backward(
+    algo, dout, q, k, v, *, causal=False, dropout_p=0.0, seed=0, softmax_scale=None, block_sizes=None, variant=None
+):
     """Run one backward kernel on the float64 forward oracle's O, m, l, L (rounded to float32).
 
     ``variant`` ("fast" / "readable", flash1 only; None: the registry's "auto" kernel). Outputs are
@@ -93,7 +95,9 @@ SIM_CASES = [
 def test_backward_kernel_gradients_equal_float64_reference(rng, algo, b, s_q, s_k, h, h_k, d, causal, p, scale, tiles):
     dout, q, k, v = grad_problem(rng, b, s_q, s_k, h, h_k, d)
     seed = int(rng.integers(0, 2**32))
-    got = kernel_backward(algo, dout, q, k, v, causal=causal, dropout_p=p, seed=seed, softmax_scale=scale, block_sizes=tiles)
+    got = kernel_backward(
+        algo, dout, q, k, v, causal=causal, dropout_p=p, seed=seed, softmax_scale=scale, block_sizes=tiles
+    )
     assert_gradients_follow_error_rule(got, dout, q, k, v, causal=causal, dropout_p=p, seed=seed, softmax_scale=scale)
 
 
@@ -242,7 +246,9 @@ def _backward_from_lse(algo, variant, dout, q, k, v, out, lse, causal):
     fwd = ForwardOutput(out=None, lse=alloc.to_kernel(lse))
     args = [alloc.to_kernel(x) for x in (dout, q, k, v, out)]
     with poison_outputs():
-        got = registry.resolve(algo, "backward", variant, prob).module.backward(*args, fwd, prob, alloc, block_sizes=(4, 4))
+        got = registry.resolve(algo, "backward", variant, prob).module.backward(
+            *args, fwd, prob, alloc, block_sizes=(4, 4)
+        )
     return tuple(alloc.result(g) for g in got)
 
 
@@ -290,10 +296,14 @@ VARIANT_SIM_CASES = [
 
 @pytest.mark.parametrize("variant", ["fast", "readable"])
 @pytest.mark.parametrize(("b", "s_q", "s_k", "h", "h_k", "d", "causal", "p", "tiles"), VARIANT_SIM_CASES)
-def test_fast_and_readable_recomputation_backward_follow_the_error_rule(rng, variant, b, s_q, s_k, h, h_k, d, causal, p, tiles):
+def test_fast_and_readable_recomputation_backward_follow_the_error_rule(
+    rng, variant, b, s_q, s_k, h, h_k, d, causal, p, tiles
+):
     dout, q, k, v = grad_problem(rng, b, s_q, s_k, h, h_k, d)
     seed = int(rng.integers(0, 2**32))
-    got = kernel_backward("flash1", dout, q, k, v, causal=causal, dropout_p=p, seed=seed, block_sizes=tiles, variant=variant)
+    got = kernel_backward(
+        "flash1", dout, q, k, v, causal=causal, dropout_p=p, seed=seed, block_sizes=tiles, variant=variant
+    )
     assert_gradients_follow_error_rule(got, dout, q, k, v, causal=causal, dropout_p=p, seed=seed)
 
 
@@ -324,7 +334,9 @@ GPU_CASES = [
 @pytest.mark.gpu
 @pytest.mark.parametrize("algo", ALGOS)
 @pytest.mark.parametrize(("b", "s_q", "s_k", "h", "h_k", "d", "causal", "p"), GPU_CASES)
-def test_backward_kernel_gradients_equal_float64_reference_at_realistic_shapes(rng, algo, b, s_q, s_k, h, h_k, d, causal, p):
+def test_backward_kernel_gradients_equal_float64_reference_at_realistic_shapes(
+    rng, algo, b, s_q, s_k, h, h_k, d, causal, p
+):
     dout, q, k, v = grad_problem(rng, b, s_q, s_k, h, h_k, d)
     seed = int(rng.integers(0, 2**32))
     got = kernel_backward(algo, dout, q, k, v, causal=causal, dropout_p=p, seed=seed)
@@ -352,7 +364,9 @@ VARIANT_GPU_CASES = [
 @pytest.mark.gpu
 @pytest.mark.parametrize("variant", ["fast", "readable"])
 @pytest.mark.parametrize(("b", "s_q", "s_k", "h", "h_k", "d", "causal", "p"), VARIANT_GPU_CASES)
-def test_fast_and_readable_recomputation_backward_follow_the_error_rule_at_realistic_shapes(rng, variant, b, s_q, s_k, h, h_k, d, causal, p):
+def test_fast_and_readable_recomputation_backward_follow_the_error_rule_at_realistic_shapes(
+    rng, variant, b, s_q, s_k, h, h_k, d, causal, p
+):
     dout, q, k, v = grad_problem(rng, b, s_q, s_k, h, h_k, d)
     seed = int(rng.integers(0, 2**32))
     got = kernel_backward("flash1", dout, q, k, v, causal=causal, dropout_p=p, seed=seed, variant=variant)
@@ -371,7 +385,9 @@ def test_backward_from_the_logsumexp_alone_follows_the_error_rule(rng, algorithm
 
     q, k, v = make_qkv(rng, 1, 11, 13, 2, 1, 8)
     dout = rng.standard_normal(q.shape).astype(np.float32)
-    out, st = attention_numpy(q, k, v, causal=True, algorithm=algorithm, variant=variant, block_sizes=(8, 8), return_stats=True)
+    out, st = attention_numpy(
+        q, k, v, causal=True, algorithm=algorithm, variant=variant, block_sizes=(8, 8), return_stats=True
+    )
     lse_only = dataclasses.replace(st, m=None, l=None)
     with poison_outputs():
         grads = attention_backward_numpy(dout, q, k, v, out, lse_only)

@@ -42,8 +42,12 @@ def test_kernel_result_holds_when_threads_run_one_at_a_time_between_barriers(rng
     if kernel.pass_ == "forward":
         with one_thread_at_a_time(), poison_outputs():
             out = api.attention_numpy(q, k, v, **opts)
-        assert_error_rule(out, standard_attention(q, k, v, causal=True).O, naive_attention_float32(q, k, v, causal=True),
-                          what=f"O ({_id(kernel)}, one thread at a time)")
+        assert_error_rule(
+            out,
+            standard_attention(q, k, v, causal=True).O,
+            naive_attention_float32(q, k, v, causal=True),
+            what=f"O ({_id(kernel)}, one thread at a time)",
+        )
         return
     out, stats = api.attention_numpy(q, k, v, return_stats=True, **opts)
     assert stats.backward.variant == kernel.variant
@@ -59,6 +63,7 @@ def test_kernel_result_holds_when_threads_run_one_at_a_time_between_barriers(rng
 def test_one_thread_at_a_time_makes_a_missing_barrier_fail_every_time():
     """The checker itself: a two-thread kernel that loads a tile and reads the other thread's half
     without a barrier reads NaN under the schedule, and the right value with the barrier."""
+
     def make(with_barrier):
         @cuda.jit
         def kernel(src, dst):

@@ -83,7 +83,9 @@ def masked_attention(q, k, v, visible, softmax_scale=None, dropout_p=0.0, seed=0
             Z = dropout_scale_matrix(seed, bi * h + hi, range(s_q), range(s_k), dropout_p).astype(f)
             O[bi, :, hi] = (P * Z) @ V
             with np.errstate(divide="ignore"):
-                L[bi, hi] = np.where(lsum[:, 0] > 0, m_safe[:, 0] + np.log(np.where(lsum[:, 0] > 0, lsum[:, 0], f(1))), f(np.inf))
+                L[bi, hi] = np.where(
+                    lsum[:, 0] > 0, m_safe[:, 0] + np.log(np.where(lsum[:, 0] > 0, lsum[:, 0], f(1))), f(np.inf)
+                )
             if dout is not None:
                 dO = dout[bi, :, hi].astype(f)
                 dv[bi, :, hk] += (P * Z).T @ dO
@@ -127,7 +129,9 @@ def run_forward_case(rng, case, seed=4321):
     q, k, v = make_qkv(rng, b, s_q, s_k, h, h_k, d)
     mask = case_mask(rng, kind, b, h, s_q, s_k, bs)
     with _launch.poison_outputs():
-        out, stats = block_sparse_attention_numpy(q, k, v, mask, dropout_p=p, causal=causal, block_size=bs, seed=seed, return_stats=True)
+        out, stats = block_sparse_attention_numpy(
+            q, k, v, mask, dropout_p=p, causal=causal, block_size=bs, seed=seed, return_stats=True
+        )
     visible = element_mask(mask, b, h, s_q, s_k, bs, causal)
     O64, L64 = masked_attention(q, k, v, visible, dropout_p=p, seed=seed)
     O32, L32 = masked_attention(q, k, v, visible, dropout_p=p, seed=seed, dtype=np.float32)
@@ -147,7 +151,12 @@ def test_block_sparse_forward_equals_dense_masked_attention_within_twice_float32
     np.testing.assert_allclose(ref.O, O64, rtol=1e-12, atol=1e-12)
 
 
-BWD_CASES = ["ragged-shared-mask", "per-head-causal-sq<sk", "causal-sq>sk-rows-see-no-key", "dropout-gqa-per-batch-head"]
+BWD_CASES = [
+    "ragged-shared-mask",
+    "per-head-causal-sq<sk",
+    "causal-sq>sk-rows-see-no-key",
+    "dropout-gqa-per-batch-head",
+]
 
 
 @pytest.mark.parametrize("case", BWD_CASES)
@@ -179,7 +188,9 @@ def test_square_block_mask_that_is_not_symmetric_is_read_as_m_ij_forward_and_bac
         grads = block_sparse_attention_backward_numpy(dout, q, k, v, out, stats)
     ref = flash_forward_alg5(q, k, v, mask, Br=bs[0], Bc=bs[1])
     ref_grads = flash_backward_alg5(dout, q, k, v, ref.O, ref.l, ref.m, mask, Br=bs[0], Bc=bs[1])
-    O32, L32, *grads32 = masked_attention(q, k, v, element_mask(mask, b, h, s, s, bs, False), dout=dout, dtype=np.float32)
+    O32, L32, *grads32 = masked_attention(
+        q, k, v, element_mask(mask, b, h, s, s, bs, False), dout=dout, dtype=np.float32
+    )
     assert_error_rule(out, ref.O, O32, what="O")
     assert_error_rule(stats.lse, ref.L, L32, what="lse")
     for name, got, r, naive in zip(("dq", "dk", "dv"), grads, ref_grads, grads32):
@@ -194,11 +205,15 @@ def test_square_block_mask_that_is_not_symmetric_is_read_as_m_ij_forward_and_bac
 
 def test_reference_block_sparse_backward_equals_dense_masked_gradients_and_alg4_when_dense(rng):
     b, s_q, s_k, h, h_k, d, Br, Bc = 2, 22, 17, 3, 1, 5, 4, 3
-    q, k, v, dout = (x.astype(np.float64) for x in (*make_qkv(rng, b, s_q, s_k, h, h_k, d), rng.standard_normal((b, s_q, h, d))))
+    q, k, v, dout = (
+        x.astype(np.float64) for x in (*make_qkv(rng, b, s_q, s_k, h, h_k, d), rng.standard_normal((b, s_q, h, d)))
+    )
     Tr, Tc = block_mask_shape(s_q, s_k, (Br, Bc))
     mask = random_block_mask(rng, (b, h, Tr, Tc), 0.4)
     fwd = flash_forward_alg5(q, k, v, mask, causal=True, dropout_p=0.25, seed=3, Br=Br, Bc=Bc)
-    got = flash_backward_alg5(dout, q, k, v, fwd.O, fwd.l, fwd.m, mask, causal=True, dropout_p=0.25, seed=3, Br=Br, Bc=Bc)
+    got = flash_backward_alg5(
+        dout, q, k, v, fwd.O, fwd.l, fwd.m, mask, causal=True, dropout_p=0.25, seed=3, Br=Br, Bc=Bc
+    )
     visible = element_mask(mask, b, h, s_q, s_k, (Br, Bc), True)
     *_, dq, dk, dv = masked_attention(q, k, v, visible, dropout_p=0.25, seed=3, dout=dout)
     for a, r in zip(got, (dq, dk, dv)):
@@ -224,20 +239,22 @@ def test_keys_of_empty_block_columns_are_never_read_nan_poison_changes_nothing(r
     mask[:, 0] = True
     kp, vp = k.copy(), v.copy()
     for j in (1, Tc - 1):
-        kp[:, j * 8:(j + 1) * 8] = np.nan
-        vp[:, j * 8:(j + 1) * 8] = np.nan
+        kp[:, j * 8 : (j + 1) * 8] = np.nan
+        vp[:, j * 8 : (j + 1) * 8] = np.nan
     dout = rng.standard_normal(q.shape).astype(np.float32)
     results = []
     for kk, vv in ((k, v), (kp, vp)):
         with _launch.poison_outputs():
-            out, stats = block_sparse_attention_numpy(q, kk, vv, mask, causal=True, dropout_p=0.1, seed=9, block_size=bs, return_stats=True)
+            out, stats = block_sparse_attention_numpy(
+                q, kk, vv, mask, causal=True, dropout_p=0.1, seed=9, block_size=bs, return_stats=True
+            )
             grads = block_sparse_attention_backward_numpy(dout, q, kk, vv, out, stats)
         results.append((out, stats.lse, *grads))
     for name, clean, poisoned in zip(("O", "lse", "dq", "dk", "dv"), *results):
         np.testing.assert_array_equal(poisoned, clean, err_msg=f"{name} changed when unused K, V were NaN")
     dk, dv = results[1][3], results[1][4]
     for j in (1, Tc - 1):  # keys no tile sees have exactly zero gradient
-        assert np.all(dk[:, j * 8:(j + 1) * 8] == 0) and np.all(dv[:, j * 8:(j + 1) * 8] == 0)
+        assert np.all(dk[:, j * 8 : (j + 1) * 8] == 0) and np.all(dv[:, j * 8 : (j + 1) * 8] == 0)
 
 
 class Counted(np.ndarray):
@@ -286,7 +303,14 @@ def counted_run(q, k, v, mask_arr, block_size, causal=False, dout=None):
     prob = _launch.check_attention_args(q, k, v, causal=causal)
     mask = check_block_mask(mask_arr, prob, block_size)
     c = HBMCounter()
-    fwd = alg5_block_sparse.forward(counted(q, c, "Q"), counted(k, c, "K"), counted(v, c, "V"), mask, prob, CountingAllocator(q, c, ["O", "l", "m", "L"]))
+    fwd = alg5_block_sparse.forward(
+        counted(q, c, "Q"),
+        counted(k, c, "K"),
+        counted(v, c, "V"),
+        mask,
+        prob,
+        CountingAllocator(q, c, ["O", "l", "m", "L"]),
+    )
     fwd_count = IOCount.from_counter(c)
     if dout is None:
         return fwd_count, None
@@ -318,7 +342,10 @@ def test_counted_hbm_accesses_of_both_kernels_equal_the_closed_form_and_proposit
     assert got["Q"] == paper["Q"] and got["O"][1] == paper["O"][1] and got["l"][1] == paper["l"][1]
     assert paper["O"][0] - got["O"][0] == b * h * s_q * d
     assert paper["l"][0] - got["l"][0] == paper["m"][0] - got["m"][0] == b * h * s_q
-    assert got["K"] == got["V"] == (nonempty_keys * d, 0) and paper["K"][0] - got["K"][0] == (b * h * s_k - nonempty_keys) * d
+    assert (
+        got["K"] == got["V"] == (nonempty_keys * d, 0)
+        and paper["K"][0] - got["K"][0] == (b * h * s_k - nonempty_keys) * d
+    )
     assert got["L"] == (0, b * h * s_q)
     # The backward reference's count (Alg.4 on the non-zero tiles) has the same per-tile terms.
     ref_bwd = io_alg5_backward(s_q, d, mask[None], Br=bs[0], Bc=bs[1], N_k=s_k, b=b, h=h).by_name
@@ -341,14 +368,17 @@ def test_counted_per_tile_traffic_is_proportional_to_the_nonzero_blocks(rng):
 
 def test_reference_backward_hbm_count_equals_closed_form_and_alg4_when_dense(rng):
     b, s_q, s_k, h, h_k, d, Br, Bc = 1, 13, 11, 2, 1, 3, 4, 5
-    q, k, v, dout = (x.astype(np.float64) for x in (*make_qkv(rng, b, s_q, s_k, h, h_k, d), rng.standard_normal((b, s_q, h, d))))
+    q, k, v, dout = (
+        x.astype(np.float64) for x in (*make_qkv(rng, b, s_q, s_k, h, h_k, d), rng.standard_normal((b, s_q, h, d)))
+    )
     Tr, Tc = block_mask_shape(s_q, s_k, (Br, Bc))
     mask = random_block_mask(rng, (b, h, Tr, Tc), 0.5)
     fwd = flash_forward_alg5(q, k, v, mask, Br=Br, Bc=Bc)
     _, c = count_io(flash_backward_alg5, dout, q, k, v, fwd.O, fwd.l, fwd.m, mask, Br=Br, Bc=Bc)
     assert c == io_alg5_backward(s_q, d, mask, Br=Br, Bc=Bc, N_k=s_k, b=b, h=h, h_k=h_k)
-    assert io_alg5_backward(s_q, d, np.ones((Tr, Tc)), Br=Br, Bc=Bc, N_k=s_k, b=b, h=h, h_k=h_k) == \
-        io_alg4_backward(s_q, d, Br=Br, Bc=Bc, N_k=s_k, b=b, h=h, h_k=h_k)
+    assert io_alg5_backward(s_q, d, np.ones((Tr, Tc)), Br=Br, Bc=Bc, N_k=s_k, b=b, h=h, h_k=h_k) == io_alg4_backward(
+        s_q, d, Br=Br, Bc=Bc, N_k=s_k, b=b, h=h, h_k=h_k
+    )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -377,7 +407,11 @@ def test_causal_block_mask_skips_tiles_above_the_diagonal_without_changing_the_r
     q, k, v = make_qkv(rng, 1, s_q, s_k, 1, 1, d)
     cm = causal_block_mask(s_q, s_k, bs)
     assert cm.astype(int).tolist() == [[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1]]
-    assert causal_block_mask(21, 30, bs).astype(int).tolist() == [[1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 1, 1]]  # bottom-right
+    assert causal_block_mask(21, 30, bs).astype(int).tolist() == [
+        [1, 1, 1, 0],
+        [1, 1, 1, 1],
+        [1, 1, 1, 1],
+    ]  # bottom-right
     with _launch.poison_outputs():
         a = block_sparse_attention_numpy(q, k, v, np.ones_like(cm), causal=True, block_size=bs)
         b = block_sparse_attention_numpy(q, k, v, cm, causal=True, block_size=bs)
@@ -410,10 +444,16 @@ BAD_MASKS = {
     "3-heads": (lambda m: np.stack([m] * 3), ValueError, "block_mask has 3 heads; it must have 1 or nheads = 2"),
     "batch-2": (lambda m: np.stack([np.stack([m] * 2)] * 2), ValueError, "block_mask has batch dimension 2"),
     "value-2": (lambda m: m.astype(np.int32) * 2, ValueError, "block_mask must hold only 0 and 1"),
-    "empty-row": (lambda m: np.where(np.arange(3)[:, None] == 1, False, m), ValueError,
-                  r"block_mask: row block 1 \(query rows 8\.\.15\) has no non-zero block"),
-    "empty-row-of-one-head": (lambda m: np.stack([m, np.where(np.arange(3)[:, None] == 2, 0, m.astype(np.int8))]), ValueError,
-                              r"row block 2 \(query rows 16\.\.19\), head 1 has no non-zero block"),
+    "empty-row": (
+        lambda m: np.where(np.arange(3)[:, None] == 1, False, m),
+        ValueError,
+        r"block_mask: row block 1 \(query rows 8\.\.15\) has no non-zero block",
+    ),
+    "empty-row-of-one-head": (
+        lambda m: np.stack([m, np.where(np.arange(3)[:, None] == 2, 0, m.astype(np.int8))]),
+        ValueError,
+        r"row block 2 \(query rows 16\.\.19\), head 1 has no non-zero block",
+    ),
 }
 
 
@@ -430,8 +470,11 @@ def test_bad_block_mask_raises_naming_block_mask_before_any_launch(rng, bad):
 @pytest.mark.usefixtures("no_launch")
 def test_block_size_that_does_not_fit_the_shared_memory_raises_naming_block_size(rng):
     q, k, v = make_qkv(rng, 1, 16, 16, 1, 1, 128)
-    for bs, match in (((64, 64), "block_size .* shared memory"), ((0, 8), "block_size: Br must be a positive integer"),
-                      ((8,), "block_size must be a pair")):
+    for bs, match in (
+        ((64, 64), "block_size .* shared memory"),
+        ((0, 8), "block_size: Br must be a positive integer"),
+        ((8,), "block_size must be a pair"),
+    ):
         with pytest.raises(ValueError, match=match):
             block_sparse_attention_numpy(q, k, v, np.ones((1, 1), bool), block_size=bs)
 
@@ -453,12 +496,23 @@ def test_block_sparse_attn_func_is_differentiable_and_matches_the_numpy_twin(rng
     qn, kn, vn = make_qkv(rng, b, s_q, s_k, h, h_k, d)
     mask = random_block_mask(rng, (h, 3, 3), 0.5)
     q, k, v = (torch.from_numpy(x).requires_grad_(True) for x in (qn, kn, vn))
-    out, lse, none = block_sparse_attn_func(q, k, v, torch.from_numpy(mask.astype(np.uint8)), causal=True, dropout_p=0.1,
-                                           return_attn_probs=True, block_size=bs, seed=11)
+    out, lse, none = block_sparse_attn_func(
+        q,
+        k,
+        v,
+        torch.from_numpy(mask.astype(np.uint8)),
+        causal=True,
+        dropout_p=0.1,
+        return_attn_probs=True,
+        block_size=bs,
+        seed=11,
+    )
     assert none is None and lse.dtype == torch.float32 and not lse.requires_grad
     g = rng.standard_normal(out.shape).astype(np.float32)
     out.backward(torch.from_numpy(g))
-    on, stats = block_sparse_attention_numpy(qn, kn, vn, mask, causal=True, dropout_p=0.1, block_size=bs, seed=11, return_stats=True)
+    on, stats = block_sparse_attention_numpy(
+        qn, kn, vn, mask, causal=True, dropout_p=0.1, block_size=bs, seed=11, return_stats=True
+    )
     grads = block_sparse_attention_backward_numpy(g, qn, kn, vn, on, stats)
     np.testing.assert_array_equal(out.detach().numpy(), on)
     np.testing.assert_array_equal(lse.numpy(), stats.lse)
@@ -550,7 +604,10 @@ def test_block_sparse_kernels_fit_48kb_shared_memory_and_do_not_spill_on_gpu(rng
         ty, tx = alg5_block_sparse.thread_layout()
         fwd_kernel = alg1_forward.forward_kernel(*bs, d, False, False, ty, tx, alg5_block_sparse.use_shuffles(tx), True)
         cfg = alg5_block_sparse.backward_config(*bs, d)
-        for disp, threads in ((fwd_kernel, ty * tx), (alg4_backward.alg4_kernel(cfg, False, False, False, True), cfg.threads)):
+        for disp, threads in (
+            (fwd_kernel, ty * tx),
+            (alg4_backward.alg4_kernel(cfg, False, False, False, True), cfg.threads),
+        ):
             rep = _inspect.kernel_report(disp, threads)
             assert rep["shared_mem_per_block"] <= _launch.STATIC_SMEM_BYTES
             assert rep["local_mem_per_thread"] == 0, rep

@@ -76,7 +76,14 @@ def naive_grads_float32(dout, q, k, v, causal=False, dropout_p=0.0, seed=0, soft
         S = S.masked_fill(~torch.tensor(causal_mask(s_q, s_k)), float("-inf"))
     P = torch.softmax(S, -1).nan_to_num(0.0)
     if dropout_p > 0:
-        Z = np.stack([np.stack([dropout_scale_matrix(seed, bi * h + hi, range(s_q), range(s_k), dropout_p) for hi in range(h)]) for bi in range(b)])
+        Z = np.stack(
+            [
+                np.stack(
+                    [dropout_scale_matrix(seed, bi * h + hi, range(s_q), range(s_k), dropout_p) for hi in range(h)]
+                )
+                for bi in range(b)
+            ]
+        )
         P = P * torch.tensor(Z, dtype=torch.float32)
     torch.einsum("bhij,bjhd->bihd", P, vv).backward(torch.tensor(dout))
     return tq.grad.numpy(), tk.grad.numpy(), tv.grad.numpy()
@@ -91,9 +98,13 @@ def test_fa2_forward_equals_standard_attention(rng, variant, b, s_q, s_k, h, h_k
     seed = int(rng.integers(0, 2**32))
     ref = standard_attention(q, k, v, causal=causal, dropout_p=p, seed=seed)
     with poison_outputs():
-        out, stats = api.attention_numpy(q, k, v, p, None, causal, algorithm="flash2", variant=variant, block_sizes=bs, seed=seed, return_stats=True)
+        out, stats = api.attention_numpy(
+            q, k, v, p, None, causal, algorithm="flash2", variant=variant, block_sizes=bs, seed=seed, return_stats=True
+        )
     assert stats.forward.variant == variant
-    assert_error_rule(out, ref.O, naive_attention_float32(q, k, v, causal=causal, dropout_p=p, seed=seed), what=f"O ({variant})")
+    assert_error_rule(
+        out, ref.O, naive_attention_float32(q, k, v, causal=causal, dropout_p=p, seed=seed), what=f"O ({variant})"
+    )
     assert_lse_rule(stats.lse, ref.L, naive_lse_float32(q, k, causal))
 
 
@@ -110,7 +121,9 @@ def test_fa2_rows_that_see_no_key_give_zero_output_and_infinite_lse(rng, variant
     # s_q > s_k with the bottom-right causal mask: the first s_q - s_k rows see no key at all.
     q, k, v = make_qkv(rng, 1, 21, 9, 1, 1, 8)
     with poison_outputs():
-        out, stats = api.attention_numpy(q, k, v, causal=True, algorithm="flash2", variant=variant, block_sizes=(8, 8), return_stats=True)
+        out, stats = api.attention_numpy(
+            q, k, v, causal=True, algorithm="flash2", variant=variant, block_sizes=(8, 8), return_stats=True
+        )
     assert np.all(out[0, :12] == 0.0)
     assert np.all(np.isposinf(stats.lse[0, 0, :12]))
     assert np.all(np.isfinite(stats.lse[0, 0, 12:]))
@@ -118,11 +131,15 @@ def test_fa2_rows_that_see_no_key_give_zero_output_and_infinite_lse(rng, variant
 
 @pytest.mark.parametrize("deterministic", [False, True], ids=["atomic-dq", "deterministic"])
 @pytest.mark.parametrize(("b", "s_q", "s_k", "h", "h_k", "d", "causal", "p", "bs"), SIM_CASES[1:])
-def test_fa2_backward_gradients_within_3x_float32_error(rng, bwd_variant, deterministic, b, s_q, s_k, h, h_k, d, causal, p, bs):
+def test_fa2_backward_gradients_within_3x_float32_error(
+    rng, bwd_variant, deterministic, b, s_q, s_k, h, h_k, d, causal, p, bs
+):
     q, k, v = make_qkv(rng, b, s_q, s_k, h, h_k, d)
     dout = rng.standard_normal(q.shape).astype(np.float32)
     seed = int(rng.integers(0, 2**32))
-    out, stats = api.attention_numpy(q, k, v, p, None, causal, algorithm="flash2", variant=bwd_variant, block_sizes=bs, seed=seed, return_stats=True)
+    out, stats = api.attention_numpy(
+        q, k, v, p, None, causal, algorithm="flash2", variant=bwd_variant, block_sizes=bs, seed=seed, return_stats=True
+    )
     assert stats.backward.variant == bwd_variant
     with poison_outputs():
         grads = api.attention_backward_numpy(dout, q, k, v, out, stats, deterministic=deterministic)
@@ -138,7 +155,9 @@ def test_fa2_fast_backward_default_tiling_gradients_within_3x_float32_error(rng,
     # tiling: GQA (2 query heads per KV head), causal with s_q > s_k (rows that see no key), dropout.
     q, k, v = make_qkv(rng, 1, 21, 17, 2, 1, 12)
     dout = rng.standard_normal(q.shape).astype(np.float32)
-    out, stats = api.attention_numpy(q, k, v, 0.1, None, True, algorithm="flash2", variant="fast", seed=5, return_stats=True)
+    out, stats = api.attention_numpy(
+        q, k, v, 0.1, None, True, algorithm="flash2", variant="fast", seed=5, return_stats=True
+    )
     with poison_outputs():
         grads = api.attention_backward_numpy(dout, q, k, v, out, stats, deterministic=deterministic)
     ref = standard_backward(dout, q, k, v, causal=True, dropout_p=0.1, seed=5)
@@ -172,8 +191,10 @@ def test_flash2_is_the_default_algorithm_and_auto_picks_the_fastest_kernel():
     # On a GPU the tensor-core pair, routed by dtype and head dim: the 3xTF32 kernels for float32 at d = 16
     assert bwd.variant == ("readable" if _backend.is_simulator() else "tensorcore")
     if not _backend.is_simulator():
-        assert (fwd.module.__name__, bwd.module.__name__) == ("numba_flash.tensorcore.fa2_forward_tf32",
-                                                             "numba_flash.tensorcore.fa2_backward_tf32")
+        assert (fwd.module.__name__, bwd.module.__name__) == (
+            "numba_flash.tensorcore.fa2_forward_tf32",
+            "numba_flash.tensorcore.fa2_backward_tf32",
+        )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -190,7 +211,8 @@ GPU_CASES = [
     pytest.param(2, 1024, 1024, 4, 4, 64, True, 0.0, id="N1024-d64-causal"),
     pytest.param(1, 4096, 4096, 2, 2, 64, True, 0.0, id="N4096-d64-causal"),
     pytest.param(1, 2048, 2048, 2, 2, 128, False, 0.0, id="N2048-d128"),
-    # Dev: causal d = 128 from 2k is the 3xTF32 forward's 8 x 2 x 16 with RESCALE_FMA (its default there since 2026-11-28)
+    # Dev: causal d = 128 from 2k is the 3xTF32 forward's 8 x 2 x 16 with RESCALE_FMA (its default there since
+    # 2026-11-28)
     pytest.param(1, 2048, 2048, 2, 2, 128, True, 0.0, id="N2048-d128-causal"),
     pytest.param(2, 777, 1029, 6, 2, 40, True, 0.0, id="ragged-sq<sk-gqa-d40-causal"),
     pytest.param(2, 1029, 513, 4, 1, 96, True, 0.17, id="ragged-sq>sk-mqa-d96-causal-dropout"),
@@ -222,8 +244,13 @@ RULE_FAILURES_ON_GPU: dict = {}
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(("b", "s_q", "s_k", "h", "h_k", "d", "causal", "p"), [GPU_CASES[1], GPU_CASES[2], GPU_CASES[4], GPU_CASES[5], GPU_CASES[6], GPU_CASES[3]])
-def test_fa2_backward_gradients_within_3x_float32_error_on_gpu_shapes(request, rng, bwd_variant, b, s_q, s_k, h, h_k, d, causal, p):
+@pytest.mark.parametrize(
+    ("b", "s_q", "s_k", "h", "h_k", "d", "causal", "p"),
+    [GPU_CASES[1], GPU_CASES[2], GPU_CASES[4], GPU_CASES[5], GPU_CASES[6], GPU_CASES[3]],
+)
+def test_fa2_backward_gradients_within_3x_float32_error_on_gpu_shapes(
+    request, rng, bwd_variant, b, s_q, s_k, h, h_k, d, causal, p
+):
     import torch
 
     known = RULE_FAILURES_ON_GPU.get((bwd_variant, b, s_q, s_k, h, h_k, d, causal, p))
@@ -242,9 +269,13 @@ def test_fa2_backward_gradients_within_3x_float32_error_on_gpu_shapes(request, r
     for deterministic in (False, True):
         xs = [x.detach().clone().requires_grad_(True) for x in (tq, tk, tv)]
         with poison_outputs():
-            api.flash_attn_func(*xs, p, causal=causal, algorithm="flash2", variant=bwd_variant, seed=seed, deterministic=deterministic).backward(dout)
+            api.flash_attn_func(
+                *xs, p, causal=causal, algorithm="flash2", variant=bwd_variant, seed=seed, deterministic=deterministic
+            ).backward(dout)
         for name, x, r, n in zip(("dq", "dk", "dv"), xs, grads[torch.float64], grads[torch.float32]):
-            assert_error_rule(x.grad.cpu().numpy(), r, n, mult=3, what=f"{name} ({bwd_variant}, deterministic={deterministic})")
+            assert_error_rule(
+                x.grad.cpu().numpy(), r, n, mult=3, what=f"{name} ({bwd_variant}, deterministic={deterministic})"
+            )
 
 
 @pytest.mark.gpu
@@ -255,13 +286,18 @@ def test_fa2_forward_is_bitwise_reproducible_and_backward_race_free(rng, variant
 
     q, k, v, tq, tk, tv = _cuda_inputs(rng, 2, 1000, 1000, 4, 2, 64)
     dout = randn_like(rng, tq)
-    outs = [api.flash_attn_func(tq, tk, tv, causal=True, algorithm="flash2", variant=variant, return_attn_probs=True) for _ in range(10)]
+    outs = [
+        api.flash_attn_func(tq, tk, tv, causal=True, algorithm="flash2", variant=variant, return_attn_probs=True)
+        for _ in range(10)
+    ]
     for o, lse, _ in outs[1:]:
         assert torch.equal(o, outs[0][0]) and torch.equal(lse, outs[0][1])
 
     def grads(deterministic):
         xs = [x.detach().clone().requires_grad_(True) for x in (tq, tk, tv)]
-        api.flash_attn_func(*xs, causal=True, algorithm="flash2", variant=bwd_variant, deterministic=deterministic).backward(dout)
+        api.flash_attn_func(
+            *xs, causal=True, algorithm="flash2", variant=bwd_variant, deterministic=deterministic
+        ).backward(dout)
         return [x.grad for x in xs]
 
     det = [grads(True) for _ in range(10)]

@@ -35,8 +35,9 @@ def _grads(q, k, v, dout, causal, p, seed, head_sums, deterministic=False, bs=(1
     kq, kk, kv, kdo = (alloc.to_kernel(x) for x in (q, k, v, dout))
     fwd = fa2_forward.forward(kq, kk, kv, prob, alloc, bs)
     with poison_outputs():
-        grads = fa2_backward.backward(kdo, kq, kk, kv, fwd.out, fwd, prob, alloc, bs, deterministic, None,
-                                      {"HEAD_SUMS": head_sums})
+        grads = fa2_backward.backward(
+            kdo, kq, kk, kv, fwd.out, fwd, prob, alloc, bs, deterministic, None, {"HEAD_SUMS": head_sums}
+        )
     return [to_host(g) for g in grads]
 
 
@@ -48,12 +49,18 @@ def _per_head_sum(q, k, v, dout, causal, p, seed, deterministic, bs=(16, 16)):
     dk, dv = np.zeros_like(k), np.zeros_like(v)
     for hh in range(h):
         kv_head = hh // G
-        one = lambda x, j: np.ascontiguousarray(x[:, :, j:j + 1])  # noqa: E731
+        one = lambda x, j: np.ascontiguousarray(x[:, :, j : j + 1])  # noqa: E731
         # the dropout mask is drawn per (batch, query head): a lone head draws head 0's, so only p = 0 compares here
-        g = _grads(one(q, hh), one(k, kv_head), one(v, kv_head), one(dout, hh), causal, p, seed, False, deterministic, bs)
-        dq[:, :, hh:hh + 1] = g[0]
-        dk[:, :, kv_head:kv_head + 1] = (dk[:, :, kv_head:kv_head + 1] + g[1]).astype(np.float32) if hh % G else g[1]
-        dv[:, :, kv_head:kv_head + 1] = (dv[:, :, kv_head:kv_head + 1] + g[2]).astype(np.float32) if hh % G else g[2]
+        g = _grads(
+            one(q, hh), one(k, kv_head), one(v, kv_head), one(dout, hh), causal, p, seed, False, deterministic, bs
+        )
+        dq[:, :, hh : hh + 1] = g[0]
+        dk[:, :, kv_head : kv_head + 1] = (
+            (dk[:, :, kv_head : kv_head + 1] + g[1]).astype(np.float32) if hh % G else g[1]
+        )
+        dv[:, :, kv_head : kv_head + 1] = (
+            (dv[:, :, kv_head : kv_head + 1] + g[2]).astype(np.float32) if hh % G else g[2]
+        )
     return dq, dk, dv
 
 
@@ -95,8 +102,9 @@ def test_head_sums_are_on_for_gqa_only():
         prob = check_attention_args(q, k, v, 0.0, None, False, 0)
         NT, BR, BC, DP = fa2_backward.config_for(16)
         main = fa2_backward.plan(prob)[0]
-        assert main is fa2_backward.fa2_backward_fast_kernel(NT, BR, BC, DP, False, False, True, f["VEC"], f["PREFETCH"],
-                                                             False, want)
+        assert main is fa2_backward.fa2_backward_fast_kernel(
+            NT, BR, BC, DP, False, False, True, f["VEC"], f["PREFETCH"], False, want
+        )
         assert fa2_backward.plan(prob, features={"HEAD_SUMS": not want})[0] is not main
 
 

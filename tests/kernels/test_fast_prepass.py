@@ -34,8 +34,11 @@ GPU_SHAPES = [(2, 1000, 3, 128), (3, 517, 2, 64), (1, 77, 5, 40), (2, 301, 2, 6)
 
 def _inputs(rng, dtype, b, n, h, d, device):
     """O and dO as torch tensors of ``dtype`` (torch), ``(b, n, h, d)``."""
-    o, do, _ = half_inputs(rng, dtype, b, n, n, h, h, d, device=device) if dtype != torch.float32 else \
-        [torch.from_numpy(x).to(device) for x in make_qkv(rng, b, n, n, h, h, d)]
+    o, do, _ = (
+        half_inputs(rng, dtype, b, n, n, h, h, d, device=device)
+        if dtype != torch.float32
+        else [torch.from_numpy(x).to(device) for x in make_qkv(rng, b, n, n, h, h, d)]
+    )
     return o, do
 
 
@@ -44,11 +47,18 @@ def _run(o, do, zero_dq, rpw):
     prob = check_attention_args(o, o, o, 0.0, None, False, 0)
     alloc = Allocator(o)
     half = o.dtype != torch.float32
-    ko, kdo = ((alloc.to_words(x) for x in (o, do)) if half else (alloc.to_kernel(x) for x in (o, do)))
+    ko, kdo = (alloc.to_words(x) for x in (o, do)) if half else (alloc.to_kernel(x) for x in (o, do))
     with poison_outputs():
         dq = alloc.empty(tuple(o.shape))
-        delta = _prepass.row_dot(ko, kdo, prob, alloc, dq=dq if zero_dq else None,
-                                 kind=ptx.HALF_KINDS[prob.dtype] if half else None, rows_per_group=rpw)
+        delta = _prepass.row_dot(
+            ko,
+            kdo,
+            prob,
+            alloc,
+            dq=dq if zero_dq else None,
+            kind=ptx.HALF_KINDS[prob.dtype] if half else None,
+            rows_per_group=rpw,
+        )
     return to_host(delta), to_host(dq)
 
 

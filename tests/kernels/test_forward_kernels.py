@@ -27,12 +27,36 @@ from attn_testing import assert_error_rule, assert_stats_rule, make_qkv, naive_a
 ALGORITHMS = ("standard", "flash1")
 
 
-def run_case(rng, algorithm, batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, causal=False, dropout_p=0.0, block_sizes=None, seed=1234, variant=None):
+def run_case(
+    rng,
+    algorithm,
+    batch,
+    seqlen_q,
+    seqlen_k,
+    nheads,
+    nheads_k,
+    headdim,
+    causal=False,
+    dropout_p=0.0,
+    block_sizes=None,
+    seed=1234,
+    variant=None,
+):
     """Run one kernel on fresh inputs (outputs NaN-poisoned) and check O, m, l, L against the oracle."""
     q, k, v = make_qkv(rng, batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim)
     with _launch.poison_outputs():
-        out, stats = attention_numpy(q, k, v, dropout_p=dropout_p, causal=causal, algorithm=algorithm, variant=variant,
-                                     block_sizes=block_sizes, seed=seed, return_stats=True)
+        out, stats = attention_numpy(
+            q,
+            k,
+            v,
+            dropout_p=dropout_p,
+            causal=causal,
+            algorithm=algorithm,
+            variant=variant,
+            block_sizes=block_sizes,
+            seed=seed,
+            return_stats=True,
+        )
     if variant is not None:
         assert stats.forward.variant == variant
     ref = standard_attention(q, k, v, causal=causal, dropout_p=dropout_p, seed=seed)
@@ -75,7 +99,9 @@ def test_fully_masked_rows_give_zero_output_lse_inf_and_no_nan(rng):
     q, k, v = make_qkv(rng, 1, 20, 9, 1, 1, 8)
     for algorithm in ALGORITHMS:
         with _launch.poison_outputs():
-            out, stats = attention_numpy(q, k, v, causal=True, algorithm=algorithm, block_sizes=(8, 8), return_stats=True)
+            out, stats = attention_numpy(
+                q, k, v, causal=True, algorithm=algorithm, block_sizes=(8, 8), return_stats=True
+            )
         empty = 20 - 9
         assert np.all(out[:, :empty] == 0.0), algorithm
         assert np.all(np.isposinf(stats.lse[:, :, :empty])) and np.all(np.isneginf(stats.m[:, :, :empty]))
@@ -283,8 +309,6 @@ FWD_PAIRS = sorted({(k.algorithm, k.variant) for k in registry.variants() if k.p
 TILES = {"standard": None, "flash1": (8, 8), "flash2": (8, 8)}
 
 
-
-
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the simulator's inf - inf
 @pytest.mark.parametrize(("algorithm", "variant"), FWD_PAIRS)
 def test_a_nan_or_inf_in_a_query_row_makes_exactly_that_output_row_nan(rng, algorithm, variant):
@@ -313,7 +337,9 @@ def test_logits_around_1e10_give_the_one_hot_attention_without_overflow(rng, alg
     q, k, v = make_qkv(rng, 1, 12, 20, 2, 2, 8)
     q, k = (x * np.float32(1e5) for x in (q, k))
     with _launch.poison_outputs():
-        out, st = attention_numpy(q, k, v, causal=True, algorithm=algorithm, variant=variant, block_sizes=TILES[algorithm], return_stats=True)
+        out, st = attention_numpy(
+            q, k, v, causal=True, algorithm=algorithm, variant=variant, block_sizes=TILES[algorithm], return_stats=True
+        )
     ref = standard_attention(q, k, v, causal=True, return_matrices=True)
     assert np.max(np.abs(ref.S[np.isfinite(ref.S)])) > 1e9
     assert_error_rule(out, ref.O, naive_attention_float32(q, k, v, causal=True))

@@ -49,8 +49,9 @@ def _gradients(monkeypatch, xs, dout, causal, p, seed, bs, cp, deterministic=Fal
     try:
         leaves = [x.detach().clone().requires_grad_(True) for x in xs]
         with poison_outputs():
-            api.flash_attn_func(*leaves, p, causal=causal, seed=seed, variant="tensorcore", block_sizes=bs,
-                                deterministic=deterministic).backward(dout)
+            api.flash_attn_func(
+                *leaves, p, causal=causal, seed=seed, variant="tensorcore", block_sizes=bs, deterministic=deterministic
+            ).backward(dout)
     finally:
         monkeypatch.setattr(fa2_backward_half, "default_features", real_defaults)
         monkeypatch.setattr(fa2_backward_half, "plan", real_plan)
@@ -85,10 +86,14 @@ CASES = [
 
 
 @pytest.mark.parametrize(("dtype", "b", "s_q", "s_k", "h", "h_k", "d", "causal", "p", "bs"), CASES)
-def test_cp_async_stages_give_the_register_paths_gradients_bit_for_bit(rng, monkeypatch, dtype, b, s_q, s_k, h, h_k, d, causal, p, bs):
+def test_cp_async_stages_give_the_register_paths_gradients_bit_for_bit(
+    rng, monkeypatch, dtype, b, s_q, s_k, h, h_k, d, causal, p, bs
+):
     xs, dout = _half(rng, dtype, b, s_q, s_k, h, h_k, d)
     seed = int(rng.integers(0, 2**32))
-    (cp_grads, cp_planned), (reg_grads, reg_planned) = (_gradients(monkeypatch, xs, dout, causal, p, seed, bs, cp) for cp in (True, False))
+    (cp_grads, cp_planned), (reg_grads, reg_planned) = (
+        _gradients(monkeypatch, xs, dout, causal, p, seed, bs, cp) for cp in (True, False)
+    )
     assert cp_planned and not reg_planned
     for name, a, r in zip(("dq", "dk", "dv"), cp_grads, reg_grads):
         assert torch.equal(a, r), f"{name}: the cp.async and register paths differ"
@@ -98,7 +103,9 @@ def test_cp_async_stages_give_the_register_paths_gradients_bit_for_bit(rng, monk
 def test_cp_async_stages_in_the_deterministic_backward_give_the_register_paths_gradients(rng, monkeypatch):
     """Without atomic dQ the main kernel has no barrier after dK, dV: the step's one barrier alone guards the stages."""
     xs, dout = _half(rng, torch.bfloat16, 1, 50, 40, 2, 1, 16)
-    (cp_grads, cp_planned), (reg_grads, _) = (_gradients(monkeypatch, xs, dout, True, 0.0, 0, (16, 16), cp, True) for cp in (True, False))
+    (cp_grads, cp_planned), (reg_grads, _) = (
+        _gradients(monkeypatch, xs, dout, True, 0.0, 0, (16, 16), cp, True) for cp in (True, False)
+    )
     assert cp_planned
     for name, a, r in zip(("dq", "dk", "dv"), cp_grads, reg_grads):
         assert torch.equal(a, r), f"{name}: the cp.async and register paths differ"
@@ -116,7 +123,9 @@ def test_head_dims_not_a_multiple_of_8_and_unaligned_inputs_take_the_register_pa
     prob = api.check_attention_args(*xs)
     NW, MW, BR, DP = fa2_backward_half.config_for(12, (16, 16))
     # asked for, but d = 12 has rows that are not whole 16-byte chunks: one stage, the register path
-    assert fa2_backward_half.plan(prob, (16, 16), None, {"CP_ASYNC": True})[5][0] == 4 * fa2_backward_half.smem_words(NW, MW, BR, DP, 1)
+    assert fa2_backward_half.plan(prob, (16, 16), None, {"CP_ASYNC": True})[5][0] == 4 * fa2_backward_half.smem_words(
+        NW, MW, BR, DP, 1
+    )
     # d = 16, Q and dO words 4 bytes past a 16-byte boundary: backward() drops CP_ASYNC (at kernel level: through
     # flash_attn_func the simulator's to_device would copy them to an aligned buffer)
     xs, dout = _half(rng, torch.bfloat16, 1, 20, 20, 1, 1, 16)
@@ -140,16 +149,26 @@ def test_head_dims_not_a_multiple_of_8_and_unaligned_inputs_take_the_register_pa
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize(("n", "d", "causal", "p", "det"), [(1000, 64, False, 0.0, False), (1000, 128, True, 0.0, False),
-                                                           (777, 96, True, 0.1, False), (2048, 128, False, 0.0, False),
-                                                           (1000, 64, True, 0.0, True), (1000, 128, False, 0.0, True)])
+@pytest.mark.parametrize(
+    ("n", "d", "causal", "p", "det"),
+    [
+        (1000, 64, False, 0.0, False),
+        (1000, 128, True, 0.0, False),
+        (777, 96, True, 0.1, False),
+        (2048, 128, False, 0.0, False),
+        (1000, 64, True, 0.0, True),
+        (1000, 128, False, 0.0, True),
+    ],
+)
 def test_cp_async_stages_give_the_register_paths_gradients_on_gpu_shapes(rng, monkeypatch, dtype, n, d, causal, p, det):
     """dK, dV bit for bit (dQ too with ``deterministic``: atomic adds land in any order). The deterministic cases are
     where a missing barrier would show: the simulator's lane exchanges put block barriers inside every ``mma``, and
     without atomic dQ the main kernel's one barrier per step alone guards the stages."""
     xs, dout = _half(rng, dtype, 2, n, n, 4, 2, d, device="cuda")
-    (cp_grads, cp_planned), (reg_grads, _) = (_gradients(monkeypatch, xs, dout, causal, p, 7, None, cp, det) for cp in (True, False))
+    (cp_grads, cp_planned), (reg_grads, _) = (
+        _gradients(monkeypatch, xs, dout, causal, p, 7, None, cp, det) for cp in (True, False)
+    )
     assert cp_planned
-    for name, a, r in list(zip(("dq", "dk", "dv"), cp_grads, reg_grads))[0 if det else 1:]:
+    for name, a, r in list(zip(("dq", "dk", "dv"), cp_grads, reg_grads))[0 if det else 1 :]:
         assert torch.equal(a, r), f"{name}: the cp.async and register paths differ"
     _assert_3x_rule(cp_grads, xs, dout, causal, p, 7)

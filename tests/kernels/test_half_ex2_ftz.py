@@ -1,5 +1,5 @@
-"""The half kernels' ``P = 2^(S' - m)`` by ``ex2.approx.ftz.f32`` (``EX2_FTZ`` of :mod:`numba_flash.tensorcore.fa2_forward_half`
-and :mod:`numba_flash.tensorcore.fa2_backward_half`).
+"""The half kernels' ``P = 2^(S' - m)`` by ``ex2.approx.ftz.f32`` (``EX2_FTZ`` of
+:mod:`numba_flash.tensorcore.fa2_forward_half` and :mod:`numba_flash.tensorcore.fa2_backward_half`).
 
 Claims checked:
 
@@ -100,8 +100,12 @@ def test_on_a_sharp_softmax_the_statistics_are_the_same_bits_and_o_follows_the_r
 def _assert_same_grads(on, off, deterministic):
     """dQ, dK, dV bitwise equal; dQ only where its adds have a fixed order (the simulator, or ``deterministic``)."""
     keep = deterministic or _backend.is_simulator()
-    assert_same_bits(on if keep else on[1:], off if keep else off[1:], "EX2_FTZ on and off",
-                     names=("dq", "dk", "dv") if keep else ("dk", "dv"))
+    assert_same_bits(
+        on if keep else on[1:],
+        off if keep else off[1:],
+        "EX2_FTZ on and off",
+        names=("dq", "dk", "dv") if keep else ("dk", "dv"),
+    )
 
 
 def _grads(th, causal, p, seed, bs, ftz, deterministic):
@@ -109,17 +113,22 @@ def _grads(th, causal, p, seed, bs, ftz, deterministic):
     q = th[0]
     prob = check_attention_args(*th, p, None, causal, seed)
     alloc = Allocator(q)
-    dout = torch.from_numpy(np.random.default_rng(1).standard_normal(tuple(q.shape)).astype(np.float32)).to(q.device, q.dtype)
+    dout = torch.from_numpy(np.random.default_rng(1).standard_normal(tuple(q.shape)).astype(np.float32)).to(
+        q.device, q.dtype
+    )
     kq, kk, kv, kdo = (alloc.to_words(x) for x in (*th, dout))
     fwd = fa2_forward_half.forward(kq, kk, kv, prob, alloc, bs)
     with poison_outputs():
-        grads = fa2_backward_half.backward(kdo, kq, kk, kv, fwd.out, fwd, prob, alloc, bs, deterministic, features={"EX2_FTZ": ftz})
+        grads = fa2_backward_half.backward(
+            kdo, kq, kk, kv, fwd.out, fwd, prob, alloc, bs, deterministic, features={"EX2_FTZ": ftz}
+        )
     return [to_host(g) for g in grads]
 
 
 #: the forward's cases with atomic dQ adds, and the causal dropout one with the deterministic dQ kernel as well
 BWD_CASES = [pytest.param(*c[:-1], False, id=c[-1] + "-atomic-dq") for c in HALF_FORWARD_FEATURE_CASES] + [
-    pytest.param(*HALF_FORWARD_FEATURE_CASES[1][:-1], True, id=HALF_FORWARD_FEATURE_CASES[1][-1] + "-deterministic")]
+    pytest.param(*HALF_FORWARD_FEATURE_CASES[1][:-1], True, id=HALF_FORWARD_FEATURE_CASES[1][-1] + "-deterministic")
+]
 
 
 @pytest.mark.parametrize(("b", "s_q", "s_k", "h", "h_k", "d", "causal", "p", "bs", "deterministic"), BWD_CASES)

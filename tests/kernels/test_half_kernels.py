@@ -90,11 +90,15 @@ def _check(out, lse, th, t64, causal, p, seed):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(("b", "s_q", "s_k", "h", "h_k", "d", "causal", "p", "bs"), SIM_CASES)
-def test_half_forward_is_within_2x_the_error_of_naive_attention_in_its_dtype(rng, dtype, b, s_q, s_k, h, h_k, d, causal, p, bs):
+def test_half_forward_is_within_2x_the_error_of_naive_attention_in_its_dtype(
+    rng, dtype, b, s_q, s_k, h, h_k, d, causal, p, bs
+):
     th, t64 = _inputs(rng, dtype, b, s_q, s_k, h, h_k, d)
     seed = int(rng.integers(0, 2**32))
     with poison_outputs():
-        out, lse, _ = api.flash_attn_func(*th, p, causal=causal, variant="tensorcore", block_sizes=bs, seed=seed, return_attn_probs=True)
+        out, lse, _ = api.flash_attn_func(
+            *th, p, causal=causal, variant="tensorcore", block_sizes=bs, seed=seed, return_attn_probs=True
+        )
     _check(out, lse, th, t64, causal, p, seed)
 
 
@@ -119,7 +123,9 @@ def test_odd_head_dims_and_strided_inputs_run_and_keep_their_dtype(rng, dtype):
     assert not (q.is_contiguous() or k.is_contiguous())
     with poison_outputs():
         out = api.flash_attn_func(q, k, v, variant="tensorcore", block_sizes=(16, 16))
-    dense = api.flash_attn_func(q.contiguous(), k.contiguous(), v.contiguous(), variant="tensorcore", block_sizes=(16, 16))
+    dense = api.flash_attn_func(
+        q.contiguous(), k.contiguous(), v.contiguous(), variant="tensorcore", block_sizes=(16, 16)
+    )
     assert torch.equal(out, dense)
     # A contiguous q one element into its buffer: its rows are not whole words, and contiguous() would
     # hand back the same tensor (the GPU run of tests/test_replay.py found that).
@@ -182,7 +188,9 @@ def test_cp_async_pipeline_equals_the_register_path_bit_for_bit(rng, dtype, b, s
     assert reg_bytes == 4 * fa2_forward_half.smem_words(NW, MW, Bc, DP, 1)
     assert cp_feats["CP_ASYNC"] and not reg_feats["CP_ASYNC"]
     for name, x, y in zip(("O", "L", "m", "l"), cp_out, reg_out):
-        np.testing.assert_array_equal(x.view(np.uint32), y.view(np.uint32), err_msg=f"{name}: cp.async and register paths differ")
+        np.testing.assert_array_equal(
+            x.view(np.uint32), y.view(np.uint32), err_msg=f"{name}: cp.async and register paths differ"
+        )
     _check(out, lse, th, t64, causal, p, seed)
 
 
@@ -195,7 +203,9 @@ def test_head_dim_110_and_unaligned_inputs_fall_back_to_the_register_path(rng, d
     runs = _forward_paths(th, False, 0.0, 0, (16, 16))
     NW, MW, Bc, DP = fa2_forward_half.config_for(110, (16, 16))
     for cp in (True, False):
-        assert runs[cp][1] == 4 * fa2_forward_half.smem_words(NW, MW, Bc, DP, 1), "d = 110: one SRAM stage (register path)"
+        assert runs[cp][1] == 4 * fa2_forward_half.smem_words(NW, MW, Bc, DP, 1), (
+            "d = 110: one SRAM stage (register path)"
+        )
     for x, y in zip(runs[True][0], runs[False][0]):
         np.testing.assert_array_equal(x.view(np.uint32), y.view(np.uint32))
     _check(runs[True][3], runs[True][4], th, t64, False, 0.0, 0)
@@ -238,7 +248,7 @@ def test_cp_async_tile_loader_zero_fills_rows_past_n_and_words_past_d(rng, row_p
     ``r, r + 4`` (``ROW_PAIRS``, the 3xTF32 forward's ``V_j`` with ``SPLIT_KV``; 48 pairs over 32 threads here)."""
     # d = 40: 20 words of a row, padded to DW = 24 (6 chunks of 4 words; the 6th is past d); rows 30.. of 35
     NROWS, DW, NT, SA, dw, n_rows, row0 = 16, 24, 32, 28, 20, 35, 30
-    gA = rng.integers(-2**31, 2**31 - 1, size=(1, n_rows, 1, dw), dtype=np.int64).astype(np.int32)
+    gA = rng.integers(-(2**31), 2**31 - 1, size=(1, n_rows, 1, dw), dtype=np.int64).astype(np.int32)
     out = np.zeros((NROWS, SA), np.uint32)
     _make_async_tile_kernel(NROWS, DW, NT, SA, row_pairs)[1, NT, 0, 4 * NROWS * SA](gA, row0, n_rows, dw, out)
     want = np.zeros((NROWS, DW), np.uint32)
@@ -266,7 +276,9 @@ def _check_grads(th, causal, p, seed, device, **kw):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(("b", "s_q", "s_k", "h", "h_k", "d", "causal", "p", "bs"), SIM_CASES)
-def test_half_backward_gives_gradients_within_3x_naive_half_error(rng, monkeypatch, dtype, b, s_q, s_k, h, h_k, d, causal, p, bs):
+def test_half_backward_gives_gradients_within_3x_naive_half_error(
+    rng, monkeypatch, dtype, b, s_q, s_k, h, h_k, d, causal, p, bs
+):
     th, _ = _inputs(rng, dtype, b, s_q, s_k, h, h_k, d)
     ran = _spy(monkeypatch)
     _check_grads(th, causal, p, int(rng.integers(0, 2**32)), "cpu", variant="tensorcore", block_sizes=bs)
@@ -286,8 +298,13 @@ def _spy(monkeypatch):
     return ran
 
 
-@pytest.mark.parametrize(("dtype", "case"), [pytest.param(torch.float16, SIM_CASES[2].values, id="fp16-" + SIM_CASES[2].id),
-                                           pytest.param(torch.bfloat16, SIM_CASES[1].values, id="bf16-" + SIM_CASES[1].id)])
+@pytest.mark.parametrize(
+    ("dtype", "case"),
+    [
+        pytest.param(torch.float16, SIM_CASES[2].values, id="fp16-" + SIM_CASES[2].id),
+        pytest.param(torch.bfloat16, SIM_CASES[1].values, id="bf16-" + SIM_CASES[1].id),
+    ],
+)
 def test_deterministic_half_backward_is_within_3x_and_shares_dk_dv_with_the_atomic_one(rng, monkeypatch, dtype, case):
     b, s_q, s_k, h, h_k, d, causal, p, bs = case
     th, _ = _inputs(rng, dtype, b, s_q, s_k, h, h_k, d)
@@ -299,16 +316,23 @@ def test_deterministic_half_backward_is_within_3x_and_shares_dk_dv_with_the_atom
     grads = []
     for det in (False, True):
         xs = [x.detach().clone().requires_grad_(True) for x in th]
-        api.flash_attn_func(*xs, p, causal=causal, seed=seed, variant="tensorcore", block_sizes=bs, deterministic=det).backward(dout)
+        api.flash_attn_func(
+            *xs, p, causal=causal, seed=seed, variant="tensorcore", block_sizes=bs, deterministic=det
+        ).backward(dout)
         grads.append([x.grad for x in xs])
     assert ran == [True, False, True]
-    assert torch.equal(grads[0][1], grads[1][1]) and torch.equal(grads[0][2], grads[1][2]), "dK, dV come from the same main kernel"
+    assert torch.equal(grads[0][1], grads[1][1]) and torch.equal(grads[0][2], grads[1][2]), (
+        "dK, dV come from the same main kernel"
+    )
 
 
 def test_float32_and_odd_head_dims_run_the_float32_backward_in_the_tensorcore_variant():
     for dt, d, half in ((np.float16, 16, True), (np.float16, 7, False), (np.float32, 16, False)):
         prob = api.check_attention_args(*(np.zeros((1, 20, 1, d), dt),) * 3)
-        names = [k.name for k in registry.resolve("flash2", "backward", "tensorcore", prob).module.compiled_kernels(prob, (16, 16))]
+        names = [
+            k.name
+            for k in registry.resolve("flash2", "backward", "tensorcore", prob).module.compiled_kernels(prob, (16, 16))
+        ]
         assert registry.resolve("flash2", "backward", "tensorcore", prob).takes_words == half
         assert all(("float16" in n) == half and ("3xTF32" in n) != half for n in names), names
 
@@ -329,11 +353,15 @@ GPU_CASES = [
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(("b", "s_q", "s_k", "h", "h_k", "d", "causal", "p"), GPU_CASES)
-def test_half_forward_is_within_2x_the_error_of_naive_attention_on_gpu_shapes(rng, dtype, b, s_q, s_k, h, h_k, d, causal, p):
+def test_half_forward_is_within_2x_the_error_of_naive_attention_on_gpu_shapes(
+    rng, dtype, b, s_q, s_k, h, h_k, d, causal, p
+):
     th, t64 = _inputs(rng, dtype, b, s_q, s_k, h, h_k, d, device="cuda")
     seed = int(rng.integers(0, 2**32))
     with poison_outputs():
-        out, lse, _ = api.flash_attn_func(*th, p, causal=causal, seed=seed, return_attn_probs=True)  # auto: the half kernel
+        out, lse, _ = api.flash_attn_func(
+            *th, p, causal=causal, seed=seed, return_attn_probs=True
+        )  # auto: the half kernel
     _check(out, lse, th, t64, causal, p, seed)
 
 
@@ -349,7 +377,9 @@ def test_half_forward_is_bitwise_reproducible(rng, dtype):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(("b", "s_q", "s_k", "h", "h_k", "d", "causal", "p"), GPU_CASES)
-def test_half_training_gives_gradients_within_3x_naive_half_error_on_gpu_shapes(rng, monkeypatch, dtype, b, s_q, s_k, h, h_k, d, causal, p):
+def test_half_training_gives_gradients_within_3x_naive_half_error_on_gpu_shapes(
+    rng, monkeypatch, dtype, b, s_q, s_k, h, h_k, d, causal, p
+):
     th, _ = _inputs(rng, dtype, b, s_q, s_k, h, h_k, d, device="cuda")
     ran = _spy(monkeypatch)
     _check_grads(th, causal, p, int(rng.integers(0, 2**32)), "cuda")  # auto: the half forward and the half backward

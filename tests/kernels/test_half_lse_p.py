@@ -34,30 +34,38 @@ torch = pytest.importorskip("torch")
 
 CASES = [pytest.param(*c[:-1], False, id=c[-1] + "-atomic-dq") for c in HALF_FORWARD_FEATURE_CASES] + [
     pytest.param(*HALF_FORWARD_FEATURE_CASES[1][:-1], True, id=HALF_FORWARD_FEATURE_CASES[1][-1] + "-deterministic"),
-    pytest.param(1, 40, 24, 2, 1, 32, True, 0.0, (16, 16), False, id="causal-rows-without-keys-atomic-dq")]
+    pytest.param(1, 40, 24, 2, 1, 32, True, 0.0, (16, 16), False, id="causal-rows-without-keys-atomic-dq"),
+]
 
 
 def _grads(th, dout, causal, p, seed, bs, deterministic, lse_p):
-    """The half backward at kernel level (after the default forward) with ``LSE_P`` = ``lse_p``: dq, dk, dv as float64."""
+    """The half backward at kernel level (after the default forward) with ``LSE_P`` = ``lse_p``: dq, dk, dv as
+    float64."""
     prob = check_attention_args(*th, p, None, causal, seed)
     alloc = Allocator(th[0])
     kq, kk, kv, kdo = (alloc.to_words(x) for x in (*th, dout))
     fwd = fa2_forward_half.forward(kq, kk, kv, prob, alloc, bs)
     with poison_outputs():
-        grads = fa2_backward_half.backward(kdo, kq, kk, kv, fwd.out, fwd, prob, alloc, bs, deterministic,
-                                           features={"LSE_P": lse_p})
+        grads = fa2_backward_half.backward(
+            kdo, kq, kk, kv, fwd.out, fwd, prob, alloc, bs, deterministic, features={"LSE_P": lse_p}
+        )
     dtype = th[0].dtype
     out = []
     for g in grads:
         host = to_host(g)
-        out.append(torch.from_numpy(np.ascontiguousarray(host)).view(dtype).double().numpy() if host.dtype == np.int32
-                   else host.astype(np.float64))
+        out.append(
+            torch.from_numpy(np.ascontiguousarray(host)).view(dtype).double().numpy()
+            if host.dtype == np.int32
+            else host.astype(np.float64)
+        )
     return out
 
 
 def _check(th, causal, p, seed, bs, deterministic):
     dtype = th[0].dtype
-    dout = torch.from_numpy(np.random.default_rng(1).standard_normal(tuple(th[0].shape)).astype(np.float32)).to(th[0].device, dtype)
+    dout = torch.from_numpy(np.random.default_rng(1).standard_normal(tuple(th[0].shape)).astype(np.float32)).to(
+        th[0].device, dtype
+    )
     got = _grads(th, dout, causal, p, seed, bs, deterministic, True)
     ref = torch_attention_grads(th, dout, causal, p, seed, torch.float64)
     naive = torch_attention_grads(th, dout, causal, p, seed, dtype)
@@ -66,7 +74,9 @@ def _check(th, causal, p, seed, bs, deterministic):
 
 
 @pytest.mark.parametrize(("b", "s_q", "s_k", "h", "h_k", "d", "causal", "p", "bs", "deterministic"), CASES)
-def test_p_from_the_logsumexp_keeps_the_gradients_within_the_rule(rng, b, s_q, s_k, h, h_k, d, causal, p, bs, deterministic):
+def test_p_from_the_logsumexp_keeps_the_gradients_within_the_rule(
+    rng, b, s_q, s_k, h, h_k, d, causal, p, bs, deterministic
+):
     th = half_inputs(rng, torch.bfloat16, b, s_q, s_k, h, h_k, d)
     _check(th, causal, p, int(rng.integers(0, 2**32)), bs, deterministic)
 

@@ -49,8 +49,10 @@ def test_the_plan_turns_red2_on_by_default_on_sm90(causal):
     assert main is on and main is not off
 
 
-@pytest.mark.parametrize(("b", "n", "h", "h_k", "d", "causal"), [(2, 1000, 4, 2, 128, True), (2, 777, 4, 4, 96, True),
-                                                                 (2, 1000, 4, 2, 64, True), (1, 1024, 4, 4, 128, False)])
+@pytest.mark.parametrize(
+    ("b", "n", "h", "h_k", "d", "causal"),
+    [(2, 1000, 4, 2, 128, True), (2, 777, 4, 4, 96, True), (2, 1000, 4, 2, 64, True), (1, 1024, 4, 4, 128, False)],
+)
 def test_vector_and_scalar_dq_atomics_give_the_same_dk_dv_and_dq_within_the_rule(rng, b, n, h, h_k, d, causal):
     if _backend.device_facts().compute_capability < (9, 0):
         pytest.skip("red.global.add.v2.f32 needs compute capability 9.0")
@@ -62,4 +64,6 @@ def test_vector_and_scalar_dq_atomics_give_the_same_dk_dv_and_dq_within_the_rule
     ref = torch_attention_grads(th, dout, causal, 0.0, 0, torch.float64)
     naive = torch_attention_grads(th, dout, causal, 0.0, 0, torch.bfloat16)
     for which, g in (("RED2", vec[0]), ("scalar", sca[0])):
-        assert_error_rule(to_host(g).astype(np.float64).reshape(ref[0].shape), ref[0], naive[0], mult=3.0, what=f"dQ ({which})")
+        assert_error_rule(
+            to_host(g).astype(np.float64).reshape(ref[0].shape), ref[0], naive[0], mult=3.0, what=f"dQ ({which})"
+        )

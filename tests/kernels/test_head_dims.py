@@ -11,7 +11,16 @@
 
 from __future__ import annotations
 
-from numba_flash import _launch, alg1_forward, alg4_backward, attention_backward_numpy, attention_numpy, fa2_backward, fa2_forward, registry
+from numba_flash import (
+    _launch,
+    alg1_forward,
+    alg4_backward,
+    attention_backward_numpy,
+    attention_numpy,
+    fa2_backward,
+    fa2_forward,
+    registry,
+)
 from numba_flash._launch import STATIC_SMEM_BYTES, check_attention_args, poison_outputs
 from numba_flash.fast import alg1_forward as fast_alg1
 from numba_flash.fast import alg4_backward as fast_alg4
@@ -35,13 +44,19 @@ def check_pair(rng, algorithm, variant, d, block_sizes, b=1, s_q=9, s_k=11, h=2,
     q, k, v = make_qkv(rng, b, s_q, s_k, h, h_k, d)
     dout = rng.standard_normal(q.shape).astype(np.float32)
     with poison_outputs():
-        out, st = attention_numpy(q, k, v, causal=True, algorithm=algorithm, variant=variant, block_sizes=block_sizes, return_stats=True)
+        out, st = attention_numpy(
+            q, k, v, causal=True, algorithm=algorithm, variant=variant, block_sizes=block_sizes, return_stats=True
+        )
         grads = attention_backward_numpy(dout, q, k, v, out, st)
     ref = standard_attention(q, k, v, causal=True)
     assert_error_rule(out, ref.O, naive_attention_float32(q, k, v, causal=True), what=f"{algorithm}/{variant} O, d={d}")
     assert np.all(np.isfinite(st.lse[np.isfinite(ref.L)]))
-    for name, g, r, n in zip(("dq", "dk", "dv"), grads, standard_backward(dout, q, k, v, causal=True),
-                             naive_attention_backward_float32(dout, q, k, v, causal=True)):
+    for name, g, r, n in zip(
+        ("dq", "dk", "dv"),
+        grads,
+        standard_backward(dout, q, k, v, causal=True),
+        naive_attention_backward_float32(dout, q, k, v, causal=True),
+    ):
         assert_error_rule(g, r, n, mult=3.0, what=f"{algorithm}/{variant} {name}, d={d}")
     return st
 
@@ -53,7 +68,8 @@ def test_head_dims_up_to_256_follow_the_error_rule(rng, algorithm, variant, d):
 
 
 @pytest.mark.slow
-@pytest.mark.simulator_only  # a GPU runs the default tiles at real shapes (test_head_dims_up_to_256_at_realistic_shapes)
+@pytest.mark.simulator_only  # a GPU runs the default tiles at real shapes
+# (test_head_dims_up_to_256_at_realistic_shapes)
 @pytest.mark.parametrize(("algorithm", "variant"), PAIRS)
 def test_head_dim_256_with_the_default_tiles(rng, algorithm, variant):
     check_pair(rng, algorithm, variant, 256, None)
@@ -96,10 +112,26 @@ def test_default_tiles_above_d128_fit_the_shared_memory(d):
 
 def test_default_tiles_above_d128_are_the_documented_ones():
     """The tiles docs/flash2.rst lists (Br, Bc), readable and fast."""
-    assert {d: fa2_forward.choose_block_sizes(_prob(d)) for d in (160, 192, 256)} == {160: (20, 20), 192: (16, 16), 256: (12, 12)}
-    assert {d: fa2_backward.default_block_sizes(d) for d in (160, 192, 256)} == {160: (16, 16), 192: (8, 8), 256: (8, 8)}
-    assert {d: alg4_backward.default_block_sizes(d) for d in (160, 192, 256)} == {160: (16, 16), 192: (8, 16), 256: (8, 12)}
-    assert {d: alg1_forward.paper_block_sizes(d, threads=(8, 16), shuffles=True) for d in (160, 192, 256)} == {160: (16, 20), 192: (8, 16), 256: (8, 12)}
+    assert {d: fa2_forward.choose_block_sizes(_prob(d)) for d in (160, 192, 256)} == {
+        160: (20, 20),
+        192: (16, 16),
+        256: (12, 12),
+    }
+    assert {d: fa2_backward.default_block_sizes(d) for d in (160, 192, 256)} == {
+        160: (16, 16),
+        192: (8, 8),
+        256: (8, 8),
+    }
+    assert {d: alg4_backward.default_block_sizes(d) for d in (160, 192, 256)} == {
+        160: (16, 16),
+        192: (8, 16),
+        256: (8, 12),
+    }
+    assert {d: alg1_forward.paper_block_sizes(d, threads=(8, 16), shuffles=True) for d in (160, 192, 256)} == {
+        160: (16, 20),
+        192: (8, 16),
+        256: (8, 12),
+    }
     assert fast_fa2_fwd.config_for(256) == (256, 2, 8, 32, 256)  # Br = 64, Bc = 32
     assert fast_fa2_bwd.config_for(256) == (256, 32, 32, 256)
     NW, WS, TM, TPR, BCC, NCH, DP = fast_alg1.config_for(256, None, simulator=False)
@@ -108,8 +140,13 @@ def test_default_tiles_above_d128_are_the_documented_ones():
 
 def test_the_tensor_core_variant_routes_to_the_ffma_kernel_above_d128():
     for pass_ in registry.PASSES:
-        assert registry.resolve("flash2", pass_, "tensorcore", _prob(160)).module is registry.resolve("flash2", pass_, "fast").module
-        assert registry.resolve("flash2", pass_, "tensorcore", _prob(128)).module.__name__.startswith("numba_flash.tensorcore.")
+        assert (
+            registry.resolve("flash2", pass_, "tensorcore", _prob(160)).module
+            is registry.resolve("flash2", pass_, "fast").module
+        )
+        assert registry.resolve("flash2", pass_, "tensorcore", _prob(128)).module.__name__.startswith(
+            "numba_flash.tensorcore."
+        )
     [launch] = fa2_forward_tf32.compiled_kernels(_prob(128))
     assert "tensor cores" in launch.name
     with pytest.raises(ValueError, match="head dims up to 128"):

@@ -43,7 +43,9 @@ PAIRS = sorted({(k.algorithm, k.variant) for k in registry.variants()})
 
 def _run(q, k, v, dout, algorithm, variant, causal, block_sizes=None):
     with poison_outputs():
-        out, st = attention_numpy(q, k, v, causal=causal, algorithm=algorithm, variant=variant, block_sizes=block_sizes, return_stats=True)
+        out, st = attention_numpy(
+            q, k, v, causal=causal, algorithm=algorithm, variant=variant, block_sizes=block_sizes, return_stats=True
+        )
         grads = attention_backward_numpy(dout, q, k, v, out, st)
     return out, grads
 
@@ -58,7 +60,9 @@ def test_batch_times_heads_past_the_grid_y_limit_folds_into_grid_z(monkeypatch, 
     dout = rng.standard_normal(q.shape).astype(np.float32)
     tiles = None if algorithm == "standard" else (8, 8)
     out, grads = _run(q, k, v, dout, algorithm, variant, True, tiles)
-    assert_error_rule(out, standard_attention(q, k, v, causal=True).O, naive_attention_float32(q, k, v, causal=True), what="O")
+    assert_error_rule(
+        out, standard_attention(q, k, v, causal=True).O, naive_attention_float32(q, k, v, causal=True), what="O"
+    )
     ref = standard_backward(dout, q, k, v, causal=True)
     naive = naive_attention_backward_float32(dout, q, k, v, causal=True)
     for name, g, r, n in zip(("dq", "dk", "dv"), grads, ref, naive):
@@ -107,8 +111,18 @@ TOKENS, HIDDEN = 16384, 2048
 
 def _bench_problem(N: int, d: int = 64, causal: bool = False, batch: int | None = None) -> Problem:
     h = HIDDEN // d
-    return Problem(batch=TOKENS // N if batch is None else batch, seqlen_q=N, seqlen_k=N, nheads=h, nheads_k=h,
-                   headdim=d, softmax_scale=d ** -0.5, causal=causal, dropout_p=0.0, seed=0)
+    return Problem(
+        batch=TOKENS // N if batch is None else batch,
+        seqlen_q=N,
+        seqlen_k=N,
+        nheads=h,
+        nheads_k=h,
+        headdim=d,
+        softmax_scale=d**-0.5,
+        causal=causal,
+        dropout_p=0.0,
+        seed=0,
+    )
 
 
 def _blocks(module, prob: Problem) -> int:
@@ -142,16 +156,23 @@ def test_fa2_parallelizes_over_query_blocks_where_fa1_has_only_batch_times_heads
 
 def _committed_rows(name: str, algorithms: tuple[str, ...]) -> list[dict]:
     data = json.loads((RESULTS / name).read_text(encoding="utf-8"))
-    return [b["extra_info"] for b in data["benchmarks"]
-            if b["extra_info"].get("algorithm") in algorithms and b["extra_info"].get("pass_", "forward") == "forward"]
+    return [
+        b["extra_info"]
+        for b in data["benchmarks"]
+        if b["extra_info"].get("algorithm") in algorithms and b["extra_info"].get("pass_", "forward") == "forward"
+    ]
 
 
-@pytest.mark.parametrize(("results", "algorithm", "module"), [
-    ("forward_h200.json", "flash1", fa1_fast),
-    # the H200 grid at 50079fe (the causal d = 128 tiling at N 512 is 4 x 2 x 16 since fd90960); fa2_h100.json ran before that change
-    ("fa2_h200.json", "flash2", fa2_tc),
-    ("fa2_h200.json", "flash2_ffma", fa2_ffma),
-])
+@pytest.mark.parametrize(
+    ("results", "algorithm", "module"),
+    [
+        ("forward_h200.json", "flash1", fa1_fast),
+        # the H200 grid at 50079fe (the causal d = 128 tiling at N 512 is 4 x 2 x 16 since fd90960); fa2_h100.json ran
+        # before that change
+        ("fa2_h200.json", "flash2", fa2_tc),
+        ("fa2_h200.json", "flash2_ffma", fa2_ffma),
+    ],
+)
 def test_committed_benchmarks_ran_the_grids_the_launch_plans_give(results, algorithm, module):
     """The thread-block counts that docs/flash2.rst shows from the committed results are those the kernels
     launch today: for every forward row, the recorded ``grid_blocks`` is the plan's grid at the row's shape

@@ -1,4 +1,5 @@
-"""The warp-level tensor-core steps of :mod:`numba_flash.tensorcore.ptx` (used by :mod:`numba_flash.tensorcore.fa2_forward_tf32`).
+"""The warp-level tensor-core steps of :mod:`numba_flash.tensorcore.ptx` (used by
+:mod:`numba_flash.tensorcore.fa2_forward_tf32`).
 
 Claims checked:
 
@@ -8,8 +9,8 @@ Claims checked:
 * The NaN-keeping split (for an operand the kernel computes, whose NaN is the GPU's ``0x7fffffff``) keeps a NaN a
   NaN and splits everything else as the plain one.
 * The ``m16n8k8`` fragment layout is the PTX ISA's: with small-integer inputs (exact in tf32, so the
-  small parts are zero; exact products and sums) each lane's ``D`` fragment is exactly ``A B + C`` at the documented positions.
-  The same test runs in the simulator (the Python twin) and on a GPU (``mma.sync`` through inline
+  small parts are zero; exact products and sums) each lane's ``D`` fragment is exactly ``A B + C`` at the documented
+  positions. The same test runs in the simulator (the Python twin) and on a GPU (``mma.sync`` through inline
   PTX), so the twin is checked against the hardware.
 * A 3xTF32 product (split both inputs, three mma, small parts first) of random float32 tiles is within
   the error rule: at most 2x the error of a float32 ``A @ B + C`` against float64.
@@ -141,18 +142,22 @@ def test_the_nan_keeping_split_of_a_product_keeps_nan_and_splits_the_rest_as_the
     rounding makes it -0.0, in this split as in the plain one; the big part carries the inf.)"""
     nans = _bits(0x7FFFFFFF, 0x7FFFF000, 0x7FC00000, 0x7F800001, 0xFFC00000)  # the GPU's NaN, the carry edge, others
     edges = np.array([np.inf, -np.inf, 0.0, -0.0, np.finfo(np.float32).max, -np.finfo(np.float32).max], np.float32)
-    x = np.concatenate([nans, edges, (rng.standard_normal(500) * np.exp2(rng.integers(-30, 30, 500))).astype(np.float32)])
+    x = np.concatenate(
+        [nans, edges, (rng.standard_normal(500) * np.exp2(rng.integers(-30, 30, 500))).astype(np.float32)]
+    )
     big = np.zeros(x.size, dtype=np.uint32)
     small = np.zeros(x.size, dtype=np.uint32)
     _split_keep_nan_kernel[(x.size + 127) // 128, 128](x, np.array([scale], np.float32), big, small)
-    assert np.isnan(big[: nans.size].view(np.float32)).all(), f"NaN products split to {[hex(b) for b in big[: nans.size]]}"
+    assert np.isnan(big[: nans.size].view(np.float32)).all(), (
+        f"NaN products split to {[hex(b) for b in big[: nans.size]]}"
+    )
     with np.errstate(over="ignore"):
-        rest = (x[nans.size:] * np.float32(scale)).astype(np.float32)
+        rest = (x[nans.size :] * np.float32(scale)).astype(np.float32)
     hb, hs = _host_split(rest)
-    np.testing.assert_array_equal(big[nans.size:], hb)
+    np.testing.assert_array_equal(big[nans.size :], hb)
     finite = np.isfinite(rest)
     assert finite.sum() == rest.size - 2, "the two infinities are the only values without a small part to compare"
-    np.testing.assert_array_equal(small[nans.size:][finite], hs[finite])
+    np.testing.assert_array_equal(small[nans.size :][finite], hs[finite])
 
 
 @pytest.mark.skipif(not _tf32_ok(), reason="needs mma.sync TF32 (compute capability >= 8.0)")
@@ -275,7 +280,7 @@ def test_ldmatrix_x4_gives_each_lane_its_fragment_words(rng):
     for lane in range(32):
         g, t = lane // 4, lane % 4
         for j in range(4):
-            M = H[8 * j:8 * j + 8]
+            M = H[8 * j : 8 * j + 8]
             assert R[lane, j] == W[8 * j + g, t], "ldmatrix: word t of row g of matrix j"
             assert RT[lane, j] == M[2 * t, g] | (M[2 * t + 1, g] << 16), "ldmatrix.trans: elements (2t, g), (2t + 1, g)"
 
@@ -305,7 +310,9 @@ def test_unpack2_gives_back_both_halves_of_a_word_exactly(rng, kind):
     # NaN patterns are left out (their payload is not a value)
     bits = rng.integers(0, 2**16, 4096).astype(np.uint32)
     vals = np.array([ptx.half_value_host(b, kind) for b in bits])
-    bits = np.concatenate([bits[np.isfinite(vals)], _host_bits(np.array([0.0, -0.0, np.inf, -np.inf], np.float32), kind)])
+    bits = np.concatenate(
+        [bits[np.isfinite(vals)], _host_bits(np.array([0.0, -0.0, np.inf, -np.inf], np.float32), kind)]
+    )
     lo_bits, hi_bits = bits, bits[::-1].copy()
     words = (lo_bits | (hi_bits << 16)).astype(np.uint32)
     lo = np.full(words.size, np.nan, np.float32)
@@ -340,5 +347,5 @@ def test_atomic_add2_adds_both_columns_of_every_lane(rng, vector):
     _make_add2_kernel(vector)[1, 96](d_out, vals)
     want = np.zeros_like(out)
     for i in range(96):
-        want[1, (i // 4) % 3, 1, 2 * (i % 4):2 * (i % 4) + 2] += vals[i]
+        want[1, (i // 4) % 3, 1, 2 * (i % 4) : 2 * (i % 4) + 2] += vals[i]
     np.testing.assert_array_equal(d_out.copy_to_host(), want)

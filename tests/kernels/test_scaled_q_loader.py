@@ -21,18 +21,24 @@ from sram_pass_testing import swizzle16_host
 QNAN_BITS = 0x7FC00000
 
 
-@pytest.mark.parametrize(("quiet", "swizzle"), [(False, False), (True, False), (True, True)], ids=["plain", "quiet", "quiet-swizzled"])
+@pytest.mark.parametrize(
+    ("quiet", "swizzle"), [(False, False), (True, False), (True, True)], ids=["plain", "quiet", "quiet-swizzled"]
+)
 @pytest.mark.parametrize("NT", [48, 40], ids=["ragged-share", "exact-share"])
 @pytest.mark.parametrize("batch", [1, 3, 8])
 def test_the_loader_writes_q_times_scale_rounded_once_with_any_batch(batch, NT, quiet, swizzle):
     # Dev: BR * DP = 5 * 32 = 160 elements: 4 a thread over 40 threads (exact), over 48 the last threads have 3
     BR, DP, SQ, ROW0, S_Q, D = 5, 32, 36, 3, 6, 29  # rows 3..7 of Q, s_q = 6: rows 6, 7 past it; d = 29 pads to 32
-    load_q = _tiles.make_scaled_q_loader(BR, DP, NT, SQ, QUIET_NAN=quiet, SWIZZLE=_tiles.swizzle16 if swizzle else None, BATCH=batch)
+    load_q = _tiles.make_scaled_q_loader(
+        BR, DP, NT, SQ, QUIET_NAN=quiet, SWIZZLE=_tiles.swizzle16 if swizzle else None, BATCH=batch
+    )
     rng = np.random.default_rng(batch)
     gq = rng.standard_normal((1, 9, 2, D)).astype(np.float32)
-    gq[0, 4, 1, 7] = np.uint32(0xFFC00000).view(np.float32)  # a NaN in the tile (head 1, row 4, column 7), not the quiet one
+    gq[0, 4, 1, 7] = np.uint32(0xFFC00000).view(np.float32)  # a NaN in the tile (head 1, row 4, column 7), not the
+    # quiet one
     scale = np.float32(0.18033688)
-    TILE = BR * SQ  # Dev: a shared array's shape must be a constant on a GPU, not an expression (the simulator takes either)
+    TILE = BR * SQ  # Dev: a shared array's shape must be a constant on a GPU, not an expression (the simulator takes
+    # either)
 
     @cuda.jit
     def run(gq, out):

@@ -74,4 +74,6 @@ def test_flash_attn_func_backward_follows_the_error_rule_for_sharp_softmaxes(rng
     ref = standard_backward(dout, q, k, v, causal=True)
     naive = naive_attention_backward_float32(dout, q, k, v, causal=True)
     for name, t, r, n in zip(("dq", "dk", "dv"), (tq, tk, tv), ref, naive):
-        assert_error_rule(t.grad.cpu().numpy(), r, n, mult=3.0, what=f"flash_attn_func({algorithm}) {name} at logit scale 16")
+        assert_error_rule(
+            t.grad.cpu().numpy(), r, n, mult=3.0, what=f"flash_attn_func({algorithm}) {name} at logit scale 16"
+        )

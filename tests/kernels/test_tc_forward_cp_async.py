@@ -45,7 +45,9 @@ from numba import cuda, float32
 
 def _run(q, k, v, causal, p, seed, bs, cp, words=None):
     """The tc forward at kernel level with ``CP_ASYNC`` = ``cp``: ((O, L, m, l) as NumPy, features it ran with)."""
-    return run_tc_forward(q, k, v, causal, p, seed, bs, {"CP_ASYNC": cp, "WIDE": False}, words)  # Dev: WIDE reorders sums
+    return run_tc_forward(
+        q, k, v, causal, p, seed, bs, {"CP_ASYNC": cp, "WIDE": False}, words
+    )  # Dev: WIDE reorders sums
 
 
 def _assert_same(a, b):
@@ -63,8 +65,12 @@ def test_cp_async_pipeline_equals_the_register_path_bit_for_bit(rng, b, s_q, s_k
     prob = check_attention_args(q, k, v, p, None, causal, seed)
     NW, MW, Bc, DP = fa2_forward_tf32.config_for(d, bs)
     sim = _backend.is_simulator()
-    assert fa2_forward_tf32.plan(prob, bs, None, cp_feats)[3] == 4 * fa2_forward_tf32.smem_floats(NW, MW, Bc, DP, sim, 2)
-    assert fa2_forward_tf32.plan(prob, bs, None, reg_feats)[3] == 4 * fa2_forward_tf32.smem_floats(NW, MW, Bc, DP, sim, 1)
+    assert fa2_forward_tf32.plan(prob, bs, None, cp_feats)[3] == 4 * fa2_forward_tf32.smem_floats(
+        NW, MW, Bc, DP, sim, 2
+    )
+    assert fa2_forward_tf32.plan(prob, bs, None, reg_feats)[3] == 4 * fa2_forward_tf32.smem_floats(
+        NW, MW, Bc, DP, sim, 1
+    )
     _assert_same(cp_out, reg_out)
     if p == 0.0:  # the error rule on the result (with dropout the two paths' equality is the claim)
         ref = standard_attention(q, k, v, causal=causal).O
@@ -86,7 +92,8 @@ def test_head_dims_not_a_multiple_of_4_and_unaligned_inputs_take_the_register_pa
     prob = check_attention_args(q, k, v, 0.0, None, False, 0)
     NW, MW, Bc, DP = fa2_forward_tf32.config_for(6, (16, 16))
     assert fa2_forward_tf32.plan(prob, (16, 16), None, {"CP_ASYNC": True})[3] == 4 * fa2_forward_tf32.smem_floats(
-        NW, MW, Bc, DP, _backend.is_simulator(), 1), "d = 6: one SRAM stage (the register path)"
+        NW, MW, Bc, DP, _backend.is_simulator(), 1
+    ), "d = 6: one SRAM stage (the register path)"
     # d = 16, K and V whose base is 4 bytes past a 16-byte boundary: forward() drops CP_ASYNC
     q, k, v = make_qkv(rng, 1, 20, 20, 1, 1, 16)
     shifted = [unaligned_copy(x) for x in (q, k, v)]
@@ -112,15 +119,24 @@ def test_each_load_path_gets_its_own_default_tiling():
     # ... up to N = 2048: from there 8 x 2 x 16 (both heavy first) is faster (8192 until Q_ASYNC: 1.09-1.12x the 64-row
     # blocks at 8k-16k in heavy_fwd_d128_h200_d80baba.json; after it 1.117x at 4k, tiles_causal_d128_h100_fd4f230.json;
     # since SPLIT_KV's 16-byte stores 1.037x / 1.028x 4 x 2 x 16 at 2k, tiles_causal_skv_h100_e2df55b_{1,2}.json)
-    assert fa2_forward_tf32.CAUSAL_LONG_SEQLEN == 2048, "H100, SPLIT_KV's 16-byte stores: 8 x 2 x 16 1.037x / 1.028x at 2k"
+    assert fa2_forward_tf32.CAUSAL_LONG_SEQLEN == 2048, (
+        "H100, SPLIT_KV's 16-byte stores: 8 x 2 x 16 1.037x / 1.028x at 2k"
+    )
     # ... and from N = 512 to 2047, 4 warps of MW = 2 with Bc = 16: two 128-row blocks per SM (H100: 1.07-1.18x the
     # 64-row blocks at 1k and 2k in two rounds, tiles_4x2x16_h100_54d44d7_{1,2}.json; at 512 1.019x / 1.134x there and
     # 1.043x / 1.050x on an H200, interleaved, short_causal_h200_b83f906_{1,2}.json)
     assert fa2_forward_tf32.CAUSAL_MID_SEQLEN == 512, "4 x 2 x 16 at least 1.02x in both rounds from 512 to 2k"
     assert fa2_forward_tf32.config_for(128, None, True, True, fa2_forward_tf32.CAUSAL_MID_SEQLEN - 1) == (4, 1, 32, 128)
     assert fa2_forward_tf32.config_for(128, None, True, True, fa2_forward_tf32.CAUSAL_MID_SEQLEN) == (4, 2, 16, 128)
-    assert fa2_forward_tf32.config_for(128, None, True, True, fa2_forward_tf32.CAUSAL_LONG_SEQLEN - 1) == (4, 2, 16, 128)
-    assert fa2_forward_tf32.config_for(96, None, True, True, 1024) == (4, 2, 16, 96), "every d > 64 on the cp.async path"
+    assert fa2_forward_tf32.config_for(128, None, True, True, fa2_forward_tf32.CAUSAL_LONG_SEQLEN - 1) == (
+        4,
+        2,
+        16,
+        128,
+    )
+    assert fa2_forward_tf32.config_for(96, None, True, True, 1024) == (4, 2, 16, 96), (
+        "every d > 64 on the cp.async path"
+    )
     assert fa2_forward_tf32.config_for(128, None, True, False, 1024) == (8, 2, 16, 128), "without causal: Br = 256"
     assert fa2_forward_tf32.config_for(128, None, False, True, 1024) == (8, 1, 32, 128), "the register path ignores N"
     assert fa2_forward_tf32.config_for(128, None, True, True, fa2_forward_tf32.CAUSAL_LONG_SEQLEN) == (8, 2, 16, 128)
@@ -133,22 +149,34 @@ def test_each_load_path_gets_its_own_default_tiling():
     for d, cp in ((64, True), (62, False)):
         prob = check_attention_args(*make_qkv(np.random.default_rng(0), 1, 8, 8, 1, 1, d), 0.0, None, False, 0)
         NW, MW, Bc, DP = fa2_forward_tf32.config_for(d, None, cp)
-        assert fa2_forward_tf32.plan(prob)[3] == 4 * fa2_forward_tf32.smem_floats(NW, MW, Bc, DP, _backend.is_simulator(), 2 if cp else 1)
-
+        assert fa2_forward_tf32.plan(prob)[3] == 4 * fa2_forward_tf32.smem_floats(
+            NW, MW, Bc, DP, _backend.is_simulator(), 2 if cp else 1
+        )
 
 
 @pytest.mark.parametrize("module", [fa2_forward_tf32, fa2_forward_fast], ids=["tc", "ffma"])
 def test_tiling_is_what_the_plan_launches(module):
     """``tiling(prob)`` names the tiling of a problem (what the benchmarks record): it follows the mask and the query
     length where the 3xTF32 defaults do, and the plan launches its threads."""
-    cases = [(128, True, 512), (128, True, 1024), (128, True, 4096), (128, False, 1024), (64, True, 1024), (62, False, 64)]
+    cases = [
+        (128, True, 512),
+        (128, True, 1024),
+        (128, True, 4096),
+        (128, False, 1024),
+        (64, True, 1024),
+        (62, False, 64),
+    ]
     for d, causal, n in cases + ([] if module is fa2_forward_tf32 else [(160, True, 1024)]):
         q, k, v = make_qkv(np.random.default_rng(0), 1, 8, 8, 1, 1, d)
         prob = dataclasses.replace(check_attention_args(q, k, v, 0.0, None, causal, 0), seqlen_q=n, seqlen_k=n)
         cfg = module.tiling(prob)
         threads = module.plan(prob)[2]
         if module is fa2_forward_tf32:
-            assert cfg == fa2_forward_tf32.config_for(d, None, None, causal, n) and threads == 32 * cfg[0], (d, causal, n)
+            assert cfg == fa2_forward_tf32.config_for(d, None, None, causal, n) and threads == 32 * cfg[0], (
+                d,
+                causal,
+                n,
+            )
         else:  # Dev: the FFMA kernel's (NT, TM, TPR, Bc, DP)
             assert cfg == fa2_forward_fast.config_for(d) and threads == cfg[0], (d, causal, n)
 
@@ -180,11 +208,14 @@ def test_the_quiet_nan_pass_changes_only_nans_in_the_threads_chunks():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(("n", "d", "causal"), [(1000, 64, False), (1000, 128, True), (777, 96, True), (2048, 32, False)])
+@pytest.mark.parametrize(
+    ("n", "d", "causal"), [(1000, 64, False), (1000, 128, True), (777, 96, True), (2048, 32, False)]
+)
 def test_cp_async_pipeline_equals_the_register_path_on_gpu_shapes(rng, n, d, causal):
     q, k, v = make_qkv(rng, 2, n, n, 4, 2, d)
     # the cp.async path's default tiling for both paths (the register path's own default is Bc = 64 at d <= 64,
-    # 8 x 1 x 32 above); at d > 64 that is 8 x 2 x 16 with STAGE_O_STEP on both paths, 4 x 1 x 32 with causal (config_for without N)
+    # 8 x 1 x 32 above); at d > 64 that is 8 x 2 x 16 with STAGE_O_STEP on both paths, 4 x 1 x 32 with causal
+    # (config_for without N)
     NW, MW, Bc, _ = fa2_forward_tf32.config_for(d, None, True, causal)
     bs = (16 * MW * NW, Bc)
     assert fa2_forward_tf32.config_for(d, bs) == fa2_forward_tf32.config_for(d, None, True, causal)

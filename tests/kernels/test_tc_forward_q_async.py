@@ -2,8 +2,8 @@
 
 FA2 Algorithm 1 line 4 loads ``Q_i`` once per thread block. The register load (each thread's share of ``Q_i`` times
 ``tau log2 e``, then stored to SRAM) is a loop that ptxas does not unroll, whose each load is consumed before the next
-is issued, so each block began with 64-128 HBM round trips in a row. ``Q_ASYNC`` copies ``Q_i`` by ``cp.async`` in flight with ``K_1, V_1`` and scales each
-thread's own chunks in SRAM after the wait.
+is issued, so each block began with 64-128 HBM round trips in a row. ``Q_ASYNC`` copies ``Q_i`` by ``cp.async`` in
+flight with ``K_1, V_1`` and scales each thread's own chunks in SRAM after the wait.
 
 Claims checked:
 
@@ -29,11 +29,14 @@ import pytest
 from attn_testing import TC_FORWARD_SRAM_CASES, assert_same_bits, make_qkv, run_tc_forward, unaligned_copy
 from numba import cuda, float32
 
-#: two of :data:`TC_FORWARD_SRAM_CASES` (dropout; query blocks without keys), WIDE off; a smaller twin of its padded-chunk
-#: case (d = 20 pads to 24: the last chunk of a row is past d); and cases at d = 32, where ``WIDE`` can run (swizzled
-#: Q_i rows), one of them ``MW = 2``
-CASES = [pytest.param(*c[:-1], False, id=c[-1]) for c in TC_FORWARD_SRAM_CASES if c[-1] in (
-    "causal-dropout-d12", "causal-sq>sk-blocks-without-keys-d8")] + [
+#: two of :data:`TC_FORWARD_SRAM_CASES` (dropout; query blocks without keys), WIDE off; a smaller twin of its
+#: padded-chunk case (d = 20 pads to 24: the last chunk of a row is past d); and cases at d = 32, where ``WIDE`` can run
+#: (swizzled Q_i rows), one of them ``MW = 2``
+CASES = [
+    pytest.param(*c[:-1], False, id=c[-1])
+    for c in TC_FORWARD_SRAM_CASES
+    if c[-1] in ("causal-dropout-d12", "causal-sq>sk-blocks-without-keys-d8")
+] + [
     pytest.param(1, 19, 21, 2, 1, 20, True, 0.0, (16, 8), False, id="causal-gqa-d20-padded-chunk"),
     pytest.param(1, 21, 24, 2, 1, 32, False, 0.0, (16, 8), True, id="wide-ragged-gqa-d32"),
     pytest.param(1, 45, 14, 1, 1, 32, True, 0.0, (16, 8), True, id="wide-causal-sq>sk-blocks-without-keys-d32"),
@@ -81,8 +84,15 @@ def test_q_async_is_the_default_on_the_cp_async_path_and_unaligned_q_takes_the_r
     assert_same_bits(out, aligned, "Q_i by registers (unaligned q) and by cp.async")
     prob = check_attention_args(q, k, v, 0.0, None, False, 0)
     for feats in ({"Q_ASYNC": True}, {"Q_ASYNC": None}, {"Q_ASYNC": False}, {"Q_ASYNC": True, "CP_ASYNC": False}):
-        assert fa2_forward_tf32.plan(prob, (16, 16), None, feats)[0] is fa2_forward_tf32.plan(
-            prob, (16, 16), None, {**feats, "Q_ASYNC": _plan.async_on(feats["Q_ASYNC"], feats.get("CP_ASYNC", True))})[0]
+        assert (
+            fa2_forward_tf32.plan(prob, (16, 16), None, feats)[0]
+            is fa2_forward_tf32.plan(
+                prob,
+                (16, 16),
+                None,
+                {**feats, "Q_ASYNC": _plan.async_on(feats["Q_ASYNC"], feats.get("CP_ASYNC", True))},
+            )[0]
+        )
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # Dev: the simulator's NumPy, on the NaN
@@ -117,7 +127,9 @@ def test_the_scaling_pass_scales_exactly_the_threads_chunks():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(("n", "d", "causal"), [(1000, 128, False), (1000, 128, True), (777, 96, True), (2048, 64, False)])
+@pytest.mark.parametrize(
+    ("n", "d", "causal"), [(1000, 128, False), (1000, 128, True), (777, 96, True), (2048, 64, False)]
+)
 def test_q_by_cp_async_equals_the_register_load_on_gpu_shapes(rng, n, d, causal):
     q, k, v = make_qkv(rng, 2, n, n, 4, 2, d)
     NW, MW, Bc, _ = fa2_forward_tf32.config_for(d, None, True, causal, n)  # the default tiling

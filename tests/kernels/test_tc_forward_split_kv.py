@@ -1,4 +1,5 @@
-"""The 3xTF32 forward's ``SPLIT_KV`` (:mod:`numba_flash.tensorcore.fa2_forward_tf32`): ``K_j, V_j`` split into tf32 parts once.
+"""The 3xTF32 forward's ``SPLIT_KV`` (:mod:`numba_flash.tensorcore.fa2_forward_tf32`): ``K_j, V_j`` split into tf32
+parts once.
 
 Each 3xTF32 product needs the big and small tf32 parts of both operands. Without ``SPLIT_KV`` every warp splits the
 ``K_j`` and ``V_j`` values it loads, so a block of 8 warps splits each of them 8 times per key block; with it the
@@ -76,7 +77,8 @@ A, BC = 2, 16  # Dev: the V pass's tile: d = 64 (two groups of 32 columns), two 
 
 
 def _pair_word(kt, t, p, a, g, h, e):
-    """Word of ``V[8 kt + t + 4 p, 32 a + 4 g + 2 h + e]``'s part in :func:`make_v_pair_split_pass`'s layout (d = 32 A)."""
+    """Word of ``V[8 kt + t + 4 p, 32 a + 4 g + 2 h + e]``'s part in :func:`make_v_pair_split_pass`'s layout (d = 32
+    A)."""
     return (4 * kt + t) * _tiles.v_pair_stride(32 * A) + 64 * a + 32 * h + 4 * g + 2 * e + p
 
 
@@ -112,22 +114,37 @@ def test_the_v_pass_puts_each_lanes_b_fragments_in_register_pairs(NT):
                                     assert (int(out[w]), int(out[PART + w])) == ptx.split_tf32_host(x), (kt, t, p, col)
                                 seen += 1
     assert seen == BC * DP, "every element of the tile has its place"
-    # Dev: a 16-byte load of a warp is served 8 lanes at a time: lanes (g, t), g < 2 (and each later 8) must hit 32 banks
+    # Dev: a 16-byte load of a warp is served 8 lanes at a time: lanes (g, t), g < 2 (and each later 8) must hit 32
+    # banks
     for phase in range(4):
-        banks = [(_pair_word(0, t, 0, 0, g, 0, 0) + i) % 32 for g in (2 * phase, 2 * phase + 1) for t in range(4) for i in range(4)]
+        banks = [
+            (_pair_word(0, t, 0, 0, g, 0, 0) + i) % 32
+            for g in (2 * phase, 2 * phase + 1)
+            for t in range(4)
+            for i in range(4)
+        ]
         assert len(set(banks)) == 32, f"phase {phase} of the pair loads has a bank conflict"
 
 
 def test_split_kv_runs_only_with_wide_and_by_default_at_the_8x2x16_tiling():
     on = fa2_forward_tf32.split_kv_on
     assert on(True, True, (4, 2, 16)) and not on(True, False, (8, 2, 16)) and not on(False, True, (8, 2, 16))
-    assert on(None, True, (8, 2, 16)), "at 8 x 2 x 16 it ran 1.06-1.07x causal and, with 16-byte stores, 1.03-1.05x without"
+    assert on(None, True, (8, 2, 16)), (
+        "at 8 x 2 x 16 it ran 1.06-1.07x causal and, with 16-byte stores, 1.03-1.05x without"
+    )
     assert not on(None, True, (4, 2, 16)) and not on(None, True, (4, 1, 32)), "it takes the second block per SM there"
     assert fa2_forward_tf32.default_features()["SPLIT_KV"] is None
-    for n, want in ((4096, True), (16384, True), (2048, True), (1024, False), (512, False)):  # Dev: the causal d = 128 default of each N
+    for n, want in (
+        (4096, True),
+        (16384, True),
+        (2048, True),
+        (1024, False),
+        (512, False),
+    ):  # Dev: the causal d = 128 default of each N
         cfg = fa2_forward_tf32.config_for(128, None, None, True, n)
         assert on(None, fa2_forward_tf32.wide_on(None, 128, True), cfg[:3]) == want, n
-    # Dev: the plan takes the default only where it fits: not in the simulator, whose exchange scratch adds 6 KB at 8 warps
+    # Dev: the plan takes the default only where it fits: not in the simulator, whose exchange scratch adds 6 KB at 8
+    # warps
     sim = _backend.is_simulator()
     q, k, v = make_qkv(np.random.default_rng(0), 1, 8, 8, 1, 1, 128)
     prob = dataclasses.replace(check_attention_args(q, k, v, 0.0, None, True, 0), seqlen_q=4096, seqlen_k=4096)
@@ -137,8 +154,9 @@ def test_split_kv_runs_only_with_wide_and_by_default_at_the_8x2x16_tiling():
     noncausal = check_attention_args(q, k, v, 0.0, None, False, 0)  # Dev: 8 x 2 x 16 at every N
     assert fa2_forward_tf32.plan(noncausal)[3] == 4 * fa2_forward_tf32.smem_floats(8, 2, 16, 128, sim, 2, True, fits)
     with pytest.raises(ValueError, match="SPLIT_KV needs WIDE"):
-        fa2_forward_tf32.fa2_forward_tc_kernel(1, 1, 16, 32, False, False, False, _backend.is_simulator(), True, True, True,
-                                             SPLIT_KV=True)
+        fa2_forward_tf32.fa2_forward_tc_kernel(
+            1, 1, 16, 32, False, False, False, _backend.is_simulator(), True, True, True, SPLIT_KV=True
+        )
     q, k, v = make_qkv(np.random.default_rng(0), 1, 40, 40, 1, 1, 32)
     prob = check_attention_args(q, k, v, 0.0, None, False, 0)
     sim = _backend.is_simulator()
@@ -147,8 +165,12 @@ def test_split_kv_runs_only_with_wide_and_by_default_at_the_8x2x16_tiling():
     assert n_on == 4 * fa2_forward_tf32.smem_floats(2, 1, 16, 32, sim, 2, True, True)
     assert n_off == 4 * fa2_forward_tf32.smem_floats(2, 1, 16, 32, sim, 2, True, False)
     k_reg = fa2_forward_tf32.plan(prob, (32, 16), None, {**ON, "CP_ASYNC": False})[0]
-    assert k_reg is fa2_forward_tf32.plan(prob, (32, 16), None, {**OFF, "CP_ASYNC": False})[0], "off the cp.async path it is off"
-    assert 4 * fa2_forward_tf32.smem_floats(8, 2, 16, 128, False, 2, True, True) <= 227 * 1024, "the d = 128 default tiling fits an H100"
+    assert k_reg is fa2_forward_tf32.plan(prob, (32, 16), None, {**OFF, "CP_ASYNC": False})[0], (
+        "off the cp.async path it is off"
+    )
+    assert 4 * fa2_forward_tf32.smem_floats(8, 2, 16, 128, False, 2, True, True) <= 227 * 1024, (
+        "the d = 128 default tiling fits an H100"
+    )
 
 
 #: (b, s_q, s_k, h, h_k, d, causal, p, block_sizes), id: d 32 and 28 (the smallest WIDE head dims)
@@ -166,7 +188,9 @@ CASES = [
 def test_split_kv_keeps_the_outputs_bit_for_bit(rng, b, s_q, s_k, h, h_k, d, causal, p, bs, split_k):
     q, k, v = make_qkv(rng, b, s_q, s_k, h, h_k, d)
     seed = int(rng.integers(0, 2**32))
-    (on, f_on), (off, f_off) = (run_tc_forward(q, k, v, causal, p, seed, bs, f) for f in ({**ON, "SPLIT_K": split_k}, OFF))
+    (on, f_on), (off, f_off) = (
+        run_tc_forward(q, k, v, causal, p, seed, bs, f) for f in ({**ON, "SPLIT_K": split_k}, OFF)
+    )
     assert f_on["SPLIT_KV"] and f_on["SPLIT_K"] == split_k and not f_off["SPLIT_KV"]
     assert_same_bits(on, off, "SPLIT_KV on and off")
 
@@ -181,7 +205,8 @@ def test_the_kernel_factory_caches_by_its_signature():
     assert k is fa2_forward_tf32.fa2_forward_tc_kernel(*args, SPLIT_KV=False, SPLIT_K=True)
     assert k is not fa2_forward_tf32.fa2_forward_tc_kernel(*args, SPLIT_KV=True)
     assert 4 * fa2_forward_tf32.smem_floats(8, 2, 16, 128, False, 2, True, True, False) == 4 * (
-        fa2_forward_tf32.smem_floats(8, 2, 16, 128, False, 2, True, True) - 2 * 16 * 128), "V alone: no small parts of K"
+        fa2_forward_tf32.smem_floats(8, 2, 16, 128, False, 2, True, True) - 2 * 16 * 128
+    ), "V alone: no small parts of K"
 
 
 def test_split_kv_keeps_nans_where_they_reach(rng):
@@ -189,16 +214,23 @@ def test_split_kv_keeps_nans_where_they_reach(rng):
     k[0, 7, 0, 3] = np.nan
     v[0, 20, 0, 9] = np.uint32(0x7F800001).view(np.float32)  # a NaN whose payload is only in the bits tf32 drops
     (on, _), (off, _) = (run_tc_forward(q, k, v, True, 0.0, 0, (16, 16), f) for f in (ON, OFF))
-    assert np.isnan(on[0][0, 7:, 0]).all() and not np.isnan(on[0][0, :7, 0]).any(), "K's NaN reaches the rows that see key 7"
+    assert np.isnan(on[0][0, 7:, 0]).all() and not np.isnan(on[0][0, :7, 0]).any(), (
+        "K's NaN reaches the rows that see key 7"
+    )
     assert_same_bits(on, off, "SPLIT_KV on and off")
 
 
 #: (b, s_q, s_k, h, h_k, d, causal, p, block sizes or None for the default): the default tilings at d = 128 (8 x 2 x 16
 #: without causal and from 2k with it; 4 x 2 x 16 and 4 x 1 x 32 with causal below), d = 96 (three groups of 32
 #: columns), ragged, GQA, s_q above and below s_k, dropout
-GPU_CASES = [(2, 1000, 1000, 4, 2, 128, False, 0.0, None), (2, 1000, 1000, 4, 2, 128, True, 0.0, (256, 16)),
-             (2, 1029, 1029, 4, 1, 128, True, 0.1, None), (1, 1000, 1531, 4, 2, 128, True, 0.0, (256, 16)),
-             (1, 1531, 1000, 4, 2, 128, True, 0.0, (64, 32)), (2, 777, 777, 4, 4, 96, False, 0.17, None)]
+GPU_CASES = [
+    (2, 1000, 1000, 4, 2, 128, False, 0.0, None),
+    (2, 1000, 1000, 4, 2, 128, True, 0.0, (256, 16)),
+    (2, 1029, 1029, 4, 1, 128, True, 0.1, None),
+    (1, 1000, 1531, 4, 2, 128, True, 0.0, (256, 16)),
+    (1, 1531, 1000, 4, 2, 128, True, 0.0, (64, 32)),
+    (2, 777, 777, 4, 4, 96, False, 0.17, None),
+]
 
 
 @pytest.mark.gpu
@@ -208,6 +240,8 @@ def test_split_kv_keeps_the_outputs_bit_for_bit_on_gpu(rng, b, s_q, s_k, h, h_k,
     q, k, v = make_qkv(rng, b, s_q, s_k, h, h_k, d)
     k[0, 17, 0, 5] = np.nan
     seed = int(rng.integers(0, 2**32))
-    (on, f_on), (off, _) = (run_tc_forward(q, k, v, causal, p, seed, bs, {"SPLIT_KV": s, "SPLIT_K": split_k}) for s in (True, False))
+    (on, f_on), (off, _) = (
+        run_tc_forward(q, k, v, causal, p, seed, bs, {"SPLIT_KV": s, "SPLIT_K": split_k}) for s in (True, False)
+    )
     assert f_on["SPLIT_KV"]
     assert_same_bits(on, off, "SPLIT_KV on and off")

@@ -55,12 +55,21 @@ def test_a_warp_sees_no_key_exactly_when_all_its_scores_are_masked(rows):
 def test_warp_skip_is_on_with_causal_on_a_gpu_up_to_d64_only():
     assert fa2_forward_tf32.default_features()["WARP_SKIP"] is None
     on = fa2_forward_tf32.warp_skip_on
-    assert on(None, True, False, 64) and on(None, True, False, 16) and on(True, True, False, 128) and not on(False, True, False, 64)
+    assert (
+        on(None, True, False, 64)
+        and on(None, True, False, 16)
+        and on(True, True, False, 128)
+        and not on(False, True, False, 64)
+    )
     # H100: 1.00-1.10x at d = 64 in 9 of 12 cells (0.981-0.995x in 3); at d = 128 0.91-1.02x (the GPU's build keeps
     # 8-16 B in local memory)
     assert not on(None, True, False, 128) and not on(None, True, False, 96), "above d = 64 it lost at N 512-4k"
-    assert not on(None, False, False, 64) and not on(True, False, False, 64), "without causal no warp's scores are all masked"
-    assert not on(None, True, True, 64) and not on(True, True, True, 64), "the simulator's mma needs every warp at its barriers"
+    assert not on(None, False, False, 64) and not on(True, False, False, 64), (
+        "without causal no warp's scores are all masked"
+    )
+    assert not on(None, True, True, 64) and not on(True, True, True, 64), (
+        "the simulator's mma needs every warp at its barriers"
+    )
     sim = _backend.is_simulator()
     with pytest.raises(ValueError, match="WARP_SKIP needs CAUSAL and a GPU"):
         fa2_forward_tf32.fa2_forward_tc_kernel(1, 1, 8, 8, False, False, False, False, WARP_SKIP=True)
@@ -74,13 +83,20 @@ def test_warp_skip_is_on_with_causal_on_a_gpu_up_to_d64_only():
 
 #: (b, s_q, s_k, h, h_k, d, dropout p, block sizes or None for the default): ragged, s_q below and above s_k (query
 #: blocks with rows that see no key), GQA, dropout, and each causal tiling the defaults use
-GPU_CASES = [(2, 1000, 1000, 4, 2, 128, 0.0, None), (2, 1000, 1000, 4, 2, 128, 0.0, (64, 32)),
-             (2, 2049, 2049, 4, 1, 128, 0.0, (128, 16)), (1, 1000, 1531, 4, 2, 128, 0.1, (256, 16)),
-             (1, 1531, 1000, 4, 2, 128, 0.0, (128, 16)), (2, 1029, 1029, 4, 2, 64, 0.17, None),
-             (2, 777, 777, 4, 4, 96, 0.0, None)]
+GPU_CASES = [
+    (2, 1000, 1000, 4, 2, 128, 0.0, None),
+    (2, 1000, 1000, 4, 2, 128, 0.0, (64, 32)),
+    (2, 2049, 2049, 4, 1, 128, 0.0, (128, 16)),
+    (1, 1000, 1531, 4, 2, 128, 0.1, (256, 16)),
+    (1, 1531, 1000, 4, 2, 128, 0.0, (128, 16)),
+    (2, 1029, 1029, 4, 2, 64, 0.17, None),
+    (2, 777, 777, 4, 4, 96, 0.0, None),
+]
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(("b", "s_q", "s_k", "h", "h_k", "d", "p", "bs"), GPU_CASES)
 def test_warp_skip_keeps_the_outputs_bit_for_bit_on_gpu(rng, b, s_q, s_k, h, h_k, d, p, bs):
-    assert_causal_tc_feature_keeps_the_bits(rng, b, s_q, s_k, h, h_k, d, p, bs, {"WARP_SKIP": True}, {"WARP_SKIP": False}, "WARP_SKIP")
+    assert_causal_tc_feature_keeps_the_bits(
+        rng, b, s_q, s_k, h, h_k, d, p, bs, {"WARP_SKIP": True}, {"WARP_SKIP": False}, "WARP_SKIP"
+    )

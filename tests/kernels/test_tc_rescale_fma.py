@@ -1,24 +1,25 @@
-"""The 3xTF32 forward's ``RESCALE_FMA`` (:mod:`numba_flash.tensorcore.fa2_forward_tf32`): line 10's rescale of O in one FFMA.
+"""The 3xTF32 forward's ``RESCALE_FMA`` (:mod:`numba_flash.tensorcore.fa2_forward_tf32`): line 10's rescale of O in one
+FFMA.
 
-FA2's line 10 is ``O_i = diag(e^(m_old - m_new)) O_i + P~ V_j``. With ``STAGE_O_STEP`` (the d = 128 default where a warp has
-two m16 tiles) the kernel multiplies O by ``e^(m_old - m_new)`` first, then adds each 8-key step's staged product. With
-``RESCALE_FMA`` the first 8-key step's add does the multiply too, ``O = fma(O, alpha, (P~ V_j)_0)``: an FMUL fewer per
-element of O and key block (128 instructions per warp and key block at d = 128), and one rounding fewer.
+FA2's line 10 is ``O_i = diag(e^(m_old - m_new)) O_i + P~ V_j``. With ``STAGE_O_STEP`` (the d = 128 default where a warp
+has two m16 tiles) the kernel multiplies O by ``e^(m_old - m_new)`` first, then adds each 8-key step's staged product.
+With ``RESCALE_FMA`` the first 8-key step's add does the multiply too, ``O = fma(O, alpha, (P~ V_j)_0)``: an FMUL fewer
+per element of O and key block (128 instructions per warp and key block at d = 128), and one rounding fewer.
 
 Claims checked:
 
-* O follows the error rule against float64 (2x naive float32's error) with it on, and L, m, l (line 9's, which line 10 does
-  not touch) are bitwise those without it; the plan compiles another kernel (it did not ignore the feature). Shapes: ragged,
-  GQA, causal (blocks whose rows see no key included), dropout and ``MW = 2``, each over several key blocks, so that
-  rows whose max grows in a later block are rescaled by alpha < 1.
+* O follows the error rule against float64 (2x naive float32's error) with it on, and L, m, l (line 9's, which line 10
+  does not touch) are bitwise those without it; the plan compiles another kernel (it did not ignore the feature).
+  Shapes: ragged, GQA, causal (blocks whose rows see no key included), dropout and ``MW = 2``, each over several key
+  blocks, so that rows whose max grows in a later block are rescaled by alpha < 1.
 * It acts only with ``STAGE_O_STEP``, whose separate rescale it replaces, and is on by default for the causal 8 x 2 x 16
-  tiling only, where it paid (:func:`~numba_flash.tensorcore.fa2_forward_tf32.rescale_fma_on`): a default call's plan at causal
-  N 4k, d 128 takes it, the same call without causal does not.
-* On a GPU (marker ``gpu``): the same at realistic shapes and the d = 128 default tilings (8 x 2 x 16; causal 4 x 2 x 16 and
-  8 x 2 x 16), where the GPU's FFMA rounds once.
+  tiling only, where it paid (:func:`~numba_flash.tensorcore.fa2_forward_tf32.rescale_fma_on`): a default call's plan at
+  causal N 4k, d 128 takes it, the same call without causal does not.
+* On a GPU (marker ``gpu``): the same at realistic shapes and the d = 128 default tilings (8 x 2 x 16; causal 4 x 2 x 16
+  and 8 x 2 x 16), where the GPU's FFMA rounds once.
 
-In the simulator ``fma(a, b, c)`` is ``a * b + c`` in float32, two roundings, so its O is the bits without the feature; the
-claims there are the error rule, the statistics and that the kernel with it is a kernel of its own.
+In the simulator ``fma(a, b, c)`` is ``a * b + c`` in float32, two roundings, so its O is the bits without the feature;
+the claims there are the error rule, the statistics and that the kernel with it is a kernel of its own.
 Simulator shapes stay tiny (N <= 45, d <= 24): each ``mma`` is a lane exchange with two block barriers there.
 """
 
@@ -53,8 +54,9 @@ def _check(rng, b, s_q, s_k, h, h_k, d, causal, p, bs, stage_o_step=True):
 
 
 @pytest.mark.parametrize(("b", "s_q", "s_k", "h", "h_k", "d", "causal", "p", "bs"), CASES)
-def test_rescale_in_the_first_steps_fma_follows_the_error_rule_and_keeps_the_statistics(rng, b, s_q, s_k, h, h_k, d,
-                                                                                        causal, p, bs):
+def test_rescale_in_the_first_steps_fma_follows_the_error_rule_and_keeps_the_statistics(
+    rng, b, s_q, s_k, h, h_k, d, causal, p, bs
+):
     _check(rng, b, s_q, s_k, h, h_k, d, causal, p, bs)
 
 
@@ -75,8 +77,15 @@ def test_rescale_fma_acts_only_with_o_staged_per_key_step_and_is_on_by_default_f
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(("n", "causal", "p", "bs"), [(1000, False, 0.0, None), (1000, True, 0.0, (128, 16)),
-                                                       (1000, True, 0.0, (256, 16)), (777, True, 0.1, (128, 16)),
-                                                       (2048, False, 0.0, None)])
+@pytest.mark.parametrize(
+    ("n", "causal", "p", "bs"),
+    [
+        (1000, False, 0.0, None),
+        (1000, True, 0.0, (128, 16)),
+        (1000, True, 0.0, (256, 16)),
+        (777, True, 0.1, (128, 16)),
+        (2048, False, 0.0, None),
+    ],
+)
 def test_rescale_fma_on_gpu_shapes(rng, n, causal, p, bs):
     _check(rng, 2, n, n, 4, 2, 128, causal, p, bs, stage_o_step=None)

@@ -1,4 +1,5 @@
-"""The 3xTF32 forward's ``STAGE_O_STEP`` (:mod:`numba_flash.tensorcore.fa2_forward_tf32`): line 10 staged per 8-key step.
+"""The 3xTF32 forward's ``STAGE_O_STEP`` (:mod:`numba_flash.tensorcore.fa2_forward_tf32`): line 10 staged per 8-key
+step.
 
 Claims checked:
 
@@ -40,15 +41,20 @@ CASES = tc_forward_sram_params()
 
 
 def _fits_split_kv(NW, MW, Bc):
-    """Whether ``SPLIT_KV``'s d = 128 SRAM fits (not in the simulator, whose exchange scratch adds 6 KB at 8 warps): the plan
-    takes its default only there."""
-    return 4 * fa2_forward_tf32.smem_floats(NW, MW, Bc, 128, _backend.is_simulator(), 2, True, True) <= _smem.max_optin_bytes()
+    """Whether ``SPLIT_KV``'s d = 128 SRAM fits (not in the simulator, whose exchange scratch adds 6 KB at 8 warps): the
+    plan takes its default only there."""
+    return (
+        4 * fa2_forward_tf32.smem_floats(NW, MW, Bc, 128, _backend.is_simulator(), 2, True, True)
+        <= _smem.max_optin_bytes()
+    )
 
 
 def _check(rng, b, s_q, s_k, h, h_k, d, causal, p, bs):
     q, k, v = make_qkv(rng, b, s_q, s_k, h, h_k, d)
     seed = int(rng.integers(0, 2**32))
-    (step, feats), (default, _) = (run_tc_forward(q, k, v, causal, p, seed, bs, {"STAGE_O_STEP": on}) for on in (True, False))
+    (step, feats), (default, _) = (
+        run_tc_forward(q, k, v, causal, p, seed, bs, {"STAGE_O_STEP": on}) for on in (True, False)
+    )
     assert feats["STAGE_O_STEP"]
     assert_same_bits(step[1:], default[1:], "STAGE_O_STEP and the default (L, m, l)", names=("L", "m", "l"))
     ref = standard_attention(q, k, v, causal=causal, dropout_p=p, seed=seed).O  # the same dropout mask as the kernel
@@ -57,7 +63,9 @@ def _check(rng, b, s_q, s_k, h, h_k, d, causal, p, bs):
 
 
 @pytest.mark.parametrize(("b", "s_q", "s_k", "h", "h_k", "d", "causal", "p", "bs"), CASES)
-def test_o_staged_per_key_step_follows_the_error_rule_and_keeps_the_statistics(rng, b, s_q, s_k, h, h_k, d, causal, p, bs):
+def test_o_staged_per_key_step_follows_the_error_rule_and_keeps_the_statistics(
+    rng, b, s_q, s_k, h, h_k, d, causal, p, bs
+):
     q, k, v, seed, step = _check(rng, b, s_q, s_k, h, h_k, d, causal, p, bs)
     unstaged, _ = run_tc_forward(q, k, v, causal, p, seed, bs, {"STAGE_O_STEP": True, "STAGE_O": False})
     assert_same_bits(unstaged, step, "STAGE_O_STEP with STAGE_O off and on")
@@ -74,17 +82,40 @@ def test_o_staged_per_key_step_is_on_by_default_where_two_tiles_per_warp_need_it
         prob = check_attention_args(q, k, v, 0.0, None, causal, 0)
         assert fa2_forward_tf32.config_for(128, None, None, causal) == (NW, MW, Bc, 128)
         kernel = fa2_forward_tf32.plan(prob)[0]
-        assert kernel is fa2_forward_tf32.fa2_forward_tc_kernel(NW, MW, Bc, 128, causal, False, False, _backend.is_simulator(), True, True, True, on,
-                                                              fa2_forward_tf32.wide_on(None, 128, True), causal, True,  # WIDE: the d = 128 default; HEAVY_FIRST with causal; Q_ASYNC
-                                                              fa2_forward_tf32.warp_skip_on(None, causal, _backend.is_simulator(), 128),
-                                                              fa2_forward_tf32.split_kv_on(None, True, (NW, MW, Bc))
-                                                              and _fits_split_kv(NW, MW, Bc))
+        assert kernel is fa2_forward_tf32.fa2_forward_tc_kernel(
+            NW,
+            MW,
+            Bc,
+            128,
+            causal,
+            False,
+            False,
+            _backend.is_simulator(),
+            True,
+            True,
+            True,
+            on,
+            fa2_forward_tf32.wide_on(None, 128, True),
+            causal,
+            True,  # WIDE: the d = 128 default; HEAVY_FIRST with causal; Q_ASYNC
+            fa2_forward_tf32.warp_skip_on(None, causal, _backend.is_simulator(), 128),
+            fa2_forward_tf32.split_kv_on(None, True, (NW, MW, Bc)) and _fits_split_kv(NW, MW, Bc),
+        )
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(("n", "d", "causal", "bs"), [(1000, 128, False, None), (1000, 128, True, (256, 16)), (1000, 128, True, (128, 32)),
-                                                       (777, 96, True, None), (1024, 64, False, None),
-                                                       # 4 x 1 x 16, three blocks per SM (fa2_sweep tc-cp-4x1x16-ostep)
-                                                       (1000, 128, False, (64, 16)), (1000, 128, True, (64, 16))])
+@pytest.mark.parametrize(
+    ("n", "d", "causal", "bs"),
+    [
+        (1000, 128, False, None),
+        (1000, 128, True, (256, 16)),
+        (1000, 128, True, (128, 32)),
+        (777, 96, True, None),
+        (1024, 64, False, None),
+        # 4 x 1 x 16, three blocks per SM (fa2_sweep tc-cp-4x1x16-ostep)
+        (1000, 128, False, (64, 16)),
+        (1000, 128, True, (64, 16)),
+    ],
+)
 def test_o_staged_per_key_step_on_gpu_shapes(rng, n, d, causal, bs):
     _check(rng, 2, n, n, 4, 2, d, causal, 0.0, bs)

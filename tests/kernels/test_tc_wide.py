@@ -28,7 +28,14 @@ from numba_flash_reference.alg0_standard import standard_attention
 
 import numpy as np
 import pytest
-from attn_testing import assert_error_rule, assert_lse_rule, make_qkv, naive_attention_float32, naive_lse_float32, run_tc_forward
+from attn_testing import (
+    assert_error_rule,
+    assert_lse_rule,
+    make_qkv,
+    naive_attention_float32,
+    naive_lse_float32,
+    run_tc_forward,
+)
 
 WIDE = {"CP_ASYNC": True, "WIDE": True}
 
@@ -83,7 +90,10 @@ def test_wide_layouts_put_every_16_byte_load_phase_in_32_banks(DP):
     assert SQ == DP, "Q_i and K_j are unpadded: the swizzle, not a stride, separates rows g and g + 1"
     ND = DP // 8
     for p in range(DP // 16):  # Q and K: lanes (g, t), g < 2, at SRAM column (16 p ^ 16 (g & 1)) + 4 t of row g
-        assert len(set(_phase_banks([g * SQ + ((16 * p) ^ (16 * (g & 1))) + 4 * t for g in range(2) for t in range(4)]))) == 32
+        assert (
+            len(set(_phase_banks([g * SQ + ((16 * p) ^ (16 * (g & 1))) + 4 * t for g in range(2) for t in range(4)])))
+            == 32
+        )
     for a in range(ND // 4):  # V: lanes (g, t) at row t, column 32 a + 4 g
         assert len(set(_phase_banks([t * SV + 32 * a + 4 * g for g in range(2) for t in range(4)]))) == 32
     # line 14's staging of O in the warp's Q rows (stride SQ, column x stored at x ^ (row % 8)): one store of a warp
@@ -103,7 +113,12 @@ def test_wide_runs_only_where_it_can():
     # None: on above d = 64 (the 3xTF32 backward follows it; at d <= 64 its backward loses more than the forward gains);
     # never off the cp.async path or where not wide_ok; True turns it on where it can run
     wide_on = fa2_forward_tf32.wide_on
-    assert wide_on(None, 128, True) and wide_on(None, 96, True) and not wide_on(None, 64, True) and not wide_on(None, 32, True)
+    assert (
+        wide_on(None, 128, True)
+        and wide_on(None, 96, True)
+        and not wide_on(None, 64, True)
+        and not wide_on(None, 32, True)
+    )
     assert not wide_on(None, 128, False) and not wide_on(None, 72, True)
     assert wide_on(True, 128, True) and wide_on(True, 64, True) and not wide_on(False, 128, True)
     assert not wide_on(True, 128, False) and not wide_on(True, 40, True)
@@ -116,15 +131,18 @@ def test_wide_runs_only_where_it_can():
         kernel, _, _, nbytes = fa2_forward_tf32.plan(prob, (16, 16), None, feats)
         NW, MW, Bc, DP = fa2_forward_tf32.config_for(d, (16, 16))
         cp = bool(feats["CP_ASYNC"])
-        assert kernel is fa2_forward_tf32.fa2_forward_tc_kernel(NW, MW, Bc, DP, False, False, DP <= 64 and not cp, sim, True, True, cp,
-                                                              False, want, False, cp, False, False), (d, feats)  # HEAVY_FIRST, WARP_SKIP, SPLIT_KV: causal only; Q_ASYNC on the cp.async path
+        assert kernel is fa2_forward_tf32.fa2_forward_tc_kernel(
+            NW, MW, Bc, DP, False, False, DP <= 64 and not cp, sim, True, True, cp, False, want, False, cp, False, False
+        ), (d, feats)  # HEAVY_FIRST, WARP_SKIP, SPLIT_KV: causal only; Q_ASYNC on the cp.async path
         assert nbytes == 4 * fa2_forward_tf32.smem_floats(NW, MW, Bc, DP, sim, 2 if cp else 1, want)
     with pytest.raises(ValueError, match="WIDE needs CP_ASYNC"):
         fa2_forward_tf32.fa2_forward_tc_kernel(1, 1, 16, 32, False, False, False, sim, True, True, False, False, True)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", [(8, 1, 32, 128), (4, 1, 32, 128), (8, 2, 16, 128)], ids=lambda c: "x".join(map(str, c[:3])))
+@pytest.mark.parametrize(
+    "config", [(8, 1, 32, 128), (4, 1, 32, 128), (8, 2, 16, 128)], ids=lambda c: "x".join(map(str, c[:3]))
+)
 def test_wide_query_blocks_that_see_no_key_on_gpu(rng, config):
     """Causal with s_q > s_k: the first query blocks see no key and run no key block, so no barrier follows their
     Q_i stores; O is staged over Q_i rows, so WIDE needs one there (without it: 0.31 error at 8 x 1 x 32, H100,
@@ -136,12 +154,24 @@ def test_wide_query_blocks_that_see_no_key_on_gpu(rng, config):
     alloc = Allocator(q)
     fwd = fa2_forward_tf32.forward(*(alloc.to_kernel(x) for x in (q, k, v)), prob, alloc, config=config, features=WIDE)
     out = np.asarray(alloc.result(fwd.out))
-    assert_error_rule(out, standard_attention(q, k, v, causal=True).O, naive_attention_float32(q, k, v, causal=True), what="O")
+    assert_error_rule(
+        out, standard_attention(q, k, v, causal=True).O, naive_attention_float32(q, k, v, causal=True), what="O"
+    )
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(("n", "d", "causal", "bs"), [(1000, 128, False, None), (1000, 128, True, None), (1000, 128, True, (256, 16)),
-                                                       (1000, 128, False, (128, 32)), (777, 96, True, None), (2048, 32, False, None),
-                                                       (1000, 64, False, None), (1000, 64, True, None)])
+@pytest.mark.parametrize(
+    ("n", "d", "causal", "bs"),
+    [
+        (1000, 128, False, None),
+        (1000, 128, True, None),
+        (1000, 128, True, (256, 16)),
+        (1000, 128, False, (128, 32)),
+        (777, 96, True, None),
+        (2048, 32, False, None),
+        (1000, 64, False, None),
+        (1000, 64, True, None),
+    ],
+)
 def test_wide_fragment_loads_on_gpu_shapes(rng, n, d, causal, bs):
     _check(rng, 2, n, n, 4, 2, d, causal, 0.0, bs)

@@ -1,4 +1,5 @@
-"""The 3xTF32 FA2 backward (:mod:`numba_flash.tensorcore.fa2_backward_tf32`), the float32 backward of ``variant="tensorcore"``.
+"""The 3xTF32 FA2 backward (:mod:`numba_flash.tensorcore.fa2_backward_tf32`), the float32 backward of
+``variant="tensorcore"``.
 
 Claims checked (flash-attn's rule: every gradient within 3x the error of float32 naive attention's
 autograd, both against float64):
@@ -40,13 +41,31 @@ TILINGS = [
 
 def _grads(rng, monkeypatch, config, b, s_q, s_k, h, h_k, d, causal, p, deterministic):
     """(grads, ref, naive) of the tensorcore pair at tiling ``config`` of the backward's main kernel."""
-    monkeypatch.setattr(fa2_backward_tf32, "config_for", lambda d_, bs=None, causal=False: (*config, 8 * ((d_ + 7) // 8)))
+    monkeypatch.setattr(
+        fa2_backward_tf32, "config_for", lambda d_, bs=None, causal=False: (*config, 8 * ((d_ + 7) // 8))
+    )
     q, k, v = make_qkv(rng, b, s_q, s_k, h, h_k, d)
     dout = rng.standard_normal(q.shape).astype(np.float32)
     seed = int(rng.integers(0, 2**32))
-    out, stats = api.attention_numpy(q, k, v, p, None, causal, algorithm="flash2", variant="tensorcore", block_sizes=(16, 16),
-                                     seed=seed, return_stats=True)
-    names = [kl.name for kl in registry.resolve("flash2", "backward", "tensorcore", stats.problem).module.compiled_kernels(stats.problem, stats.block_sizes, deterministic)]
+    out, stats = api.attention_numpy(
+        q,
+        k,
+        v,
+        p,
+        None,
+        causal,
+        algorithm="flash2",
+        variant="tensorcore",
+        block_sizes=(16, 16),
+        seed=seed,
+        return_stats=True,
+    )
+    names = [
+        kl.name
+        for kl in registry.resolve("flash2", "backward", "tensorcore", stats.problem).module.compiled_kernels(
+            stats.problem, stats.block_sizes, deterministic
+        )
+    ]
     assert all("3xTF32" in n for n in names), names
     with poison_outputs():
         grads = api.attention_backward_numpy(dout, q, k, v, out, stats, deterministic=deterministic)
@@ -56,7 +75,9 @@ def _grads(rng, monkeypatch, config, b, s_q, s_k, h, h_k, d, causal, p, determin
 
 
 @pytest.mark.parametrize(("config", "b", "s_q", "s_k", "h", "h_k", "d", "causal", "p"), TILINGS)
-def test_tf32_backward_gives_gradients_within_3x_float32_error_at_every_tiling(rng, monkeypatch, config, b, s_q, s_k, h, h_k, d, causal, p):
+def test_tf32_backward_gives_gradients_within_3x_float32_error_at_every_tiling(
+    rng, monkeypatch, config, b, s_q, s_k, h, h_k, d, causal, p
+):
     grads, ref, naive = _grads(rng, monkeypatch, config, b, s_q, s_k, h, h_k, d, causal, p, False)
     for name, g, r, n in zip(("dq", "dk", "dv"), grads, ref, naive):
         assert_error_rule(g, r, n, mult=3, what=f"{name} at tiling {config}")
@@ -68,7 +89,9 @@ DETERMINISTIC = [pytest.param((2, 1, 16), 1, 19, 40, 2, 1, 12, True, 0.1, id="ds
 
 
 @pytest.mark.parametrize(("config", "b", "s_q", "s_k", "h", "h_k", "d", "causal", "p"), DETERMINISTIC)
-def test_deterministic_tf32_backward_is_within_3x_and_shares_dk_dv_with_the_atomic_one(rng, monkeypatch, config, b, s_q, s_k, h, h_k, d, causal, p):
+def test_deterministic_tf32_backward_is_within_3x_and_shares_dk_dv_with_the_atomic_one(
+    rng, monkeypatch, config, b, s_q, s_k, h, h_k, d, causal, p
+):
     state = rng.bit_generator.state
     det, ref, naive = _grads(rng, monkeypatch, config, b, s_q, s_k, h, h_k, d, causal, p, True)
     for name, g, r, n in zip(("dq", "dk", "dv"), det, ref, naive):
@@ -82,16 +105,30 @@ def test_deterministic_tf32_backward_is_within_3x_and_shares_dk_dv_with_the_atom
 def test_tensorcore_backward_runs_3xtf32_on_float32_arrays_and_the_half_kernel_on_half_words():
     # (dtype, d, the kernel that must run): half words -> the half kernel; float32 arrays (float32 inputs, an odd
     # half head dim) -> 3xTF32 up to d = 128; above it the FFMA kernel, as the tensor-core forward does
-    for dt, d, want in ((np.float16, 16, "float16"), (np.float16, 7, "3xTF32"), (np.float32, 16, "3xTF32"),
-                        (np.float32, 128, "3xTF32"), (np.float32, 136, "fast")):
+    for dt, d, want in (
+        (np.float16, 16, "float16"),
+        (np.float16, 7, "3xTF32"),
+        (np.float32, 16, "3xTF32"),
+        (np.float32, 128, "3xTF32"),
+        (np.float32, 136, "fast"),
+    ):
         prob = api.check_attention_args(*(np.zeros((1, 20, 1, d), dt),) * 3)
-        names = [k.name for k in registry.resolve("flash2", "backward", "tensorcore", prob).module.compiled_kernels(prob, (16, 16))]
+        names = [
+            k.name
+            for k in registry.resolve("flash2", "backward", "tensorcore", prob).module.compiled_kernels(prob, (16, 16))
+        ]
         assert all(want in n for n in names), (dt, d, names)
 
 
-@pytest.mark.parametrize(("module", "dtype", "switch"), [(fa2_backward_tf32, np.float32, "PREFETCH"),
-                                                       (fa2_backward_half, np.float16, "HEAVY_FIRST"),
-                                                       (fa2_backward_tf32, np.float32, "PREFTECH")], ids=["tf32", "half", "typo"])
+@pytest.mark.parametrize(
+    ("module", "dtype", "switch"),
+    [
+        (fa2_backward_tf32, np.float32, "PREFETCH"),
+        (fa2_backward_half, np.float16, "HEAVY_FIRST"),
+        (fa2_backward_tf32, np.float32, "PREFTECH"),
+    ],
+    ids=["tf32", "half", "typo"],
+)
 def test_tensorcore_backward_plans_reject_an_unknown_switch_by_name(module, dtype, switch):
     # a removed switch (PREFETCH of the 3xTF32 backward, HEAVY_FIRST of the half one) or a misspelt one must not run
     # the defaults silently: the plan names it before it compiles anything

@@ -36,13 +36,17 @@ def _gradients(q, k, v, dout, causal, p, seed, bs, cp, deterministic=False, conf
     and the ``CP_ASYNC`` its ``plan`` was given (after ``backward``'s own fallbacks). ``words``: the kernel
     arrays of q and dout to pass instead of aligned copies."""
     words = None if words is None else dict(zip(("q", "dout"), words))
-    grads, planned = run_tf32_backward(q, k, v, dout, causal, p, seed, bs, {"CP_ASYNC": cp}, deterministic, config, words)
+    grads, planned = run_tf32_backward(
+        q, k, v, dout, causal, p, seed, bs, {"CP_ASYNC": cp}, deterministic, config, words
+    )
     return grads, planned["CP_ASYNC"]
 
 
 def _assert_same(a, b, names=("dq", "dk", "dv")):
     for name, x, y in zip(names, a, b):
-        np.testing.assert_array_equal(x.view(np.uint32), y.view(np.uint32), err_msg=f"{name}: cp.async and register paths differ")
+        np.testing.assert_array_equal(
+            x.view(np.uint32), y.view(np.uint32), err_msg=f"{name}: cp.async and register paths differ"
+        )
 
 
 #: (batch, s_q, s_k, nheads, nheads_k, d, causal, dropout_p, block_sizes (Br, Bc)): Br 16 gives 3-4 query steps
@@ -59,7 +63,9 @@ def test_cp_async_stages_give_the_register_paths_gradients_bit_for_bit(rng, b, s
     q, k, v = make_qkv(rng, b, s_q, s_k, h, h_k, d)
     dout = rng.standard_normal(q.shape).astype(np.float32)
     seed = int(rng.integers(0, 2**32))
-    (cp_grads, cp_planned), (reg_grads, reg_planned) = (_gradients(q, k, v, dout, causal, p, seed, bs, cp) for cp in (True, False))
+    (cp_grads, cp_planned), (reg_grads, reg_planned) = (
+        _gradients(q, k, v, dout, causal, p, seed, bs, cp) for cp in (True, False)
+    )
     assert cp_planned and not reg_planned
     _assert_same(cp_grads, reg_grads)
 
@@ -68,7 +74,9 @@ def test_cp_async_stages_in_the_deterministic_backward_give_the_register_paths_g
     """Without atomic dQ the main kernel has no barrier after dK, dV: the step's one barrier alone guards the stages."""
     q, k, v = make_qkv(rng, 1, 50, 40, 2, 1, 16)
     dout = rng.standard_normal(q.shape).astype(np.float32)
-    (cp_grads, cp_planned), (reg_grads, _) = (_gradients(q, k, v, dout, True, 0.0, 0, (16, 16), cp, True) for cp in (True, False))
+    (cp_grads, cp_planned), (reg_grads, _) = (
+        _gradients(q, k, v, dout, True, 0.0, 0, (16, 16), cp, True) for cp in (True, False)
+    )
     assert cp_planned
     _assert_same(cp_grads, reg_grads)
 
@@ -76,7 +84,9 @@ def test_cp_async_stages_in_the_deterministic_backward_give_the_register_paths_g
 def test_cp_async_is_the_default_where_the_h100_sweep_found_it_faster():
     # d <= 64: 1.03-1.11x; d = 128: two stages do not fit the default tiling, the tilings they fit were slower
     assert fa2_backward_tf32.default_features()["CP_ASYNC"] is None
-    assert [fa2_backward_tf32.features_for(d)["CP_ASYNC"] for d in (16, 60, 64, 65, 96, 128)] == [True] * 3 + [False] * 3
+    assert [fa2_backward_tf32.features_for(d)["CP_ASYNC"] for d in (16, 60, 64, 65, 96, 128)] == [True] * 3 + [
+        False
+    ] * 3
     assert not fa2_backward_tf32.features_for(64, {"CP_ASYNC": False})["CP_ASYNC"]
     assert fa2_backward_tf32.features_for(128, {"CP_ASYNC": True})["CP_ASYNC"]
     # after a WIDE forward (the default above d = 64) the unpadded rows fit two stages of the d = 128 default tiling,
@@ -97,7 +107,9 @@ def test_head_dims_not_a_multiple_of_4_and_unaligned_inputs_take_the_register_pa
     prob = check_attention_args(q, k, v, 0.0, None, False, 0)
     NW, MW, BR, DP = fa2_backward_tf32.config_for(6, (16, 16))
     # asked for, but d = 6 has rows that are not whole 16-byte chunks: one stage, the register path
-    assert fa2_backward_tf32.plan(prob, (16, 16), None, {"CP_ASYNC": True})[5][0] == 4 * fa2_backward_tf32.smem_floats(NW, MW, BR, DP, 1)
+    assert fa2_backward_tf32.plan(prob, (16, 16), None, {"CP_ASYNC": True})[5][0] == 4 * fa2_backward_tf32.smem_floats(
+        NW, MW, BR, DP, 1
+    )
     # d = 16, Q and dO 4 bytes past a 16-byte boundary: backward() drops CP_ASYNC
     q, k, v = make_qkv(rng, 1, 20, 20, 1, 1, 16)
     dout = rng.standard_normal(q.shape).astype(np.float32)
@@ -112,9 +124,15 @@ def test_head_dims_not_a_multiple_of_4_and_unaligned_inputs_take_the_register_pa
 
 #: GPU tilings (NW, MW, BR, DP=None): the default where two stages fit (d = 64) and the d = 128 candidates that fit
 #: 227 KB with two stages (the default 8 x 1 x 32 needs 236 KB)
-GPU_CASES = [(1000, 64, False, 0.0, False, None), (1000, 64, True, 0.1, False, None), (777, 96, True, 0.0, False, (4, 1, 32)),
-             (1000, 128, False, 0.0, False, (4, 1, 32)), (1000, 128, True, 0.0, False, (8, 1, 16)),
-             (1000, 64, True, 0.0, True, None), (1000, 128, False, 0.0, True, (4, 1, 32))]
+GPU_CASES = [
+    (1000, 64, False, 0.0, False, None),
+    (1000, 64, True, 0.1, False, None),
+    (777, 96, True, 0.0, False, (4, 1, 32)),
+    (1000, 128, False, 0.0, False, (4, 1, 32)),
+    (1000, 128, True, 0.0, False, (8, 1, 16)),
+    (1000, 64, True, 0.0, True, None),
+    (1000, 128, False, 0.0, True, (4, 1, 32)),
+]
 
 
 @pytest.mark.gpu
@@ -124,9 +142,11 @@ def test_cp_async_stages_give_the_register_paths_gradients_on_gpu_shapes(rng, n,
     q, k, v = make_qkv(rng, 2, n, n, 4, 2, d)
     dout = rng.standard_normal(q.shape).astype(np.float32)
     config = None if tiling is None else (*tiling, 8 * ((d + 7) // 8))
-    (cp_grads, cp_planned), (reg_grads, _) = (_gradients(q, k, v, dout, causal, p, 7, None, cp, det, config) for cp in (True, False))
+    (cp_grads, cp_planned), (reg_grads, _) = (
+        _gradients(q, k, v, dout, causal, p, 7, None, cp, det, config) for cp in (True, False)
+    )
     assert cp_planned
-    _assert_same(cp_grads[0 if det else 1:], reg_grads[0 if det else 1:], ("dq", "dk", "dv")[0 if det else 1:])
+    _assert_same(cp_grads[0 if det else 1 :], reg_grads[0 if det else 1 :], ("dq", "dk", "dv")[0 if det else 1 :])
 
 
 @pytest.mark.gpu
@@ -135,7 +155,9 @@ def test_nans_in_q_and_do_give_the_register_paths_nans_on_gpu(rng):
     dout = rng.standard_normal(q.shape).astype(np.float32)
     q[0, 7, 1, 5] = np.nan
     dout[0, 200, 0, 9] = np.nan
-    (cp_grads, cp_planned), (reg_grads, _) = (_gradients(q, k, v, dout, False, 0.0, 0, None, cp, True) for cp in (True, False))
+    (cp_grads, cp_planned), (reg_grads, _) = (
+        _gradients(q, k, v, dout, False, 0.0, 0, None, cp, True) for cp in (True, False)
+    )
     assert cp_planned
     _assert_same(cp_grads, reg_grads)
     assert np.isnan(cp_grads[1]).any() and np.isnan(cp_grads[2]).any(), "a NaN in Q (dO) reaches dK (dV)"

@@ -1,4 +1,5 @@
-"""The 3xTF32 backward's dQ product a few k steps a pass (:mod:`numba_flash.tensorcore.fa2_backward_tf32`, ``DQ_UNROLL``).
+"""The 3xTF32 backward's dQ product a few k steps a pass (:mod:`numba_flash.tensorcore.fa2_backward_tf32`,
+``DQ_UNROLL``).
 
 Line 15, ``dQ_i += tau dS_ij K_j``, runs over the block's keys 8 at a time, each k step's three ``mma`` into a zeroed
 accumulator added to dQ with float32 adds. ``DQ_UNROLL`` (2 or 4) writes that many k steps into one pass of the loop
@@ -39,7 +40,9 @@ def _gradients(q, k, v, dout, causal, p, bs, unroll):
     kq, kk, kv, kdo = (alloc.to_kernel(x) for x in (q, k, v, dout))
     fwd = fa2_forward_tf32.forward(kq, kk, kv, prob, alloc, bs)
     with poison_outputs():
-        grads = fa2_backward_tf32.backward(kdo, kq, kk, kv, fwd.out, fwd, prob, alloc, bs, features={"DQ_UNROLL": unroll})
+        grads = fa2_backward_tf32.backward(
+            kdo, kq, kk, kv, fwd.out, fwd, prob, alloc, bs, features={"DQ_UNROLL": unroll}
+        )
     return [to_host(g) for g in grads]
 
 
@@ -60,7 +63,9 @@ def test_dq_k_steps_in_pairs_or_fours_give_the_same_gradients(rng, b, s_q, s_k, 
     q, k, v, dout = _inputs(rng, b, s_q, s_k, h, h_k, d)
     base = _gradients(q, k, v, dout, causal, p, bs, 1)
     for unroll in (2, 4):
-        assert_same_bits(base, _gradients(q, k, v, dout, causal, p, bs, unroll), f"DQ_UNROLL={unroll} and 1", ("dq", "dk", "dv"))
+        assert_same_bits(
+            base, _gradients(q, k, v, dout, causal, p, bs, unroll), f"DQ_UNROLL={unroll} and 1", ("dq", "dk", "dv")
+        )
 
 
 def test_a_factor_that_does_not_divide_the_k_steps_is_refused():
@@ -72,16 +77,21 @@ def test_a_factor_that_does_not_divide_the_k_steps_is_refused():
         fa2_backward_tf32.fa2_backward_tf32_kernel(4, 1, 16, 16, False, False, True, sim, DQ_UNROLL=8)
 
 
-@pytest.mark.parametrize(("d", "block_sizes", "features", "expected"), [
-    (128, None, None, 4),  # the default tiling: Bc = 128, 16 k steps
-    (96, None, None, 4),
-    (64, None, None, 1),
-    (72, (16, 16), None, 1),  # Bc = 16: two k steps, 4 does not divide them
-    (128, (32, 32), None, 4),  # Bc = 32: four k steps
-    (128, None, {"DQ_UNROLL": 2}, 2),
-    (64, None, {"DQ_UNROLL": 4}, 4),
-])
-def test_the_default_unroll_is_four_above_d64_where_it_divides_the_k_steps(monkeypatch, d, block_sizes, features, expected):
+@pytest.mark.parametrize(
+    ("d", "block_sizes", "features", "expected"),
+    [
+        (128, None, None, 4),  # the default tiling: Bc = 128, 16 k steps
+        (96, None, None, 4),
+        (64, None, None, 1),
+        (72, (16, 16), None, 1),  # Bc = 16: two k steps, 4 does not divide them
+        (128, (32, 32), None, 4),  # Bc = 32: four k steps
+        (128, None, {"DQ_UNROLL": 2}, 2),
+        (64, None, {"DQ_UNROLL": 4}, 4),
+    ],
+)
+def test_the_default_unroll_is_four_above_d64_where_it_divides_the_k_steps(
+    monkeypatch, d, block_sizes, features, expected
+):
     built = []
     real = fa2_backward_tf32.fa2_backward_tf32_kernel
 
@@ -91,8 +101,18 @@ def test_the_default_unroll_is_four_above_d64_where_it_divides_the_k_steps(monke
 
     monkeypatch.setattr(fa2_backward_tf32, "fa2_backward_tf32_kernel", record)
     for causal in (False, True):
-        prob = Problem(batch=1, seqlen_q=256, seqlen_k=256, nheads=2, nheads_k=2, headdim=d, softmax_scale=d ** -0.5,
-                       causal=causal, dropout_p=0.0, seed=0)
+        prob = Problem(
+            batch=1,
+            seqlen_q=256,
+            seqlen_k=256,
+            nheads=2,
+            nheads_k=2,
+            headdim=d,
+            softmax_scale=d**-0.5,
+            causal=causal,
+            dropout_p=0.0,
+            seed=0,
+        )
         fa2_backward_tf32.plan(prob, block_sizes, features=features)
     assert built == [expected, expected]
 
@@ -102,9 +122,15 @@ def test_the_default_unroll_is_four_above_d64_where_it_divides_the_k_steps(monke
 def test_dq_k_steps_in_pairs_or_fours_on_gpu_shapes(rng, n, d, causal):
     q, k, v, dout = _inputs(rng, 2, n, n, 4, 2, d)
     base = _gradients(q, k, v, dout, causal, 0.0, None, 1)
-    ref = torch_attention_grads([torch.from_numpy(x) for x in (q, k, v)], torch.from_numpy(dout), causal, 0.0, 0, torch.float64)
-    naive = torch_attention_grads([torch.from_numpy(x) for x in (q, k, v)], torch.from_numpy(dout), causal, 0.0, 0, torch.float32)
+    ref = torch_attention_grads(
+        [torch.from_numpy(x) for x in (q, k, v)], torch.from_numpy(dout), causal, 0.0, 0, torch.float64
+    )
+    naive = torch_attention_grads(
+        [torch.from_numpy(x) for x in (q, k, v)], torch.from_numpy(dout), causal, 0.0, 0, torch.float32
+    )
     for unroll in (2, 4):
         got = _gradients(q, k, v, dout, causal, 0.0, None, unroll)
         assert_same_bits(base[1:], got[1:], f"DQ_UNROLL={unroll} and 1", ("dk", "dv"))
-        assert_error_rule(got[0].astype(np.float64).reshape(ref[0].shape), ref[0], naive[0], mult=3.0, what=f"dQ, DQ_UNROLL={unroll}")
+        assert_error_rule(
+            got[0].astype(np.float64).reshape(ref[0].shape), ref[0], naive[0], mult=3.0, what=f"dQ, DQ_UNROLL={unroll}"
+        )

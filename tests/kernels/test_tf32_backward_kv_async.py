@@ -10,8 +10,8 @@ Claims checked:
 * Both loads give the same gradients: dK, dV bit for bit, and dQ too in the simulator (its blocks run one at a time)
   or with ``deterministic=True``, on ragged (a key block past N_k), causal (key blocks no query sees: no copy is
   issued), GQA, dropout shapes and a head dim whose padded row ends in a chunk past d; with NaNs in K and V.
-* ``KV_ASYNC`` is on by default on the ``cp.async`` path above d = 64, never off that path, and K or V rows that are not 16-byte aligned
-  take the register load while Q and dO keep ``cp.async``.
+* ``KV_ASYNC`` is on by default on the ``cp.async`` path above d = 64, never off that path, and K or V rows that are not
+  16-byte aligned take the register load while Q and dO keep ``cp.async``.
 * On a GPU (marker ``gpu``): the same at realistic shapes and the default tilings (d = 128 among them, where the
   register load spilled).
 """
@@ -27,8 +27,9 @@ from attn_testing import assert_same_bits, make_qkv, run_tf32_backward, unaligne
 
 
 def _grads(q, k, v, dout, causal, p, seed, bs, kv_async, deterministic=False, config=None, words=None):
-    return run_tf32_backward(q, k, v, dout, causal, p, seed, bs, {"CP_ASYNC": True, "KV_ASYNC": kv_async}, deterministic,
-                             config, words)
+    return run_tf32_backward(
+        q, k, v, dout, causal, p, seed, bs, {"CP_ASYNC": True, "KV_ASYNC": kv_async}, deterministic, config, words
+    )
 
 
 GRADS = ("dq", "dk", "dv")
@@ -40,11 +41,15 @@ CASES = [
 
 
 @pytest.mark.parametrize(("b", "s_q", "s_k", "h", "h_k", "d", "causal", "p", "bs", "det"), CASES)
-def test_k_and_v_by_cp_async_give_the_register_loads_gradients_bit_for_bit(rng, b, s_q, s_k, h, h_k, d, causal, p, bs, det):
+def test_k_and_v_by_cp_async_give_the_register_loads_gradients_bit_for_bit(
+    rng, b, s_q, s_k, h, h_k, d, causal, p, bs, det
+):
     q, k, v = make_qkv(rng, b, s_q, s_k, h, h_k, d)
     dout = rng.standard_normal(q.shape).astype(np.float32)
     seed = int(rng.integers(0, 2**32))
-    (a_grads, a_feats), (r_grads, r_feats) = (_grads(q, k, v, dout, causal, p, seed, bs, kv, det) for kv in (True, False))
+    (a_grads, a_feats), (r_grads, r_feats) = (
+        _grads(q, k, v, dout, causal, p, seed, bs, kv, det) for kv in (True, False)
+    )
     assert a_feats["KV_ASYNC"] and not r_feats["KV_ASYNC"]
     assert_same_bits(a_grads, r_grads, "K_j, V_j by cp.async and by registers", GRADS)
 
@@ -66,7 +71,10 @@ def test_kv_async_is_the_default_on_the_cp_async_path_and_unaligned_k_v_take_the
     assert not fa2_backward_tf32.kv_async_for(128, False) and not fa2_backward_tf32.kv_async_for(128, False, True)
     assert fa2_backward_tf32.kv_async_for(64, True, True) and not fa2_backward_tf32.kv_async_for(128, True, False)
     # features_for resolves it where CP_ASYNC is, so backward() reads K and V's alignment only where it would run
-    assert not fa2_backward_tf32.features_for(64)["KV_ASYNC"] and fa2_backward_tf32.features_for(128, None, True)["KV_ASYNC"]
+    assert (
+        not fa2_backward_tf32.features_for(64)["KV_ASYNC"]
+        and fa2_backward_tf32.features_for(128, None, True)["KV_ASYNC"]
+    )
     assert not fa2_backward_tf32.features_for(128, {"WIDE": False}, True)["KV_ASYNC"], "no cp.async path: no KV_ASYNC"
     with pytest.raises(ValueError, match="KV_ASYNC needs CP_ASYNC"):
         fa2_backward_tf32.fa2_backward_tf32_kernel(1, 1, 16, 8, False, False, True, True, KV_ASYNC=True)
@@ -82,8 +90,16 @@ def test_kv_async_is_the_default_on_the_cp_async_path_and_unaligned_k_v_take_the
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(("n", "d", "causal", "det"), [(1000, 128, False, False), (1000, 128, True, True), (777, 96, True, False),
-                                                       (1000, 64, True, False), (2048, 64, False, True)])
+@pytest.mark.parametrize(
+    ("n", "d", "causal", "det"),
+    [
+        (1000, 128, False, False),
+        (1000, 128, True, True),
+        (777, 96, True, False),
+        (1000, 64, True, False),
+        (2048, 64, False, True),
+    ],
+)
 def test_k_and_v_by_cp_async_give_the_register_loads_gradients_on_gpu_shapes(rng, n, d, causal, det):
     """dK, dV bit for bit (dQ too with ``deterministic``: atomic adds land in any order), the default tilings."""
     q, k, v = make_qkv(rng, 2, n, n, 4, 2, d)

@@ -1,4 +1,5 @@
-"""The 3xTF32 backward's ``Q_i, dO_i`` split once per step (:mod:`numba_flash.tensorcore.fa2_backward_tf32`, ``SPLIT_QDO``).
+"""The 3xTF32 backward's ``Q_i, dO_i`` split once per step (:mod:`numba_flash.tensorcore.fa2_backward_tf32`,
+``SPLIT_QDO``).
 
 Every 3xTF32 ``mma`` takes the big and small tf32 parts of both operands. ``Q_i`` and ``dO_i`` are read four times a
 step (the A operands of ``S = Q_i K_j^T`` and ``dP = dO_i V_j^T``, the B operands of ``dK += dS^T Q_i`` and
@@ -59,7 +60,10 @@ def _grads(q, k, v, dout, causal, p, bs, split_qdo, deterministic=False, pairs=F
 def _reference(q, k, v, dout, causal, p):
     """(float64 oracle, float32 baseline) gradients of the same attention (dropout seed 7, as :func:`_grads`)."""
     qkv, do = [torch.from_numpy(x) for x in (q, k, v)], torch.from_numpy(dout)
-    return (torch_attention_grads(qkv, do, causal, p, 7, torch.float64), torch_attention_grads(qkv, do, causal, p, 7, torch.float32))
+    return (
+        torch_attention_grads(qkv, do, causal, p, 7, torch.float64),
+        torch_attention_grads(qkv, do, causal, p, 7, torch.float32),
+    )
 
 
 def _assert_same_but_dk(on, off, ref, naive, what):
@@ -99,7 +103,9 @@ def test_nans_in_q_and_do_reach_the_same_gradients(rng):
     (on, _), (off, _) = (_grads(q, k, v, dout, False, 0.0, (16, 16), f) for f in (True, False))
     for name, a, b in zip(("dq", "dk", "dv"), on, off):
         assert np.isnan(a).any(), f"{name}: the NaNs reach it"
-        np.testing.assert_array_equal(np.isnan(a), np.isnan(b), err_msg=f"{name}: NaNs where the backward without it has them")
+        np.testing.assert_array_equal(
+            np.isnan(a), np.isnan(b), err_msg=f"{name}: NaNs where the backward without it has them"
+        )
 
 
 def test_split_qdo_runs_only_with_wide_on_the_cp_async_path_and_by_default_from_1k_rows():
@@ -112,8 +118,9 @@ def test_split_qdo_runs_only_with_wide_on_the_cp_async_path_and_by_default_from_
     sim = _backend.is_simulator()
     for cp_async, wide in ((False, True), (True, False)):
         with pytest.raises(ValueError, match="SPLIT_QDO needs CP_ASYNC and WIDE"):
-            fa2_backward_tf32.fa2_backward_tf32_kernel(1, 1, 16, 32, False, False, True, sim, CP_ASYNC=cp_async, WIDE=wide,
-                                                       SPLIT_QDO=True)
+            fa2_backward_tf32.fa2_backward_tf32_kernel(
+                1, 1, 16, 32, False, False, True, sim, CP_ASYNC=cp_async, WIDE=wide, SPLIT_QDO=True
+            )
     with pytest.raises(ValueError, match="only with the key columns kept"):
         fa2_backward_tf32.make_score_products_wide(1, 2, 4, 32, sim, False, 64)
 
@@ -150,12 +157,20 @@ def _banks(addresses, width):
 @pytest.mark.parametrize("DP", [32, 64, 96, 128])
 def test_swizzle_pairs_keeps_the_quad_and_pair_reads_in_32_banks(DP):
     for r0 in (0, 16, 48):
-        for kp in range(DP // 16):  # S, dP: lane (g, t) loads the quad of rows 2g, 2g+1 at column 16 kp + 4 t (h2 = 0: in row
-            for h in range(2):  # 2g's chunk; h2 = 2: in row 2g + 1's), 16 bytes, served 8 lanes (g = 2m, 2m + 1) at a time
+        for kp in range(DP // 16):  # S, dP: lane (g, t) loads the quad of rows 2g, 2g+1 at column 16 kp + 4 t (h2 = 0:
+            # in row
+            for h in range(2):  # 2g's chunk; h2 = 2: in row 2g + 1's), 16 bytes, served 8 lanes (g = 2m, 2m + 1) at a
+                # time
                 for m in range(4):
                     rows = [(r0 + 2 * g + h, t) for g in (2 * m, 2 * m + 1) for t in range(4)]
-                    assert len(set(_banks([r * DP + _sw(16 * kp + 4 * t, r) for r, t in rows], 4))) == 32, (r0, kp, h, m)
-        for n in range(DP // 8):  # dV, dK: lane (g, t) loads (X[2t, c], X[2t+1, c]), c = 8 n + g, 8 bytes, 16 lanes at a time
+                    assert len(set(_banks([r * DP + _sw(16 * kp + 4 * t, r) for r, t in rows], 4))) == 32, (
+                        r0,
+                        kp,
+                        h,
+                        m,
+                    )
+        for n in range(DP // 8):  # dV, dK: lane (g, t) loads (X[2t, c], X[2t+1, c]), c = 8 n + g, 8 bytes, 16 lanes at
+            # a time
             for nt in range(2):
                 for half in range(2):
                     at = []
@@ -176,9 +191,9 @@ def test_swizzle_pairs_on_the_device_is_the_host_formula():
 
 @pytest.mark.parametrize("NT", [64, 96], ids=["exact-share", "ragged-share"])
 def test_the_row_pair_pass_writes_the_quads_of_every_pair(NT):
-    """After :func:`make_word_loader_async`'s ``ROW_PAIRS`` (rows r, r + 1) copy, swizzled by ``swizzle_pairs``: the chunk of
-    row r (even) at columns c .. c + 3 holds (X[r, c], X[r+1, c], X[r, c+1], X[r+1, c+1]) and row r + 1's the quad of
-    c + 2, c + 3, big parts in place and small ones ``SMALL`` words on (``Q_i`` scaled first)."""
+    """After :func:`make_word_loader_async`'s ``ROW_PAIRS`` (rows r, r + 1) copy, swizzled by ``swizzle_pairs``: the
+    chunk of row r (even) at columns c .. c + 3 holds (X[r, c], X[r+1, c], X[r, c+1], X[r+1, c+1]) and row r + 1's the
+    quad of c + 2, c + 3, big parts in place and small ones ``SMALL`` words on (``Q_i`` scaled first)."""
     ROWS, DW, SCALE = 16, 64, 1.4426950408889634  # 256 chunks, 128 pairs: over 96 threads the last 32 have one pair
     SMALL = ROWS * DW
     split_pass = _tiles.make_row_pair_split_pass(ROWS, DW, NT, DW, _backend.is_simulator(), SCALE=True)
@@ -210,8 +225,9 @@ def test_the_row_pair_pass_writes_the_quads_of_every_pair(NT):
 
 def test_row_pairs_need_split_q_and_do():
     with pytest.raises(ValueError, match="QDO_PAIRS needs SPLIT_QDO"):
-        fa2_backward_tf32.fa2_backward_tf32_kernel(1, 1, 16, 32, False, False, True, _backend.is_simulator(), CP_ASYNC=True,
-                                                   WIDE=True, QDO_PAIRS=True)
+        fa2_backward_tf32.fa2_backward_tf32_kernel(
+            1, 1, 16, 32, False, False, True, _backend.is_simulator(), CP_ASYNC=True, WIDE=True, QDO_PAIRS=True
+        )
     with pytest.raises(ValueError, match="only with split query rows"):
         fa2_backward_tf32.make_score_products_wide(1, 2, 4, 32, _backend.is_simulator(), True, 0, True)
     with pytest.raises(ValueError, match=r"row pairs \(r, r \+ 1\) need a multiple of 2 rows"):
@@ -224,17 +240,20 @@ def test_row_pairs_need_split_q_and_do():
 ON, SPLIT, OFF = (True, True), (True, False), (False, False)  # (SPLIT_QDO, QDO_PAIRS) as built
 
 
-@pytest.mark.parametrize(("d", "features", "n", "expected"), [
-    (128, {"SPLIT_QDO": True}, 256, ON),  # WIDE (as the forward above d = 64) on the cp.async path, pairs with it
-    (128, {"SPLIT_QDO": True, "QDO_PAIRS": False}, 256, SPLIT),  # pairs asked off
-    (128, {"SPLIT_QDO": True, "WIDE": False}, 256, OFF),  # not WIDE: off
-    (128, {"SPLIT_QDO": True, "CP_ASYNC": False}, 256, OFF),  # the register path: off
-    (64, {"SPLIT_QDO": True}, 256, OFF),  # d = 64: WIDE off by default
-    (128, {"QDO_PAIRS": True}, 256, OFF),  # pairs asked, SPLIT_QDO by default off below SPLIT_QDO_SEQLEN ...
-    (128, None, 1023, OFF),
-    (128, None, 1024, ON),  # ... and on from it, with pairs
-    (64, None, 16384, OFF),  # not at d = 64 (no WIDE)
-])
+@pytest.mark.parametrize(
+    ("d", "features", "n", "expected"),
+    [
+        (128, {"SPLIT_QDO": True}, 256, ON),  # WIDE (as the forward above d = 64) on the cp.async path, pairs with it
+        (128, {"SPLIT_QDO": True, "QDO_PAIRS": False}, 256, SPLIT),  # pairs asked off
+        (128, {"SPLIT_QDO": True, "WIDE": False}, 256, OFF),  # not WIDE: off
+        (128, {"SPLIT_QDO": True, "CP_ASYNC": False}, 256, OFF),  # the register path: off
+        (64, {"SPLIT_QDO": True}, 256, OFF),  # d = 64: WIDE off by default
+        (128, {"QDO_PAIRS": True}, 256, OFF),  # pairs asked, SPLIT_QDO by default off below SPLIT_QDO_SEQLEN ...
+        (128, None, 1023, OFF),
+        (128, None, 1024, ON),  # ... and on from it, with pairs
+        (64, None, 16384, OFF),  # not at d = 64 (no WIDE)
+    ],
+)
 def test_the_plan_builds_it_only_with_wide_on_the_cp_async_path(monkeypatch, d, features, n, expected):
     built = []
     real = fa2_backward_tf32.fa2_backward_tf32_kernel
@@ -245,14 +264,26 @@ def test_the_plan_builds_it_only_with_wide_on_the_cp_async_path(monkeypatch, d, 
         return real(*args)
 
     monkeypatch.setattr(fa2_backward_tf32, "fa2_backward_tf32_kernel", record)
-    prob = Problem(batch=1, seqlen_q=n, seqlen_k=n, nheads=2, nheads_k=2, headdim=d, softmax_scale=d ** -0.5, causal=True,
-                   dropout_p=0.0, seed=0)
+    prob = Problem(
+        batch=1,
+        seqlen_q=n,
+        seqlen_k=n,
+        nheads=2,
+        nheads_k=2,
+        headdim=d,
+        softmax_scale=d**-0.5,
+        causal=True,
+        dropout_p=0.0,
+        seed=0,
+    )
     fa2_backward_tf32.plan(prob, None, features=features)
     assert built == [expected]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(("n", "d", "causal", "det"), [(1000, 128, False, False), (1000, 128, True, True), (777, 96, True, False)])
+@pytest.mark.parametrize(
+    ("n", "d", "causal", "det"), [(1000, 128, False, False), (1000, 128, True, True), (777, 96, True, False)]
+)
 def test_split_q_and_do_on_gpu_shapes(rng, n, d, causal, det):
     """dV bit for bit, dQ too with ``deterministic`` (atomic adds land in any order: else the 3x rule), dK the 3x rule;
     with ``QDO_PAIRS`` the bits of ``SPLIT_QDO`` alone (dQ with ``deterministic``)."""
@@ -268,4 +299,6 @@ def test_split_q_and_do_on_gpu_shapes(rng, n, d, causal, det):
         assert_same_bits([pairs[0]], [on[0]], "Q_i, dO_i as quads of row pairs", ("dq",))
     for got, what in ((on, "SPLIT_QDO"), (pairs, "QDO_PAIRS")):
         for i, name in ((0, "dQ"), (1, "dK")):
-            assert_error_rule(got[i].astype(np.float64).reshape(ref[i].shape), ref[i], naive[i], mult=3.0, what=f"{name}, {what}")
+            assert_error_rule(
+                got[i].astype(np.float64).reshape(ref[i].shape), ref[i], naive[i], mult=3.0, what=f"{name}, {what}"
+            )

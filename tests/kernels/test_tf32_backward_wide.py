@@ -37,7 +37,14 @@ from numba_flash_reference.alg3_backward import standard_backward
 
 import numpy as np
 import pytest
-from attn_testing import assert_error_rule, make_qkv, naive_attention_backward_float32, run_tc_forward, sharp_problem, to_host
+from attn_testing import (
+    assert_error_rule,
+    make_qkv,
+    naive_attention_backward_float32,
+    run_tc_forward,
+    sharp_problem,
+    to_host,
+)
 from numba import cuda, float32, uint32
 from sram_pass_testing import device_swizzle
 
@@ -73,10 +80,12 @@ def _s_kernel(QT: int, NKN: int, DP: int, wide: bool, keys_fixed: bool):
                     gS[16 * qt + 8 * (c // 2) + g, 8 * kn + 2 * t + c % 2] = rS[(qt * NKN + kn) * 4 + c]
 
     if wide:
+
         @cuda.jit(device=True)
         def run(smem, g, t, c1, rS, rdP, rKb, rKs, rVb, rVs, sx, lane):
             products(smem, smem, OQ, ODO, OK, OV, U(0), U(0), g, t, c1, rS, rdP, sx, 0, lane)  # words: unread (SMALL 0)
     else:
+
         @cuda.jit(device=True)
         def run(smem, g, t, c1, rS, rdP, rKb, rKs, rVb, rVs, sx, lane):
             products(smem, OQ, ODO, OK, OV, U(0), g, t, c1, rKb, rKs, rVb, rVs, rS, rdP, sx, 0, lane)
@@ -125,10 +134,15 @@ def _assert_s_is_the_wide_forwards(rng, QT, NKN, d):
     natural = lambda S: (S.max(axis=1) * np.float32(LN2)).astype(np.float32)  # noqa: E731  the forward's m = m2 ln 2
     for keys_fixed in (True, False):
         got = natural(_backward_s(q, k, True, keys_fixed))
-        np.testing.assert_array_equal(got.view(np.uint32), m[0, 0].view(np.uint32),
-                                      err_msg=f"WIDE products (keys kept: {keys_fixed}) against the WIDE forward's m")
+        np.testing.assert_array_equal(
+            got.view(np.uint32),
+            m[0, 0].view(np.uint32),
+            err_msg=f"WIDE products (keys kept: {keys_fixed}) against the WIDE forward's m",
+        )
     default = natural(_backward_s(q, k, False, True))
-    assert (default.view(np.uint32) != m[0, 0].view(np.uint32)).any(), "the default order should round some row max otherwise"
+    assert (default.view(np.uint32) != m[0, 0].view(np.uint32)).any(), (
+        "the default order should round some row max otherwise"
+    )
 
 
 def test_wide_products_recompute_the_wide_forwards_s_bit_for_bit(rng):
@@ -142,27 +156,45 @@ def test_wide_products_recompute_the_wide_forwards_s_bit_for_bit_on_gpu(rng, d):
         _assert_s_is_the_wide_forwards(rng, 4, 2, d)
 
 
-def _gradients(q, k, v, dout, causal, p, seed, bs, deterministic=False, fwd_features=FWD_WIDE, features=None, config=None):
+def _gradients(
+    q, k, v, dout, causal, p, seed, bs, deterministic=False, fwd_features=FWD_WIDE, features=None, config=None
+):
     """(dq, dk, dv) of the 3xTF32 backward at kernel level after the 3xTF32 forward with ``fwd_features``."""
     prob = check_attention_args(q, k, v, p, None, causal, seed)
     alloc = Allocator(q)
     kq, kk, kv, kdo = (alloc.to_kernel(x) for x in (q, k, v, dout))
     fwd = fa2_forward_tf32.forward(kq, kk, kv, prob, alloc, bs, features=fwd_features)
     with poison_outputs():
-        grads = fa2_backward_tf32.backward(kdo, kq, kk, kv, fwd.out, fwd, prob, alloc, bs, deterministic, config,
-                                           {"WIDE": True, **(features or {})})
+        grads = fa2_backward_tf32.backward(
+            kdo, kq, kk, kv, fwd.out, fwd, prob, alloc, bs, deterministic, config, {"WIDE": True, **(features or {})}
+        )
     return [to_host(x) for x in grads]
 
 
 #: (b, s_q, s_k, h, h_k, d, causal, p, block_sizes, deterministic, backward features)
 CASES = [
     pytest.param(1, 37, 40, 2, 1, 32, False, 0.0, (32, 32), False, {}, id="ragged-gqa-cp-async-d32"),
-    pytest.param(1, 33, 45, 1, 1, 28, True, 0.1, (16, 16), True, {"CP_ASYNC": False}, id="causal-dropout-register-path-deterministic-d28"),
+    pytest.param(
+        1,
+        33,
+        45,
+        1,
+        1,
+        28,
+        True,
+        0.1,
+        (16, 16),
+        True,
+        {"CP_ASYNC": False},
+        id="causal-dropout-register-path-deterministic-d28",
+    ),
 ]
 
 
 @pytest.mark.parametrize(("b", "s_q", "s_k", "h", "h_k", "d", "causal", "p", "bs", "det", "feats"), CASES)
-def test_wide_backward_follows_the_error_rule_after_the_wide_forward(rng, b, s_q, s_k, h, h_k, d, causal, p, bs, det, feats):
+def test_wide_backward_follows_the_error_rule_after_the_wide_forward(
+    rng, b, s_q, s_k, h, h_k, d, causal, p, bs, det, feats
+):
     q, k, v = make_qkv(rng, b, s_q, s_k, h, h_k, d)
     dout = rng.standard_normal(q.shape).astype(np.float32)
     seed = int(rng.integers(0, 2**32))
@@ -174,17 +206,24 @@ def test_wide_backward_follows_the_error_rule_after_the_wide_forward(rng, b, s_q
     if det:
         atomic = _gradients(q, k, v, dout, causal, p, seed, bs, False, features=feats)
         for name, x, y in zip(("dk", "dv"), grads[1:], atomic[1:]):
-            np.testing.assert_array_equal(x.view(np.uint32), y.view(np.uint32), err_msg=f"{name}: the same main kernel in both modes")
+            np.testing.assert_array_equal(
+                x.view(np.uint32), y.view(np.uint32), err_msg=f"{name}: the same main kernel in both modes"
+            )
 
 
 def test_wide_backward_splits_dq_over_warps(rng):
-    """Two warps share the dQ tile by columns (DSPLIT = 2): the column reads of K_j at dq0 > 0 go through the swizzle."""
+    """Two warps share the dQ tile by columns (DSPLIT = 2): the column reads of K_j at dq0 > 0 go through the
+    swizzle."""
     q, k, v = make_qkv(rng, 1, 19, 40, 2, 1, 32)
     dout = rng.standard_normal(q.shape).astype(np.float32)
     grads = _gradients(q, k, v, dout, True, 0.0, 0, (16, 16), config=(2, 1, 16, 32))
     assert fa2_backward_tf32.dq_split(2, 16, 32) == (1, 2)
-    for name, g, r, n in zip(("dq", "dk", "dv"), grads, standard_backward(dout, q, k, v, causal=True),
-                             naive_attention_backward_float32(dout, q, k, v, causal=True)):
+    for name, g, r, n in zip(
+        ("dq", "dk", "dv"),
+        grads,
+        standard_backward(dout, q, k, v, causal=True),
+        naive_attention_backward_float32(dout, q, k, v, causal=True),
+    ):
         assert_error_rule(g, r, n, mult=3, what=f"{name} (WIDE pair, dQ split)")
 
 
@@ -224,7 +263,8 @@ def _banks(addresses, width=1):
 def test_swizzle16t_keeps_row_and_column_reads_in_32_banks(DP):
     sw = lambda x, r: x ^ (16 * (r & 1)) ^ (8 * ((r >> 1) & 3))  # noqa: E731  _tiles.swizzle16t on the host
     for r0 in (0, 8, 40):
-        for p in range(DP // 16):  # a 16-byte load phase: lanes (g, t), g in {2m, 2m + 1}, row r0 + g, columns 16 p + 4 t ..
+        for p in range(DP // 16):  # a 16-byte load phase: lanes (g, t), g in {2m, 2m + 1}, row r0 + g, columns 16 p + 4
+            # t ..
             for m in range(4):
                 lanes = [(r0 + g) * DP + sw(16 * p + 4 * t, r0 + g) for g in (2 * m, 2 * m + 1) for t in range(4)]
                 assert len(set(_banks(lanes, 4))) == 32
@@ -252,9 +292,13 @@ def test_wide_follows_the_forward_and_runs_only_where_it_can(rng):
     want = fa2_forward_tf32.wide_on(fa2_forward_tf32.default_features()["WIDE"], 32, True)
     assert fa2_forward_tf32.wide_for(prob, kk, kv) == want, "None: as the default forward on aligned K, V"
     q128, k128, v128 = make_qkv(rng, 1, 8, 8, 1, 1, 128)
-    assert fa2_forward_tf32.wide_for(check_attention_args(q128, k128, v128, 0.0, None, False, 0)), "the default above d = 64"
+    assert fa2_forward_tf32.wide_for(check_attention_args(q128, k128, v128, 0.0, None, False, 0)), (
+        "the default above d = 64"
+    )
     assert fa2_forward_tf32.wide_for(prob, kk, kv, features=FWD_WIDE)
-    assert not fa2_forward_tf32.wide_for(prob, kk, kv, features={"CP_ASYNC": False, "WIDE": True}), "off the cp.async path"
+    assert not fa2_forward_tf32.wide_for(prob, kk, kv, features={"CP_ASYNC": False, "WIDE": True}), (
+        "off the cp.async path"
+    )
     q40, k40, v40 = make_qkv(rng, 1, 8, 8, 1, 1, 40)
     assert not fa2_forward_tf32.wide_for(check_attention_args(q40, k40, v40, 0.0, None, False, 0), features=FWD_WIDE)
     sim = _backend.is_simulator()
@@ -264,8 +308,23 @@ def test_wide_follows_the_forward_and_runs_only_where_it_can(rng):
         main, *_, (nbytes, _) = fa2_backward_tf32.plan(p, (16, 16), None, feats)
         NW, MW, BR, DP = fa2_backward_tf32.config_for(d, (16, 16))
         red2 = not sim and _backend.device_facts().compute_capability >= (9, 0)  # as plan
-        assert main is fa2_backward_tf32.fa2_backward_tf32_kernel(NW, MW, BR, DP, False, False, True, sim, False, red2, True,
-                                                                  False, wide, 1, fa2_backward_tf32.kv_async_for(DP, True)), (d, feats)
+        assert main is fa2_backward_tf32.fa2_backward_tf32_kernel(
+            NW,
+            MW,
+            BR,
+            DP,
+            False,
+            False,
+            True,
+            sim,
+            False,
+            red2,
+            True,
+            False,
+            wide,
+            1,
+            fa2_backward_tf32.kv_async_for(DP, True),
+        ), (d, feats)
         assert nbytes == 4 * fa2_backward_tf32.smem_floats(NW, MW, BR, DP, 2, wide)
     with pytest.raises(ValueError, match="multiple of 32"):
         fa2_backward_tf32.fa2_backward_tf32_kernel(1, 1, 16, 40, False, False, True, sim, WIDE=True)

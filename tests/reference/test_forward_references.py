@@ -108,7 +108,9 @@ def test_alg1_equals_unscaled_standard_attention(rng, shape, Br, Bc):
     for name in ("O", "m", "l", "L"):
         assert_close(getattr(out, name), getattr(ref, name), f"alg1: {name}")
     # and with the scale passed through, it matches the default-scaled oracle
-    assert_close(flash_forward_alg1(q, k, v, Br=Br, Bc=Bc, softmax_scale=None).O, standard_attention(q, k, v).O, "alg1 tau")
+    assert_close(
+        flash_forward_alg1(q, k, v, Br=Br, Bc=Bc, softmax_scale=None).O, standard_attention(q, k, v).O, "alg1 tau"
+    )
 
 
 def test_fully_masked_rows_give_zero_output_and_infinite_lse(rng):
@@ -222,7 +224,9 @@ def test_dropout_keeps_fraction_1_minus_p_within_5_sigma(rng, p):
     kept = Pd > 0  # undropped P is > 0 everywhere (no mask, |S| small)
     p_exact = math.floor(p * 2**32) / 2**32
     sigma = math.sqrt(p_exact * (1 - p_exact) / n)
-    assert abs(kept.mean() - (1 - p_exact)) <= 5 * sigma, f"kept {kept.mean():.4f}, expected {1 - p_exact:.4f} +- {5 * sigma:.4f}"
+    assert abs(kept.mean() - (1 - p_exact)) <= 5 * sigma, (
+        f"kept {kept.mean():.4f}, expected {1 - p_exact:.4f} +- {5 * sigma:.4f}"
+    )
     P = standard_attention(q, k, v, return_matrices=True).P
     assert_close(np.where(kept, Pd, 0.0), np.where(kept, P / (1 - p), 0.0), "kept entries = P / (1 - p)")
 

@@ -132,7 +132,9 @@ def test_block_sparse_hbm_accesses_scale_with_nonzero_blocks(rng):
         W = int((mask.sum(axis=-1) * row_sizes).sum())
         assert expected.total == b * h * 2 * Nk * d + W * (3 * d + 4)
     ones = np.ones((Tr, Tc))
-    assert io_alg5_block_sparse(Nq, d, ones, Br=Br, Bc=Bc, N_k=Nk, b=b, h=h) == io_alg2_forward(Nq, d, Br=Br, Bc=Bc, N_k=Nk, b=b, h=h)
+    assert io_alg5_block_sparse(Nq, d, ones, Br=Br, Bc=Bc, N_k=Nk, b=b, h=h) == io_alg2_forward(
+        Nq, d, Br=Br, Bc=Bc, N_k=Nk, b=b, h=h
+    )
     # with Br | N, each extra non-zero block costs the same: the count grows linearly with the sparsity s
     N = 64
     totals = [io_alg5_block_sparse(N, 8, banded_block_mask(16, 16, k / 16), Br=4, Bc=4).total for k in range(1, 17)]
@@ -180,7 +182,10 @@ def test_flash_advantage_grows_with_sram_size():
         if 4 * d <= M <= N * d // 4:  # Bc ~ M/4d holds closely and Tc = N/Bc >> 1
             assert r == pytest.approx(M / (3 * d * d), rel=0.1), M
     # and the same trend forward + backward (Theorem 5)
-    fb = [(std + io_alg3_backward(N, d).total) / (io_alg1_forward(N, d, M=M) + io_alg4_backward(N, d, M=M)).total for M in Ms]
+    fb = [
+        (std + io_alg3_backward(N, d).total) / (io_alg1_forward(N, d, M=M) + io_alg4_backward(N, d, M=M)).total
+        for M in Ms
+    ]
     assert all(b >= a for a, b in zip(fb, fb[1:])) and fb[-1] > 5 * fb[0]
 
 
@@ -211,7 +216,17 @@ def test_backward_closed_forms_scale_kv_terms_per_kv_head():
 
 def test_format_table_reports_every_algorithm_and_the_sweep():
     text = io_model.format_table(N=1024, d=64)
-    for needle in ("FA1 Alg.0", "FA1 Alg.1/2", "FA2 Alg.1", "FA1 Alg.5", "FA1 Alg.3", "FA1 Alg.4", "FA2 Alg.2", "9x", "40.3 GB"):
+    for needle in (
+        "FA1 Alg.0",
+        "FA1 Alg.1/2",
+        "FA2 Alg.1",
+        "FA1 Alg.5",
+        "FA1 Alg.3",
+        "FA1 Alg.4",
+        "FA2 Alg.2",
+        "9x",
+        "40.3 GB",
+    ):
         assert needle in text, needle
     rows = io_model.table_rows(1024, 64, M=98304, sparsity=0.25)
     by = {(r["pass"], r["algorithm"]): r for r in rows}

@@ -75,5 +75,7 @@ def test_fa2_forward_equals_standard_attention_for_any_shape_and_tiles(pb):
     out, counted = count_io(flash_forward_fa2, q, k, v, Br=pb["Br"], Bc=pb["Bc"], **opts)
     assert_close(out.O, ref.O, "fa2 O")
     assert_close(out.L, ref.L, "fa2 L")
-    expected = io_fa2_forward(pb["s_q"], pb["d"], Br=pb["Br"], Bc=pb["Bc"], N_k=pb["s_k"], b=pb["b"], h=pb["h"], causal=pb["causal"])
+    expected = io_fa2_forward(
+        pb["s_q"], pb["d"], Br=pb["Br"], Bc=pb["Bc"], N_k=pb["s_k"], b=pb["b"], h=pb["h"], causal=pb["causal"]
+    )
     assert counted == expected

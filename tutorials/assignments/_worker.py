@@ -145,7 +145,9 @@ def main():
                 if kind == "smem":
                     stack.enter_context(_record_into(sim, sink))
                 elif kind == "races":
-                    stack.enter_context(sim.watch_shared_arrays(lambda d, w, log=sink: _probes.SharedRaceArray(d, w, log)))
+                    stack.enter_context(
+                        sim.watch_shared_arrays(lambda d, w, log=sink: _probes.SharedRaceArray(d, w, log))
+                    )
             result = materialize(getattr(module, name)(*args, **kwargs))
         return result, materialize(list(args)), materialize(kwargs), recorded
 

@@ -185,7 +185,9 @@ def assert_error_rule(out, ref64, naive32, mult=2.0, what="output"):
     assert bad == 0, f"{what}: {bad} of {out.size} elements are NaN or inf (never written, or an overflow)"
     err, base = max_err(out, ref64), max_err(naive32, ref64)
     bound = mult * base + ulp_floor(ref64)
-    assert err <= bound, f"{what}: max error {err:.3e} > {mult} x the float32-naive error {base:.3e} + floor {ulp_floor(ref64):.1e}"
+    assert err <= bound, (
+        f"{what}: max error {err:.3e} > {mult} x the float32-naive error {base:.3e} + floor {ulp_floor(ref64):.1e}"
+    )
     return err
 
 
@@ -392,7 +394,9 @@ def shared_memory_races():
     Simulator only. Slower (every shared access is checked): use it on one small launch.
     """
     if not simulator():
-        raise RuntimeError("shared_memory_races works in Numba's CUDA simulator; on a GPU use compute-sanitizer --tool racecheck")
+        raise RuntimeError(
+            "shared_memory_races works in Numba's CUDA simulator; on a GPU use compute-sanitizer --tool racecheck"
+        )
     from numba_flash.runtime import simulator as sim
 
     install_simulator_patches()
@@ -414,7 +418,9 @@ def record_shared_memory():
     ``kernel.get_shared_mem_per_block()``.
     """
     if not simulator():
-        raise RuntimeError("record_shared_memory works in Numba's CUDA simulator; on a GPU use kernel.get_shared_mem_per_block()")
+        raise RuntimeError(
+            "record_shared_memory works in Numba's CUDA simulator; on a GPU use kernel.get_shared_mem_per_block()"
+        )
     from numba_flash.runtime import simulator as sim
 
     with sim.record_shared_memory() as sizes:
@@ -459,7 +465,9 @@ def kernel_source_problems(fn) -> list[str]:
             if text == "cuda.syncthreads":
                 line = lines[node.lineno - 1]
                 if "# Sync:" not in line:
-                    problems.append(f"line {first + node.lineno - 1}: cuda.syncthreads() without '# Sync: <what it protects>'")
+                    problems.append(
+                        f"line {first + node.lineno - 1}: cuda.syncthreads() without '# Sync: <what it protects>'"
+                    )
     for i, line in enumerate(lines):
         code = line.split("#", 1)[0]
         if code.count("cuda.shared.array(") > 1:

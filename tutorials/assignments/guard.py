@@ -153,13 +153,18 @@ def static_problems(source: str, filename: str = "<submission>") -> list[str]:
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
             if isinstance(node, ast.ImportFrom) and node.level:
-                problems.append(f"line {line}: relative import 'from {'.' * node.level}{node.module or ''} import ...': a submission is graded as a single file")
+                problems.append(
+                    f"line {line}: relative import 'from {'.' * node.level}{node.module or ''} import ...': a "
+                    "submission is graded as a single file"
+                )
                 names = []
             if isinstance(node, ast.ImportFrom):
                 for alias in node.names:
                     if alias.name in DENIED_ATTRIBUTES:
-                        problems.append(f"line {line}: 'from {node.module} import {alias.name}' is not allowed in a "
-                                        f"submission ({alias.name!r} reaches the interpreter behind the autograder's back)")
+                        problems.append(
+                            f"line {line}: 'from {node.module} import {alias.name}' is not allowed in a "
+                            f"submission ({alias.name!r} reaches the interpreter behind the autograder's back)"
+                        )
             for name in names:
                 top = name.split(".", 1)[0]
                 if _forbidden_module(name):
@@ -168,9 +173,14 @@ def static_problems(source: str, filename: str = "<submission>") -> list[str]:
                         "(the package and the grader may not be imported by a submission)"
                     )
                 elif top not in ALLOWED_IMPORTS:
-                    problems.append(f"line {line}: import of {name!r} is not allowed in a submission (allowed: {allowed})")
+                    problems.append(
+                        f"line {line}: import of {name!r} is not allowed in a submission (allowed: {allowed})"
+                    )
         elif isinstance(node, ast.Name) and node.id in FORBIDDEN_NAMES:
-            problems.append(f"line {line}: {node.id!r} is not allowed in a submission (it loads or runs code behind the autograder's back)")
+            problems.append(
+                f"line {line}: {node.id!r} is not allowed in a submission (it loads or runs code behind the "
+                "autograder's back)"
+            )
         elif isinstance(node, ast.Attribute):
             a = node.attr
             if a.startswith("__") and a.endswith("__") and a not in ALLOWED_DUNDER_ATTRIBUTES:
@@ -178,12 +188,17 @@ def static_problems(source: str, filename: str = "<submission>") -> list[str]:
             elif a == "modules" and isinstance(node.value, ast.Name) and node.value.id == "sys":
                 problems.append(f"line {line}: sys.modules is not allowed in a submission")
             elif a in DENIED_ATTRIBUTES or a in FORBIDDEN_NAMES:
-                problems.append(f"line {line}: attribute {a!r} is not allowed in a submission (it reaches the "
-                                "interpreter, or loads code, behind the autograder's back)")
+                problems.append(
+                    f"line {line}: attribute {a!r} is not allowed in a submission (it reaches the "
+                    "interpreter, or loads code, behind the autograder's back)"
+                )
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
             for bad in FORBIDDEN_SUBSTRINGS:
                 if bad in node.value:
-                    problems.append(f"line {line}: the string {node.value!r} names the package ({bad!r}); the graded part must be your own code")
+                    problems.append(
+                        f"line {line}: the string {node.value!r} names the package ({bad!r}); the graded part must be "
+                        "your own code"
+                    )
         found.update((line, p) for p in problems)
     return [p for _, p in sorted(found)]
 
@@ -232,7 +247,9 @@ def _grader_safe_codes() -> frozenset:
 class _ImportWall(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname, path=None, target=None):
         if _forbidden_module(fullname):
-            raise ImportError(f"{fullname!r} cannot be imported while a submission is graded: the graded part must be your own code")
+            raise ImportError(
+                f"{fullname!r} cannot be imported while a submission is graded: the graded part must be your own code"
+            )
         return None
 
 
@@ -276,7 +293,9 @@ class Guard:
                 verdict = resolved.startswith(self._dirs) or resolved in self._test_files
             self._verdicts[code] = verdict
         if verdict:
-            self.violations.append(f"{code.co_qualname if hasattr(code, 'co_qualname') else code.co_name} ({code.co_filename})")
+            self.violations.append(
+                f"{code.co_qualname if hasattr(code, 'co_qualname') else code.co_name} ({code.co_filename})"
+            )
 
     def __enter__(self):
         with self._lock:

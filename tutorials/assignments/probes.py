@@ -60,8 +60,8 @@ class CountingArray(_ArrayLike):
     arguments to its Python threads unchanged, so ``A[i, j]`` inside the kernel calls
     :meth:`__getitem__` here: one counted HBM read per element, ``A[i, j] = x`` one counted write,
     ``cuda.atomic.add(A, (i, j), x)`` one counted atomic (not a read plus a write; needs
-    :func:`assignments.grading.install_simulator_patches`). On a real GPU a kernel cannot take this object; IO-budget tests
-    are simulator-only.
+    :func:`assignments.grading.install_simulator_patches`). On a real GPU a kernel cannot take this object; IO-budget
+    tests are simulator-only.
 
     Attributes
     ----------
@@ -116,8 +116,6 @@ class CountingArray(_ArrayLike):
         return text
 
 
-
-
 class BlockStream(_Pickles):
     """Column blocks ``(S_j, V_j)`` handed out one at a time, checking that the consumer keeps only the current one.
 
@@ -159,8 +157,6 @@ class BlockStream(_Pickles):
         self._j += Bc
         self.handed += 1
         return S_j, V_j
-
-
 
 
 class SharedRaceArray(_ArrayLike):

@@ -105,7 +105,12 @@ class _Worker:
             "submission": str(submission),
             "module_name": module_name,
             "forbidden_dirs": _forbidden_dirs(submission),
-            "allowed_files": [str(submission), str(HERE / "probes.py"), str(HERE / "__init__.py"), str(HERE / "_worker.py")],
+            "allowed_files": [
+                str(submission),
+                str(HERE / "probes.py"),
+                str(HERE / "__init__.py"),
+                str(HERE / "_worker.py"),
+            ],
             "simulator_patch": _simulator_patch_file(),
             "tutorials": str(TUTORIALS),
             # the grader's own sys.path (its numpy, its numba; the package too, which the hook refuses by name):
@@ -249,5 +254,3 @@ def load(path: Path, module_name: str, label: str) -> SandboxedModule:
     if problems:
         raise guard.SubmissionRejected(f"{label}: {path} is rejected before it runs:\n  " + "\n  ".join(problems))
     return SandboxedModule(path, module_name, label)
-
-

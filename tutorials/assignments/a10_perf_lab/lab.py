@@ -61,8 +61,19 @@ def parse_args(argv=None):
     p.add_argument("--N", type=int, nargs="+", default=[512, 1024, 2048, 4096], help="sequence lengths")
     p.add_argument("--d", type=int, default=64, help="head dimension")
     p.add_argument("--bh", type=int, default=16, help="batch x heads")
-    p.add_argument("--tiles", type=int, nargs=2, default=[32, 32], metavar=("BR", "BC"), help="FA2 tiles passed to the kernel and the model")
-    p.add_argument("--variant", default=None, help="kernel variant, if this numba-flash's flash_attn_func takes variant= (e.g. readable)")
+    p.add_argument(
+        "--tiles",
+        type=int,
+        nargs=2,
+        default=[32, 32],
+        metavar=("BR", "BC"),
+        help="FA2 tiles passed to the kernel and the model",
+    )
+    p.add_argument(
+        "--variant",
+        default=None,
+        help="kernel variant, if this numba-flash's flash_attn_func takes variant= (e.g. readable)",
+    )
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--out", type=Path, default=Path("lab_out"))
     p.add_argument("--no-ncu", action="store_true", help="skip the DRAM measurement")
@@ -134,7 +145,10 @@ def ncu_bytes(student, alg, N, args):
     proc = subprocess.run(cmd, capture_output=True, text=True)
     per_kernel = student.parse_ncu_csv(proc.stdout)
     if proc.returncode != 0 or not per_kernel:
-        print(f"  ncu gave no counters for {alg} N={N} (rc {proc.returncode}); last lines:\n    " + "\n    ".join((proc.stdout + proc.stderr).strip().splitlines()[-5:]))
+        print(
+            f"  ncu gave no counters for {alg} N={N} (rc {proc.returncode}); last lines:\n    "
+            + "\n    ".join((proc.stdout + proc.stderr).strip().splitlines()[-5:])
+        )
         return None
     return sum(r for r, _ in per_kernel.values()), sum(w for _, w in per_kernel.values())
 
@@ -213,7 +227,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if numba_flash.is_simulator():
         print(
-            "lab: no GPU here (numba-flash runs in Numba's CUDA simulator, whose timings mean nothing and which has no DRAM\n"
+            "lab: no GPU here (numba-flash runs in Numba's CUDA simulator, whose timings mean nothing and which has no "
+            "DRAM\n"
             "counters): the measurement part of assignment 10 is skipped. The graded part runs anywhere:\n"
             "    python -m pytest tutorials/assignments/a10_perf_lab\n"
             "On a GPU this script would time standard and flash2 attention at N = "
@@ -235,9 +250,15 @@ def main(argv=None) -> int:
     if not args.no_ncu and not use_ncu:
         print("lab: ncu not found on the PATH: DRAM bytes are not measured (model only).")
     bw, peak = copy_bandwidth(student), sgemm_flops(torch)
-    print(f"{numba_flash.describe()}\nmemory roof (your copy kernel): {bw / 1e9:.0f} GB/s; compute roof (SGEMM): {peak / 1e12:.1f} TFLOP/s")
+    print(
+        f"{numba_flash.describe()}\nmemory roof (your copy kernel): {bw / 1e9:.0f} GB/s; compute roof (SGEMM): "
+        f"{peak / 1e12:.1f} TFLOP/s"
+    )
     rows = []
-    header = f"{'alg':>9} {'N':>6} {'time ms':>9} {'model MB':>10} {'ncu MB':>10} {'ncu/model':>9} {'TFLOP/s':>8} {'bound':>8}"
+    header = (
+        f"{'alg':>9} {'N':>6} {'time ms':>9} {'model MB':>10} {'ncu MB':>10} {'ncu/model':>9} {'TFLOP/s':>8} "
+        f"{'bound':>8}"
+    )
     print(header)
     for N in args.N:
         for alg in ALGORITHMS:
@@ -257,11 +278,17 @@ def main(argv=None) -> int:
             )  # fmt: skip
             ratio = f"{moved / model:9.2f}" if measured else f"{'-':>9}"
             ncu_mb = f"{moved / 1e6:10.1f}" if measured else f"{'-':>10}"
-            print(f"{alg:>9} {N:>6} {t * 1e3:9.3f} {model / 1e6:10.1f} {ncu_mb} {ratio} {flops / t / 1e12:8.2f} {bound:>8}")
+            print(
+                f"{alg:>9} {N:>6} {t * 1e3:9.3f} {model / 1e6:10.1f} {ncu_mb} {ratio} {flops / t / 1e12:8.2f} "
+                f"{bound:>8}"
+            )
     result = dict(device=numba_flash.describe(), copy_bandwidth=bw, sgemm_flops=peak, tiles=args.tiles, rows=rows)
     (args.out / "results.json").write_text(json.dumps(result, indent=2))
     drew = plot(rows, bw, peak, args.out / "roofline.png")
-    print(f"wrote {args.out / 'results.json'}" + (f" and {args.out / 'roofline.png'}" if drew else " (no matplotlib: no plot)"))
+    print(
+        f"wrote {args.out / 'results.json'}"
+        + (f" and {args.out / 'roofline.png'}" if drew else " (no matplotlib: no plot)")
+    )
     return 0
 
 

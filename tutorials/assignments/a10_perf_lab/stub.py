@@ -68,7 +68,8 @@ def fa2_forward_hbm(N, d, Br, Bc, causal=False):
 
 
 def parse_ncu_csv(text):
-    """``{kernel name: (dram read bytes, dram write bytes)}`` (ints) summed over launches; ``{}`` if there are no rows."""
+    """``{kernel name: (dram read bytes, dram write bytes)}`` (ints) summed over launches; ``{}`` if there are no
+    rows."""
     # TODO
     raise NotImplementedError("a10: parse_ncu_csv")
 

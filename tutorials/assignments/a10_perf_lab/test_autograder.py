@@ -66,12 +66,18 @@ def test_attention_flops_counts_the_two_matmuls(impl):
 def test_standard_attention_hbm_is_theorem_2s_count(impl, N, d):
     """FA1 Algorithm 0: Q, K, V read, S and P written and read back, O written (elements, per head)."""
     ref = io_model.io_standard_forward(N, d)
-    assert tuple(impl.standard_attention_hbm(N, d)) == (ref.reads, ref.writes), f"expected (reads, writes) = {(ref.reads, ref.writes)}"
+    assert tuple(impl.standard_attention_hbm(N, d)) == (ref.reads, ref.writes), (
+        f"expected (reads, writes) = {(ref.reads, ref.writes)}"
+    )
 
 
-@pytest.mark.parametrize("N, d, Br, Bc, causal", [(1024, 64, 64, 64, False), (1000, 64, 128, 64, False), (1000, 32, 64, 48, True), (77, 5, 16, 8, True)])
+@pytest.mark.parametrize(
+    "N, d, Br, Bc, causal",
+    [(1024, 64, 64, 64, False), (1000, 64, 128, 64, False), (1000, 32, 64, 48, True), (77, 5, 16, 8, True)],
+)
 def test_fa2_forward_hbm_matches_the_io_model(impl, N, d, Br, Bc, causal):
-    """FA2 Algorithm 1: Q once, K and V once per query tile (causal: the tiles on or below the diagonal), O and L once."""
+    """FA2 Algorithm 1: Q once, K and V once per query tile (causal: the tiles on or below the diagonal), O and L
+    once."""
     ref = io_model.io_fa2_forward(N, d, Br=Br, Bc=Bc, causal=causal)
     got = tuple(impl.fa2_forward_hbm(N, d, Br, Bc, causal=causal))
     assert got == (ref.reads, ref.writes), f"(reads, writes) = {got}, expected {(ref.reads, ref.writes)}"
@@ -82,7 +88,9 @@ def test_parse_ncu_csv_sums_the_launches_of_each_kernel_in_bytes(impl):
     got = impl.parse_ncu_csv(SAMPLE.read_text())
     assert set(got) == set(SAMPLE_TOTALS), f"kernels {sorted(got)}, expected {sorted(SAMPLE_TOTALS)}"
     for name, (r, w) in SAMPLE_TOTALS.items():
-        assert tuple(int(x) for x in got[name]) == (r, w), f"{name}: (read, write) bytes = {got[name]}, expected {(r, w)}"
+        assert tuple(int(x) for x in got[name]) == (r, w), (
+            f"{name}: (read, write) bytes = {got[name]}, expected {(r, w)}"
+        )
 
 
 def test_parse_ncu_csv_of_output_without_rows_is_empty(impl):
@@ -107,9 +115,22 @@ def test_the_model_says_standard_attention_is_memory_bound_on_an_a100(impl):
 
 @pytest.mark.gpu
 def test_lab_script_measures_on_a_gpu(impl, tmp_path):
-    """On a GPU: the lab script times standard and FA2 attention, reads DRAM bytes with ncu (if installed) and writes its results."""
+    """On a GPU: the lab script times standard and FA2 attention, reads DRAM bytes with ncu (if installed) and writes
+    its results."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parent.parent), os.environ.get("PYTHONPATH", "")])}
-    cmd = [sys.executable, str(HERE / "lab.py"), "--impl", str(impl.module.__file__), "--N", "256", "512", "--bh", "4", "--out", str(tmp_path)]
+    cmd = [
+        sys.executable,
+        str(HERE / "lab.py"),
+        "--impl",
+        str(impl.module.__file__),
+        "--N",
+        "256",
+        "512",
+        "--bh",
+        "4",
+        "--out",
+        str(tmp_path),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert (tmp_path / "results.json").is_file(), proc.stdout[-3000:]

@@ -1,1 +1,2 @@
-"""Assignment a1_online_softmax: see README.md here. A package so that every autograder can be named test_autograder.py."""
+"""Assignment a1_online_softmax: see README.md here. A package so that every autograder can be named
+test_autograder.py."""

@@ -26,7 +26,9 @@ def inputs(rng, m, k, n):
 
 def check_tile(impl):
     T = impl.TILE
-    assert isinstance(T, int) and T >= 4 and T * T <= 1024, f"TILE must be an int with 4 <= TILE and TILE^2 <= 1024, got {T!r}"
+    assert isinstance(T, int) and T >= 4 and T * T <= 1024, (
+        f"TILE must be an int with 4 <= TILE and TILE^2 <= 1024, got {T!r}"
+    )
     return T
 
 
@@ -51,11 +53,17 @@ def counted_launch(impl):
         T = check_tile(impl)
         m, k, n = 2 * T + 3, 2 * T + 5, 3 * T + 3
         A, B = inputs(np.random.default_rng(20221), m, k, n)
-        gA, gB, gC = grading.CountingArray(A, "A"), grading.CountingArray(B, "B"), grading.CountingArray(grading.poisoned((m, n)), "C")
+        gA, gB, gC = (
+            grading.CountingArray(A, "A"),
+            grading.CountingArray(B, "B"),
+            grading.CountingArray(grading.poisoned((m, n)), "C"),
+        )
         with grading.record_shared_memory() as smem, grading.shared_memory_races() as races:
             impl.matmul(gA, gB, gC)
         _RACES[id(impl)] = list(races)
-        grading.assert_error_rule(gC.data, A.astype(np.float64) @ B, grading.matmul_naive32(A, B), what="C (counted launch)")
+        grading.assert_error_rule(
+            gC.data, A.astype(np.float64) @ B, grading.matmul_naive32(A, B), what="C (counted launch)"
+        )
         _COUNTED[id(impl)] = (gA, gB, gC, max(smem, default=0), (m, k, n, T))
     return _COUNTED[id(impl)]
 
@@ -88,7 +96,9 @@ def test_each_element_of_C_is_written_exactly_once_and_never_read(impl):
 def test_shared_memory_holds_two_tiles_at_most(impl):
     _, _, _, smem, (_, _, _, T) = counted_launch(impl)
     budget = 2 * T * T * 4  # sA and sB, float32
-    assert 0 < smem <= budget, f"shared memory per block: {smem} bytes; budget: two TILE x TILE float32 tiles = {budget} bytes"
+    assert 0 < smem <= budget, (
+        f"shared memory per block: {smem} bytes; budget: two TILE x TILE float32 tiles = {budget} bytes"
+    )
 
 
 @pytest.mark.simulator_only
@@ -108,5 +118,7 @@ def test_kernel_source_follows_the_house_rules(impl):
     """One cuda.shared.array per line, every barrier commented with '# Sync:', and barriers exist."""
     problems = grading.kernel_source_problems(impl.matmul_kernel)
     assert not problems, "\n".join(problems)
-    assert grading.count_calls(impl.matmul_kernel, "cuda.syncthreads") >= 1, "tiles shared by a block need cuda.syncthreads()"
+    assert grading.count_calls(impl.matmul_kernel, "cuda.syncthreads") >= 1, (
+        "tiles shared by a block need cuda.syncthreads()"
+    )
     assert grading.count_calls(impl.matmul_kernel, "cuda.shared.array") >= 1, "stage the tiles in cuda.shared.array"

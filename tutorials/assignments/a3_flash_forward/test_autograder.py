@@ -124,7 +124,9 @@ def test_O_l_m_make_at_most_Tc_round_trips_through_HBM(impl):
     for name in "Olm":
         a = g[name]
         assert a.reads.max() <= s["Tc"], f"{a.describe()}; budget Tc = {s['Tc']} reads per element"
-        assert a.writes.min() >= 1 and a.writes.max() <= s["Tc"] + 1, f"{a.describe()}; budget Tc + 1 = {s['Tc'] + 1} writes per element"
+        assert a.writes.min() >= 1 and a.writes.max() <= s["Tc"] + 1, (
+            f"{a.describe()}; budget Tc + 1 = {s['Tc'] + 1} writes per element"
+        )
 
 
 @pytest.mark.simulator_only
@@ -154,7 +156,9 @@ def test_kernel_source_follows_the_house_rules(impl):
     kernel = impl.make_kernel(4)
     problems = grading.kernel_source_problems(kernel)
     assert not problems, "\n".join(problems)
-    assert grading.count_calls(kernel, "cuda.syncthreads") >= 1, "K_j and V_j are shared by the block: they need barriers"
+    assert grading.count_calls(kernel, "cuda.syncthreads") >= 1, (
+        "K_j and V_j are shared by the block: they need barriers"
+    )
     source = grading.kernel_source(kernel)
     missing = [f"# Alg.1 L{n}:" for n in (6, 8, 9, 10, 11, 12, 13) if f"# Alg.1 L{n}:" not in source]
     assert not missing, f"tag the lines where these steps start: {missing}"

@@ -93,7 +93,9 @@ def test_K_and_V_are_read_once_and_dK_dV_written_once(impl):
         assert np.all(a.reads == 1) and a.writes.sum() == 0, f"{a.describe()}; expected exactly 1 read each, no writes"
     for name in ("dK", "dV"):
         a = g[name]
-        assert np.all(a.writes == 1) and a.reads.sum() == 0, f"{a.describe()}; expected exactly 1 write each, no reads (accumulate in SRAM)"
+        assert np.all(a.writes == 1) and a.reads.sum() == 0, (
+            f"{a.describe()}; expected exactly 1 write each, no reads (accumulate in SRAM)"
+        )
 
 
 @pytest.mark.simulator_only
@@ -102,7 +104,9 @@ def test_row_side_inputs_are_read_at_most_Tc_times(impl):
     g, _, s = counted_launch(impl)
     for name in ("Q", "O", "dO", "l", "m"):
         a = g[name]
-        assert a.reads.min() >= 1 and a.reads.max() <= s["Tc"], f"{a.describe()}; budget Tc = {s['Tc']} reads per element"
+        assert a.reads.min() >= 1 and a.reads.max() <= s["Tc"], (
+            f"{a.describe()}; budget Tc = {s['Tc']} reads per element"
+        )
         assert a.writes.sum() == 0, f"{name} is an input: never write it"
 
 
@@ -112,7 +116,9 @@ def test_dQ_makes_at_most_Tc_round_trips_through_HBM(impl):
     g, _, s = counted_launch(impl)
     a = g["dQ"]
     assert a.reads.max() <= s["Tc"], f"{a.describe()}; budget Tc = {s['Tc']} reads per element"
-    assert a.writes.min() >= 1 and a.writes.max() <= s["Tc"] + 1, f"{a.describe()}; budget Tc + 1 = {s['Tc'] + 1} writes per element"
+    assert a.writes.min() >= 1 and a.writes.max() <= s["Tc"] + 1, (
+        f"{a.describe()}; budget Tc + 1 = {s['Tc'] + 1} writes per element"
+    )
     assert a.atomics.sum() == 0, "one block owns the head: dQ needs no atomics here (FA2's backward does)"
 
 
@@ -143,6 +149,8 @@ def test_kernel_source_follows_the_house_rules(impl):
     kernel = impl.make_kernel(4)
     problems = grading.kernel_source_problems(kernel)
     assert not problems, "\n".join(problems)
-    assert grading.count_calls(kernel, "cuda.syncthreads") >= 2, "K_j, V_j and the row tiles are shared by the block: they need barriers"
+    assert grading.count_calls(kernel, "cuda.syncthreads") >= 2, (
+        "K_j, V_j and the row tiles are shared by the block: they need barriers"
+    )
     missing = grading.missing_tags(kernel, "Alg.4", (7, 10, 11, 13, 16, 17, 19, 20, 21, 22, 24))
     assert not missing, f"tag the lines where these steps start: {missing}"

@@ -1,4 +1,5 @@
-"""Assignment 5: the FlashAttention-2 forward kernel (FA2 Algorithm 1), one head, with causal block skipping.  <-- your file.
+"""Assignment 5: the FlashAttention-2 forward kernel (FA2 Algorithm 1), one head, with causal block skipping.  <-- your
+file.
 
 Read first: FA2 sections 3.1 (fewer non-matmul FLOPs, causal masking) and 3.2 (parallelism over the
 sequence), Algorithm 1; ``tutorials/04_tiled_flash_forward.py`` (FA1 vs FA2 traffic); your assignments

@@ -127,7 +127,9 @@ def test_each_K_and_V_element_is_read_exactly_Tr_times(impl):
     g, _, s = counted_launch(impl, causal=False)
     for name in "KV":
         a = g[name]
-        assert np.all(a.reads == s["Tr"]) and a.writes.sum() == 0, f"{a.describe()}; expected exactly Tr = {s['Tr']} reads each"
+        assert np.all(a.reads == s["Tr"]) and a.writes.sum() == 0, (
+            f"{a.describe()}; expected exactly Tr = {s['Tr']} reads each"
+        )
 
 
 @pytest.mark.simulator_only
@@ -139,9 +141,15 @@ def test_causal_launch_skips_the_tiles_above_the_diagonal(impl):
         per_key = a.reads.min(axis=1)  # the reads of key c's row (every element of a row is loaded together)
         assert np.all(a.reads.max(axis=1) == per_key), f"{a.describe()}; elements of one key row are read unequally"
         over = np.nonzero(per_key > s["allowed"])[0]
-        assert over.size == 0, f"{a.describe()}; key {over[0]} read {per_key[over[0]]} times, block skipping allows {s['allowed'][over[0]]}"
+        assert over.size == 0, (
+            f"{a.describe()}; key {over[0]} read {per_key[over[0]]} times, block skipping allows "
+            f"{s['allowed'][over[0]]}"
+        )
         under = np.nonzero(per_key < s["needed"])[0]
-        assert under.size == 0, f"{a.describe()}; key {under[0]} read {per_key[under[0]]} times, but {s['needed'][under[0]]} query tiles need it"
+        assert under.size == 0, (
+            f"{a.describe()}; key {under[0]} read {per_key[under[0]]} times, but {s['needed'][under[0]]} query tiles "
+            "need it"
+        )
     g0, _, _ = counted_launch(impl, causal=False)
     print(f"K reads: causal {int(g['K'].reads.sum())}, non-causal {int(g0['K'].reads.sum())}")
 
@@ -173,6 +181,8 @@ def test_kernel_source_follows_the_house_rules(impl):
     kernel = impl.make_kernel(4)
     problems = grading.kernel_source_problems(kernel)
     assert not problems, "\n".join(problems)
-    assert grading.count_calls(kernel, "cuda.syncthreads") >= 2, "K_j and V_j are shared by the block: they need barriers"
+    assert grading.count_calls(kernel, "cuda.syncthreads") >= 2, (
+        "K_j and V_j are shared by the block: they need barriers"
+    )
     missing = grading.missing_tags(kernel, "FA2.1", (4, 5, 7, 8, 9, 10, 12, 13, 14, 15))
     assert not missing, f"tag the lines where these steps start: {missing}"

@@ -1,4 +1,5 @@
-"""Assignment 6: the FlashAttention-2 backward kernels (FA2 Algorithm 2), atomic and deterministic, one head.  <-- your file.
+"""Assignment 6: the FlashAttention-2 backward kernels (FA2 Algorithm 2), atomic and deterministic, one head.  <-- your
+file.
 
 Read first: FA2 (ICLR version) Appendix A, Algorithm 2, and section 3.2 (the backward pass is
 parallelized over column blocks); ``tutorials/05_backward_recomputation.py``; your assignment 4.
@@ -90,7 +91,8 @@ def make_reduce(D):
 
 
 def flash2_backward(Q, K, V, O, dO, L, tau, D_vec, dQ, dK, dV, dQ_partial=None):
-    """FA2's backward on one head (given). ``dQ_partial`` of shape ``(ceil(N / BC), N, d)``: the deterministic variant."""
+    """FA2's backward on one head (given). ``dQ_partial`` of shape ``(ceil(N / BC), N, d)``: the deterministic
+    variant."""
     N, d = Q.shape
     deterministic = dQ_partial is not None
     rows = (N + BR - 1) // BR

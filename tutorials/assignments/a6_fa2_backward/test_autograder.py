@@ -39,13 +39,17 @@ def problem(rng, N, d):
 def run(impl, p, tau, deterministic, wrap=None):
     N, d = p["Q"].shape
     BR, BC = tiles(impl)
-    arrays = dict(p, D=grading.poisoned(N), dQ=grading.poisoned((N, d)), dK=grading.poisoned((N, d)), dV=grading.poisoned((N, d)))
+    arrays = dict(
+        p, D=grading.poisoned(N), dQ=grading.poisoned((N, d)), dK=grading.poisoned((N, d)), dV=grading.poisoned((N, d))
+    )
     if deterministic:
         arrays["dQ_partial"] = grading.poisoned((math.ceil(N / BC), N, d))
     if wrap is not None:
         arrays = {k: wrap(v, k) for k, v in arrays.items()}
     a = arrays
-    impl.flash2_backward(a["Q"], a["K"], a["V"], a["O"], a["dO"], a["L"], tau, a["D"], a["dQ"], a["dK"], a["dV"], a.get("dQ_partial"))
+    impl.flash2_backward(
+        a["Q"], a["K"], a["V"], a["O"], a["dO"], a["L"], tau, a["D"], a["dQ"], a["dK"], a["dV"], a.get("dQ_partial")
+    )
     return arrays
 
 
@@ -94,7 +98,11 @@ def counted_launch(impl, deterministic):
             g = run(impl, p, tau, deterministic, wrap=grading.CountingArray)
         _RACES[key] = list(races)
         check(g, p, tau)
-        _COUNTED[key] = (g, max(smem, default=0), dict(N=N, d=d, BR=BR, BC=BC, Tc=math.ceil(N / BC), Tr=math.ceil(N / BR)))
+        _COUNTED[key] = (
+            g,
+            max(smem, default=0),
+            dict(N=N, d=d, BR=BR, BC=BC, Tc=math.ceil(N / BC), Tr=math.ceil(N / BR)),
+        )
     return _COUNTED[key]
 
 
@@ -132,7 +140,8 @@ def test_Q_dO_L_are_read_once_per_column_block(impl):
 
 @pytest.mark.simulator_only
 def test_atomic_variant_adds_into_dQ_once_per_column_block(impl):
-    """FA2.2 L15 with atomics: each dQ element receives exactly Tc atomic adds, and is never read or written otherwise (but zeroed once)."""
+    """FA2.2 L15 with atomics: each dQ element receives exactly Tc atomic adds, and is never read or written otherwise
+    (but zeroed once)."""
     g, _, s = counted_launch(impl, deterministic=False)
     a = g["dQ"]
     assert np.all(a.atomics == s["Tc"]) and a.reads.sum() == 0 and np.all(a.writes <= 1), (
@@ -179,6 +188,8 @@ def test_kernel_source_follows_the_house_rules(impl):
         kernel = impl.make_kernel(4, deterministic)
         problems = grading.kernel_source_problems(kernel)
         assert not problems, "\n".join(problems)
-        assert grading.count_calls(kernel, "cuda.syncthreads") >= 2, "the tiles are shared by the block: they need barriers"
+        assert grading.count_calls(kernel, "cuda.syncthreads") >= 2, (
+            "the tiles are shared by the block: they need barriers"
+        )
         missing = grading.missing_tags(kernel, "FA2.2", (6, 9, 10, 11, 12, 13, 14, 15, 16, 18))
         assert not missing, f"tag the lines where these steps start: {missing}"

@@ -107,7 +107,11 @@ def counted_launch(impl, density):
         check(g["O"].data, g["l"].data, g["m"].data, Q, K, V, M, 0.5, BR, BC)
         nnz_row = np.repeat((M != 0).sum(axis=1), BR)[:N]  # non-zero tiles in each row's query tile
         col_used = np.repeat((M != 0).any(axis=0), BC)[:N]  # key rows whose tile column is used
-        _COUNTED[key] = (g, max(smem, default=0), dict(N=N, d=d, BR=BR, BC=BC, Tc=Tc, nnz_row=nnz_row, col_used=col_used, M=M))
+        _COUNTED[key] = (
+            g,
+            max(smem, default=0),
+            dict(N=N, d=d, BR=BR, BC=BC, Tc=Tc, nnz_row=nnz_row, col_used=col_used, M=M),
+        )
     return _COUNTED[key]
 
 
@@ -119,7 +123,10 @@ def test_row_side_is_read_once_per_nonzero_tile(impl):
         a = g[name]
         reads = a.reads if a.reads.ndim == 1 else a.reads.max(axis=1)
         over = np.nonzero(reads > s["nnz_row"])[0]
-        assert over.size == 0, f"{a.describe()}; row {over[0]} read {reads[over[0]]} times, its query tile has {s['nnz_row'][over[0]]} non-zero blocks"
+        assert over.size == 0, (
+            f"{a.describe()}; row {over[0]} read {reads[over[0]]} times, its query tile has {s['nnz_row'][over[0]]} "
+            "non-zero blocks"
+        )
 
 
 @pytest.mark.simulator_only
@@ -129,9 +136,13 @@ def test_O_l_m_are_written_once_per_nonzero_tile_plus_initialization(impl):
     for name in ("O", "l", "m"):
         a = g[name]
         writes = a.writes if a.writes.ndim == 1 else a.writes.max(axis=1)
-        assert np.all(writes >= 1), f"{a.describe()}; every row must be written (rows with no tile: O = 0, l = 0, m = -inf)"
+        assert np.all(writes >= 1), (
+            f"{a.describe()}; every row must be written (rows with no tile: O = 0, l = 0, m = -inf)"
+        )
         over = np.nonzero(writes > s["nnz_row"] + 1)[0]
-        assert over.size == 0, f"{a.describe()}; row {over[0]} written {writes[over[0]]} times, budget {s['nnz_row'][over[0]] + 1}"
+        assert over.size == 0, (
+            f"{a.describe()}; row {over[0]} written {writes[over[0]]} times, budget {s['nnz_row'][over[0]] + 1}"
+        )
 
 
 @pytest.mark.simulator_only
@@ -147,7 +158,8 @@ def test_K_and_V_are_read_at_most_once(impl):
 
 @pytest.mark.simulator_only
 def test_traffic_scales_with_the_fraction_of_nonzero_blocks(impl):
-    """Proposition 4: the row-side traffic is the dense launch's times the fraction of non-zero tiles, plus the N d term.
+    """Proposition 4: the row-side traffic is the dense launch's times the fraction of non-zero tiles, plus the N d
+    term.
 
     The fraction is weighted by rows (``W / (Tc N)`` with ``W = sum over non-zero tiles of |rows_i|``,
     io_model's ``W``: a ragged last query tile has fewer rows).
@@ -163,7 +175,9 @@ def test_traffic_scales_with_the_fraction_of_nonzero_blocks(impl):
     init = N * (d + 2)  # Alg.5 L2's writes, paid whatever the mask
     got, full = row_side(sparse), row_side(dense)
     bound = frac * (full - init) + init
-    assert got <= bound, f"row-side traffic {got} elements at a fraction {frac:.2f} of the tiles; dense {full}: budget {bound:.0f}"
+    assert got <= bound, (
+        f"row-side traffic {got} elements at a fraction {frac:.2f} of the tiles; dense {full}: budget {bound:.0f}"
+    )
 
 
 @pytest.mark.simulator_only
@@ -191,6 +205,8 @@ def test_kernel_source_follows_the_house_rules(impl):
     kernel = impl.make_kernel(4)
     problems = grading.kernel_source_problems(kernel)
     assert not problems, "\n".join(problems)
-    assert grading.count_calls(kernel, "cuda.syncthreads") >= 2, "K_j and V_j are shared by the block: they need barriers"
+    assert grading.count_calls(kernel, "cuda.syncthreads") >= 2, (
+        "K_j and V_j are shared by the block: they need barriers"
+    )
     missing = grading.missing_tags(kernel, "Alg.5", (6, 8, 9, 10, 12, 13, 15, 16))
     assert not missing, f"tag the lines where these steps start: {missing}"

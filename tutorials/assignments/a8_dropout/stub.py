@@ -91,7 +91,8 @@ def dropout_threshold(p):
 
 
 def dropout_forward(Q, K, V, O, L, tau, p, seed):
-    """FA2 forward with dropout ``p`` and counter-RNG ``seed`` (given): grid ``ceil(N / BR)`` blocks of ``BR`` threads."""
+    """FA2 forward with dropout ``p`` and counter-RNG ``seed`` (given): grid ``ceil(N / BR)`` blocks of ``BR``
+    threads."""
     N = Q.shape[0]
     make_forward(Q.shape[1])[(N + BR - 1) // BR, BR](Q, K, V, O, L, tau, seed, dropout_threshold(p), 1.0 / (1.0 - p))
 
@@ -100,4 +101,6 @@ def dropout_backward(Q, K, V, O, dO, L, tau, p, seed, D_vec, dQ, dK, dV):
     """FA2 backward with the same dropout mask, regenerated from ``seed`` (given)."""
     N, d = Q.shape
     make_preprocess(d)[(N + BR - 1) // BR, BR](O, dO, D_vec, dQ)
-    make_backward(d)[(N + BC - 1) // BC, BC](Q, K, V, dO, L, D_vec, tau, seed, dropout_threshold(p), 1.0 / (1.0 - p), dQ, dK, dV)
+    make_backward(d)[(N + BC - 1) // BC, BC](
+        Q, K, V, dO, L, D_vec, tau, seed, dropout_threshold(p), 1.0 / (1.0 - p), dQ, dK, dV
+    )

@@ -1,4 +1,5 @@
-"""Autograder for assignment 8 (attention dropout with a counter-based RNG, forward and backward). Test names are the claims.
+"""Autograder for assignment 8 (attention dropout with a counter-based RNG, forward and backward). Test names are the
+claims.
 
 The student's keep bit is read back through their own device function (:func:`grading.keep_mask`: a
 grader kernel calls ``dropout_keep(seed, row, col, threshold)`` for every element). The forward is then
@@ -89,11 +90,14 @@ def test_keep_rate_is_one_minus_p(impl):
         n = keep.size
         sigma = math.sqrt(n * p * (1 - p))
         kept = int(keep.sum())
-        assert abs(kept - n * (1 - p)) <= 5 * sigma, f"p = {p}: kept {kept} of {n}, expected {n * (1 - p):.0f} +- {5 * sigma:.0f}"
+        assert abs(kept - n * (1 - p)) <= 5 * sigma, (
+            f"p = {p}: kept {kept} of {n}, expected {n * (1 - p):.0f} +- {5 * sigma:.0f}"
+        )
 
 
 def test_mask_depends_on_the_seed_and_has_no_row_or_column_pattern(impl):
-    """Two seeds, two neighbouring rows, two neighbouring columns: each pair agrees as often as independent bits would."""
+    """Two seeds, two neighbouring rows, two neighbouring columns: each pair agrees as often as independent bits
+    would."""
     a, b = mask(impl, SEED), mask(impl, SEED + 1)
     q = 1 - P_DROP
     expected = q * q + P_DROP * P_DROP  # P(two independent bits agree)
@@ -107,7 +111,8 @@ def test_mask_depends_on_the_seed_and_has_no_row_or_column_pattern(impl):
         agree = int((x == y).sum())
         sigma = math.sqrt(n * expected * (1 - expected))
         assert abs(agree - n * expected) <= 5 * sigma, (
-            f"{what}: the masks agree on {agree} of {n} elements, independent bits would on {n * expected:.0f} +- {5 * sigma:.0f}"
+            f"{what}: the masks agree on {agree} of {n} elements, independent bits would on {n * expected:.0f} +- "
+            f"{5 * sigma:.0f}"
         )
 
 
@@ -131,7 +136,8 @@ def test_forward_applies_the_mask_of_the_counter_hash(impl, rng, case):
 
 
 def test_backward_regenerates_the_forward_mask(impl, rng):
-    """Alg.4 L1, L14-L18: the gradients are those of the forward's dropped attention: same seed, same mask, never stored."""
+    """Alg.4 L1, L14-L18: the gradients are those of the forward's dropped attention: same seed, same mask, never
+    stored."""
     BR, BC = tiles(impl)
     N = 2 * max(BR, BC) + 3
     Q, K, V, dO, tau = problem(rng, N, 5)
@@ -143,7 +149,8 @@ def test_backward_regenerates_the_forward_mask(impl, rng):
 
 @pytest.mark.simulator_only
 def test_dropout_adds_no_hbm_traffic_to_the_forward(impl):
-    """The mask is computed on chip from (seed, row, col): Q once, K and V Tr times, O and L once, as without dropout."""
+    """The mask is computed on chip from (seed, row, col): Q once, K and V Tr times, O and L once, as without
+    dropout."""
     BR, BC = tiles(impl)
     N, d = 2 * max(BR, BC) + 3, 4
     Q, K, V, _, tau = problem(np.random.default_rng(20228), N, d)
@@ -152,7 +159,9 @@ def test_dropout_adds_no_hbm_traffic_to_the_forward(impl):
     checks = (("Q", 1, 0), ("K", Tr, 0), ("V", Tr, 0), ("O", 0, 1), ("L", 0, 1))
     for name, reads, writes in checks:
         a = g[name]
-        assert np.all(a.reads == reads) and np.all(a.writes == writes), f"{a.describe()}; expected {reads} reads and {writes} writes per element"
+        assert np.all(a.reads == reads) and np.all(a.writes == writes), (
+            f"{a.describe()}; expected {reads} reads and {writes} writes per element"
+        )
     check_forward(g["O"].data, g["L"].data, Q, K, V, tau, mask(impl, SEED)[:N, :N] / (1 - P_DROP))
 
 

@@ -8,10 +8,13 @@ bug in ``FINDINGS``: what was wrong, which input shows it, and which paper line 
 
 | kernel | what it computes | symptom to look for |
 | --- | --- | --- |
-| ``row_softmax`` | ``P = softmax(S)`` per row, one pass for ``m, l`` (online normalizer) | rows whose scores are all very negative |
-| ``split_k_decode`` | one query row per block, keys split over ``BT`` threads, partial states merged | wrong for almost every input |
+| ``row_softmax`` | ``P = softmax(S)`` per row, one pass for ``m, l`` (online normalizer) | rows whose scores are all
+very negative |
+| ``split_k_decode`` | one query row per block, keys split over ``BT`` threads, partial states merged | wrong for almost
+every input |
 | ``causal_rows`` | causal attention, one thread per query row | row 0; every row's own key |
-| ``row_logsumexp`` | ``logsumexp(S[row])`` with a block-wide tree reduction in shared memory | right values in the simulator, a race on a GPU |
+| ``row_logsumexp`` | ``logsumexp(S[row])`` with a block-wide tree reduction in shared memory | right values in the
+simulator, a race on a GPU |
 | ``attention_with_lse`` | ``O`` and the logsumexp ``L`` the backward pass needs | ``O`` is right |
 
 Read: FA1 Algorithm 1 (lines 2, 10-12), FA2 Algorithm 1 (lines 5, 9-13) and section 3.1.1 (the causal

@@ -45,13 +45,16 @@ def test_row_softmax_is_exact_even_for_very_negative_rows(impl, rng):
 
 
 def test_split_k_decode_equals_attention(impl, rng):
-    """FA2 Alg.1 L10 / FA1 Alg.1 L12: partial states at different maxima are rescaled to the common max before they add."""
+    """FA2 Alg.1 L10 / FA1 Alg.1 L12: partial states at different maxima are rescaled to the common max before they
+    add."""
     D = impl.D
     Q, K, V = (rng.standard_normal((n, D)).astype(f32) for n in (5, 37, 37))
     tau = 1.0
     O = grading.poisoned((5, D))
     impl.split_k_decode(Q, K, V, O, tau)
-    grading.assert_error_rule(O, grading.attention64(Q, K, V, tau)[0], grading.attention_naive32(Q, K, V, tau)[0], what="O")
+    grading.assert_error_rule(
+        O, grading.attention64(Q, K, V, tau)[0], grading.attention_naive32(Q, K, V, tau)[0], what="O"
+    )
 
 
 def test_causal_rows_equal_masked_attention(impl, rng):
@@ -63,13 +66,17 @@ def test_causal_rows_equal_masked_attention(impl, rng):
     impl.causal_rows(Q, K, V, O, tau)
     vis = grading.causal_visible(11)
     grading.assert_error_rule(
-        O, grading.attention_full64(Q, K, V, tau, vis)[0], grading.attention_full_naive32(Q, K, V, tau, vis)[0], what="O"
+        O,
+        grading.attention_full64(Q, K, V, tau, vis)[0],
+        grading.attention_full_naive32(Q, K, V, tau, vis)[0],
+        what="O",
     )
 
 
 @pytest.mark.simulator_only
 def test_row_logsumexp_is_right_and_free_of_shared_memory_races(impl, rng):
-    """Every step of a shared-memory tree reduction ends with a barrier: no two threads touch one element between barriers."""
+    """Every step of a shared-memory tree reduction ends with a barrier: no two threads touch one element between
+    barriers."""
     S = (3 * rng.standard_normal((4, 29))).astype(f32)
     L = grading.poisoned(4)
     with grading.shared_memory_races() as races:

@@ -101,7 +101,8 @@ def parse_ncu_csv(text):
 # ----------------------------------------------------------------------------------------------
 def roofline(flops, bytes_moved, peak_flops, peak_bandwidth):
     """``(intensity, attainable FLOP/s, bound)``: ``intensity = flops / bytes``, attainable
-    ``= min(peak_flops, intensity * peak_bandwidth)``, bound ``"memory"`` left of the ridge point, else ``"compute"``."""
+    ``= min(peak_flops, intensity * peak_bandwidth)``, bound ``"memory"`` left of the ridge point, else
+    ``"compute"``."""
     intensity = flops / bytes_moved
     attainable = min(peak_flops, intensity * peak_bandwidth)
     bound = "memory" if intensity * peak_bandwidth < peak_flops else "compute"

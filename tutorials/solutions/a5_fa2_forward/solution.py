@@ -34,7 +34,8 @@ def make_kernel(D):
 
     @cuda.jit
     def flash2_forward_kernel(Q, K, V, O, L, tau, causal):
-        """FA2 Algorithm 1 for one head, one query tile per block; ``causal``: key ``c`` visible to row ``r`` iff ``c <= r``.
+        """FA2 Algorithm 1 for one head, one query tile per block; ``causal``: key ``c`` visible to row ``r`` iff ``c <=
+        r``.
 
         ==========================  ==============  ==================
         paper symbol                variable        memory space

@@ -235,4 +235,6 @@ def dropout_backward(Q, K, V, O, dO, L, tau, p, seed, D_vec, dQ, dK, dV):
     """FA2 backward with the same dropout mask, regenerated from ``seed``."""
     N, d = Q.shape
     make_preprocess(d)[(N + BR - 1) // BR, BR](O, dO, D_vec, dQ)
-    make_backward(d)[(N + BC - 1) // BC, BC](Q, K, V, dO, L, D_vec, tau, seed, dropout_threshold(p), 1.0 / (1.0 - p), dQ, dK, dV)
+    make_backward(d)[(N + BC - 1) // BC, BC](
+        Q, K, V, dO, L, D_vec, tau, seed, dropout_threshold(p), 1.0 / (1.0 - p), dQ, dK, dV
+    )
