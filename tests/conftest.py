@@ -28,6 +28,19 @@ def pytest_configure(config):
     config.addinivalue_line("filterwarnings", "ignore::numba.core.errors.NumbaPerformanceWarning")
 
 
+@pytest.hookimpl(tryfirst=True, optionalhook=True)  # optional: unknown without xdist (-p no:xdist)
+def pytest_xdist_make_scheduler(config, log):
+    """``-n N`` without ``--dist``: work stealing instead of xdist's default ``load``. The simulator's costliest tests
+    take tens of seconds each; with ``load`` the queue of one worker could end on several of them while the other
+    sat idle, and an idle worker now takes tests from the busy one. (A hook, not ``--dist`` in addopts: the GPU
+    benchmarks run with ``-p no:xdist``, which would not know the option.)"""
+    if config.getoption("dist") == "load":
+        from xdist.scheduler import WorkStealingScheduling
+
+        return WorkStealingScheduling(config, log)
+    return None
+
+
 def pytest_report_header(config):
     return f"numba-flash backend: {_backend.describe()}"
 

@@ -109,4 +109,10 @@ QUICK = {
         "causal-dropout-d20-padded-chunk",
         "deterministic-causal-sq<sk-unseen-key-blocks-d8",
     ],
+    "tests/kernels/test_tf32_backward_split_qdo.py::test_row_pairs_give_the_bits_of_split_q_and_do": [
+        "deterministic-causal-sq<sk-dropout-d32",
+    ],
+    "tests/kernels/test_tf32_backward_split_qdo.py::test_split_q_and_do_give_the_same_dq_and_dv_and_dk_within_the_rule": [
+        "deterministic-causal-sq<sk-dropout-d32",
+    ],
 }
