@@ -54,8 +54,6 @@ Q_ASYNC = {f"tc-cp-q{int(a)}": (("tc", None), {"CP_ASYNC": True, "Q_ASYNC": a}) 
 WARP_SKIP = {f"tc-ws{int(a)}": (("tc", None), {"WARP_SKIP": a}) for a in (False, True)}
 #: the default tiling with K_j, V_j split into tf32 parts by every warp or once per block in SRAM (SPLIT_KV, 2026-11-27)
 SPLIT_KV = {f"tc-skv{int(a)}": (("tc", None), {"SPLIT_KV": a}) for a in (False, True)}
-#: ... and V_j alone split once per block (SPLIT_K False: K_j split by each warp, as without SPLIT_KV; 2026-11-27)
-SPLIT_KV["tc-skv1-v"] = (("tc", None), {"SPLIT_KV": True, "SPLIT_K": False})
 #: the default tiling with line 10's rescale of O as its own FMUL or in the first 8-key step's add, one FFMA
 #: (RESCALE_FMA, 2026-11-28; it acts only where STAGE_O_STEP is on: MW = 2 at d > 64)
 RESCALE_FMA = {f"tc-fma{int(a)}": (("tc", None), {"RESCALE_FMA": a}) for a in (False, True)}
@@ -73,9 +71,6 @@ VARIANTS_D64 = {
     "fast-TM8-Br128": ((128, 8, 8, 64), {}),
     # tensor cores (3xTF32, numba_flash.tensorcore.fa2_forward_tf32): ("tc", (NW, MW, Bc)) or ("tc", None) = its default
     "tc": (("tc", None), {}),  # S and O staged (the default; "tc-stageS" of sweep_tc2)
-    "tc-stageO": (("tc", None), {"STAGE_S": False}),  # O staged only ("tc" of sweep_tc2)
-    "tc-unstaged": (("tc", None), {"STAGE_S": False, "STAGE_O": False}),  # accumulate in the mma ("tc-nostageO" of
-    # sweep_tc2)
     "tc-noprefetch": (("tc", None), {"PREFETCH": False}),
     "tc-MW1": (("tc", (4, 1, 64)), {}),
     "tc-Bc32": (("tc", (4, 2, 32)), {}),
@@ -102,11 +97,7 @@ VARIANTS_D128 = {
     "fast": (None, {}),  # Br 64 x Bc 32, TM 4, 128 threads
     "fast-TM2-nt256": ((256, 2, 8, 32), {}),
     "tc": (("tc", None), {}),  # 8 warps, Br 128 x Bc 32 ("tc-NW8-Bc32" of sweep_tc2)
-    "tc-stageO": (("tc", None), {"STAGE_S": False}),
-    "tc-64x64": (("tc", (4, 1, 64)), {"STAGE_S": False}),  # the d = 128 default of sweep_tc2 ("tc" there)
     "tc-Bc32": (("tc", (4, 1, 32)), {}),  # "tc-Bc32-stageS" of sweep_tc2
-    "tc-Bc32-stageO": (("tc", (4, 1, 32)), {"STAGE_S": False}),  # "tc-Bc32" of sweep_tc2
-    "tc-MW2-Bc32": (("tc", (4, 2, 32)), {"STAGE_S": False}),  # as in sweep_tc2
     # cp.async K_j, V_j into two SRAM stages (CP_ASYNC; offline sm_90: 8x1x32 222 registers against 250; 4x1x32
     # fits two blocks per SM)
     "tc-cp": (("tc", None), {"CP_ASYNC": True}),

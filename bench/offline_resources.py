@@ -2,7 +2,7 @@
 
 No GPU is needed. Each fast kernel is compiled for its DEFAULT configuration (``config_for(d)``, the
 GPU's default features: shuffles, 16-byte loads, prefetch, dropout off; for the
-tensor-core forward ``fa2_forward_tc_kernel`` with ``SIM=False`` and its default staging and
+tensor-core forward ``fa2_forward_tc_kernel`` with ``SIM=False`` and its default
 prefetch) at d = 64 and d = 128, causal and not (the 3xTF32 backward's causal rows with its key-block order,
 ``HEAVY_FIRST``, as its plan launches them; before 2026-11-27's commit that added this sentence they compiled it off):
 
@@ -244,8 +244,6 @@ def _kernel(name: str, d: int, causal: bool, tiling=None):
             False,
             prefetch,
             False,
-            f["STAGE_S"],
-            f["STAGE_O"],
             cp_async,
             o_step,
             wide,
@@ -253,7 +251,6 @@ def _kernel(name: str, d: int, causal: bool, tiling=None):
             _plan.async_on(f["Q_ASYNC"], cp_async),
             TC.warp_skip_on(f["WARP_SKIP"], causal, False, DP),
             split_kv,
-            f["SPLIT_K"],
             TC.rescale_fma_on(f["RESCALE_FMA"], o_step, causal, (NW, MW, BC)),
         )
     if name.startswith("fa2_forward_half_"):

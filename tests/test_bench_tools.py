@@ -489,7 +489,7 @@ def test_ncu_takes_features_for_the_tensor_core_forward_only():
         "N": 16,
         "d": 16,
         "causal": True,
-        "features": {"STAGE_S": True},
+        "features": {"HEAVY_FIRST": True},
     }
     for other in ({"pass": "backward"}, {"variant": "fast"}, {"algorithm": "flash1"}):
         with pytest.raises(ValueError, match="only the flash2 tensorcore forward takes them"):

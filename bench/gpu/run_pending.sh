@@ -129,14 +129,11 @@
 #                not causal, and causal from 4k (8 x 2 x 16), SDPA beside in the first round; then the GPU tests of
 #                SPLIT_KV, WIDE and the cp.async forward -> OUTDIR/split_kv_ab_{noncausal,causal}_{1,2}.json/.log,
 #                split_kv_ab_tests.txt
-#   split_v      SPLIT_KV with V_j alone split in SRAM (SPLIT_K False, fa2_sweep tc-skv1-v) against off and against K and
-#                V, interleaved, d 128, N 1k / 4k / 16k, not causal and causal, SDPA beside in the first round; then the
-#                GPU tests of SPLIT_KV -> OUTDIR/split_v_{noncausal,causal}_{1,2}.json/.log, split_v_tests.txt
 #   split_qdo    the 3xTF32 backward's SPLIT_QDO (Q_i, dO_i split once per step in SRAM): its GPU tests, then the d = 128
 #                backward alone with it off and on, N 1k/4k/16k, causal and not, two rotating rounds (tf32_bwd_sweep
 #                default-sq0 default-sq1) -> OUTDIR/split_qdo_tests.txt, split_qdo.json/.log
 #   split_stores the split passes' 16-byte stores (K_j's, Q_i's, dO_i's parts, and V_j's pairs from rows r, r + 4 copied by
-#                one thread): GPU tests of SPLIT_KV and SPLIT_QDO, then the d = 128 forward's SPLIT_KV off / K and V / V alone
+#                one thread): GPU tests of SPLIT_KV and SPLIT_QDO, then the d = 128 forward's SPLIT_KV off / on
 #                interleaved (N 512/1k/4k/16k not causal, 4k/16k causal) and the backward's SPLIT_QDO off / on (N 1k/4k, one
 #                round) -> OUTDIR/split_stores_tests.txt, split_stores_{noncausal,causal,bwd}.json/.log
 #   warp_skip_ab the causal d = 128 forward's WARP_SKIP off and on, 30 interleaved rounds, twice, N 512 to 4k (the decision of
@@ -429,12 +426,12 @@ for s in "${steps[@]}"; do
       step split_stores_tests.txt timeout 150 python3 -m pytest -q -p no:cacheprovider -rfE -n 8 -m gpu tests/kernels/test_tc_forward_split_kv.py \
         tests/kernels/test_tf32_backward_split_qdo.py
       step split_stores_noncausal.log timeout 150 python3 -m bench.fa2_sweep --seqlens 512 1024 4096 16384 --headdims 128 \
-        --causal no --variants tc-skv0 tc-skv1 tc-skv1-v --repeats 20 --interleave --no-check --out "$out/split_stores_noncausal.json"
+        --causal no --variants tc-skv0 tc-skv1 --repeats 20 --interleave --no-check --out "$out/split_stores_noncausal.json"
       # (the second round, run on 2026-11-28 in its own call, as this line: the order reversed)
       step split_stores_noncausal_2.log timeout 130 python3 -m bench.fa2_sweep --seqlens 512 1024 4096 16384 --headdims 128 \
         --causal no --variants tc-skv1 tc-skv0 --repeats 20 --interleave --no-check --no-baselines --out "$out/split_stores_noncausal_2.json"
       step split_stores_causal.log timeout 120 python3 -m bench.fa2_sweep --seqlens 4096 16384 --headdims 128 \
-        --causal yes --variants tc-skv0 tc-skv1 tc-skv1-v --repeats 20 --interleave --no-check --no-baselines --out "$out/split_stores_causal.json"
+        --causal yes --variants tc-skv0 tc-skv1 --repeats 20 --interleave --no-check --no-baselines --out "$out/split_stores_causal.json"
       step split_stores_bwd.log timeout 330 python3 -m bench.tf32_bwd_sweep --seqlens 1024 4096 --headdims 128 \
         --no-fwdbwd --rounds 1 --tilings default-sq0 default-sq1 --out "$out/split_stores_bwd.json"
       grep -h "^forward\|^bwd" "$out"/split_stores_*.log ;;
@@ -460,16 +457,6 @@ for s in "${steps[@]}"; do
       step split_qdo.log timeout 330 python3 -m bench.tf32_bwd_sweep --seqlens 1024 4096 16384 --headdims 128 \
         --no-fwdbwd --rounds 2 --tilings default-sq0 default-sq1 --out "$out/split_qdo.json"
       grep "^bwd" "$out/split_qdo.log" ;;
-    split_v)
-      for r in 1 2; do
-        for c in no yes; do
-          step "split_v_causal_${c}_$r.log" timeout 200 python3 -m bench.fa2_sweep --seqlens 1024 4096 16384 --headdims 128 \
-            --causal "$c" --variants tc-skv0 tc-skv1 tc-skv1-v --repeats 30 --interleave --no-check $([ "$r" = 2 ] && echo --no-baselines) \
-            --out "$out/split_v_causal_${c}_$r.json"
-        done
-      done
-      for r in 1 2; do grep "^forward" "$out/split_v_causal_no_$r.log" "$out/split_v_causal_yes_$r.log"; done
-      step split_v_tests.txt timeout 300 python3 -m pytest -q -p no:cacheprovider -rfE -n 8 -m gpu tests/kernels/test_tc_forward_split_kv.py ;;
     warp_skip)
       for r in 1 2; do
         for d in 128 64; do

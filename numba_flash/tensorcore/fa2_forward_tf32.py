@@ -68,9 +68,9 @@ What changed from the fast (FFMA) kernel
   broke the tests' error rule on the GPU (up to 4.4x the float32 error at N = 1024, d = 64; the NumPy
   emulation with exactly rounded sums had predicted 0.2-0.8x): the tensor cores' float32 accumulation
   is not rounded like an FFMA, and ``O`` takes ``3 N / 8`` such accumulations. So each 8-wide k step
-  of ``S`` (``STAGE_S``) and each ``P~ V_j`` of line 10 (``STAGE_O``) runs into a zeroed accumulator
-  that is then added with IEEE float32 adds (CUTLASS's "staging"). Errors then measured 0.5-1.05x
-  float32's; the time cost 3-10 %.
+  of ``S`` and each ``P~ V_j`` of line 10 runs into a zeroed accumulator that is then added with IEEE
+  float32 adds (CUTLASS's "staging"). Errors then measured 0.5-1.05x float32's; the time cost 3-10 %
+  (the switches ``STAGE_S`` / ``STAGE_O`` that turned it off: the performance log's removed switches).
 * **Not enough for sharp softmaxes in training.** The split keeps ~22 bits of each input, so ``S`` carries
   4-12x the rounding of a float32 ``S``. The forward's own outputs stay within the error rule, but with
   scores of standard deviation >= 16 (one-hot rows) the FFMA backward, which recomputes ``P`` from
@@ -230,13 +230,13 @@ def wide_ok(DP: int) -> bool:
 
 
 def smem_floats(NW: int, MW: int, BC: int, DP: int, simulator: bool = False, stages: int = 1, wide: bool = False,
-                split: bool = False, split_k: bool = True) -> int:
+                split: bool = False) -> int:
     """Dynamic SRAM of the kernel in float32 elements (see the module docstring); ``stages`` copies of
     K_j, V_j (2 with ``CP_ASYNC``); ``wide``: the strides of ``WIDE``; ``split``: ``SPLIT_KV``'s layout (two stages of
-    K_j and, ``split_k``, of its small parts; one stage of V_j as copied and two of its parts in pairs)."""
+    K_j and of its small parts; one stage of V_j as copied and two of its parts in pairs)."""
     SQ, SV, SP = strides(BC, DP, wide)
     if split:
-        n = 16 * MW * NW * (SQ + SP) + (4 if split_k else 2) * BC * SQ + BC * SV + 16 * (BC // 8) * _tiles.v_pair_stride(DP)
+        n = 16 * MW * NW * (SQ + SP) + 4 * BC * SQ + BC * SV + 16 * (BC // 8) * _tiles.v_pair_stride(DP)
     else:
         n = 16 * MW * NW * (SQ + SP) + stages * BC * (SQ + SV)
     return n + (NW * ptx.SIM_SCRATCH_PER_WARP if simulator else 0)
@@ -253,18 +253,18 @@ OFF_Q = U(0)
 
 
 @functools.cache
-def make_tf32_s_step(MW: int, NB: int, DP: int, SQ: int, STAGE_S: bool, WIDE: bool, KS: bool, DS, SIM: bool):
+def make_tf32_s_step(MW: int, NB: int, DP: int, SQ: int, WIDE: bool, KS: bool, DS, SIM: bool):
     """``mma_qk(smem, words, rS, OFF_Q, kbase, wrow, g, t, sx, wbase, lane)``: line 8, ``S_i^(j) = Q_i K_j^T`` into the
     warp's ``MW x NB`` fragments ``rS``: per 8-wide k step, A = the warp's rows of ``Q_i`` (16 x 8 per m16 tile), B =
     ``K_j^T`` (8 x 8 per key tile), three TF32 ``mma`` each (:func:`numba_flash.tensorcore.fragments.make_s_steps`:
-    small parts first, big x big last; ``STAGE_S``: each k step into a zeroed accumulator, added with IEEE adds).
+    small parts first, big x big last; each k step into a zeroed accumulator, added with IEEE adds).
 
     ``WIDE`` (:func:`wide_ok`): the k steps go in pairs over 16 columns of d; lane ``(g, t)`` loads columns
     ``16 p + 4 t .. + 3`` of its rows of Q and K with one 16-byte load each and gives the first two to k step ``2 p``,
     the last two to ``2 p + 1`` (fragment positions ``t`` and ``t + 4``). A and B name the same column at every
     position, so each step is a true 8-term slice of the dot product, but each slice holds other columns than the
     kernel without it: other bits, inside the error rule; the 3xTF32 backward recomputes this S with its own ``WIDE``
-    (:func:`wide_on`, :func:`wide_for`). ``KS`` (``SPLIT_KV`` and ``SPLIT_K``): ``K_j``'s tf32 parts come from SRAM,
+    (:func:`wide_on`, :func:`wide_for`). ``KS`` (``SPLIT_KV``): ``K_j``'s tf32 parts come from SRAM,
     the big parts in place and the small ones ``DS`` words further, instead of each warp splitting what it loads.
     """
     KD = DP // 8  # 8-wide k steps of Q K^T
@@ -275,7 +275,7 @@ def make_tf32_s_step(MW: int, NB: int, DP: int, SQ: int, STAGE_S: bool, WIDE: bo
     NKS = NKW if KS else 1  # KS: those values of K_j as big / small tf32 parts
     uSQ = U(SQ)
     split, _, _, _ = ptx.make_warp_ops(SIM)
-    load_q_pair, split_a_pair, s_tile_step = fragments.make_s_steps(MW, NB, STAGE_S, SIM)
+    load_q_pair, split_a_pair, s_tile_step = fragments.make_s_steps(MW, NB, SIM)
 
     @cuda.jit(device=True, inline="always")
     def mma_qk(smem, words, rS, OFF_Q, kbase, wrow, g, t, sx, wbase, lane):
@@ -323,14 +323,14 @@ def make_tf32_s_step(MW: int, NB: int, DP: int, SQ: int, STAGE_S: bool, WIDE: bo
 
 
 @functools.cache
-def make_tf32_pv_step(MW: int, NB: int, DP: int, SV: int, SP: int, OFF_P, RS: int, VPART, STAGE_O: bool,
+def make_tf32_pv_step(MW: int, NB: int, DP: int, SV: int, SP: int, OFF_P, RS: int, VPART,
                       STAGE_O_STEP: bool, RESCALE_FMA: bool, WIDE: bool, SPLIT_KV: bool, SIM: bool):
     """``mma_pv(smem, words, rO, ralpha, vbase, vpair, wrow, g, t, sx, wbase, lane)``: line 10,
     ``O_i = diag(e^(m_old - m_new)) O_i + P~ V_j``, with A = the warp's own rows of the ``P~`` tile at ``OFF_P`` (row
     stride ``SP``), read back in the m16n8k8 A layout, and B = ``V_j`` at ``vbase`` (row stride ``SV``), 8 keys a step.
 
-    ``STAGE_O``: the key block's ``P~ V_j`` runs into a zeroed ``rT`` that is added to the rescaled O with IEEE float32
-    FMAs. ``STAGE_O_STEP`` (overrides it): O is rescaled first and each 8-key step's product runs into a zeroed
+    The key block's ``P~ V_j`` runs into a zeroed ``rT`` that is added to the rescaled O with IEEE float32
+    FMAs. ``STAGE_O_STEP`` (instead): O is rescaled first and each 8-key step's product runs into a zeroed
     accumulator added to O (no ``rT``: the registers ``MW = 2`` needs at d = 128). ``RESCALE_FMA`` (with
     ``STAGE_O_STEP``): the rescale rides on the first 8-key step's add, one FFMA ``O = e^(m_old - m_new) O + (P~ V_j)_0``.
 
@@ -342,7 +342,7 @@ def make_tf32_pv_step(MW: int, NB: int, DP: int, SV: int, SP: int, OFF_P, RS: in
     ND = DP // 8  # 8-column tiles of O
     NO = MW * ND * 4
     NA = MW * 4
-    STAGED_RT = STAGE_O and not STAGE_O_STEP  # STAGE_O's path: the block's P~ V_j staged in rT
+    STAGED_RT = not STAGE_O_STEP  # the block's P~ V_j staged in rT (none with STAGE_O_STEP)
     NT_ = NO if STAGED_RT else 1  # registers of rT
     FMA_FIRST = STAGE_O_STEP and RESCALE_FMA  # line 10's rescale in the first 8-key step's add (RESCALE_FMA)
     NR = MW * 2
@@ -357,10 +357,9 @@ def make_tf32_pv_step(MW: int, NB: int, DP: int, SV: int, SP: int, OFF_P, RS: in
         ``RESCALE_FMA`` O is multiplied by ``ralpha`` in the step's add (1 after the key block's first step)."""
         for mt in range(MW):
             f = (mt * ND + dn) * 4
-            acc = (rO[f], rO[f + 1], rO[f + 2], rO[f + 3])
             if STAGE_O_STEP:  # Dev: this 8-key step into a zeroed accumulator, added to O_i below
                 acc = (float32(0.0), float32(0.0), float32(0.0), float32(0.0))
-            elif STAGE_O:
+            else:
                 acc = (rT[f], rT[f + 1], rT[f + 2], rT[f + 3])
             acc = mma3((rAb[mt * 4], rAb[mt * 4 + 1], rAb[mt * 4 + 2], rAb[mt * 4 + 3]),
                        (rAs[mt * 4], rAs[mt * 4 + 1], rAs[mt * 4 + 2], rAs[mt * 4 + 3]), (bb0, bb1), (bs0, bs1), acc,
@@ -370,10 +369,8 @@ def make_tf32_pv_step(MW: int, NB: int, DP: int, SV: int, SP: int, OFF_P, RS: in
                     rO[f + c] = cuda.fma(rO[f + c], ralpha[mt * 2 + c // 2], acc[c])
                 elif STAGE_O_STEP:
                     rO[f + c] = rO[f + c] + acc[c]
-                elif STAGE_O:
-                    rT[f + c] = acc[c]
                 else:
-                    rO[f + c] = acc[c]
+                    rT[f + c] = acc[c]
 
     @cuda.jit(device=True, inline="always")
     def split_p_step(smem, rXb, rXs, kt, wrow, g, t):
@@ -386,7 +383,7 @@ def make_tf32_pv_step(MW: int, NB: int, DP: int, SV: int, SP: int, OFF_P, RS: in
 
     @cuda.jit(device=True, inline="always")
     def mma_pv(smem, words, rO, ralpha, vbase, vpair, wrow, g, t, sx, wbase, lane):
-        rT = cuda.local.array(NT_, float32)  # P~_ij V_j of this block (STAGE_O), added to O_i with IEEE float32 adds
+        rT = cuda.local.array(NT_, float32)  # P~_ij V_j of this block (not STAGE_O_STEP), added to O_i with IEEE float32 adds
         rAb = cuda.local.array(NA, uint32)  # A fragments (tf32 big / small parts)
         rAs = cuda.local.array(NA, uint32)
         rVw = cuda.local.array(NVW, float32)  # WIDE: V_j rows t, t + 4, columns 32 a + 4 g .. + 3 for every a < ND / 4
@@ -480,9 +477,9 @@ def make_tf32_o_store(MW: int, DP: int, SQ: int, WIDE: bool, SIM: bool):
 
 
 @_plan.cache_by_signature
-def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROPOUT: bool, PREFETCH: bool, SIM: bool, STAGE_S: bool = True, STAGE_O: bool = True,
+def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROPOUT: bool, PREFETCH: bool, SIM: bool,
                           CP_ASYNC: bool = False, STAGE_O_STEP: bool = False, WIDE: bool = False, HEAVY_FIRST: bool = False,
-                          Q_ASYNC: bool = False, WARP_SKIP: bool = False, SPLIT_KV: bool = False, SPLIT_K: bool = True,
+                          Q_ASYNC: bool = False, WARP_SKIP: bool = False, SPLIT_KV: bool = False,
                           RESCALE_FMA: bool = False):
     """The 3xTF32 FA2 forward kernel for one specialization (see the module docstring), composed of steps: line 7 from
     :func:`numba_flash.tensorcore.forward_steps.make_kv_pipeline`, line 8 from :func:`make_tf32_s_step`, line 9 from
@@ -494,8 +491,9 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
     chunks into the quiet NaN in SRAM (:func:`numba_flash.fast._tiles.make_quiet_nan_pass`: the register path does it
     at its store). ``PREFETCH`` (register path): K_{j+1}, V_{j+1} loaded into registers during block j.
 
-    ``STAGE_S``, ``STAGE_O``, ``STAGE_O_STEP``, ``RESCALE_FMA``: how lines 8 and 10 accumulate
-    (:func:`make_tf32_s_step`, :func:`make_tf32_pv_step`). ``STAGE_O_STEP`` gives other bits than the default (one
+    Each 8-wide k step of line 8 (each key block's ``P~ V_j`` of line 10) runs on the tensor cores into a zeroed
+    accumulator that is added to S (to O) with IEEE float32 adds. ``STAGE_O_STEP``, ``RESCALE_FMA``: how line 10
+    accumulates (:func:`make_tf32_s_step`, :func:`make_tf32_pv_step`). ``STAGE_O_STEP`` gives other bits than the default (one
     more rounded add per 8 keys, not one per key block), ``RESCALE_FMA`` one rounding fewer per key block (L, m, l
     are line 9's and keep theirs). ``WIDE`` (:func:`wide_ok`): every K, Q and V fragment comes from 16-byte SRAM
     loads, one for four floats, with the terms of the dot products in an order that makes that possible (the three
@@ -522,8 +520,7 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
     parts stay in place and its small parts go ``DS`` words further (:func:`numba_flash.fast._tiles.make_split_pass`),
     two stages of each; ``V_j``'s parts go to a layout whose words are the ``mma``'s B-fragment register pairs
     (:func:`numba_flash.fast._tiles.make_v_pair_split_pass`), two stages; the copied ``V_j`` keeps one stage, as only
-    its copying thread reads it. The same bits. ``SPLIT_K`` False leaves ``K_j`` to the NaN pass and the warps' split
-    and splits ``V_j`` alone.
+    its copying thread reads it. The same bits.
 
     ``HEAVY_FIRST`` (causal): every head's last (heaviest) query block first
     (:func:`numba_flash.tensorcore.forward_steps.make_query_block`); the same blocks and bits either way.
@@ -537,10 +534,10 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
     V_j                       smem[vbase ...]      SRAM (Bc, SV), loaded each step (L7); CP_ASYNC: 2 stages (SPLIT_KV: 1)
     S_i^(j)                   rS                   registers: MW x (Bc/8) m16n8 fragments per warp
     P~_i^(j)                  smem[OFF_P ...]      SRAM (Br, Bc+4): each warp writes and reads its own rows
-    K_j small parts           words[kbase + DS]    SRAM, as K_j (SPLIT_KV and SPLIT_K; K_j's big parts in place)
+    K_j small parts           words[kbase + DS]    SRAM, as K_j (SPLIT_KV; K_j's big parts in place)
     V_j big / small parts     words[vpair ...]     SRAM, B-fragment pairs, 2 stages (SPLIT_KV)
     O_i^(j) (un-normalized)   rO                   registers: MW x (DP/8) m16n8 fragments per warp
-    P~_i^(j) V_j (staged)     rT                   registers, like rO (STAGE_O; none with STAGE_O_STEP)
+    P~_i^(j) V_j (staged)     rT                   registers, like rO (none with STAGE_O_STEP)
     m_i, l_i (base 2)         rm, rl               registers, 2 MW rows per lane (rl: partial sum)
     ========================  ===================  ==================================================
     """
@@ -552,7 +549,6 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
         raise ValueError("WARP_SKIP needs CAUSAL and a GPU (the simulator's mma exchanges through block barriers)")
     if SPLIT_KV and not WIDE:
         raise ValueError("SPLIT_KV needs WIDE (and so CP_ASYNC)")
-    KS = SPLIT_KV and SPLIT_K  # K_j's parts from SRAM (else each warp splits what it loads)
     NT = 32 * NW
     BR = 16 * MW * NW
     NB = BC // 8  # 8-column tiles of S (and 8-key steps of P V)
@@ -570,8 +566,8 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
         uSTAGE = U(BC * SQ)  # K_j only: the copied V_j is read by its copying thread alone, so one stage
         OFF_V = U(BR * SQ + 2 * BC * SQ)
         OFF_P = OFF_V + U(BC * SV)
-    DS = OFF_P + U(BR * SP) - OFF_K  # SPLIT_KV and SPLIT_K: K_j's small parts (both stages), DS words past their big parts
-    OFF_VP = OFF_K + DS + U(2 * BC * SQ if KS else 0)  # SPLIT_KV: V_j's pairs, stage s at + 2 s VPART (big, then small at + VPART)
+    DS = OFF_P + U(BR * SP) - OFF_K  # SPLIT_KV: K_j's small parts (both stages), DS words past their big parts
+    OFF_VP = OFF_K + DS + U(2 * BC * SQ if SPLIT_KV else 0)  # SPLIT_KV: V_j's pairs, stage s at + 2 s VPART (big, then small at + VPART)
     NS = MW * NB * 4  # registers of rS: MW x NB m16n8 fragments, 4 floats per lane each
     NO = MW * ND * 4  # registers of rO: MW x ND fragments
     NR = MW * 2  # query rows per lane (rows g and g + 8 of each m16 tile)
@@ -603,7 +599,7 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
         """Each thread's pass over its own landed chunks (CP_ASYNC); ``vpair``: block j's V_j pairs (SPLIT_KV)."""
         if Q_ASYNC and j == 0:
             scale_q(smem, OFF_Q, tid, scale_log2)  # Dev: L4's times tau log2 e, on this thread's own chunks
-        if KS:  # Dev: this thread's chunks as tf32 parts: K_j's big in place (small DS on), V_j's in pairs
+        if SPLIT_KV:  # Dev: this thread's chunks as tf32 parts: K_j's big in place (small DS on), V_j's in pairs
             split_k(smem, words, kbase, DS, tid)
         else:
             quiet_k(smem, kbase, tid)  # Dev: NaN -> quiet NaN in this thread's chunks (the split keeps it a NaN)
@@ -616,10 +612,10 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
     load_kv_first, load_kv = forward_steps.make_kv_pipeline(BC, OFF_K, OFF_V, uSTAGE, not SPLIT_KV, CP_ASYNC, PREFETCH, Q_ASYNC,
                                                             load_q_async, load_k_async, load_v_async, cp_commit, cp_wait0,
                                                             load_pair, store_pair, landed)
-    mma_qk = make_tf32_s_step(MW, NB, DP, SQ, STAGE_S, WIDE, KS, DS, SIM)
+    mma_qk = make_tf32_s_step(MW, NB, DP, SQ, WIDE, SPLIT_KV, DS, SIM)
     mask_s, _ = fragments.make_fragment_steps(MW, NB, BC, CAUSAL)
     online_softmax = forward_steps.make_online_softmax(MW, NB, BC, CAUSAL, DROPOUT, SIM, math.exp2, False, True, OFF_P, SP)
-    mma_pv = make_tf32_pv_step(MW, NB, DP, SV, SP, OFF_P, RS, VPART, STAGE_O, STAGE_O_STEP, RESCALE_FMA, WIDE, SPLIT_KV, SIM)
+    mma_pv = make_tf32_pv_step(MW, NB, DP, SV, SP, OFF_P, RS, VPART, STAGE_O_STEP, RESCALE_FMA, WIDE, SPLIT_KV, SIM)
     store_o_row, write_staged_o = make_tf32_o_store(MW, DP, SQ, WIDE, SIM)
     write_o_l = forward_steps.make_write_o_l(MW, SIM, DROPOUT, store_o_row)
 
@@ -708,8 +704,6 @@ def fa2_forward_tc_kernel(NW: int, MW: int, BC: int, DP: int, CAUSAL: bool, DROP
 
 def default_features() -> dict:
     """``PREFETCH``: load K_{j+1}, V_{j+1} into registers during the compute of tile j (None: at d <= 64).
-    ``STAGE_S`` / ``STAGE_O``: each 8-wide k step of S (each j step of P~ V) is computed by the tensor
-    cores into a zeroed accumulator and added to S (to O) with IEEE float32 adds (see the docstring).
     ``CP_ASYNC``: K_j, V_j by ``cp.async`` into two SRAM stages where :func:`cp_async_ok` and the inputs are
     16-byte aligned (:func:`numba_flash.fast._plan.aligned16`); on by default since an H100 sweep
     timed it (the performance log's section "3xTF32 forward: cp.async for K_j, V_j").
@@ -730,16 +724,13 @@ def default_features() -> dict:
     forward: the heaviest query blocks of all heads first").
     ``SPLIT_KV``: ``K_j, V_j`` split into tf32 parts once per thread block, in SRAM, not by every warp
     (:func:`fa2_forward_tc_kernel`; the same bits); only with ``WIDE``; None: on at 8 x 2 x 16
-    (:func:`split_kv_on` says why). ``SPLIT_K``: with ``SPLIT_KV``, whether ``K_j`` is split in SRAM too (True) or
-    only ``V_j`` (False): since the split passes store 16 bytes at a time, K and V together were at least as fast as
-    V alone on an H100, faster with causal, so True (the performance log's sections "``SPLIT_KV`` with ``V_j`` alone"
-    and "The split passes' 16-byte stores").
+    (:func:`split_kv_on` says why).
     ``RESCALE_FMA``: with ``STAGE_O_STEP``, line 10's rescale of O in one FFMA with the key block's first 8-key step
     (:func:`fa2_forward_tc_kernel`); None: on for the causal 8 x 2 x 16 tiling only (:func:`rescale_fma_on` has the
     timings).
 """
-    return {"PREFETCH": None, "STAGE_S": True, "STAGE_O": True, "CP_ASYNC": True, "STAGE_O_STEP": None, "WIDE": None,
-            "HEAVY_FIRST": True, "Q_ASYNC": None, "WARP_SKIP": None, "SPLIT_KV": None, "SPLIT_K": True, "RESCALE_FMA": None}
+    return {"PREFETCH": None, "CP_ASYNC": True, "STAGE_O_STEP": None, "WIDE": None, "HEAVY_FIRST": True,
+            "Q_ASYNC": None, "WARP_SKIP": None, "SPLIT_KV": None, "RESCALE_FMA": None}
 
 
 def warp_skip_on(feature, causal: bool, sim: bool, DP: int) -> bool:
@@ -852,17 +843,16 @@ def plan(prob: Problem, block_sizes=None, config=None, features=None):
     Br = 16 * MW * NW
     wide = wide_on(feats["WIDE"], DP, cp_async)  # Dev: the swizzled K_j arrives by cp.async only
     split_kv = split_kv_on(feats["SPLIT_KV"], wide, (NW, MW, Bc))
-    split_k = bool(feats["SPLIT_K"])
-    nbytes = 4 * smem_floats(NW, MW, Bc, DP, sim, 2 if cp_async else 1, wide, split_kv, split_k)
+    nbytes = 4 * smem_floats(NW, MW, Bc, DP, sim, 2 if cp_async else 1, wide, split_kv)
     if split_kv and feats["SPLIT_KV"] is None and nbytes > _smem.max_optin_bytes():
         split_kv = False  # Dev: by default only where it fits (not with the simulator's exchange scratch at 8 x 2 x 16)
         nbytes = 4 * smem_floats(NW, MW, Bc, DP, sim, 2 if cp_async else 1, wide)
     _plan.check_sram(nbytes, Br, Bc, d)
     o_step = stage_o_step(feats["STAGE_O_STEP"], MW, DP)
-    kernel = fa2_forward_tc_kernel(NW, MW, Bc, DP, prob.causal, prob.dropout_p > 0, prefetch, sim, bool(feats["STAGE_S"]), bool(feats["STAGE_O"]),
+    kernel = fa2_forward_tc_kernel(NW, MW, Bc, DP, prob.causal, prob.dropout_p > 0, prefetch, sim,
                                    cp_async, o_step, wide, prob.causal and bool(feats["HEAVY_FIRST"]),
                                    _plan.async_on(feats["Q_ASYNC"], cp_async), warp_skip_on(feats["WARP_SKIP"], prob.causal, sim, DP),
-                                   split_kv, split_k or not split_kv,
+                                   split_kv,
                                    rescale_fma_on(feats["RESCALE_FMA"], o_step, prob.causal, (NW, MW, Bc)))
     grid = bh_grid(ceil_div(prob.seqlen_q, Br), prob.batch * prob.nheads)
     return kernel, grid, 32 * NW, nbytes

@@ -55,7 +55,7 @@ def make_fragment_steps(MW: int, NB: int, BC: int, CAUSAL: bool):
     return mask_s, lane_row_max
 
 
-def make_s_steps(MW: int, NB: int, STAGE_S: bool, SIM: bool):
+def make_s_steps(MW: int, NB: int, SIM: bool):
     """``(load_q_pair, split_a_pair, s_tile_step)``: line 8's steps of the 3xTF32 forward
     (:mod:`~numba_flash.tensorcore.fa2_forward_tf32`), whose scores the 3xTF32 backward recomputes bit for bit in this
     order. ``S`` is held as in
@@ -67,7 +67,7 @@ def make_s_steps(MW: int, NB: int, STAGE_S: bool, SIM: bool):
     * ``split_a_pair(rQw, rAb, rAs, h2)`` (``WIDE``): the tf32 parts of the A fragments of the pair's k step ``h2 / 2``
       (``a = (Q[g, c], Q[g + 8, c], Q[g, c + 1], Q[g + 8, c + 1])``, c the lane's column ``h2`` of the chunk).
     * ``s_tile_step(rS, rAb, rAs, nt, bb0, bb1, bs0, bs1, sx, wbase, lane)``: one 8-wide k step of key tile ``nt`` for the
-      warp's ``MW`` m16 tiles (3xTF32); with ``STAGE_S`` into a zeroed accumulator, added to ``S`` with IEEE float32 adds.
+      warp's ``MW`` m16 tiles (3xTF32), into a zeroed accumulator, added to ``S`` with IEEE float32 adds.
     """
     split, mma3, _, _ = make_warp_ops(SIM)
 
@@ -89,12 +89,10 @@ def make_s_steps(MW: int, NB: int, STAGE_S: bool, SIM: bool):
     def s_tile_step(rS, rAb, rAs, nt, bb0, bb1, bs0, bs1, sx, wbase, lane):
         for mt in range(MW):
             f = (mt * NB + nt) * 4
-            acc = (rS[f], rS[f + 1], rS[f + 2], rS[f + 3])
-            if STAGE_S:  # Dev: this k step into a zeroed accumulator, added to S with IEEE float32 adds
-                acc = (float32(0.0), float32(0.0), float32(0.0), float32(0.0))
+            acc = (float32(0.0), float32(0.0), float32(0.0), float32(0.0))  # Dev: this k step alone, added to S below
             acc = mma3((rAb[mt * 4], rAb[mt * 4 + 1], rAb[mt * 4 + 2], rAb[mt * 4 + 3]),
                        (rAs[mt * 4], rAs[mt * 4 + 1], rAs[mt * 4 + 2], rAs[mt * 4 + 3]), (bb0, bb1), (bs0, bs1), acc, sx, wbase, lane)
             for c in range(4):
-                rS[f + c] = rS[f + c] + acc[c] if STAGE_S else acc[c]
+                rS[f + c] = rS[f + c] + acc[c]
 
     return load_q_pair, split_a_pair, s_tile_step

@@ -132,11 +132,11 @@ def test_wide_runs_only_where_it_can():
         NW, MW, Bc, DP = fa2_forward_tf32.config_for(d, (16, 16))
         cp = bool(feats["CP_ASYNC"])
         assert kernel is fa2_forward_tf32.fa2_forward_tc_kernel(
-            NW, MW, Bc, DP, False, False, DP <= 64 and not cp, sim, True, True, cp, False, want, False, cp, False, False
+            NW, MW, Bc, DP, False, False, DP <= 64 and not cp, sim, cp, False, want, False, cp, False, False
         ), (d, feats)  # HEAVY_FIRST, WARP_SKIP, SPLIT_KV: causal only; Q_ASYNC on the cp.async path
         assert nbytes == 4 * fa2_forward_tf32.smem_floats(NW, MW, Bc, DP, sim, 2 if cp else 1, want)
     with pytest.raises(ValueError, match="WIDE needs CP_ASYNC"):
-        fa2_forward_tf32.fa2_forward_tc_kernel(1, 1, 16, 32, False, False, False, sim, True, True, False, False, True)
+        fa2_forward_tf32.fa2_forward_tc_kernel(1, 1, 16, 32, False, False, False, sim, False, False, True)
 
 
 @pytest.mark.gpu
