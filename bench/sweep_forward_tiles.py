@@ -50,11 +50,7 @@ CANDIDATES = {
     ],
 }
 #: Alternative tilings of the standard path's two GEMMs.
-GEMM_TILES = (
-    MatmulTiles(16, 16, 4, 4, 16, max_registers=128),
-    MatmulTiles(16, 16, 4, 4, 8),
-    MatmulTiles(16, 16, 8, 4, 8, max_registers=255),
-)
+GEMM_TILES = (MatmulTiles(16, 16, 4, 4, 8),)
 
 
 def candidates(d):

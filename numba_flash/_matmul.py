@@ -107,8 +107,6 @@ class MatmulTiles:
     RM: int
     RN: int
     BK: int
-    #: ptxas register cap (GPU only; None = the compiler's choice). 128 lets two 256-thread blocks share an SM.
-    max_registers: int | None = None
 
     @property
     def BM(self) -> int:
@@ -192,9 +190,7 @@ def matmul_kernel(a_layout, trans_a, b_layout, trans_b, c_layout, accumulate, ca
             return e % BK, e // BK
         return e // BX, e % BX
 
-    jit_options = {} if (_backend.is_simulator() or tiles.max_registers is None) else {"max_registers": tiles.max_registers}
-
-    @cuda.jit(**jit_options)
+    @cuda.jit
     def kernel(gA, gB, gC, M, N, K, heads_c, G, a_div, b_div, alpha, causal_offset, seed, threshold, nheads_q, dropout_scale):
         sA = cuda.shared.array((BK, BM_PAD), float32)  # (BK, BM) slab of op(A), k-major; +1 column against bank conflicts
         sB = cuda.shared.array((BK, BN_PAD), float32)  # (BK, BN) slab of op(B)
