@@ -850,6 +850,8 @@ def test_the_sandbox_grades_the_solution_and_brings_back_what_a_call_wrote(cours
         "    out[...] = 7.0\n"
         "    counted[1] = counted[0]\n"
         "    return out.sum()\n"
+        "def bad(n):\n"
+        "    raise ValueError(f'n must be even, got {n}')\n"
     )
     import numpy as np
     from assignments.probes import CountingArray
@@ -860,3 +862,5 @@ def test_the_sandbox_grades_the_solution_and_brings_back_what_a_call_wrote(cours
     assert out.tolist() == [7.0, 7.0, 7.0], "an output array written in the worker is written here"
     assert counted.data.tolist() == [0.0, 0.0, 2.0, 3.0]
     assert (int(counted.reads.sum()), int(counted.writes.sum())) == (1, 1), "a probe's counts come back"
+    with pytest.raises(ValueError, match="n must be even, got 3"):  # the submission's own exception, by type
+        impl.bad(3)

@@ -28,7 +28,6 @@ def main():
     sys.path[:] = [config["tutorials"], *config["sys_path"]]
     sys.setswitchinterval(1e-3)  # as tutorials/conftest.py: the simulator's threads hand over the GIL more often
 
-    import numpy as np
     from numba import cuda  # noqa: F401  (the simulator, chosen by NUMBA_ENABLE_CUDASIM)
 
     spec = importlib.util.spec_from_file_location("_nf_simulator_patch", config["simulator_patch"])
@@ -39,6 +38,7 @@ def main():
     sim._kernelapi_module()
     sim.install_barrier_epochs()
     from assignments import probes as _probes
+    from assignments.guard import materialize as _materialize  # the guard's, with kernels sent back as their source
 
     sim.route_atomic_add(_probes.CountingArray)
 
@@ -48,19 +48,20 @@ def main():
     forbidden, harmless = tuple(config["forbidden_imports"]), frozenset(config["harmless_imports"])
     refused_events = tuple(config["refused_events"])
 
+    def forbidden_name(name):
+        return name not in harmless and any(name == p or name.startswith(p + ".") for p in forbidden)
+
     def refuse(what):
         refused.append(what)
         raise PermissionError(f"the sandbox refuses {what}: the graded part must be your own code")
 
     def hook(event, args):
         if event == "import":
-            name = args[0] or ""
-            if name not in harmless and any(name == p or name.startswith(p + ".") for p in forbidden):
-                refuse(f"importing {name!r}")
+            if forbidden_name(args[0] or ""):
+                refuse(f"importing {args[0]!r}")
         elif event == "pickle.find_class":
-            name = args[0] or ""
-            if name not in harmless and any(name == p or name.startswith(p + ".") for p in forbidden):
-                refuse(f"unpickling from {name!r}")
+            if forbidden_name(args[0] or ""):
+                refuse(f"unpickling from {args[0]!r}")
         elif event == "open":
             path, mode = args[0], args[1]
             if isinstance(mode, str) and any(c in mode for c in "wax+"):
@@ -103,22 +104,17 @@ def main():
 
     module = None
 
-    def materialize(value):
-        if isinstance(value, np.ndarray | np.generic):
-            return np.array(value)
-        if isinstance(value, tuple | list):
-            items = [materialize(v) for v in value]
-            return tuple(items) if isinstance(value, tuple) else items
-        if isinstance(value, dict):
-            return {k: materialize(v) for k, v in value.items()}
+    def as_source(value):
+        """A kernel or function goes back to the grader as its source; anything else as it is."""
         py_func = getattr(value, "py_func", None)
         if callable(value) and (py_func is not None or inspect.isfunction(value)):
             fn = inspect.unwrap(py_func or value)
             lines, first = inspect.getsourcelines(fn)
             return _probes.KernelSource("".join(lines), first, getattr(fn, "__qualname__", "?"))
-        if hasattr(value, "__array__") and not isinstance(value, _probes._Pickles):
-            return np.asarray(value).copy()
         return value
+
+    def materialize(value):
+        return _materialize(value, as_source)
 
     def load():
         # compiled from its source, not through the import system, so that no bytecode cache is read or written
@@ -138,12 +134,19 @@ def main():
             return ("callable", None)
         return ("value", materialize(value))
 
+    @contextlib.contextmanager
+    def record_into(sink):
+        """``sim.record_shared_memory()`` whose sizes go into ``sink`` when the block ends."""
+        with sim.record_shared_memory() as sizes:
+            yield
+        sink.extend(sizes)
+
     def call(name, args, kwargs, kinds):
         recorded = [[] for _ in kinds]
         with contextlib.ExitStack() as stack:
             for kind, sink in zip(kinds, recorded):
                 if kind == "smem":
-                    stack.enter_context(_record_into(sim, sink))
+                    stack.enter_context(record_into(sink))
                 elif kind == "races":
                     stack.enter_context(
                         sim.watch_shared_arrays(lambda d, w, log=sink: _probes.SharedRaceArray(d, w, log))
@@ -165,23 +168,6 @@ def main():
             outcome(setattr, module, message[1], message[2])
         elif op == "call":
             outcome(call, *message[2:])
-
-
-class _record_into:  # noqa: N801  (a context manager used like a function)
-    """``sim.record_shared_memory()`` whose sizes go into ``sink`` when the block ends."""
-
-    def __init__(self, sim, sink):
-        self._cm = sim.record_shared_memory()
-        self._sink = sink
-
-    def __enter__(self):
-        self._sizes = self._cm.__enter__()
-        return self._sizes
-
-    def __exit__(self, *exc):
-        out = self._cm.__exit__(*exc)
-        self._sink.extend(self._sizes)
-        return out
 
 
 if __name__ == "__main__":

@@ -343,20 +343,24 @@ class Guard:
 GUARD = Guard()
 
 
-def materialize(value):
-    """Copy arrays and convert array-likes inside the window, so nothing lazy escapes it."""
+def materialize(value, other=None):
+    """Copy arrays and convert array-likes inside the window, so nothing lazy escapes it.
+
+    ``other`` maps any other value. Here kernels (dispatchers) and functions stay as they are, for the grader to use
+    inside a window of their own; the sandbox's worker (``assignments/_worker.py``) turns a kernel into its source.
+    """
     if isinstance(value, (np.ndarray, np.generic)):
         return np.array(value)
     if isinstance(value, (tuple, list)):
-        items = [materialize(v) for v in value]
+        items = [materialize(v, other) for v in value]
         return tuple(items) if isinstance(value, tuple) else items
     if isinstance(value, dict):
-        return {k: materialize(v) for k, v in value.items()}
+        return {k: materialize(v, other) for k, v in value.items()}
     if value is None or isinstance(value, (bool, int, float, complex, str, bytes)):
         return value
     if hasattr(value, "__array__") or hasattr(value, "__array_interface__"):
         return np.asarray(value).copy()
-    return value  # kernels (dispatchers), functions: used by the grader inside a window of their own
+    return other(value) if other is not None else value
 
 
 def guarded(fn, label: str):

@@ -132,10 +132,10 @@ class BlockStream(_Pickles):
         self.handed = 0
         self.problems: list[str] = []
 
-    _UNPICKLED = ("_lock", "_alive")
+    _UNPICKLED = ("_alive",)
 
     def __setstate__(self, state):
-        super().__setstate__(state)
+        self.__dict__.update(state)
         self._alive = []  # weak references do not pickle: a stream is consumed in the process it was sent to
 
     def __iter__(self):

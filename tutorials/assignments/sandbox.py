@@ -36,6 +36,7 @@ the in-process guard grades.
 
 from __future__ import annotations
 
+import builtins
 import os
 import pickle
 import subprocess
@@ -164,7 +165,7 @@ class _Worker:
             )
         if kind == "raise":
             exc_type, text = payload
-            cls = getattr(__builtins__ if isinstance(__builtins__, dict) else __builtins__.__dict__, exc_type, None)
+            cls = getattr(builtins, exc_type, None)
             if not (isinstance(cls, type) and issubclass(cls, Exception)):
                 cls = RuntimeError
             raise cls(text)
