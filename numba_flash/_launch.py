@@ -597,8 +597,18 @@ def block_mask_arrays(block_mask, alloc):
     """
     if block_mask is not None:
         return block_mask.kernel_arrays(alloc)
-    arrays = (np.ones((1, 1, 1, 1), np.int32), np.zeros((1, 1, 1, 2), np.int32), np.ones((1, 1, 1), np.int32))
-    return tuple(cuda.to_device(a) for a in arrays) if alloc.on_device else arrays
+    return _dense_placeholders(cuda.get_current_device().id if alloc.on_device else None)
+
+
+_PLACEHOLDERS: dict = {}
+
+
+def _dense_placeholders(device_id):
+    """The dense kernels' placeholders, made once per GPU (``device_id``; None: host arrays), not at every launch."""
+    if device_id not in _PLACEHOLDERS:
+        arrays = (np.ones((1, 1, 1, 1), np.int32), np.zeros((1, 1, 1, 2), np.int32), np.ones((1, 1, 1), np.int32))
+        _PLACEHOLDERS[device_id] = tuple(cuda.to_device(a) for a in arrays) if device_id is not None else arrays
+    return _PLACEHOLDERS[device_id]
 
 
 # ----------------------------------------------------------------------------------------------
