@@ -44,6 +44,8 @@ import sys
 import weakref
 from pathlib import Path
 
+import numpy as np
+
 from . import guard, probes
 
 #: The assignments graded in the sandbox (in the simulator): those whose graded calls take and return data.
@@ -183,8 +185,6 @@ def _stop(proc):
 
 def _copy_back(orig, new):
     """Write what a sandboxed call wrote into its arguments (``new``, pickled back) into the originals."""
-    import numpy as np
-
     if isinstance(orig, np.ndarray) and isinstance(new, np.ndarray):
         if orig.flags.writeable and orig.shape == new.shape:
             np.copyto(orig, new, casting="unsafe")
@@ -232,7 +232,7 @@ class SandboxedModule:
         def call(*args, **kwargs):
             kinds = [kind for kind, _ in probes.ACTIVE]
             result, args_after, kwargs_after, recorded = worker.request(("call", label, name, args, kwargs, kinds))
-            _copy_back(list(args), list(args_after))
+            _copy_back(args, args_after)
             _copy_back(kwargs, kwargs_after)
             for (_, sink), found in zip(probes.ACTIVE, recorded):
                 sink.extend(found)
